@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+echo "Hello, world!" > /app/hello.txt

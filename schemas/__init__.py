@@ -1,0 +1,1 @@
+"""trialbus's contract: pydantic models only, no I/O."""

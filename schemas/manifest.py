@@ -1,0 +1,201 @@
+"""The experiment manifest: what a researcher or CI submits (YAML or JSON).
+
+Only the *shape* lives here; resolving task paths against the file system is the
+submitter's job (services.submitter.resolve).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_EXPERIMENT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+# Values that look like credentials; a manifest is shared and stored, keys are not.
+_SECRET_VALUE_RE = re.compile(
+    r"^(sk-[A-Za-z0-9_-]{8,}|sk-ant-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{20,}|"
+    r"AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{30,})"
+)
+_SECRET_KEY_RE = re.compile(r"(api[_-]?key|secret|token|password|passwd|credential)", re.I)
+
+LOCAL_ENVIRONMENT_ALIAS = "local"
+"""Short manifest name of trialbus's bubblewrap environment."""
+
+LOCAL_ENVIRONMENT_IMPORT_PATH = "services.localenv.environment:LocalEnvironment"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _reject_inline_secrets(where: str, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict):
+            _reject_inline_secrets(f"{where}.{key}", value)
+            continue
+        if not isinstance(value, str):
+            continue
+        if _SECRET_VALUE_RE.match(value) or (_SECRET_KEY_RE.search(key) and len(value) >= 8):
+            raise ValueError(
+                f"{where}.{key} looks like an inline secret; put the value in an "
+                "environment variable on the runners and list its NAME under "
+                "the agent's api_key_env instead"
+            )
+
+
+class TaskPath(_Strict):
+    """A Harbor task folder, or a glob of them, relative to the manifest's folder."""
+
+    path: str = Field(description="Task folder or glob (e.g. 'tasks/*').")
+
+
+class DatasetRef(_Strict):
+    """A Harbor registry dataset, e.g. ``terminal-bench@2.0``."""
+
+    dataset: str = Field(description="Dataset name with optional '@version'.")
+    task_names: list[str] | None = Field(
+        default=None, description="Only these tasks of the dataset (default: all)."
+    )
+
+
+TaskSpec = Annotated[TaskPath | DatasetRef, Field(union_mode="left_to_right")]
+
+
+class AgentSpec(_Strict):
+    """One agent configuration to evaluate."""
+
+    name: str | None = Field(default=None, description="Harbor agent name (oracle, nop, ...).")
+    import_path: str | None = Field(
+        default=None, description="'module:Class' of a custom Harbor agent."
+    )
+    model: str | None = Field(default=None, description="Model name passed to the agent.")
+    label: str | None = Field(
+        default=None, description="Display name in reports (default: name or import path)."
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Agent kwargs.")
+    api_key_env: list[str] = Field(
+        default_factory=list,
+        description="NAMES of environment variables the runner passes to the agent. "
+        "Values never appear in manifests, events, records or logs.",
+    )
+
+    @model_validator(mode="after")
+    def _one_of_name_or_import_path(self) -> AgentSpec:
+        if bool(self.name) == bool(self.import_path):
+            raise ValueError("give exactly one of 'name' or 'import_path'")
+        if self.import_path and not _IMPORT_PATH_RE.match(self.import_path):
+            raise ValueError(
+                f"import_path {self.import_path!r} must look like 'package.module:Class'"
+            )
+        _reject_inline_secrets("kwargs", self.kwargs)
+        return self
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_names(cls, names: list[str]) -> list[str]:
+        for n in names:
+            if not ENV_VAR_RE.match(n):
+                raise ValueError(
+                    f"api_key_env entry {n!r} is not an environment variable name; "
+                    "list the variable's NAME (e.g. ANTHROPIC_API_KEY), never its value"
+                )
+        return names
+
+    @property
+    def agent_ref(self) -> str:
+        """Harbor agent name or import path."""
+        return self.name or self.import_path or ""
+
+    @property
+    def display(self) -> str:
+        return self.label or self.agent_ref
+
+
+class ComputeSpec(_Strict):
+    """Where and how trials run."""
+
+    environment: str = Field(
+        default=LOCAL_ENVIRONMENT_ALIAS,
+        description="'local' (trialbus bubblewrap sandbox), a Harbor environment type "
+        "(docker, daytona, ...) or 'module:Class'.",
+    )
+    environment_kwargs: dict[str, Any] = Field(default_factory=dict)
+    n_concurrent_trials: int = Field(default=4, ge=1, le=10_000)
+    timeout_multiplier: float = Field(default=1.0, gt=0, le=100)
+
+    @field_validator("environment_kwargs")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _reject_inline_secrets("environment_kwargs", v)
+        return v
+
+    @property
+    def environment_import_path(self) -> str | None:
+        if self.environment == LOCAL_ENVIRONMENT_ALIAS:
+            return LOCAL_ENVIRONMENT_IMPORT_PATH
+        return self.environment if ":" in self.environment else None
+
+    @property
+    def environment_type(self) -> str | None:
+        return None if self.environment_import_path else self.environment
+
+
+class RetrySpec(_Strict):
+    """Retries of transient infrastructure failures (agent/verifier outcomes are results)."""
+
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    backoff_seconds: float = Field(default=2.0, ge=0, le=3600)
+    max_backoff_seconds: float = Field(default=60.0, ge=0, le=3600)
+
+
+class ExperimentManifest(_Strict):
+    """An experiment: tasks x agents x repetitions."""
+
+    experiment_id: str | None = Field(
+        default=None,
+        description="Stable id; generated from the manifest's content when absent, so "
+        "resubmitting the same manifest addresses the same experiment.",
+    )
+    name: str = Field(min_length=1, max_length=200)
+    description: str | None = None
+    tasks: list[TaskSpec] = Field(min_length=1)
+    agents: list[AgentSpec] = Field(min_length=1)
+    repetitions: int = Field(default=1, ge=1, le=100)
+    compute: ComputeSpec = Field(default_factory=ComputeSpec)
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+
+    @field_validator("experiment_id")
+    @classmethod
+    def _id_shape(cls, v: str | None) -> str | None:
+        if v is not None and not _EXPERIMENT_ID_RE.match(v):
+            raise ValueError(
+                f"experiment_id {v!r} must match {_EXPERIMENT_ID_RE.pattern} "
+                "(lowercase letters, digits, '-', '_'; it becomes a NATS subject token)"
+            )
+        return v
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _plain_strings_are_paths(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"path": item} if isinstance(item, str) else item for item in v]
+        return v
+
+    @model_validator(mode="after")
+    def _distinct_agents(self) -> ExperimentManifest:
+        seen: set[tuple[str, str | None, str]] = set()
+        for a in self.agents:
+            key = (a.agent_ref, a.model, repr(sorted(a.kwargs.items())))
+            if key in seen:
+                raise ValueError(
+                    f"agent {a.agent_ref!r} with model {a.model!r} is listed twice with "
+                    "the same kwargs; raise 'repetitions' instead"
+                )
+            seen.add(key)
+        return self
+
+
+ManifestFormat = Literal["yaml", "json"]
