@@ -43,7 +43,9 @@ class Envelope(BaseModel):
         default_factory=_utcnow, description="When the event happened (UTC)."
     )
     schema_version: int = Field(
-        default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION,
+        default=SCHEMA_VERSION,
+        ge=1,
+        le=SCHEMA_VERSION,
         description="Event contract version; newer versions are refused, not guessed.",
     )
     experiment_id: str = Field(description="Experiment the event belongs to.")
@@ -200,8 +202,14 @@ Event = Annotated[
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 EVENT_TYPES: tuple[str, ...] = (
-    "experiment_submitted", "trial_requested", "trial_started", "trial_log",
-    "trial_completed", "trial_failed", "result_imported", "experiment_completed",
+    "experiment_submitted",
+    "trial_requested",
+    "trial_started",
+    "trial_log",
+    "trial_completed",
+    "trial_failed",
+    "result_imported",
+    "experiment_completed",
 )
 
 

@@ -11,48 +11,54 @@ from __future__ import annotations
 from schemas.record import FailureClass
 
 # The agent's fault: the trial is scored (reward 0 when the verifier gives none).
-AGENT_EXCEPTIONS = frozenset({
-    "AgentTimeoutError",
-    "AgentSetupTimeoutError",
-    "NonZeroAgentExitCodeError",
-    "ApiError",
-    "ApiRateLimitError",
-    "ApiUsageLimitError",
-    "ApiInternalServerError",
-    "AgentSafetyRefusalError",
-    "AgentAuthenticationError",
-    "ModelNotFoundError",
-    "UnsupportedModelParametersError",
-    "ContextLengthExceededError",
-    "OutputLengthExceededError",
-})
+AGENT_EXCEPTIONS = frozenset(
+    {
+        "AgentTimeoutError",
+        "AgentSetupTimeoutError",
+        "NonZeroAgentExitCodeError",
+        "ApiError",
+        "ApiRateLimitError",
+        "ApiUsageLimitError",
+        "ApiInternalServerError",
+        "AgentSafetyRefusalError",
+        "AgentAuthenticationError",
+        "ModelNotFoundError",
+        "UnsupportedModelParametersError",
+        "ContextLengthExceededError",
+        "OutputLengthExceededError",
+    }
+)
 
 # The verifier did not produce a usable reward: unscored, not retried.
-VERIFIER_EXCEPTIONS = frozenset({
-    "VerifierTimeoutError",
-    "RewardFileNotFoundError",
-    "RewardFileEmptyError",
-    "VerifierOutputParseError",
-    "AddTestsDirError",
-    "DownloadVerifierDirError",
-})
+VERIFIER_EXCEPTIONS = frozenset(
+    {
+        "VerifierTimeoutError",
+        "RewardFileNotFoundError",
+        "RewardFileEmptyError",
+        "VerifierOutputParseError",
+        "AddTestsDirError",
+        "DownloadVerifierDirError",
+    }
+)
 
 # Harbor's default job retry config excludes these from retries.
-NOT_RETRYABLE = frozenset({
-    "AgentTimeoutError",
-    "VerifierTimeoutError",
-    "RewardFileNotFoundError",
-    "RewardFileEmptyError",
-    "VerifierOutputParseError",
-    "ApiUsageLimitError",
-    "AgentSafetyRefusalError",
-    "AgentAuthenticationError",
-    "ModelNotFoundError",
-    "UnsupportedModelParametersError",
-    # Environment definitions that cannot build will not build on a retry either.
-    "SandboxBuildFailedError",
-    "LocalEnvironmentError",
-})
+NOT_RETRYABLE = frozenset(
+    {
+        "AgentTimeoutError",
+        "VerifierTimeoutError",
+        "RewardFileNotFoundError",
+        "RewardFileEmptyError",
+        "VerifierOutputParseError",
+        "ApiUsageLimitError",
+        "AgentSafetyRefusalError",
+        "AgentAuthenticationError",
+        "ModelNotFoundError",
+        "UnsupportedModelParametersError",
+        # Environment definitions that cannot build will not build on a retry either.
+        "SandboxBuildFailedError",
+        "LocalEnvironmentError",
+    }
+)
 
 
 def classify(exception_type: str | None) -> FailureClass:

@@ -84,9 +84,7 @@ class LocalEnvironment(BaseEnvironment):
     @classmethod
     def preflight(cls) -> None:
         if shutil.which(BWRAP) is None:
-            raise SystemExit(
-                "the local environment needs bubblewrap: apt-get install bubblewrap"
-            )
+            raise SystemExit("the local environment needs bubblewrap: apt-get install bubblewrap")
 
     def _validate_definition(self) -> None:
         compose = [
@@ -195,11 +193,21 @@ class LocalEnvironment(BaseEnvironment):
             BWRAP,
             "--die-with-parent",
             "--new-session",
-            "--unshare-user", "--uid", str(uid), "--gid", str(uid),
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", "trial",
-            "--proc", "/proc",
-            "--dev", "/dev",
+            "--unshare-user",
+            "--uid",
+            str(uid),
+            "--gid",
+            str(uid),
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "trial",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
         ]
         if self._network_disabled_now:
             args.append("--unshare-net")
@@ -282,9 +290,7 @@ class LocalEnvironment(BaseEnvironment):
                     await callback(text, "stdout" if name == "stdout" else "stderr")
 
         async def run() -> int:
-            await asyncio.gather(
-                pump(proc.stdout, out, "stdout"), pump(proc.stderr, err, "stderr")
-            )
+            await asyncio.gather(pump(proc.stdout, out, "stdout"), pump(proc.stderr, err, "stderr"))
             return await proc.wait()
 
         try:
@@ -298,7 +304,9 @@ class LocalEnvironment(BaseEnvironment):
         except BaseException:
             await _kill_tree(proc)
             raise
-        return ExecResult(stdout="".join(out) or None, stderr="".join(err) or None, return_code=code)
+        return ExecResult(
+            stdout="".join(out) or None, stderr="".join(err) or None, return_code=code
+        )
 
 
 def _copy_file(src: Path, dest: Path) -> None:

@@ -1,0 +1,6 @@
+#!/bin/bash
+set -euo pipefail
+cd /app
+echo alpha > a.txt
+echo beta > b.txt
+echo gamma > c.txt

@@ -1,0 +1,349 @@
+"""The embedded stack: nats-server, the SecantusDB ledger and the four services, each
+in its own process, on one machine with nothing installed but this package.
+
+``trialbus up`` runs it until Ctrl-C; ``trialbus demo`` runs one experiment through it;
+the end-to-end tests start it with their own names (prefix, database) against the
+test servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from infra.embedded import LedgerServer, NatsServer, free_port
+from services.common.stackfile import write_stack_file
+
+SERVICES = ("importer", "watcher", "submitter", "runner")
+
+
+class Printer(Protocol):
+    def print(self, *objects: Any, **kwargs: Any) -> None: ...
+
+
+@dataclass
+class ServiceProcess:
+    """One service process, restartable."""
+
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        service = self.name.split("-")[0]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{service}"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM (runners drain), wait, then SIGKILL the whole process group."""
+        if self.proc is None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(timeout=5)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=5)
+
+
+@dataclass
+class EmbeddedStack:
+    """Servers (unless URLs are given) plus service processes."""
+
+    data_dir: Path
+    n_runners: int = 1
+    concurrency: int = 4
+    prefix: str = "trialbus"
+    ledger_db: str = "trialbus"
+    nats_url: str | None = None
+    ledger_url: str | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    runner_env: Mapping[str, str] = field(default_factory=dict)
+    http_port: int | None = None
+    nats_port: int | None = None
+    ledger_port: int | None = None
+    services: dict[str, ServiceProcess] = field(default_factory=dict)
+    _nats: NatsServer | None = None
+    _ledger: LedgerServer | None = None
+
+    @property
+    def jobs_dir(self) -> Path:
+        return (self.data_dir / "jobs").resolve()
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.nats_url is None:
+                self._nats = NatsServer(self.data_dir / "nats", port=self.nats_port).start()
+                self.nats_url = self._nats.url
+            if self.ledger_url is None:
+                self._ledger = LedgerServer(self.data_dir / "ledger", port=self.ledger_port).start()
+                self.ledger_url = self._ledger.url
+            self.http_port = self.http_port or free_port()
+            for name in ("importer", "watcher", "submitter"):
+                self._add(name, {})
+            for i in range(self.n_runners):
+                self._add(f"runner-{i}", {"TRIALBUS_RUNNER_ID": f"runner-{i}", **self.runner_env})
+            for svc in self.services.values():
+                svc.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _env(self) -> dict[str, str]:
+        assert self.nats_url and self.ledger_url
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+        env.update(
+            {
+                "NATS_URL": self.nats_url,
+                "LEDGER_URL": self.ledger_url,
+                "TRIALBUS_PREFIX": self.prefix,
+                "TRIALBUS_LEDGER_DB": self.ledger_db,
+                "TRIALBUS_JOBS_DIR": str(self.jobs_dir),
+                "TRIALBUS_CONCURRENCY": str(self.concurrency),
+                "TRIALBUS_HTTP_PORT": str(self.http_port),
+                "TRIALBUS_LOG_JSON": "true",
+                "TRIALBUS_SANDBOX_DIR": str((self.data_dir / "sandboxes").resolve()),
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    def _add(self, name: str, env: Mapping[str, str]) -> None:
+        self.services[name] = ServiceProcess(
+            name, {**self._env(), **env}, self.data_dir / "logs" / f"{name}.log"
+        )
+
+    def add_runner(self, env: Mapping[str, str] | None = None) -> ServiceProcess:
+        """Start one more runner process (scaling out, or replacing a killed one)."""
+        i = sum(1 for n in self.services if n.startswith("runner-"))
+        name = f"runner-{i}"
+        self._add(name, {"TRIALBUS_RUNNER_ID": name, **self.runner_env, **(env or {})})
+        self.services[name].start()
+        return self.services[name]
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until every service has declared its durable consumer / HTTP port."""
+        asyncio.run(self._wait_ready(timeout))
+
+    async def _wait_ready(self, timeout: float) -> None:
+        import nats
+        from nats.js.errors import NotFoundError
+
+        from schemas.subjects import Topology
+
+        topo = Topology(self.prefix)
+        durables = [
+            (topo.events_stream, topo.importer_durable),
+            (topo.events_stream, topo.watcher_durable),
+            (topo.work_stream, topo.runner_durable),
+        ]
+        deadline = time.monotonic() + timeout
+        nc = await nats.connect(self.nats_url or "")
+        try:
+            js = nc.jetstream()
+            pending = list(durables)
+            while pending:
+                self._raise_if_dead()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"services not ready after {timeout:.0f}s: {pending}")
+                still = []
+                for stream, durable in pending:
+                    try:
+                        await js.consumer_info(stream, durable)
+                    except NotFoundError:
+                        still.append((stream, durable))
+                pending = still
+                if pending:
+                    await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+        await self._wait_http(deadline)
+
+    async def _wait_http(self, deadline: float) -> None:
+        import httpx
+
+        async with httpx.AsyncClient() as client:
+            while True:
+                self._raise_if_dead()
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await client.get(f"http://127.0.0.1:{self.http_port}/healthz", timeout=1)
+                    if r.status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise TimeoutError("submitter HTTP API not ready")
+                await asyncio.sleep(0.1)
+
+    def _raise_if_dead(self) -> None:
+        for svc in self.services.values():
+            if svc.proc is not None and svc.proc.poll() is not None:
+                tail = (
+                    svc.log_path.read_text(errors="replace")[-3000:]
+                    if svc.log_path.exists()
+                    else ""
+                )
+                raise RuntimeError(f"service {svc.name} exited with {svc.proc.returncode}:\n{tail}")
+
+    def supervise_once(self) -> list[str]:
+        """Restart services that died (returns their names)."""
+        restarted = []
+        for svc in self.services.values():
+            if svc.proc is not None and svc.proc.poll() is not None:
+                svc.restarts += 1
+                svc.start()
+                restarted.append(svc.name)
+        return restarted
+
+    def stop(self) -> None:
+        """Stop services (runners drain first), then the ledger and NATS."""
+        runners = [s for n, s in self.services.items() if n.startswith("runner")]
+        others = [s for n, s in self.services.items() if not n.startswith("runner")]
+        for s in runners + others:
+            s.signal(signal.SIGTERM)
+        for s in runners + others:
+            s.stop()
+        if self._ledger is not None:
+            self._ledger.stop()
+        if self._nats is not None:
+            self._nats.stop()
+
+    def __enter__(self) -> EmbeddedStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_stack_forever(data_dir: Path, *, runners: int, concurrency: int, console: Printer) -> int:
+    """``trialbus up``: start, write the stack file, supervise until Ctrl-C."""
+    from services.common.stackfile import stack_file
+
+    stack = EmbeddedStack(
+        data_dir,
+        n_runners=runners,
+        concurrency=concurrency,
+        nats_port=_port_or_free(4222),
+        ledger_port=_port_or_free(27017),
+        http_port=_port_or_free(8080),
+    )
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stack.start()
+    assert stack.nats_url and stack.ledger_url
+    write_stack_file(
+        stack_file(),
+        nats_url=stack.nats_url,
+        ledger_url=stack.ledger_url,
+        jobs_dir=stack.jobs_dir,
+        pid=os.getpid(),
+    )
+    console.print(
+        f"trialbus is up: NATS {stack.nats_url}, ledger {stack.ledger_url} (SecantusDB, beta), "
+        f"HTTP http://127.0.0.1:{stack.http_port}, jobs {stack.jobs_dir}. Ctrl-C stops it.",
+        highlight=False,
+    )
+    try:
+        while not stopping:
+            for name in stack.supervise_once():
+                console.print(f"service {name} died; restarted", highlight=False)
+            time.sleep(0.5)
+    finally:
+        console.print("stopping trialbus ...", highlight=False)
+        stack.stop()
+        with contextlib.suppress(FileNotFoundError):
+            stack_file().unlink()
+    return 0
+
+
+def _port_or_free(port: int) -> int:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return free_port()
+    return port
+
+
+def run_demo(
+    manifest: Path,
+    data_dir: Path,
+    *,
+    concurrency: int,
+    console: Printer,
+    table: Callable[[list[dict[str, Any]], str], None],
+) -> int:
+    """``trialbus demo``: a fresh embedded stack, one experiment end to end, the leaderboard."""
+    from services.common.settings import SubmitterSettings
+    from services.submitter.client import submit_and_wait
+    from services.submitter.manifest_io import load_manifest
+
+    load_manifest(manifest)  # refuse a bad manifest before starting anything
+    shutil.rmtree(data_dir, ignore_errors=True)  # a demo never reuses earlier results
+    t0 = time.monotonic()
+    with EmbeddedStack(data_dir, concurrency=concurrency) as stack:
+        console.print(
+            f"embedded stack up in {time.monotonic() - t0:.1f}s "
+            f"(NATS {stack.nats_url}, ledger {stack.ledger_url})",
+            highlight=False,
+        )
+        settings = SubmitterSettings(
+            nats_url=stack.nats_url or "",
+            ledger_url=stack.ledger_url or "",
+            jobs_dir=stack.jobs_dir,
+        )
+        outcome = asyncio.run(
+            submit_and_wait(settings, manifest, wait=True, timeout_s=900, progress=console)
+        )
+        s = outcome.summary
+        console.print(
+            f"experiment {s['experiment_id']} finished in "
+            f"{time.monotonic() - t0:.1f}s; job folder: {stack.jobs_dir / s['experiment_id']}",
+            highlight=False,
+        )
+        table(outcome.rows or [], f"leaderboard: {s['experiment_id']}")
+    return 0 if outcome.counts.get("pending", 1) == 0 else 4

@@ -1,0 +1,208 @@
+"""The ``trialbus`` command line. Thin: parse arguments, call a function, print.
+
+Exit codes (README): 0 ok; 1 experiment finished with unscored trials; 2 bad input
+(manifest, task folder, job folder); 3 NATS or ledger unreachable; 4 --wait timed
+out; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services.common import errors as E
+from services.common.errors import TransientError, UserInputError
+from services.common.ledger import LedgerUnavailable
+from services.common.settings import CommonSettings, SubmitterSettings
+from services.common.stackfile import settings_for
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine; map trialbus errors to the documented exit codes."""
+    try:
+        return asyncio.run(coro_fn())  # type: ignore[arg-type]
+    except UserInputError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(E.EXIT_USER_ERROR) from None
+    except (TransientError, LedgerUnavailable, ConnectionError, OSError) as exc:
+        err.print(f"[red]unavailable:[/red] {exc}", highlight=False)
+        raise typer.Exit(E.EXIT_UNAVAILABLE) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(E.EXIT_INTERRUPTED) from None
+
+
+def _fmt(v: float | None, pct: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1%}" if pct else f"{v:.3f}"
+
+
+def print_leaderboard(rows: list[dict[str, Any]], title: str) -> None:
+    table = Table(title=title)
+    for col in ("agent", "model", "scored / total", "unscored (cause)", "mean reward", "pass rate"):
+        table.add_column(col)
+    for r in rows:
+        causes = ", ".join(f"{n} {c}" for c, n in r["unscored_by_cause"].items()) or "-"
+        if r["n_pending"]:
+            causes += f"; {r['n_pending']} pending"
+        table.add_row(
+            r["agent"],
+            r["model"] or "-",
+            f"{r['n_scored']} / {r['n_trials']}",
+            causes,
+            _fmt(r["mean_reward"]),
+            _fmt(r["pass_rate"], pct=True),
+        )
+    out.print(table)
+
+
+@app.command()
+def submit(
+    manifest: Annotated[Path, typer.Argument(help="Experiment manifest (YAML or JSON).")],
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow progress until it completes.")
+    ] = False,
+    json_out: JsonOpt = False,
+    timeout: Annotated[
+        float, typer.Option(help="Give up waiting after this many seconds.")
+    ] = 3600.0,
+) -> None:
+    """Validate a manifest, publish its trials, optionally wait for the results."""
+    from services.submitter.client import submit_and_wait
+
+    settings = settings_for(SubmitterSettings)
+    result = _run(
+        lambda: submit_and_wait(
+            settings, manifest, wait=wait, timeout_s=timeout, progress=None if json_out else err
+        )
+    )
+    if json_out:
+        out.print_json(json.dumps(result.summary))
+    else:
+        s = result.summary
+        err.print(
+            f"experiment [bold]{s['experiment_id']}[/bold]: {s['n_trials']} trials, "
+            f"{s['n_published']} published, {s['n_duplicates']} already queued, "
+            f"{s['n_already_scored']} already scored",
+            highlight=False,
+        )
+        if result.rows is not None:
+            print_leaderboard(result.rows, f"leaderboard: {s['experiment_id']}")
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def status(experiment: str, json_out: JsonOpt = False) -> None:
+    """Counts of an experiment's trials by state."""
+    from services.submitter.client import experiment_status
+
+    counts = _run(lambda: experiment_status(settings_for(CommonSettings), experiment))
+    if json_out:
+        out.print_json(json.dumps(counts))
+        return
+    table = Table(title=f"status: {experiment}")
+    table.add_column("state")
+    table.add_column("trials", justify="right")
+    for k, v in counts.items():
+        table.add_row(k, str(v))
+    out.print(table)
+
+
+@app.command()
+def leaderboard(
+    experiment: Annotated[
+        str | None, typer.Argument(help="Default: the latest experiment.")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Per agent x model: trials scored / total, mean reward, pass rate."""
+    from services.submitter.client import leaderboard_rows
+
+    exp_id, rows = _run(lambda: leaderboard_rows(settings_for(CommonSettings), experiment))
+    if json_out:
+        out.print_json(json.dumps(rows))
+        return
+    print_leaderboard(rows, f"leaderboard: {exp_id}")
+
+
+@app.command(name="import")
+def import_(job_dir: Path, json_out: JsonOpt = False) -> None:
+    """Import a Harbor job folder into the ledger (idempotent)."""
+    from services.submitter.client import import_job
+
+    summary = _run(lambda: import_job(settings_for(CommonSettings), job_dir))
+    if json_out:
+        out.print_json(json.dumps(summary))
+        return
+    err.print(
+        f"{summary['total']} trials: {summary['imported']} imported, "
+        f"{summary['unchanged']} unchanged, {summary['partial']} partial",
+        highlight=False,
+    )
+    for line in summary.get("errors", [])[:20]:
+        err.print(f"  {line}", highlight=False)
+
+
+@app.command()
+def up(
+    data_dir: Annotated[Path, typer.Option(help="Servers' storage and job folders.")] = Path(
+        ".trialbus"
+    ),
+    runners: Annotated[int, typer.Option(min=1, max=64)] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, max=4096, help="Trials per runner.")] = 4,
+) -> None:
+    """Start the embedded stack (nats-server, SecantusDB, the four services) until Ctrl-C."""
+    from infra.stack import run_stack_forever
+
+    raise typer.Exit(
+        run_stack_forever(data_dir, runners=runners, concurrency=concurrency, console=err)
+    )
+
+
+@app.command()
+def demo(
+    manifest: Annotated[Path, typer.Argument()] = Path("examples/experiment.yaml"),
+    data_dir: Annotated[Path, typer.Option()] = Path(".trialbus/demo"),
+    concurrency: Annotated[int, typer.Option(min=1, max=64)] = 4,
+) -> None:
+    """Start the embedded stack, run MANIFEST end to end, print the leaderboard, stop."""
+    from infra.stack import run_demo
+
+    raise typer.Exit(
+        run_demo(manifest, data_dir, concurrency=concurrency, console=err, table=print_leaderboard)
+    )
+
+
+@app.command()
+def service(
+    name: Annotated[str, typer.Argument(help="runner | importer | watcher | submitter")],
+) -> None:
+    """Run one service in the foreground (what compose and `trialbus up` start)."""
+    import importlib
+
+    if name not in ("runner", "importer", "watcher", "submitter"):
+        err.print(f"[red]error:[/red] unknown service {name!r}")
+        raise typer.Exit(E.EXIT_USER_ERROR)
+    importlib.import_module(f"services.{name}.app").main()
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(E.EXIT_INTERRUPTED)

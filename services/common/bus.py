@@ -1,0 +1,174 @@
+"""NATS JetStream adapter: stream declaration and event publishing.
+
+The EventBus port is what logic sees (``publish``); nats-py lives only here and in
+the consumer adapters. Streams are declared by ONE owner, ``ensure_streams``, which
+creates missing streams and never rewrites an existing one (a service restart must
+not silently change retention or replicas of a live stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from schemas.events import Envelope, TrialLog, encode_event
+from schemas.subjects import Topology
+from services.common.errors import TransientError
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+
+# Work dedup window: a CI retry of the same submission within a day publishes
+# nothing new. Resubmissions after that are still safe: the submitter skips trials
+# the ledger already scored.
+WORK_DUPLICATE_WINDOW_S = 24 * 3600
+EVENTS_MAX_AGE_S = 14 * 24 * 3600
+LOGS_MAX_AGE_S = 2 * 24 * 3600
+MAX_PAYLOAD = 1024 * 1024
+
+
+class EventBus(Protocol):
+    """Publishes events; every publish carries a dedup id."""
+
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> None:
+        """Publish ``event`` to its subject (durably acknowledged)."""
+
+
+def stream_configs(topology: Topology, replicas: int = 1) -> list[StreamConfig]:
+    """The three streams trialbus uses, with their retention policies."""
+    return [
+        StreamConfig(
+            name=topology.work_stream,
+            subjects=[topology.work_wildcard],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            duplicate_window=WORK_DUPLICATE_WINDOW_S,
+            max_msg_size=MAX_PAYLOAD,
+        ),
+        StreamConfig(
+            name=topology.events_stream,
+            subjects=[topology.events_wildcard],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            max_age=EVENTS_MAX_AGE_S,
+            duplicate_window=600,
+            max_msg_size=MAX_PAYLOAD,
+        ),
+        StreamConfig(
+            name=topology.logs_stream,
+            subjects=[topology.logs_wildcard],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            max_age=LOGS_MAX_AGE_S,
+            max_bytes=1024 * 1024 * 1024,
+            discard=DiscardPolicy.OLD,
+            duplicate_window=60,
+            max_msg_size=MAX_PAYLOAD,
+        ),
+    ]
+
+
+async def ensure_streams(js: JetStreamContext, topology: Topology, replicas: int = 1) -> None:
+    """Create trialbus's streams when missing; leave existing ones untouched."""
+    for config in stream_configs(topology, replicas):
+        assert config.name is not None
+        try:
+            await js.stream_info(config.name)
+        except NotFoundError:
+            await js.add_stream(config)
+            log.info("stream created", stream=config.name, replicas=replicas)
+
+
+async def connect(servers: Sequence[str], name: str) -> NatsClient:
+    """Connect to NATS, retrying forever on reconnects (services must outlive blips)."""
+    return await nats.connect(
+        servers=list(servers),
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=5,
+        allow_reconnect=True,
+    )
+
+
+def subject_for(topology: Topology, event: Envelope) -> str:
+    """Subject an event is published to."""
+    event_type: str = getattr(event, "type")  # noqa: B009 - every concrete event has one
+    if event_type == "trial_requested":
+        return topology.work_subject(event.experiment_id)
+    if isinstance(event, TrialLog):
+        return topology.log_subject(event.experiment_id, event.trial_id)
+    return topology.event_subject(event_type, event.experiment_id)
+
+
+class JetStreamBus:
+    """EventBus over JetStream. Publish timeouts are retried with the same msg id."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        topology: Topology,
+        *,
+        timeout_s: float = 5.0,
+        attempts: int = 6,
+    ) -> None:
+        self._js = js
+        self._topology = topology
+        self._timeout = timeout_s
+        self._attempts = attempts
+
+    @property
+    def topology(self) -> Topology:
+        return self._topology
+
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> None:
+        await self.publish_raw(
+            subject_for(self._topology, event), encode_event(event), msg_id or event.dedup_id()
+        )
+
+    async def publish_raw(self, subject: str, data: bytes, msg_id: str) -> bool:
+        """Publish bytes with a dedup id, retrying timeouts (not proof of failure).
+
+        Returns False when JetStream reports the message as a duplicate.
+        """
+        delay = 0.2
+        for attempt in range(1, self._attempts + 1):
+            try:
+                ack = await self._js.publish(
+                    subject, data, timeout=self._timeout, headers={"Nats-Msg-Id": msg_id}
+                )
+                return not ack.duplicate
+            except (NatsTimeoutError, NoRespondersError, TimeoutError) as exc:
+                if attempt == self._attempts:
+                    raise TransientError(
+                        f"JetStream did not acknowledge {subject} after {attempt} attempts: "
+                        f"{type(exc).__name__}"
+                    ) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def publish_many(self, items: Sequence[tuple[str, bytes, str]], window: int = 512) -> int:
+        """Publish many messages concurrently (bounded window), each acknowledged.
+
+        Returns how many were new (not dropped as duplicates).
+        """
+        sem = asyncio.Semaphore(window)
+
+        async def one(subject: str, data: bytes, msg_id: str) -> bool:
+            async with sem:
+                return await self.publish_raw(subject, data, msg_id)
+
+        results = await asyncio.gather(*(one(s, d, m) for s, d, m in items))
+        return sum(results)

@@ -1,0 +1,116 @@
+"""Harbor job folders: one per experiment, readable by ``harbor view``.
+
+Layout written by trialbus (all other files are Harbor's own)::
+
+    <jobs_root>/<experiment_id>/
+        config.json      Harbor JobConfig (job_name = experiment id)
+        trialbus.json    {"experiment_id": ..., "name": ...}: marks a trialbus job
+        result.json      Harbor JobResult, written when the experiment completes
+        <trial_id>/      one Harbor trial folder per trial (trial_name = trial_id)
+        .attempts/       folders of earlier attempts of retried trials
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+MARKER = "trialbus.json"
+_JOB_NAMESPACE = uuid.UUID("6f1c3c52-8a43-4c1e-9a57-9f1d7c6b2f10")
+
+
+def job_dir_for(jobs_root: Path, experiment_id: str) -> Path:
+    return (jobs_root / experiment_id).resolve()
+
+
+def job_uuid(experiment_id: str) -> uuid.UUID:
+    """Harbor job id of an experiment: stable, so every runner writes the same one."""
+    return uuid.uuid5(_JOB_NAMESPACE, experiment_id)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def ensure_job_dir(
+    job_dir: Path, *, experiment_id: str, name: str, job_config: dict[str, Any]
+) -> None:
+    """Create the job folder with its marker and Harbor config (idempotent)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    marker = job_dir / MARKER
+    if not marker.exists():
+        atomic_write(
+            marker,
+            json.dumps(
+                {
+                    "experiment_id": experiment_id,
+                    "name": name,
+                    "job_id": str(job_uuid(experiment_id)),
+                }
+            ),
+        )
+    config = job_dir / "config.json"
+    if not config.exists():
+        atomic_write(config, json.dumps(job_config, indent=2, default=str))
+
+
+def read_marker(job_dir: Path) -> dict[str, Any] | None:
+    """The trialbus marker of a job folder, or None for jobs made outside trialbus."""
+    try:
+        data = json.loads((job_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_job_result(job_dir: Path, experiment_id: str, n_total_trials: int) -> dict[str, Any]:
+    """Write Harbor's job-level result.json from the trial folders, with Harbor's own stats.
+
+    Uses Harbor's JobStats, Mean metric and pass@k code so that ``harbor view`` and
+    trialbus's ledger can be compared figure for figure.
+    """
+    from harbor.metrics.mean import Mean
+    from harbor.models.job.result import JobResult, JobStats
+    from harbor.models.trial.result import TrialResult
+    from harbor.utils.pass_at_k import compute_pass_at_k_by_evals
+
+    results: list[TrialResult] = []
+    for trial in sorted(p for p in job_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        path = trial / "result.json"
+        if path.is_file():
+            try:
+                results.append(TrialResult.model_validate_json(path.read_text()))
+            except ValueError:
+                continue  # the ledger records it as partial; Harbor's stats skip it
+    stats = JobStats.from_trial_results(results, n_total_trials=n_total_trials)
+    by_key: dict[str, list[dict[str, float | int] | None]] = {}
+    for r in results:
+        model = r.agent_info.model_info.name if r.agent_info.model_info else None
+        key = JobStats.format_agent_evals_key(r.agent_info.name, model, r.source or "adhoc")
+        by_key.setdefault(key, []).append(r.verifier_result.rewards if r.verifier_result else None)
+    for key, rewards in by_key.items():
+        stats.evals[key].metrics.append(Mean().compute(rewards))
+    for key, pass_at_k in compute_pass_at_k_by_evals(results).items():
+        if key in stats.evals:
+            stats.evals[key].pass_at_k = pass_at_k
+    started = min((r.started_at for r in results if r.started_at), default=None)
+    now = datetime.now(UTC)
+    job = JobResult(
+        id=job_uuid(experiment_id),
+        started_at=started or now,
+        updated_at=now,
+        finished_at=now,
+        n_total_trials=n_total_trials,
+        stats=stats,
+    )
+    text = job.model_dump_json(indent=4, exclude={"trial_results"})
+    atomic_write(job_dir / "result.json", text)
+    data: dict[str, Any] = json.loads(text)
+    return data

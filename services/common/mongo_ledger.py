@@ -1,0 +1,253 @@
+"""MongoLedger: the Ledger port over MongoDB (or SecantusDB) with PyMongo's async client.
+
+Document shape (collection ``trials``): the record's JSON-mode dump (datetimes as
+ISO-8601 strings, so a record reads back exactly as written, microseconds included;
+BSON dates would truncate them to milliseconds and change the content hash) plus
+
+- ``content_hash``: sha256 of the record's canonical JSON (see
+  ``services.common.memory_ledger.record_content_hash``);
+- ``imported_at``: BSON date of the last write that changed the document;
+- ``first_imported_at``: BSON date of the insert (orders ``experiment_ids``).
+
+An upsert is ``UpdateOne({trial_id, content_hash != h [, status != "complete"]},
+{$set: doc}, upsert=True)``. When the filter matches nothing because the stored
+document already has this content (or is complete and the new one partial), the
+upsert's insert hits the unique index on trial_id: duplicate key (11000) means
+``unchanged``. That reading is verified: the stored hash and status of every
+duplicate-key item are fetched, and an item that lost a race with a concurrent
+writer (stored content neither equal nor protected) is retried.
+
+Connection problems surface as ``LedgerUnavailable``; anything else propagates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from pymongo import ASCENDING, AsyncMongoClient, UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import BulkWriteError, ConnectionFailure
+
+from schemas.record import TrialRecord
+from services.common.ledger import ExperimentInfo, LedgerUnavailable, UpsertOutcome
+from services.common.memory_ledger import collapse_batch, keeps_stored, record_content_hash
+
+DUPLICATE_KEY: Final = 11000
+_MAX_ROUNDS: Final = 3
+# Stored next to the record's own fields; stripped when reading a record back.
+_BOOKKEEPING: Final = ("_id", "content_hash", "imported_at", "first_imported_at")
+
+Doc = dict[str, Any]
+
+
+class LedgerConflict(RuntimeError):
+    """Concurrent writers kept changing a record while this batch tried to store it."""
+
+
+@asynccontextmanager
+async def _translate_errors(action: str) -> AsyncIterator[None]:
+    # ConnectionFailure is the base of ServerSelectionTimeoutError, AutoReconnect
+    # (incl. NotPrimaryError), NetworkTimeout and WaitQueueTimeoutError: all mean
+    # "try again later", never "your data is wrong".
+    try:
+        yield
+    except ConnectionFailure as exc:
+        raise LedgerUnavailable(f"ledger unreachable during {action}: {exc}") from exc
+
+
+class MongoLedger:
+    """Ledger adapter over a MongoDB-wire server. Nothing connects until first use."""
+
+    def __init__(
+        self,
+        url: str,
+        database: str,
+        *,
+        server_selection_timeout_ms: int = 5000,
+        app_name: str = "trialbus",
+    ) -> None:
+        self._client: AsyncMongoClient[Doc] = AsyncMongoClient(
+            url,
+            tz_aware=True,
+            serverSelectionTimeoutMS=server_selection_timeout_ms,
+            appname=app_name,
+        )
+        db = self._client[database]
+        self._trials: AsyncCollection[Doc] = db["trials"]
+        self._experiments: AsyncCollection[Doc] = db["experiments"]
+
+    async def ensure_indexes(self) -> None:
+        """Create the unique index on trial_id and the query indexes. Idempotent."""
+        async with _translate_errors("ensure_indexes"):
+            await self._trials.create_index([("trial_id", ASCENDING)], unique=True)
+            await self._trials.create_index([("experiment_id", ASCENDING)])
+            await self._experiments.create_index([("experiment_id", ASCENDING)], unique=True)
+
+    async def upsert_records(self, records: Sequence[TrialRecord]) -> UpsertOutcome:
+        """Insert or replace records by trial_id; identical content is ``unchanged``.
+
+        A trial_id repeated inside the batch is written once (see ``collapse_batch``)
+        and reported once. Raises LedgerUnavailable when the server cannot be reached;
+        the whole batch may then be retried safely.
+        """
+        outcome = UpsertOutcome()
+        pending = [(r, record_content_hash(r)) for r in collapse_batch(records)]
+        async with _translate_errors("upsert_records"):
+            for _ in range(_MAX_ROUNDS):
+                if not pending:
+                    return outcome
+                now = datetime.now(UTC)
+                ops = [_upsert_op(record, h, now) for record, h in pending]
+                upserted, duplicates = await self._bulk(ops)
+                for index, (record, _h) in enumerate(pending):
+                    if index in upserted:
+                        outcome.inserted.append(record.trial_id)
+                    elif index not in duplicates:
+                        # Matched the filter, hence content differed: an update.
+                        outcome.updated.append(record.trial_id)
+                pending = await self._unexplained([pending[i] for i in sorted(duplicates)], outcome)
+        if pending:
+            ids = ", ".join(r.trial_id for r, _ in pending)
+            raise LedgerConflict(f"records kept changing under concurrent writers: {ids}")
+        return outcome
+
+    async def _bulk(self, ops: list[UpdateOne]) -> tuple[set[int], set[int]]:
+        """Run one unordered bulk; return (indexes upserted, indexes hitting 11000)."""
+        try:
+            result = await self._trials.bulk_write(ops, ordered=False)
+        except BulkWriteError as exc:
+            details = exc.details
+            errors = details.get("writeErrors", [])
+            if details.get("writeConcernErrors") or any(
+                e.get("code") != DUPLICATE_KEY for e in errors
+            ):
+                raise
+            return (
+                {int(u["index"]) for u in details.get("upserted", [])},
+                {int(e["index"]) for e in errors},
+            )
+        return set(result.upserted_ids or {}), set()
+
+    async def _unexplained(
+        self, items: list[tuple[TrialRecord, str]], outcome: UpsertOutcome
+    ) -> list[tuple[TrialRecord, str]]:
+        """Sort duplicate-key items into ``unchanged``; return those to retry."""
+        if not items:
+            return []
+        stored: dict[str, Doc] = {}
+        cursor = self._trials.find(
+            {"trial_id": {"$in": [r.trial_id for r, _ in items]}},
+            {"_id": 0, "trial_id": 1, "content_hash": 1, "status": 1},
+        )
+        async for found in cursor:
+            stored[found["trial_id"]] = found
+        retry: list[tuple[TrialRecord, str]] = []
+        for record, h in items:
+            doc = stored.get(record.trial_id)
+            if doc is not None and keeps_stored(
+                str(doc.get("status")), str(doc.get("content_hash")), record.status, h
+            ):
+                outcome.unchanged.append(record.trial_id)
+            else:
+                retry.append((record, h))
+        return retry
+
+    async def get_record(self, trial_id: str) -> TrialRecord | None:
+        """One record, or None."""
+        async with _translate_errors("get_record"):
+            doc = await self._trials.find_one({"trial_id": trial_id})
+        return _to_record(doc) if doc else None
+
+    async def records_for(self, experiment_id: str) -> list[TrialRecord]:
+        """All records of an experiment, ordered by trial_id."""
+        async with _translate_errors("records_for"):
+            cursor = self._trials.find({"experiment_id": experiment_id}).sort("trial_id", ASCENDING)
+            return [_to_record(doc) async for doc in cursor]
+
+    async def count_records(self, experiment_id: str) -> int:
+        """Number of records of an experiment."""
+        async with _translate_errors("count_records"):
+            return await self._trials.count_documents({"experiment_id": experiment_id})
+
+    async def scored_trial_ids(self, experiment_id: str) -> set[str]:
+        """trial_ids whose record carries a valid reward (resume skips these)."""
+        async with _translate_errors("scored_trial_ids"):
+            cursor = self._trials.find(
+                {"experiment_id": experiment_id, "evaluation.reward_valid": True},
+                {"_id": 0, "trial_id": 1},
+            )
+            return {doc["trial_id"] async for doc in cursor}
+
+    async def upsert_experiment(self, info: ExperimentInfo) -> None:
+        """Record (or refresh) an experiment's submission metadata."""
+        now = datetime.now(UTC)
+        async with _translate_errors("upsert_experiment"):
+            await self._experiments.update_one(
+                {"experiment_id": info.experiment_id},
+                {
+                    "$set": {
+                        "experiment_id": info.experiment_id,
+                        "name": info.name,
+                        "n_trials": info.n_trials,
+                        "manifest": info.manifest,
+                        "updated_at": now,
+                    },
+                    "$setOnInsert": {"created_at": now},
+                },
+                upsert=True,
+            )
+
+    async def get_experiment(self, experiment_id: str) -> ExperimentInfo | None:
+        """An experiment's submission metadata, or None."""
+        async with _translate_errors("get_experiment"):
+            doc = await self._experiments.find_one({"experiment_id": experiment_id})
+        if doc is None:
+            return None
+        return ExperimentInfo(
+            experiment_id=doc["experiment_id"],
+            name=doc["name"],
+            n_trials=int(doc["n_trials"]),
+            manifest=doc["manifest"],
+        )
+
+    async def experiment_ids(self) -> list[str]:
+        """Ids of all experiments with metadata or records, newest (first seen) first."""
+        first_seen: dict[str, datetime] = {}
+
+        def see(experiment_id: str, when: datetime) -> None:
+            if experiment_id not in first_seen or when < first_seen[experiment_id]:
+                first_seen[experiment_id] = when
+
+        async with _translate_errors("experiment_ids"):
+            async for doc in self._experiments.find({}, {"experiment_id": 1, "created_at": 1}):
+                see(doc["experiment_id"], doc["created_at"])
+            cursor = await self._trials.aggregate(
+                [{"$group": {"_id": "$experiment_id", "first": {"$min": "$first_imported_at"}}}]
+            )
+            async for doc in cursor:
+                if doc["first"] is not None:
+                    see(doc["_id"], doc["first"])
+        # Ties (same millisecond) break by id so the order is stable.
+        by_id = sorted(first_seen)
+        return sorted(by_id, key=lambda e: first_seen[e], reverse=True)
+
+    async def close(self) -> None:
+        """Release connections."""
+        await self._client.close()
+
+
+def _upsert_op(record: TrialRecord, content_hash: str, now: datetime) -> UpdateOne:
+    query: Doc = {"trial_id": record.trial_id, "content_hash": {"$ne": content_hash}}
+    if record.status == "partial":
+        query["status"] = {"$ne": "complete"}
+    doc = record.model_dump(mode="json")
+    doc["content_hash"] = content_hash
+    doc["imported_at"] = now
+    return UpdateOne(query, {"$set": doc, "$setOnInsert": {"first_imported_at": now}}, upsert=True)
+
+
+def _to_record(doc: Doc) -> TrialRecord:
+    return TrialRecord.model_validate({k: v for k, v in doc.items() if k not in _BOOKKEEPING})

@@ -1,0 +1,92 @@
+"""Settings: one pydantic-settings class per service, built once and passed down.
+
+``NATS_URL`` and ``LEDGER_URL`` point the same code at real servers; everything else
+is ``TRIALBUS_*``. When neither URL is set, the CLI falls back to the embedded stack
+started by ``trialbus up`` (see services.cli).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.subjects import Topology
+
+
+class CommonSettings(BaseSettings):
+    """Connection and naming settings every service shares."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TRIALBUS_", extra="ignore", frozen=True, populate_by_name=True
+    )
+
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        validation_alias=AliasChoices("NATS_URL", "TRIALBUS_NATS_URL"),
+        description="Comma-separated NATS server URLs.",
+    )
+    ledger_url: str = Field(
+        default="mongodb://127.0.0.1:27017",
+        validation_alias=AliasChoices("LEDGER_URL", "TRIALBUS_LEDGER_URL"),
+        description="MongoDB connection string of the ledger.",
+    )
+    ledger_db: str = Field(default="trialbus", description="Ledger database name.")
+    prefix: str = Field(default="trialbus", description="Stream/subject namespace.")
+    stream_replicas: int = Field(default=1, ge=1, le=5, description="JetStream replicas.")
+    jobs_dir: Path = Field(
+        default=Path(".trialbus/jobs"), description="Root of the Harbor job folders."
+    )
+    log_level: str = "INFO"
+    log_json: bool | None = Field(default=None, description="JSON logs (default: when not a TTY).")
+
+    @property
+    def topology(self) -> Topology:
+        return Topology(self.prefix)
+
+    @property
+    def nats_servers(self) -> list[str]:
+        return [u.strip() for u in self.nats_url.split(",") if u.strip()]
+
+
+class RunnerSettings(CommonSettings):
+    """A runner process."""
+
+    concurrency: int = Field(
+        default=4, ge=1, le=4096, description="Trials at once in this process."
+    )
+    ack_wait_s: float = Field(default=60.0, gt=1, description="Redelivery after silence.")
+    heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval.")
+    runner_id: str | None = Field(default=None, description="Default: host-pid.")
+    executor: str = Field(default="harbor", description="'harbor' or 'module:factory'.")
+    publish_logs: bool = Field(default=True, description="Publish live trial output.")
+    sandbox_dir: Path | None = Field(default=None, description="Scratch root of local sandboxes.")
+
+
+class ImporterSettings(CommonSettings):
+    """The importer process."""
+
+    batch_size: int = Field(default=200, ge=1, le=10_000)
+    batch_timeout_s: float = Field(default=0.2, gt=0)
+    retry_delay_s: float = Field(
+        default=2.0, gt=0, description="nak delay when the ledger is down."
+    )
+
+
+class WatcherSettings(CommonSettings):
+    """The watcher process."""
+
+    scan_interval_s: float = Field(default=2.0, gt=0, description="Jobs folder poll interval.")
+    watch_external: bool = Field(default=True, description="Import job folders made by hand.")
+
+
+class SubmitterSettings(CommonSettings):
+    """The submitter (CLI and HTTP API)."""
+
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    api_token: str | None = Field(default=None, description="Bearer token for the HTTP API.")
+    tasks_root: Path | None = Field(
+        default=None, description="When set, task paths must stay inside this folder."
+    )

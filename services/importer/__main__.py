@@ -1,0 +1,3 @@
+from services.importer.app import main
+
+main()

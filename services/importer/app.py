@@ -1,0 +1,79 @@
+"""Composition root of the importer: a FastStream batched pull consumer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from faststream import FastStream
+from faststream.middlewares import AckPolicy
+from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
+from faststream.nats.annotations import NatsMessage
+from nats.aio.msg import Msg
+
+from services.common.bus import JetStreamBus, ensure_streams
+from services.common.ledger import Ledger, LedgerUnavailable
+from services.common.logging import configure_logging, get_logger
+from services.common.mongo_ledger import MongoLedger
+from services.common.settings import ImporterSettings
+from services.importer.handlers import apply_plan, plan_batch
+
+log = get_logger(__name__)
+
+
+def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> FastStream:
+    """Build the importer app; nothing connects until the app starts."""
+    topo = settings.topology
+    broker = NatsBroker(settings.nats_servers, logger=None, max_reconnect_attempts=-1)
+    the_ledger: Ledger = ledger or MongoLedger(settings.ledger_url, settings.ledger_db)
+    state: dict[str, JetStreamBus] = {}
+
+    @broker.subscriber(
+        topo.event_filter(),
+        stream=JStream(topo.events_stream, declare=False),
+        durable=topo.importer_durable,
+        pull_sub=PullSub(
+            batch_size=settings.batch_size, timeout=settings.batch_timeout_s, batch=True
+        ),
+        ack_policy=AckPolicy.MANUAL,
+        config=ConsumerConfig(ack_wait=120, max_deliver=-1, max_ack_pending=50_000),
+    )
+    async def on_events(msg: NatsMessage) -> None:
+        raws: list[Msg] = list(msg.raw_message)
+        plan = await plan_batch([r.data for r in raws])
+        try:
+            await apply_plan(plan, the_ledger, state["bus"])
+        except LedgerUnavailable as exc:
+            log.warning(
+                "ledger unavailable; batch will be redelivered", error=str(exc), n=len(raws)
+            )
+            await asyncio.gather(*(r.nak(delay=settings.retry_delay_s) for r in raws))
+            return
+        except Exception:
+            log.exception("import batch failed; will be redelivered", n=len(raws))
+            await asyncio.gather(*(r.nak(delay=settings.retry_delay_s) for r in raws))
+            return
+        await asyncio.gather(
+            *(raws[i].ack() for i in plan.ack), *(raws[i].term() for i in plan.term)
+        )
+
+    app = FastStream(broker)
+
+    @app.on_startup
+    async def setup() -> None:
+        configure_logging(settings.log_level, settings.log_json)
+        await broker.connect()
+        js = broker.connection.jetstream()
+        await ensure_streams(js, topo, settings.stream_replicas)
+        state["bus"] = JetStreamBus(js, topo)
+        await the_ledger.ensure_indexes()
+        log.info("importer ready", stream=topo.events_stream)
+
+    @app.after_shutdown
+    async def teardown() -> None:
+        await the_ledger.close()
+
+    return app
+
+
+def main() -> None:
+    asyncio.run(create_app(ImporterSettings()).run())

@@ -1,0 +1,1 @@
+"""Reports over the ledger: leaderboard and status (pure functions over records)."""

@@ -1,0 +1,3 @@
+from services.runner.app import main
+
+main()

@@ -1,0 +1,3 @@
+from services.submitter.app import main
+
+main()

@@ -1,0 +1,119 @@
+"""The submitter service: an HTTP API (FastAPI) to submit manifests and read reports.
+
+Relative task paths in a manifest posted over HTTP resolve against
+``TRIALBUS_TASKS_ROOT`` (default: the service's working folder), and must stay inside
+it when it is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import uvicorn
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
+from nats.aio.client import Client as NatsClient
+
+from services.common.bus import JetStreamBus, connect, ensure_streams
+from services.common.errors import ManifestError, UserInputError
+from services.common.ledger import Ledger, LedgerUnavailable
+from services.common.logging import configure_logging, get_logger
+from services.common.mongo_ledger import MongoLedger
+from services.common.settings import SubmitterSettings
+from services.reports.leaderboard import leaderboard, status_counts
+from services.submitter.manifest_io import parse_manifest, parse_manifest_text
+from services.submitter.submit import prepare, publish_experiment
+
+log = get_logger(__name__)
+
+
+def create_app(settings: SubmitterSettings) -> FastAPI:
+    """Build the HTTP app; connections open in its lifespan, not at import."""
+    state: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        configure_logging(settings.log_level, settings.log_json)
+        nc: NatsClient = await connect(settings.nats_servers, "trialbus-submitter")
+        js = nc.jetstream()
+        await ensure_streams(js, settings.topology, settings.stream_replicas)
+        ledger = MongoLedger(settings.ledger_url, settings.ledger_db)
+        state.update(nc=nc, bus=JetStreamBus(js, settings.topology), ledger=ledger)
+        log.info("submitter ready", port=settings.http_port)
+        try:
+            yield
+        finally:
+            await ledger.close()
+            await nc.drain()
+
+    app = FastAPI(title="trialbus", version="0.1.0", lifespan=lifespan)
+
+    def authorize(authorization: Annotated[str | None, Header()] = None) -> None:
+        if settings.api_token is None:
+            return
+        expected = f"Bearer {settings.api_token}"
+        if authorization is None or not hmac.compare_digest(authorization, expected):
+            raise HTTPException(
+                401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
+            )
+
+    def ledger() -> Ledger:
+        the_ledger: Ledger = state["ledger"]
+        return the_ledger
+
+    @app.exception_handler(UserInputError)
+    async def user_error(_r: Request, exc: UserInputError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=422)
+
+    @app.exception_handler(LedgerUnavailable)
+    async def unavailable(_r: Request, exc: LedgerUnavailable) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=503)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/experiments", status_code=202, dependencies=[Depends(authorize)])
+    async def submit(request: Request, manifest: Annotated[Any, Body()] = None) -> dict[str, Any]:
+        """Submit a manifest as JSON, or as YAML text (Content-Type: application/yaml)."""
+        if request.headers.get("content-type", "").startswith(("application/yaml", "text/")):
+            parsed = parse_manifest_text(
+                (await request.body()).decode(errors="replace"), "request body"
+            )
+        elif manifest is None:
+            raise ManifestError("request body: expected a manifest (JSON object or YAML text)")
+        else:
+            parsed = parse_manifest(manifest, "request body")
+        base = settings.tasks_root or Path.cwd()
+        prepared = prepare(parsed, base, settings.tasks_root)
+        result = await publish_experiment(prepared, state["bus"], ledger())
+        return result.as_dict()
+
+    @app.get("/experiments/{experiment_id}/status", dependencies=[Depends(authorize)])
+    async def status(experiment_id: str) -> dict[str, int]:
+        info = await ledger().get_experiment(experiment_id)
+        records = await ledger().records_for(experiment_id)
+        if info is None and not records:
+            raise HTTPException(404, f"no experiment {experiment_id!r}")
+        return status_counts(records, info)
+
+    @app.get("/experiments/{experiment_id}/leaderboard", dependencies=[Depends(authorize)])
+    async def board(experiment_id: str) -> list[dict[str, Any]]:
+        info = await ledger().get_experiment(experiment_id)
+        records = await ledger().records_for(experiment_id)
+        if info is None and not records:
+            raise HTTPException(404, f"no experiment {experiment_id!r}")
+        return [r.as_dict() for r in leaderboard(records, info)]
+
+    return app
+
+
+def main() -> None:
+    settings = SubmitterSettings()
+    uvicorn.run(
+        create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning"
+    )

@@ -1,0 +1,183 @@
+"""Client-side operations behind the CLI and the HTTP API: submit (and wait),
+status, leaderboard, import. Each opens its connections, does one thing, closes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from nats.aio.client import Client as NatsClient
+from nats.errors import NoServersError
+from nats.js.api import DeliverPolicy
+
+from schemas.events import (
+    ExperimentCompleted,
+    ResultImported,
+    TrialFailed,
+    TrialStarted,
+    parse_event,
+)
+from services.common import errors as E
+from services.common.bus import JetStreamBus, connect, ensure_streams
+from services.common.errors import TransientError, UserInputError
+from services.common.ledger import Ledger
+from services.common.mongo_ledger import MongoLedger
+from services.common.settings import CommonSettings, SubmitterSettings
+from services.reports.leaderboard import leaderboard, status_counts
+from services.submitter.manifest_io import load_manifest
+from services.submitter.submit import SubmitResult, prepare, publish_experiment
+
+
+class Printer(Protocol):
+    def print(self, *objects: Any, **kwargs: Any) -> None: ...
+
+
+@contextlib.asynccontextmanager
+async def open_ledger(settings: CommonSettings) -> AsyncIterator[Ledger]:
+    ledger = MongoLedger(settings.ledger_url, settings.ledger_db)
+    try:
+        yield ledger
+    finally:
+        await ledger.close()
+
+
+@contextlib.asynccontextmanager
+async def open_nats(settings: CommonSettings, name: str) -> AsyncIterator[NatsClient]:
+    try:
+        nc = await asyncio.wait_for(connect(settings.nats_servers, name), timeout=10)
+    except (NoServersError, OSError, TimeoutError) as exc:
+        raise TransientError(
+            f"cannot reach NATS at {settings.nats_url}: start the embedded stack with "
+            "`trialbus up` (or `make up`), or set NATS_URL"
+        ) from exc
+    try:
+        yield nc
+    finally:
+        # Every publish here was acknowledged by JetStream already, so closing loses
+        # nothing; drain() would wait on an ordered consumer's teardown instead.
+        await nc.close()
+
+
+@dataclass(slots=True)
+class SubmitOutcome:
+    summary: dict[str, Any]
+    exit_code: int
+    rows: list[dict[str, Any]] | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+async def submit_and_wait(
+    settings: SubmitterSettings,
+    manifest_path: Path,
+    *,
+    wait: bool,
+    timeout_s: float,
+    progress: Printer | None,
+) -> SubmitOutcome:
+    """Submit a manifest file; with ``wait``, follow it until every trial is recorded."""
+    manifest = load_manifest(manifest_path)
+    prepared = prepare(manifest, manifest_path.resolve().parent, settings.tasks_root)
+    async with open_nats(settings, "trialbus-submit") as nc, open_ledger(settings) as ledger:
+        js = nc.jetstream()
+        topo = settings.topology
+        await ensure_streams(js, topo, settings.stream_replicas)
+        # Subscribe before publishing so no completion can slip past a waiting client.
+        sub = (
+            await js.subscribe(
+                topo.event_filter("*", prepared.experiment_id),
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW,
+            )
+            if wait
+            else None
+        )
+        result: SubmitResult = await publish_experiment(prepared, JetStreamBus(js, topo), ledger)
+        summary = result.as_dict()
+        if sub is None:
+            return SubmitOutcome(summary, E.EXIT_OK)
+        try:
+            counts = await _follow(sub, ledger, result, timeout_s, progress)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        summary["status"] = counts
+        records = await ledger.records_for(result.experiment_id)
+        info = await ledger.get_experiment(result.experiment_id)
+        rows = [r.as_dict() for r in leaderboard(records, info)]
+        summary["leaderboard"] = rows
+        if counts["pending"] > 0:
+            return SubmitOutcome(summary, E.EXIT_TIMEOUT, rows, counts)
+        code = E.EXIT_OK if counts["scored"] == counts["total"] else E.EXIT_TRIALS_UNSCORED
+        return SubmitOutcome(summary, code, rows, counts)
+
+
+async def _follow(
+    sub: Any, ledger: Ledger, result: SubmitResult, timeout_s: float, progress: Printer | None
+) -> dict[str, int]:
+    """Wait until the ledger holds a record per trial (or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    info = await ledger.get_experiment(result.experiment_id)
+    last = ""
+    while True:
+        records = await ledger.records_for(result.experiment_id)
+        counts = status_counts(records, info)
+        counts["total"] = max(counts["total"], result.n_trials)
+        counts["pending"] = counts["total"] - counts["recorded"]
+        line = f"{counts['recorded']}/{counts['total']} recorded, {counts['scored']} scored"
+        if progress is not None and line != last:
+            progress.print(f"[dim]{result.experiment_id}[/dim] {line}", highlight=False)
+            last = line
+        if counts["pending"] <= 0 or time.monotonic() >= deadline:
+            return counts
+        # Wake on the experiment's next event (or poll every 2 s as a safety net).
+        with contextlib.suppress(TimeoutError):
+            msg = await sub.next_msg(timeout=min(2.0, max(0.05, deadline - time.monotonic())))
+            with contextlib.suppress(ValueError):
+                ev = parse_event(msg.data)
+                if progress is not None and isinstance(ev, TrialFailed) and not ev.final:
+                    progress.print(f"  retrying {ev.trial_id}: {ev.error_type}", highlight=False)
+                if isinstance(ev, ExperimentCompleted | ResultImported | TrialStarted):
+                    pass  # the ledger read at the top of the loop is the source of truth
+        if info is None:
+            info = await ledger.get_experiment(result.experiment_id)
+
+
+async def experiment_status(settings: CommonSettings, experiment_id: str) -> dict[str, int]:
+    async with open_ledger(settings) as ledger:
+        info = await ledger.get_experiment(experiment_id)
+        records = await ledger.records_for(experiment_id)
+        if info is None and not records:
+            raise UserInputError(f"no experiment {experiment_id!r} in the ledger")
+        return status_counts(records, info)
+
+
+async def leaderboard_rows(
+    settings: CommonSettings, experiment_id: str | None
+) -> tuple[str, list[dict[str, Any]]]:
+    async with open_ledger(settings) as ledger:
+        if experiment_id is None:
+            ids = await ledger.experiment_ids()
+            if not ids:
+                raise UserInputError("the ledger holds no experiment yet")
+            experiment_id = ids[0]
+        info = await ledger.get_experiment(experiment_id)
+        records = await ledger.records_for(experiment_id)
+        if info is None and not records:
+            raise UserInputError(f"no experiment {experiment_id!r} in the ledger")
+        return experiment_id, [r.as_dict() for r in leaderboard(records, info)]
+
+
+async def import_job(settings: CommonSettings, job_dir: Path) -> dict[str, Any]:
+    from services.importer.jobdir import import_job_dir
+
+    if not job_dir.is_dir():
+        raise UserInputError(f"{job_dir}: not a folder (expected a Harbor job folder)")
+    async with open_ledger(settings) as ledger:
+        await ledger.ensure_indexes()
+        summary = await import_job_dir(job_dir.resolve(), ledger)
+        return summary.as_dict()

@@ -1,0 +1,84 @@
+"""Reading a manifest file into an ExperimentManifest, with errors that name the
+file, the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from schemas.manifest import ExperimentManifest
+from services.common.errors import ManifestError
+
+MAX_MANIFEST_BYTES = 1024 * 1024
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in (
+            "TaskPath",
+            "DatasetRef",
+            "function-after[_one_of_name_or_import_path(), AgentSpec]",
+        ):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "<top level>"
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    """One line per problem: ``<source>: <field>: <message>``."""
+    lines = []
+    for err in exc.errors():
+        loc = _loc(err["loc"])
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see docs/manifest.md for the fields)"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}: {loc}: {msg}")
+    # Union members repeat the same complaint; keep each line once.
+    return "\n".join(dict.fromkeys(lines))
+
+
+def parse_manifest(data: Any, source: str) -> ExperimentManifest:
+    """Validate already-decoded manifest data."""
+    if not isinstance(data, dict):
+        raise ManifestError(
+            f"{source}: the manifest must be a mapping of fields, got {type(data).__name__}"
+        )
+    try:
+        return ExperimentManifest.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(format_validation_error(source, exc)) from None
+
+
+def parse_manifest_text(text: str, source: str) -> ExperimentManifest:
+    """Validate YAML (or JSON, a subset of YAML) manifest text."""
+    if len(text.encode()) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{source}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ManifestError(f"{source}: not valid YAML{where}: {problem}") from None
+    return parse_manifest(data, source)
+
+
+def load_manifest(path: Path) -> ExperimentManifest:
+    """Read and validate a manifest file."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such manifest file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
+    return parse_manifest_text(text, str(path))

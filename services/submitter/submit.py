@@ -1,0 +1,153 @@
+"""Expanding a manifest into trials and publishing them.
+
+Publishing is idempotent twice over: each TrialRequested carries its trial_id as the
+JetStream dedup id (a CI retry within the dedup window publishes nothing new), and
+trials the ledger already scored are not published again at all (resume).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schemas.events import ExperimentSubmitted, TaskRef, TrialRequested, encode_event
+from schemas.ids import experiment_id_for, trial_id_for
+from schemas.manifest import ExperimentManifest
+from services.common.bus import JetStreamBus, subject_for
+from services.common.ledger import Ledger
+from services.submitter.resolve import resolve_tasks
+
+
+def canonical_manifest(manifest: ExperimentManifest) -> dict[str, Any]:
+    """The manifest as stored and hashed (JSON types, no experiment_id)."""
+    return manifest.model_dump(mode="json", exclude={"experiment_id"})
+
+
+def experiment_id_of(manifest: ExperimentManifest) -> str:
+    return manifest.experiment_id or experiment_id_for(manifest.name, canonical_manifest(manifest))
+
+
+def expand_trials(
+    manifest: ExperimentManifest,
+    experiment_id: str,
+    tasks: list[TaskRef],
+    correlation_id: str = "",
+) -> list[TrialRequested]:
+    """tasks x agents x repetitions, in a stable order."""
+    trials: list[TrialRequested] = []
+    for agent in manifest.agents:
+        for task in tasks:
+            for rep in range(manifest.repetitions):
+                trial_id = trial_id_for(
+                    experiment_id, task.name, agent.agent_ref, agent.model, agent.kwargs, rep
+                )
+                trials.append(
+                    TrialRequested(
+                        experiment_id=experiment_id,
+                        trial_id=trial_id,
+                        correlation_id=correlation_id,
+                        task=task,
+                        agent=agent,
+                        repetition=rep,
+                        compute=manifest.compute,
+                        retry=manifest.retry,
+                    )
+                )
+    return trials
+
+
+@dataclass(slots=True)
+class SubmitResult:
+    """What a submission did."""
+
+    experiment_id: str
+    name: str
+    n_trials: int
+    n_published: int = 0
+    n_duplicates: int = 0
+    n_already_scored: int = 0
+    correlation_id: str = ""
+    trial_ids: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "experiment_id": self.experiment_id,
+            "name": self.name,
+            "n_trials": self.n_trials,
+            "n_published": self.n_published,
+            "n_duplicates": self.n_duplicates,
+            "n_already_scored": self.n_already_scored,
+            "correlation_id": self.correlation_id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedExperiment:
+    """A validated, resolved and expanded manifest, ready to publish."""
+
+    manifest: ExperimentManifest
+    experiment_id: str
+    tasks: list[TaskRef]
+    trials: list[TrialRequested]
+    correlation_id: str
+
+
+def prepare(
+    manifest: ExperimentManifest, base_dir: Path, tasks_root: Path | None = None
+) -> PreparedExperiment:
+    """Resolve tasks and expand trials (raises ManifestError on bad input)."""
+    experiment_id = experiment_id_of(manifest)
+    tasks = resolve_tasks(manifest, base_dir, tasks_root)
+    correlation_id = uuid.uuid4().hex
+    trials = expand_trials(manifest, experiment_id, tasks, correlation_id)
+    return PreparedExperiment(manifest, experiment_id, tasks, trials, correlation_id)
+
+
+async def publish_experiment(
+    prepared: PreparedExperiment, bus: JetStreamBus, ledger: Ledger | None
+) -> SubmitResult:
+    """Publish ExperimentSubmitted, then every trial that still needs running."""
+    scored: set[str] = set()
+    unscored_versions: dict[str, str] = {}
+    if ledger is not None:
+        scored = await ledger.scored_trial_ids(prepared.experiment_id)
+        for rec in await ledger.records_for(prepared.experiment_id):
+            if rec.trial_id not in scored:
+                digest = hashlib.sha256(rec.model_dump_json().encode()).hexdigest()
+                unscored_versions[rec.trial_id] = digest[:12]
+    todo = [t for t in prepared.trials if t.trial_id not in scored]
+    result = SubmitResult(
+        experiment_id=prepared.experiment_id,
+        name=prepared.manifest.name,
+        n_trials=len(prepared.trials),
+        n_already_scored=len(prepared.trials) - len(todo),
+        correlation_id=prepared.correlation_id,
+        trial_ids=[t.trial_id for t in prepared.trials],
+    )
+    manifest = canonical_manifest(prepared.manifest)
+    manifest["experiment_id"] = prepared.experiment_id
+    await bus.publish(
+        ExperimentSubmitted(
+            experiment_id=prepared.experiment_id,
+            correlation_id=prepared.correlation_id,
+            name=prepared.manifest.name,
+            n_trials=len(prepared.trials),
+            n_published=len(todo),
+            manifest=manifest,
+        )
+    )
+    items = []
+    for t in todo:
+        # A trial with an unscored record is re-run under a msg id derived from that
+        # record: concurrent resubmissions agree (and dedupe), a later one re-runs.
+        msg_id = t.trial_id
+        if t.trial_id in unscored_versions:
+            msg_id = f"{t.trial_id}:resume:{unscored_versions[t.trial_id]}"
+        items.append((subject_for(bus.topology, t), encode_event(t), msg_id))
+    new = await bus.publish_many(items)
+    result.n_published = new
+    result.n_duplicates = len(items) - new
+    return result

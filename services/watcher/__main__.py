@@ -1,0 +1,3 @@
+from services.watcher.app import main
+
+main()

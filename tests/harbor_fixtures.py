@@ -1,0 +1,128 @@
+"""Real Harbor trial folders, produced by Harbor itself once per test session.
+
+The importer's fixtures are never hand-written result.json files: each session runs
+real Harbor trials (``Trial.create(...).run()``) with trialbus's local bubblewrap
+environment on the example tasks, into one Harbor-style job folder. Tests that need a
+malformed variant copy a trial folder into their own tmp_path and corrupt the copy;
+the session folders are shared and must not be modified.
+
+Load with ``pytest_plugins = ["tests.harbor_fixtures"]`` in a conftest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE_TASKS = REPO / "examples" / "tasks"
+JOB_ID = "0b7d4a6e-3c1f-4d38-9f6a-2f2a5f0d9c11"
+"""Harbor job id written into every session trial's config (as `harbor run` does)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrialSpec:
+    """One trial to run: folder name, task folder, Harbor agent, agent timeout factor."""
+
+    name: str
+    task: Path
+    agent: str
+    agent_timeout_multiplier: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HarborTrials:
+    """The session's Harbor job folder and its trial folders by short name.
+
+    Trials (task / agent -> what Harbor recorded):
+
+    - ``oracle``: hello-file / oracle -> reward.txt 1
+    - ``nop``: hello-file / nop -> reward.txt 0
+    - ``multi``: multi-metric / oracle -> reward.json {reward, file_a, file_b, file_c}
+    - ``multi_nop``: multi-metric / nop -> same keys, all 0
+    - ``broken``: broken-verifier / oracle -> no reward, RewardFileNotFoundError
+    - ``timeout``: a hello-file copy whose solution never ends -> AgentTimeoutError,
+      the verifier still runs and gives reward 0
+    """
+
+    job_dir: Path
+    trials: Mapping[str, Path]
+
+    def __getitem__(self, name: str) -> Path:
+        return self.trials[name]
+
+    def copy(self, name: str, dest_parent: Path, new_name: str | None = None) -> Path:
+        """Copy one trial folder under ``dest_parent`` (to corrupt it safely)."""
+        dest = dest_parent / (new_name or self.trials[name].name)
+        shutil.copytree(self.trials[name], dest)
+        return dest
+
+
+def _never_ending_task(dest: Path) -> Path:
+    """hello-file with a solution that never finishes, to make Harbor time the agent out."""
+    shutil.copytree(EXAMPLE_TASKS / "hello-file", dest)
+    solve = dest / "solution" / "solve.sh"
+    # The agent must still be running when Harbor's (shortened) agent timeout fires;
+    # `exec sleep infinity` is the cheapest process that never ends by itself.
+    solve.write_text("#!/bin/bash\nexec sleep infinity\n")
+    solve.chmod(0o755)
+    return dest
+
+
+async def _run_trials(job_dir: Path, specs: list[TrialSpec]) -> None:
+    # Imported here so that merely collecting tests does not import Harbor.
+    from harbor.models.trial.config import (
+        AgentConfig,
+        EnvironmentConfig,
+        TaskConfig,
+        TrialConfig,
+    )
+    from harbor.trial.trial import Trial
+
+    async def run(spec: TrialSpec) -> None:
+        config = TrialConfig(
+            task=TaskConfig(path=spec.task),
+            trial_name=spec.name,
+            trials_dir=job_dir,
+            agent=AgentConfig(name=spec.agent),
+            environment=EnvironmentConfig(import_path=LOCAL_ENVIRONMENT_IMPORT_PATH),
+            agent_timeout_multiplier=spec.agent_timeout_multiplier,
+            job_id=uuid.UUID(JOB_ID),
+        )
+        trial = await Trial.create(config)
+        await trial.run()
+
+    await asyncio.gather(*(run(s) for s in specs))
+
+
+@pytest.fixture(scope="session")
+def harbor_trials(tmp_path_factory: pytest.TempPathFactory) -> HarborTrials:
+    """Run the session's Harbor trials once (about 1 s in total) and return their folders."""
+    root = tmp_path_factory.mktemp("harbor")
+    job_dir = root / "2026-01-02__03-04-05"
+    job_dir.mkdir()
+    slow_task = _never_ending_task(root / "tasks" / "never-ending")
+    specs = [
+        TrialSpec("hello-file__oracle", EXAMPLE_TASKS / "hello-file", "oracle"),
+        TrialSpec("hello-file__nop", EXAMPLE_TASKS / "hello-file", "nop"),
+        TrialSpec("multi-metric__oracle", EXAMPLE_TASKS / "multi-metric", "oracle"),
+        TrialSpec("multi-metric__nop", EXAMPLE_TASKS / "multi-metric", "nop"),
+        TrialSpec("broken-verifier__oracle", EXAMPLE_TASKS / "broken-verifier", "oracle"),
+        # hello-file's agent timeout is 60 s; x0.005 = 0.3 s.
+        TrialSpec("never-ending__oracle", slow_task, "oracle", agent_timeout_multiplier=0.005),
+    ]
+    asyncio.run(_run_trials(job_dir, specs))
+    names = ["oracle", "nop", "multi", "multi_nop", "broken", "timeout"]
+    trials = {short: job_dir / spec.name for short, spec in zip(names, specs, strict=True)}
+    for short, path in trials.items():
+        if not (path / "result.json").is_file():
+            raise RuntimeError(f"Harbor wrote no result.json for the {short!r} fixture trial")
+    return HarborTrials(job_dir=job_dir, trials=trials)

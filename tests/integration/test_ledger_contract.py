@@ -1,0 +1,323 @@
+"""One contract for the Ledger port, run against every adapter.
+
+``memory`` is the unit-test fake; ``mongo`` is MongoLedger against the session's real
+SecantusDB server (a unique database per test). A behaviour the fake has and the real
+adapter lacks (or the reverse) fails here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient, UpdateOne
+
+from infra.embedded import free_port
+from schemas.record import Evaluation, PhaseTiming, Provenance, RecordStatus, TrialRecord
+from services.common.ledger import ExperimentInfo, Ledger, LedgerUnavailable
+from services.common.memory_ledger import InMemoryLedger, record_content_hash
+from services.common.mongo_ledger import MongoLedger
+
+pytestmark = pytest.mark.integration
+
+
+def make_record(
+    trial_id: str,
+    *,
+    experiment_id: str = "exp-a",
+    status: RecordStatus = "complete",
+    reward: float | None = 1.0,
+    note: str | None = None,
+) -> TrialRecord:
+    """A small but fully populated record; ``note`` varies content without changing meaning."""
+    valid = reward is not None and status == "complete"
+    return TrialRecord(
+        trial_id=trial_id,
+        experiment_id=experiment_id,
+        repetition=0,
+        status=status,
+        provenance=Provenance(task_name="hello-file", agent_name="oracle", model=note),
+        # Microseconds on purpose: they must survive the round trip exactly.
+        timing=PhaseTiming(
+            started_at=datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC),
+            finished_at=datetime(2026, 1, 2, 3, 4, 6, 654321, tzinfo=UTC),
+            total_s=1.530865,
+        ),
+        evaluation=Evaluation(
+            # A dotted key is legal in reward.json and must be stored as-is.
+            rewards={} if reward is None else {"reward": reward, "sub.metric": 0.5},
+            main_reward_key=None if reward is None else "reward",
+            main_reward=reward,
+            reward_valid=valid,
+            failure_class="none" if status == "complete" else "infrastructure",
+        ),
+        errors=[] if status == "complete" else ["result.json: missing"],
+    )
+
+
+@pytest.fixture(params=["memory", "mongo"])
+def ledger_factory(request: pytest.FixtureRequest) -> Callable[[], Ledger]:
+    """Makes a fresh adapter; all adapters made in one test share one store."""
+    if request.param == "memory":
+        shared = InMemoryLedger()
+        return lambda: shared
+    url: str = request.getfixturevalue("ledger_url")
+    database: str = request.getfixturevalue("ledger_db")
+    return lambda: MongoLedger(url, database)
+
+
+@pytest.fixture
+async def ledger(ledger_factory: Callable[[], Ledger]) -> AsyncIterator[Ledger]:
+    the_ledger = ledger_factory()
+    await the_ledger.ensure_indexes()
+    yield the_ledger
+    await the_ledger.close()
+
+
+async def test_insert_then_unchanged_then_updated(ledger: Ledger) -> None:
+    first = await ledger.upsert_records([make_record("t1"), make_record("t2")])
+    assert sorted(first.inserted) == ["t1", "t2"]
+    assert first.updated == [] and first.unchanged == []
+
+    again = await ledger.upsert_records([make_record("t1"), make_record("t2", note="changed")])
+    assert again.inserted == []
+    assert again.unchanged == ["t1"]
+    assert again.updated == ["t2"]
+    assert again.changed("t2") and not again.changed("t1")
+
+
+async def test_record_round_trips_exactly(ledger: Ledger) -> None:
+    record = make_record("t1")
+    await ledger.upsert_records([record])
+    assert await ledger.get_record("t1") == record
+    assert await ledger.get_record("absent") is None
+
+
+async def test_reupserting_the_same_batch_changes_nothing(ledger: Ledger) -> None:
+    batch = [make_record(f"t{i}", reward=i / 4) for i in range(5)]
+    await ledger.upsert_records(batch)
+    before = await ledger.records_for("exp-a")
+
+    outcome = await ledger.upsert_records(batch)
+
+    assert outcome.inserted == [] and outcome.updated == []
+    assert sorted(outcome.unchanged) == [r.trial_id for r in batch]
+    assert await ledger.records_for("exp-a") == before
+
+
+async def test_partial_never_overwrites_complete(ledger: Ledger) -> None:
+    complete = make_record("t1")
+    await ledger.upsert_records([complete])
+
+    outcome = await ledger.upsert_records([make_record("t1", status="partial", reward=None)])
+
+    assert outcome.unchanged == ["t1"]
+    assert await ledger.get_record("t1") == complete
+
+
+async def test_complete_overwrites_partial(ledger: Ledger) -> None:
+    await ledger.upsert_records([make_record("t1", status="partial", reward=None)])
+    complete = make_record("t1")
+
+    outcome = await ledger.upsert_records([complete])
+
+    assert outcome.updated == ["t1"]
+    assert await ledger.get_record("t1") == complete
+
+
+async def test_newer_content_of_the_same_status_replaces_older(ledger: Ledger) -> None:
+    await ledger.upsert_records(
+        [make_record("c", reward=0.0), make_record("p", status="partial", reward=None)]
+    )
+    newer_c = make_record("c", reward=1.0)
+    newer_p = make_record("p", status="partial", reward=None, note="more detail")
+
+    outcome = await ledger.upsert_records([newer_c, newer_p])
+
+    assert sorted(outcome.updated) == ["c", "p"]
+    assert await ledger.get_record("c") == newer_c
+    assert await ledger.get_record("p") == newer_p
+
+
+async def test_mixed_batch_reports_each_trial_once(ledger: Ledger) -> None:
+    await ledger.upsert_records([make_record("same"), make_record("changed")])
+
+    outcome = await ledger.upsert_records(
+        [make_record("new"), make_record("same"), make_record("changed", reward=0.0)]
+    )
+
+    assert (outcome.inserted, outcome.updated, outcome.unchanged) == (
+        ["new"],
+        ["changed"],
+        ["same"],
+    )
+
+
+async def test_duplicated_trial_id_inside_a_batch(ledger: Ledger) -> None:
+    later = make_record("dup", reward=0.25)
+    outcome = await ledger.upsert_records([make_record("dup", reward=0.75), later])
+    # Written once, reported once, and the later record wins.
+    assert (outcome.inserted, outcome.updated, outcome.unchanged) == (["dup"], [], [])
+    assert await ledger.get_record("dup") == later
+
+    complete = make_record("mix")
+    partial = make_record("mix", status="partial", reward=None)
+    outcome = await ledger.upsert_records([complete, partial])
+    # ...except that a partial record never displaces a complete one, in either order.
+    assert outcome.inserted == ["mix"]
+    assert await ledger.get_record("mix") == complete
+    outcome = await ledger.upsert_records([partial, complete, partial])
+    assert outcome.unchanged == ["mix"]
+
+
+async def test_empty_batch(ledger: Ledger) -> None:
+    outcome = await ledger.upsert_records([])
+    assert (outcome.inserted, outcome.updated, outcome.unchanged) == ([], [], [])
+
+
+async def test_scored_trial_ids_and_counts_are_per_experiment(ledger: Ledger) -> None:
+    await ledger.upsert_records(
+        [
+            make_record("a1"),
+            make_record("a2", reward=0.0),  # a zero is a valid score
+            make_record("a3", status="partial", reward=None),
+            make_record("b1", experiment_id="exp-b"),
+        ]
+    )
+
+    assert await ledger.scored_trial_ids("exp-a") == {"a1", "a2"}
+    assert await ledger.scored_trial_ids("exp-b") == {"b1"}
+    assert await ledger.scored_trial_ids("exp-none") == set()
+    assert await ledger.count_records("exp-a") == 3
+    assert await ledger.count_records("exp-b") == 1
+    assert await ledger.count_records("exp-none") == 0
+    assert [r.trial_id for r in await ledger.records_for("exp-a")] == ["a1", "a2", "a3"]
+
+
+async def test_experiment_metadata_round_trip(ledger: Ledger) -> None:
+    info = ExperimentInfo(
+        experiment_id="exp-a",
+        name="Experiment A",
+        n_trials=6,
+        manifest={"name": "Experiment A", "agents": [{"name": "oracle", "kwargs": {}}]},
+    )
+    assert await ledger.get_experiment("exp-a") is None
+
+    await ledger.upsert_experiment(info)
+    assert await ledger.get_experiment("exp-a") == info
+
+    refreshed = ExperimentInfo("exp-a", "Experiment A", 8, {"name": "Experiment A"})
+    await ledger.upsert_experiment(refreshed)
+    assert await ledger.get_experiment("exp-a") == refreshed
+
+
+async def test_experiment_ids_include_experiments_known_only_by_records(ledger: Ledger) -> None:
+    await ledger.upsert_experiment(ExperimentInfo("exp-meta", "m", 1, {}))
+    await ledger.upsert_records([make_record("r1", experiment_id="exp-records")])
+
+    assert sorted(await ledger.experiment_ids()) == ["exp-meta", "exp-records"]
+
+
+async def test_ensure_indexes_is_idempotent(ledger: Ledger) -> None:
+    await ledger.ensure_indexes()
+    await ledger.upsert_records([make_record("t1")])
+    await ledger.ensure_indexes()
+    assert await ledger.count_records("exp-a") == 1
+
+
+async def test_concurrent_writers_each_trial_ends_with_one_of_their_versions(
+    ledger_factory: Callable[[], Ledger],
+) -> None:
+    first, second = ledger_factory(), ledger_factory()
+    await first.ensure_indexes()
+    ids = [f"t{i:03d}" for i in range(60)]
+    versions = {
+        "a": [make_record(i, reward=0.0) for i in ids],
+        "b": [make_record(i, reward=1.0) for i in ids],
+    }
+
+    out_a, out_b = await asyncio.gather(
+        first.upsert_records(versions["a"]), second.upsert_records(versions["b"])
+    )
+
+    for outcome in (out_a, out_b):
+        reported = outcome.inserted + outcome.updated + outcome.unchanged
+        assert sorted(reported) == ids
+    # Exactly one insert per trial across both writers, whatever the interleaving.
+    assert sorted(out_a.inserted + out_b.inserted) == ids
+    stored = await first.records_for("exp-a")
+    assert [r.trial_id for r in stored] == ids
+    assert all(r.evaluation.main_reward in (0.0, 1.0) for r in stored)
+    await first.close()
+    await second.close()
+
+
+# -- MongoLedger only ----------------------------------------------------------------
+
+
+async def test_mongo_document_carries_hash_and_import_time(ledger_url: str, ledger_db: str) -> None:
+    ledger = MongoLedger(ledger_url, ledger_db)
+    await ledger.ensure_indexes()
+    record = make_record("t1")
+    await ledger.upsert_records([record])
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
+    try:
+        doc = await client[ledger_db]["trials"].find_one({"trial_id": "t1"})
+        indexes = await client[ledger_db]["trials"].index_information()
+    finally:
+        await client.close()
+        await ledger.close()
+    assert doc is not None
+    assert doc["content_hash"] == record_content_hash(record)
+    assert isinstance(doc["imported_at"], datetime)
+    assert doc["timing"]["started_at"] == "2026-01-02T03:04:05.123456Z"
+    assert indexes["trial_id_1"].get("unique") is True
+    assert "experiment_id_1" in indexes
+
+
+async def test_mongo_retries_an_item_that_lost_a_race(
+    ledger_url: str, ledger_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger, other = MongoLedger(ledger_url, ledger_db), MongoLedger(ledger_url, ledger_db)
+    await ledger.ensure_indexes()
+    mine = make_record("t1", reward=0.0)
+    await ledger.upsert_records([mine])
+    real_bulk = MongoLedger._bulk
+    calls = 0
+
+    async def bulk_then_another_writer(self: MongoLedger, ops: list[UpdateOne]) -> Any:
+        # Our write hits the duplicate key (same content stored), then another writer
+        # stores a third version before we check: "unchanged" would now be a lie.
+        nonlocal calls
+        calls += 1
+        result = await real_bulk(self, ops)
+        if calls == 1:
+            await other.upsert_records([make_record("t1", reward=0.5)])
+        return result
+
+    monkeypatch.setattr(MongoLedger, "_bulk", bulk_then_another_writer)
+    try:
+        outcome = await ledger.upsert_records([mine])
+        assert outcome.updated == ["t1"]
+        assert await ledger.get_record("t1") == mine
+    finally:
+        await ledger.close()
+        await other.close()
+
+
+async def test_mongo_unreachable_server_raises_ledger_unavailable() -> None:
+    # A port nothing listens on: connection refused until server selection gives up
+    # (PyMongo waits ~0.5 s per operation whatever the timeout: its minimum heartbeat).
+    ledger = MongoLedger(
+        f"mongodb://127.0.0.1:{free_port()}", "nowhere", server_selection_timeout_ms=100
+    )
+    try:
+        with pytest.raises(LedgerUnavailable, match="upsert_records"):
+            await ledger.upsert_records([make_record("t1")])
+        with pytest.raises(LedgerUnavailable):
+            await ledger.scored_trial_ids("exp-a")
+    finally:
+        await ledger.close()

@@ -1,0 +1,184 @@
+"""scan_job_dir / import_job_dir on job folders assembled from real Harbor trials."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from services.common.memory_ledger import InMemoryLedger
+from services.importer.jobdir import (
+    JobDirError,
+    import_job_dir,
+    scan_job_dir,
+)
+from services.importer.records import RecordContext, build_record
+from tests.harbor_fixtures import HarborTrials
+
+
+@pytest.fixture
+def job_dir(harbor_trials: HarborTrials, tmp_path: Path) -> Path:
+    """A job folder with every real trial plus the awkward cases a real one may hold."""
+    job = tmp_path / "My Job 2026-01-02"
+    shutil.copytree(harbor_trials.job_dir, job)
+    # A trial Harbor never finished: config.json and trial.log, no result.json.
+    unfinished = job / "hello-file__unfinished"
+    shutil.copytree(harbor_trials["nop"], unfinished)
+    (unfinished / "result.json").unlink()
+    # A trial whose result.json is garbage.
+    garbage = job / "hello-file__garbage"
+    shutil.copytree(harbor_trials["oracle"], garbage)
+    (garbage / "result.json").write_text('{"id": ')
+    # Not trials: a hidden folder of earlier attempts, an empty folder, a file.
+    shutil.copytree(harbor_trials["oracle"], job / ".attempts" / "hello-file__oracle.1")
+    (job / "empty").mkdir()
+    (job / "job.log").write_text("log\n")
+    return job
+
+
+def test_scan_lists_trial_folders_including_unfinished_ones(job_dir: Path) -> None:
+    found = scan_job_dir(job_dir)
+
+    assert [f.trial_id for f in found] == [
+        "broken-verifier__oracle",
+        "hello-file__garbage",
+        "hello-file__nop",
+        "hello-file__oracle",
+        "hello-file__unfinished",
+        "multi-metric__nop",
+        "multi-metric__oracle",
+        "never-ending__oracle",
+    ]
+    by_id = {f.trial_id: f for f in found}
+    assert not by_id["hello-file__unfinished"].has_result
+    assert by_id["hello-file__oracle"].has_result
+    assert {f.experiment_id for f in found} == {"harbor-my-job-2026-01-02"}
+    ctx = by_id["hello-file__oracle"].context
+    assert ctx == RecordContext(
+        experiment_id="harbor-my-job-2026-01-02",
+        trial_id="hello-file__oracle",
+        source="import",
+        job_dir=job_dir,
+    )
+
+
+def test_trialbus_marker_gives_the_experiment_id(job_dir: Path) -> None:
+    (job_dir / "trialbus.json").write_text(
+        json.dumps({"experiment_id": "exp-42", "name": "Exp 42", "job_id": "x"})
+    )
+    found = scan_job_dir(job_dir)
+    assert {f.experiment_id for f in found} == {"exp-42"}
+    assert {f.context.source for f in found} == {"runner"}
+
+
+@pytest.mark.parametrize(
+    ("marker", "problem"),
+    [
+        ("{", "unreadable"),
+        ("[]", "needs a non-empty string field 'experiment_id'"),
+        ('{"experiment_id": ""}', "needs a non-empty string field 'experiment_id'"),
+        ('{"experiment_id": 7}', "needs a non-empty string field 'experiment_id'"),
+    ],
+)
+def test_unusable_marker_stops_the_import_with_a_clear_message(
+    job_dir: Path, marker: str, problem: str
+) -> None:
+    (job_dir / "trialbus.json").write_text(marker)
+    with pytest.raises(JobDirError, match=problem) as info:
+        scan_job_dir(job_dir)
+    assert str(job_dir / "trialbus.json") in str(info.value)
+
+
+def test_not_a_job_folder(harbor_trials: HarborTrials, tmp_path: Path) -> None:
+    with pytest.raises(JobDirError, match="not a directory"):
+        scan_job_dir(tmp_path / "absent")
+    with pytest.raises(JobDirError, match="trial folder, not a job folder"):
+        scan_job_dir(harbor_trials["oracle"])
+
+
+async def test_import_twice_reports_unchanged_the_second_time(job_dir: Path) -> None:
+    ledger = InMemoryLedger()
+
+    first = await import_job_dir(job_dir, ledger, batch_size=3)
+
+    assert (first.total, first.imported, first.inserted, first.unchanged) == (8, 8, 8, 0)
+    assert first.partial == 2
+    assert first.experiment_id == "harbor-my-job-2026-01-02"
+    messages = {(e.trial_id, e.message) for e in first.errors}
+    assert (
+        "hello-file__garbage",
+        "result.json: invalid JSON at line 1 column 8: Expecting value",
+    ) in messages
+    assert any(
+        t == "hello-file__unfinished" and m.startswith("result.json: missing") for t, m in messages
+    )
+    assert await ledger.scored_trial_ids("harbor-my-job-2026-01-02") == {
+        "hello-file__nop",
+        "hello-file__oracle",
+        "multi-metric__nop",
+        "multi-metric__oracle",
+        "never-ending__oracle",
+    }
+
+    second = await import_job_dir(job_dir, ledger, batch_size=3)
+
+    assert (second.total, second.imported, second.unchanged, second.partial) == (8, 0, 8, 2)
+
+
+async def test_a_fixed_trial_is_updated_and_a_lost_result_never_erases_one(
+    job_dir: Path, harbor_trials: HarborTrials
+) -> None:
+    ledger = InMemoryLedger()
+    await import_job_dir(job_dir, ledger)
+    # The garbage result.json gets repaired; the oracle's result.json disappears.
+    shutil.copy(harbor_trials["oracle"] / "result.json", job_dir / "hello-file__garbage")
+    (job_dir / "hello-file__oracle" / "result.json").unlink()
+
+    summary = await import_job_dir(job_dir, ledger)
+
+    assert (summary.updated, summary.unchanged) == (1, 7)
+    oracle = await ledger.get_record("hello-file__oracle")
+    assert oracle is not None and oracle.status == "complete"
+    repaired = await ledger.get_record("hello-file__garbage")
+    assert repaired is not None and repaired.status == "complete"
+
+
+async def test_records_written_by_runners_are_not_rewritten_by_an_import(
+    job_dir: Path,
+) -> None:
+    (job_dir / "trialbus.json").write_text(json.dumps({"experiment_id": "exp-42"}))
+    ledger = InMemoryLedger()
+    trial = job_dir / "hello-file__oracle"
+    # What the importer service stored from the runner's TrialCompleted event.
+    from_runner = build_record(
+        trial,
+        RecordContext(
+            experiment_id="exp-42",
+            trial_id=trial.name,
+            repetition=2,
+            agent_label="Oracle",
+            runner_host="runner-3",
+            harbor_version="0.25.0",
+            source="runner",
+            job_dir=job_dir,
+            attempts=2,
+        ),
+    )
+    await ledger.upsert_records([from_runner])
+
+    summary = await import_job_dir(job_dir, ledger)
+
+    assert (summary.inserted, summary.updated, summary.unchanged) == (7, 0, 1)
+    assert await ledger.get_record(trial.name) == from_runner
+
+
+async def test_empty_job_folder(tmp_path: Path) -> None:
+    summary = await import_job_dir(tmp_path, InMemoryLedger())
+    assert (summary.total, summary.imported, summary.errors) == (0, 0, [])
+
+
+async def test_batch_size_must_be_positive(job_dir: Path) -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        await import_job_dir(job_dir, InMemoryLedger(), batch_size=0)
