@@ -215,10 +215,9 @@ EVENT_TYPES: tuple[str, ...] = (
 
 def parse_event(data: bytes | str) -> Event:
     """Decode one event, or raise EventDecodeError naming what is wrong."""
-    if len(data) > MAX_EVENT_BYTES:
-        raise EventDecodeError(
-            f"event of {len(data)} bytes exceeds the {MAX_EVENT_BYTES}-byte limit"
-        )
+    size = len(data.encode()) if isinstance(data, str) else len(data)
+    if size > MAX_EVENT_BYTES:
+        raise EventDecodeError(f"event of {size} bytes exceeds the {MAX_EVENT_BYTES}-byte limit")
     try:
         return _EVENT_ADAPTER.validate_json(data)
     except ValidationError as exc:

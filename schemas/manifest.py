@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from schemas.ids import agent_key
+
 ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _EXPERIMENT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -33,17 +35,23 @@ class _Strict(BaseModel):
 
 def _reject_inline_secrets(where: str, values: dict[str, Any]) -> None:
     for key, value in values.items():
-        if isinstance(value, dict):
-            _reject_inline_secrets(f"{where}.{key}", value)
-            continue
-        if not isinstance(value, str):
-            continue
-        if _SECRET_VALUE_RE.match(value) or (_SECRET_KEY_RE.search(key) and len(value) >= 8):
-            raise ValueError(
-                f"{where}.{key} looks like an inline secret; put the value in an "
-                "environment variable on the runners and list its NAME under "
-                "the agent's api_key_env instead"
-            )
+        _reject_secret_value(f"{where}.{key}", str(key), value)
+
+
+def _reject_secret_value(where: str, key: str, value: Any) -> None:
+    if isinstance(value, dict):
+        _reject_inline_secrets(where, value)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _reject_secret_value(f"{where}[{i}]", key, item)
+    elif isinstance(value, str) and (
+        _SECRET_VALUE_RE.match(value) or (_SECRET_KEY_RE.search(key) and len(value) >= 8)
+    ):
+        raise ValueError(
+            f"{where} looks like an inline secret; put the value in an "
+            "environment variable on the runners and list its NAME under "
+            "the agent's api_key_env instead"
+        )
 
 
 class TaskPath(_Strict):
@@ -184,18 +192,20 @@ class ExperimentManifest(_Strict):
             return [{"path": item} if isinstance(item, str) else item for item in v]
         return v
 
-    @model_validator(mode="after")
-    def _distinct_agents(self) -> ExperimentManifest:
-        seen: set[tuple[str, str | None, str]] = set()
-        for a in self.agents:
-            key = (a.agent_ref, a.model, repr(sorted(a.kwargs.items())))
+    @field_validator("agents")
+    @classmethod
+    def _distinct_agents(cls, agents: list[AgentSpec]) -> list[AgentSpec]:
+        # The same key the trial ids hash: two agents equal here would share trial ids.
+        seen: set[str] = set()
+        for a in agents:
+            key = agent_key(a.agent_ref, a.model, a.kwargs)
             if key in seen:
                 raise ValueError(
                     f"agent {a.agent_ref!r} with model {a.model!r} is listed twice with "
                     "the same kwargs; raise 'repetitions' instead"
                 )
             seen.add(key)
-        return self
+        return agents
 
 
 ManifestFormat = Literal["yaml", "json"]

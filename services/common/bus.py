@@ -170,5 +170,4 @@ class JetStreamBus:
             async with sem:
                 return await self.publish_raw(subject, data, msg_id)
 
-        results = await asyncio.gather(*(one(s, d, m) for s, d, m in items))
-        return sum(results)
+        return list(await asyncio.gather(*(one(s, d, m) for s, d, m in items)))

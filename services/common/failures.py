@@ -1,79 +1,62 @@
-"""Failure classes, following Harbor's own classification of exceptions.
+"""Failure classes, taken from Harbor's own classification of exceptions.
 
-Harbor keeps only the first exception of a trial and, in its job retry config,
-excludes from retries the exceptions that are *results* (agent timeouts, verifier
-outcomes, model/auth errors). trialbus mirrors that list: those are scored or are
-the agent's fault; everything else is infrastructure and may be retried.
+Harbor 0.25 keeps one table (``harbor.models.trial.error_policy``) that says, per
+exception type name, who ended the trial, whether a retry may help and whether the
+reward is a valid measurement. trialbus uses that table as it is and maps Harbor's
+causes onto the four classes its records and reports use:
+
+=============================================  ==================  =========
+Harbor cause                                   trialbus class      scored
+=============================================  ==================  =========
+agent_exhausted_budget, agent_refused_task     agent               yes
+verifier_failed                                verifier            no
+cancelled                                      cancelled           no
+sandbox_failed, model_provider_failed,         infrastructure      no
+harbor_failed, unclassified
+=============================================  ==================  =========
+
+Where Harbor says "unclassified" (e.g. NonZeroAgentExitCodeError: the agent process
+failed, but Harbor cannot tell whose fault it is), trialbus decides *infrastructure*:
+unscored and retried, never counted as a zero.
 """
 
 from __future__ import annotations
 
+from harbor.models.trial.error_policy import FailureCause, policy_for
+
 from schemas.record import FailureClass
 
-# The agent's fault: the trial is scored (reward 0 when the verifier gives none).
-AGENT_EXCEPTIONS = frozenset(
-    {
-        "AgentTimeoutError",
-        "AgentSetupTimeoutError",
-        "NonZeroAgentExitCodeError",
-        "ApiError",
-        "ApiRateLimitError",
-        "ApiUsageLimitError",
-        "ApiInternalServerError",
-        "AgentSafetyRefusalError",
-        "AgentAuthenticationError",
-        "ModelNotFoundError",
-        "UnsupportedModelParametersError",
-        "ContextLengthExceededError",
-        "OutputLengthExceededError",
-    }
-)
+_CLASS_OF_CAUSE: dict[FailureCause, FailureClass] = {
+    FailureCause.AGENT_EXHAUSTED_BUDGET: "agent",
+    FailureCause.AGENT_REFUSED_TASK: "agent",
+    FailureCause.VERIFIER_FAILED: "verifier",
+    FailureCause.CANCELLED: "cancelled",
+    FailureCause.SANDBOX_FAILED: "infrastructure",
+    FailureCause.MODEL_PROVIDER_FAILED: "infrastructure",
+    FailureCause.HARBOR_FAILED: "infrastructure",
+    FailureCause.UNCLASSIFIED: "infrastructure",
+}
 
-# The verifier did not produce a usable reward: unscored, not retried.
-VERIFIER_EXCEPTIONS = frozenset(
-    {
-        "VerifierTimeoutError",
-        "RewardFileNotFoundError",
-        "RewardFileEmptyError",
-        "VerifierOutputParseError",
-        "AddTestsDirError",
-        "DownloadVerifierDirError",
-    }
-)
+# trialbus's own errors that Harbor's table does not know. A task whose environment
+# cannot be imitated, or a runner without a needed secret, fails the same way on
+# every attempt: retrying only wastes time.
+NOT_RETRYABLE_TRIALBUS = frozenset({"LocalEnvironmentError", "MissingSecretError"})
 
-# Harbor's default job retry config excludes these from retries.
-NOT_RETRYABLE = frozenset(
-    {
-        "AgentTimeoutError",
-        "VerifierTimeoutError",
-        "RewardFileNotFoundError",
-        "RewardFileEmptyError",
-        "VerifierOutputParseError",
-        "ApiUsageLimitError",
-        "AgentSafetyRefusalError",
-        "AgentAuthenticationError",
-        "ModelNotFoundError",
-        "UnsupportedModelParametersError",
-        # Environment definitions that cannot build will not build on a retry either.
-        "SandboxBuildFailedError",
-        "LocalEnvironmentError",
-    }
-)
+
+def harbor_cause(exception_type: str | None) -> str | None:
+    """Harbor's failure cause for an exception type name (None: no exception)."""
+    return str(policy_for(exception_type).cause) if exception_type else None
 
 
 def classify(exception_type: str | None) -> FailureClass:
     """Failure class of a Harbor exception type name (None: no exception)."""
     if not exception_type:
         return "none"
-    if exception_type in ("CancelledError", "TrialCancelled"):
-        return "cancelled"
-    if exception_type in AGENT_EXCEPTIONS:
-        return "agent"
-    if exception_type in VERIFIER_EXCEPTIONS:
-        return "verifier"
-    return "infrastructure"
+    return _CLASS_OF_CAUSE.get(policy_for(exception_type).cause, "infrastructure")
 
 
 def is_retryable(exception_type: str | None) -> bool:
-    """Whether a fresh attempt could change the outcome (transient infrastructure)."""
-    return classify(exception_type) == "infrastructure" and exception_type not in NOT_RETRYABLE
+    """Whether a fresh attempt could change the outcome (Harbor's retry rule)."""
+    if not exception_type or exception_type in NOT_RETRYABLE_TRIALBUS:
+        return False
+    return policy_for(exception_type).retry

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
@@ -39,6 +40,7 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
     )
     async def on_events(msg: NatsMessage) -> None:
         raws: list[Msg] = list(msg.raw_message)
+        started = time.perf_counter()
         plan = await plan_batch([r.data for r in raws])
         try:
             await apply_plan(plan, the_ledger, state["bus"])
@@ -54,6 +56,12 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
             return
         await asyncio.gather(
             *(raws[i].ack() for i in plan.ack), *(raws[i].term() for i in plan.term)
+        )
+        log.info(
+            "batch imported",
+            n=len(raws),
+            records=len(plan.records),
+            ms=round((time.perf_counter() - started) * 1000, 1),
         )
 
     app = FastStream(broker)

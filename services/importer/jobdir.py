@@ -26,6 +26,7 @@ from typing import Final
 
 from schemas.ids import slug
 from schemas.record import TrialRecord
+from services.common.errors import UserInputError
 from services.common.ledger import Ledger
 from services.importer.records import RecordContext, RecordSource, build_record
 
@@ -34,7 +35,7 @@ _TRIAL_FILES: Final = ("result.json", "config.json", "trial.log")
 _MAX_MARKER_BYTES: Final = 1024 * 1024
 
 
-class JobDirError(ValueError):
+class JobDirError(UserInputError, ValueError):
     """The job directory itself cannot be imported (the message says why and how to fix)."""
 
 

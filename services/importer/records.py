@@ -45,7 +45,7 @@ MAX_MESSAGE_CHARS: Final = 2000
 """Exception messages are cut to this length; the trial folder keeps the full text."""
 
 RecordSource = Literal["runner", "external", "import"]
-_SCORED_CLASSES: Final = frozenset({"none", "agent"})
+_SCORED: Final = frozenset({"none", "agent"})
 _SALVAGE_ROUNDS: Final = 8
 _UNKNOWN: Final = "unknown"
 _HARBOR_DEFAULT_AGENT: Final = "oracle"
@@ -330,7 +330,7 @@ def _usage(result: HarborTrialResult, errors: list[str]) -> Usage:
     return Usage(**totals)
 
 
-def _first_exception_type(result: HarborTrialResult) -> tuple[str | None, str | None]:
+def _first_exception(result: HarborTrialResult) -> tuple[str | None, str | None]:
     # Harbor keeps the trial's first exception; multi-step trials record it on a step.
     if result.exception_info is not None:
         info = result.exception_info
@@ -362,73 +362,72 @@ def _cut(message: str | None) -> str | None:
 # -- public API ----------------------------------------------------------------------
 
 
-def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
-    """Build the ledger record of one Harbor trial folder. Never raises on bad files.
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """What could be read of a trial folder."""
 
-    Reads ``result.json`` (validated against ``HarborTrialResult``), and, only when
-    it is missing or unusable, ``config.json`` for provenance and
-    ``verifier/reward.json`` / ``verifier/reward.txt`` for informational rewards.
-    See the module docstring for the scoring rule and ``main_reward_key`` for the
-    choice of the main reward.
-    """
-    errors: list[str] = []
-    trial_dir = trial_dir.absolute()
-    result_path = trial_dir / "result.json"
-    verifier_dir = trial_dir / "verifier"
+    result: HarborTrialResult | None
+    damaged: frozenset[str]  # top-level result.json keys dropped as malformed
+    config: Mapping[str, Any] | None  # Harbor's TrialConfig, from result.json or config.json
 
-    result: HarborTrialResult | None = None
-    damaged: set[str] = set()
-    text = _read_text(result_path, "result.json", errors)
+
+def _read_trial(trial_dir: Path, errors: list[str]) -> _Read:
+    text = _read_text(trial_dir / "result.json", "result.json", errors)
     if text is None and not errors:
         errors.append(
             "result.json: missing (Harbor did not finish this trial: it is still running, "
             "was interrupted, or its runner died)"
         )
     data = _parse_object(text, "result.json", errors) if text is not None else None
-    if data is not None:
-        result, damaged = _validate_result(data, errors)
+    result, damaged = _validate_result(data, errors) if data is not None else (None, set())
+    if result is not None:
+        return _Read(result, frozenset(damaged), result.config)
+    config_text = _read_text(trial_dir / "config.json", "config.json", errors)
+    config = _parse_object(config_text, "config.json", errors) if config_text is not None else None
+    return _Read(None, frozenset(damaged), config)
 
-    config: Mapping[str, Any] | None = result.config if result is not None else None
-    if result is None:
-        config_text = _read_text(trial_dir / "config.json", "config.json", errors)
-        if config_text is not None:
-            config = _parse_object(config_text, "config.json", errors)
 
-    # Rewards: Harbor's verdict in result.json, else the raw files for information.
-    raw_rewards = result.verifier_result.rewards if result and result.verifier_result else None
-    from_result = raw_rewards is not None and "verifier_result" not in damaged
-    if from_result and raw_rewards is not None:
-        rewards = _clean_rewards(raw_rewards, "result.json: verifier_result.rewards", errors)
-        key = main_reward_key(list(raw_rewards))
-    else:
-        rewards, source_label = (
-            _artifact_rewards(verifier_dir, errors)
-            if result is None or "verifier_result" in damaged
-            else ({}, "")
-        )
+def _evaluation(read: _Read, verifier_dir: Path, errors: list[str]) -> Evaluation:
+    result = read.result
+    raw = result.verifier_result.rewards if result and result.verifier_result else None
+    if raw is not None:
+        # Harbor's verdict. The main key is chosen among all keys Harbor recorded, so
+        # a broken "reward" leaves no main reward instead of promoting another key.
+        rewards = _clean_rewards(raw, "result.json: verifier_result.rewards", errors)
+        key = main_reward_key(list(raw))
+    elif result is None or "verifier_result" in read.damaged:
+        rewards, label = _artifact_rewards(verifier_dir, errors)
         key = main_reward_key(list(rewards))
         if rewards:
-            errors.append(f"{source_label}: rewards read from the verifier's file are not scored")
+            errors.append(f"{label}: rewards read from the verifier's file are not scored")
+    else:
+        rewards, key = {}, None
     main_reward = rewards.get(key) if key is not None else None
 
-    if result is None:
-        failure: FailureClass = "infrastructure"
-        exception_type: str | None = None
-        exception_message: str | None = None
-    else:
-        exception_type, exception_message = _first_exception_type(result)
-        failure = classify(exception_type)
-        if exception_type is None and damaged & {"exception_info", "step_results"}:
-            # The record of what went wrong is itself broken: an unknown failure is
-            # never scored as if there were none.
-            failure = "infrastructure"
-    reward_valid = from_result and main_reward is not None and failure in _SCORED_CLASSES
+    exception_type, exception_message = _first_exception(result) if result else (None, None)
+    failure: FailureClass = classify(exception_type) if result else "infrastructure"
+    if exception_type is None and read.damaged & {"exception_info", "step_results"}:
+        # The record of what went wrong is itself broken: an unknown failure is never
+        # scored as if there were none.
+        failure = "infrastructure"
     if failure == "agent" and main_reward is None:
         errors.append(
             f"result.json: the agent failed ({exception_type}) and the verifier gave no "
             "usable reward; the trial is unscored"
         )
+    return Evaluation(
+        rewards=rewards,
+        main_reward_key=key,
+        main_reward=main_reward,
+        reward_valid=raw is not None and main_reward is not None and failure in _SCORED,
+        failure_class=failure,
+        exception_type=exception_type,
+        exception_message=_cut(exception_message),
+    )
 
+
+def _provenance(read: _Read, context: RecordContext) -> Provenance:
+    result, config = read.result, read.config
     task_path = (
         context.task_path
         or _str(_get(config, "task", "path"))
@@ -440,71 +439,86 @@ def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
         or (Path(task_path).name if task_path else None)
         or _UNKNOWN
     )
+    agent_info = result.agent_info if result else None
     agent_name = (
-        (result.agent_info.name if result and result.agent_info else None)
+        (agent_info.name if agent_info else None)
         or _str(_get(config, "agent", "name"))
         or _str(_get(config, "agent", "import_path"))
         # Harbor writes config.json with exclude_defaults, and its default agent
         # (no name, no import path) is the oracle: an absent agent means "oracle".
         or (_HARBOR_DEFAULT_AGENT if config is not None else _UNKNOWN)
     )
-    environment = (
-        context.environment
+    return Provenance(
+        task_name=task_name,
+        task_path=task_path,
+        task_checksum=result.task_checksum if result else None,
+        agent_name=agent_name,
+        agent_label=context.agent_label,
+        agent_version=agent_info.version if agent_info else None,
+        model=_model(config, result),
+        environment=context.environment
         or _str(_get(config, "environment", "import_path"))
-        or _str(_get(config, "environment", "type"))
+        or _str(_get(config, "environment", "type")),
+        harbor_version=context.harbor_version,
+        runner_host=context.runner_host,
+        source=context.source,
+        harbor_trial_uuid=result.id if result else None,
+        job_id=(result.job_id if result else None) or _str(_get(config, "job_id")),
     )
-    timing = PhaseTiming()
-    usage = Usage()
-    if result is not None:
-        started, finished = _utc(result.started_at), _utc(result.finished_at)
-        timing = PhaseTiming(
-            started_at=started,
-            finished_at=finished,
-            total_s=(finished - started).total_seconds() if started and finished else None,
-            environment_setup_s=_seconds(result.environment_setup),
-            agent_setup_s=_seconds(result.agent_setup),
-            agent_execution_s=_seconds(result.agent_execution),
-            verifier_s=_seconds(result.verifier),
-        )
-        usage = _usage(result, errors)
 
+
+def _timing(result: HarborTrialResult | None) -> PhaseTiming:
+    if result is None:
+        return PhaseTiming()
+    started, finished = _utc(result.started_at), _utc(result.finished_at)
+    return PhaseTiming(
+        started_at=started,
+        finished_at=finished,
+        total_s=(finished - started).total_seconds() if started and finished else None,
+        environment_setup_s=_seconds(result.environment_setup),
+        agent_setup_s=_seconds(result.agent_setup),
+        agent_execution_s=_seconds(result.agent_execution),
+        verifier_s=_seconds(result.verifier),
+    )
+
+
+# -- public API ----------------------------------------------------------------------
+
+
+def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
+    """Build the ledger record of one Harbor trial folder. Never raises on bad files.
+
+    Reads ``result.json`` (validated against ``HarborTrialResult``), and, only when
+    it is missing or unusable, ``config.json`` for provenance and
+    ``verifier/reward.json`` / ``verifier/reward.txt`` for informational rewards.
+    See the module docstring for the scoring rule and ``main_reward_key`` for the
+    choice of the main reward.
+    """
+    errors: list[str] = []
+    trial_dir = trial_dir.absolute()
+    result_path, verifier_dir, agent_dir = (
+        trial_dir / "result.json",
+        trial_dir / "verifier",
+        trial_dir / "agent",
+    )
+    read = _read_trial(trial_dir, errors)
+    evaluation = _evaluation(read, verifier_dir, errors)
+    usage = _usage(read.result, errors) if read.result else Usage()
     return TrialRecord(
         trial_id=context.trial_id,
         experiment_id=context.experiment_id,
         repetition=context.repetition,
-        status="complete" if result is not None and not errors else "partial",
-        provenance=Provenance(
-            task_name=task_name,
-            task_path=task_path,
-            task_checksum=result.task_checksum if result else None,
-            agent_name=agent_name,
-            agent_label=context.agent_label,
-            agent_version=result.agent_info.version if result and result.agent_info else None,
-            model=_model(config, result),
-            environment=environment,
-            harbor_version=context.harbor_version,
-            runner_host=context.runner_host,
-            source=context.source,
-            harbor_trial_uuid=result.id if result else None,
-            job_id=(result.job_id if result else None) or _str(_get(config, "job_id")),
-        ),
-        timing=timing,
-        evaluation=Evaluation(
-            rewards=rewards,
-            main_reward_key=key,
-            main_reward=main_reward,
-            reward_valid=reward_valid,
-            failure_class=failure,
-            exception_type=exception_type,
-            exception_message=_cut(exception_message),
-        ),
+        status="complete" if read.result is not None and not errors else "partial",
+        provenance=_provenance(read, context),
+        timing=_timing(read.result),
+        evaluation=evaluation,
         usage=usage,
         artifacts=Artifacts(
             trial_dir=str(trial_dir),
             job_dir=str(context.job_dir.absolute() if context.job_dir else trial_dir.parent),
             result_path=str(result_path) if result_path.is_file() else None,
             verifier_dir=str(verifier_dir) if verifier_dir.is_dir() else None,
-            agent_dir=str(trial_dir / "agent") if (trial_dir / "agent").is_dir() else None,
+            agent_dir=str(agent_dir) if agent_dir.is_dir() else None,
         ),
         errors=errors,
         attempts=context.attempts,
@@ -517,12 +531,9 @@ def build_failed_record(event: TrialFailed, context: RecordContext | None = None
     ``context`` (optional) adds what the event does not carry (agent label,
     environment, Harbor version, source); the event's own fields take precedence.
     """
-    first_line = event.message.strip().splitlines()[0] if event.message.strip() else ""
-    diagnostic = (
-        f"result.json: none; the trial failed before Harbor wrote one "
-        f"({event.failure_class}: {event.error_type}"
-        + (f": {_cut(first_line)})" if first_line else ")")
-    )
+    lines = event.message.strip().splitlines()
+    cause = f"{event.failure_class}: {event.error_type}" + (f": {_cut(lines[0])}" if lines else "")
+    diagnostic = f"result.json: none; the trial failed before Harbor wrote one ({cause})"
     trial_dir = Path(event.trial_dir).absolute() if event.trial_dir else None
     job_dir = context.job_dir if context and context.job_dir else None
     if job_dir is None and trial_dir is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 
 
@@ -13,10 +14,15 @@ def workdir_from_dockerfile(text: str) -> str | None:
         if len(parts) == 2 and parts[0].upper() == "WORKDIR":
             value = shlex.split(parts[1])[0] if parts[1].strip() else ""
             if value.startswith("/"):
-                workdir = value
+                workdir = _clean(value)
             elif value:
-                workdir = f"{(workdir or '/').rstrip('/')}/{value}"
+                workdir = _clean(f"{workdir or '/'}/{value}")
     return workdir
+
+
+def _clean(path: str) -> str:
+    # As Docker does: '/a/b/../c' is '/a/c' (the sandbox refuses paths with '..').
+    return "/" + posixpath.normpath(path).lstrip("/")
 
 
 def _logical_lines(text: str) -> list[str]:

@@ -53,7 +53,9 @@ def expected_per_agent(info: ExperimentInfo | None) -> dict[tuple[str, str | Non
     out: dict[tuple[str, str | None], int] = {}
     for a in agents:
         label = a.get("label") or a.get("name") or a.get("import_path") or "?"
-        out[(label, a.get("model"))] = per_agent
+        # Agents that share a label and model share a row (see _key): add, not replace.
+        key = (label, a.get("model"))
+        out[key] = out.get(key, 0) + per_agent
     return out
 
 

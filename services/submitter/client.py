@@ -119,32 +119,50 @@ async def submit_and_wait(
 async def _follow(
     sub: Any, ledger: Ledger, result: SubmitResult, timeout_s: float, progress: Printer | None
 ) -> dict[str, int]:
-    """Wait until the ledger holds a record per trial (or the timeout)."""
+    """Wait until every trial of this submission is recorded (or the timeout).
+
+    Trials this submission published count once their ResultImported carrying this
+    submission's correlation id arrives (a re-run replaces an older record, so the
+    ledger alone cannot tell). The others (already scored, or queued by a concurrent
+    submission) count once the ledger holds a record for them.
+    """
     deadline = time.monotonic() + timeout_s
+    waiting = set(result.published_ids)
+    others = set(result.trial_ids) - waiting
     info = await ledger.get_experiment(result.experiment_id)
-    last = ""
+    last_line, next_check = "", 0.0
+    counts: dict[str, int] = {}
     while True:
-        records = await ledger.records_for(result.experiment_id)
-        counts = status_counts(records, info)
-        counts["total"] = max(counts["total"], result.n_trials)
-        counts["pending"] = counts["total"] - counts["recorded"]
-        line = f"{counts['recorded']}/{counts['total']} recorded, {counts['scored']} scored"
-        if progress is not None and line != last:
-            progress.print(f"[dim]{result.experiment_id}[/dim] {line}", highlight=False)
-            last = line
-        if counts["pending"] <= 0 or time.monotonic() >= deadline:
-            return counts
-        # Wake on the experiment's next event (or poll every 2 s as a safety net).
-        with contextlib.suppress(TimeoutError):
-            msg = await sub.next_msg(timeout=min(2.0, max(0.05, deadline - time.monotonic())))
-            with contextlib.suppress(ValueError):
-                ev = parse_event(msg.data)
-                if progress is not None and isinstance(ev, TrialFailed) and not ev.final:
-                    progress.print(f"  retrying {ev.trial_id}: {ev.error_type}", highlight=False)
-                if isinstance(ev, ExperimentCompleted | ResultImported | TrialStarted):
-                    pass  # the ledger read at the top of the loop is the source of truth
-        if info is None:
-            info = await ledger.get_experiment(result.experiment_id)
+        now = time.monotonic()
+        if now >= next_check or not waiting:
+            records = await ledger.records_for(result.experiment_id)
+            others -= {r.trial_id for r in records}
+            counts = status_counts(records, info)
+            counts["total"] = max(counts["total"], result.n_trials)
+            counts["pending"] = len(waiting) + len(others)
+            line = f"{result.n_trials - counts['pending']}/{result.n_trials} done, {counts['scored']} scored"
+            if progress is not None and line != last_line:
+                progress.print(f"[dim]{result.experiment_id}[/dim] {line}", highlight=False)
+                last_line = line
+            next_check = now + 2.0
+            if counts["pending"] <= 0 or now >= deadline:
+                return counts
+            if info is None:
+                info = await ledger.get_experiment(result.experiment_id)
+        try:
+            msg = await sub.next_msg(timeout=max(0.05, min(1.0, deadline - now)))
+        except TimeoutError:
+            continue
+        try:
+            ev = parse_event(msg.data)
+        except ValueError:
+            continue
+        if isinstance(ev, ResultImported) and ev.correlation_id == result.correlation_id:
+            if ev.trial_id in waiting:
+                waiting.discard(ev.trial_id)
+                next_check = 0.0 if not waiting else next_check
+        elif isinstance(ev, TrialFailed) and not ev.final and progress is not None:
+            progress.print(f"  retrying {ev.trial_id}: {ev.error_type}", highlight=False)
 
 
 async def experiment_status(settings: CommonSettings, experiment_id: str) -> dict[str, int]:
@@ -179,5 +197,15 @@ async def import_job(settings: CommonSettings, job_dir: Path) -> dict[str, Any]:
         raise UserInputError(f"{job_dir}: not a folder (expected a Harbor job folder)")
     async with open_ledger(settings) as ledger:
         await ledger.ensure_indexes()
-        summary = await import_job_dir(job_dir.resolve(), ledger)
-        return summary.as_dict()
+        s = await import_job_dir(job_dir.resolve(), ledger)
+        return {
+            "job_dir": str(s.job_dir),
+            "experiment_id": s.experiment_id,
+            "total": s.total,
+            "imported": s.imported,
+            "inserted": s.inserted,
+            "updated": s.updated,
+            "unchanged": s.unchanged,
+            "partial": s.partial,
+            "errors": [str(e) for e in s.errors],
+        }

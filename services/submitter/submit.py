@@ -71,6 +71,7 @@ class SubmitResult:
     n_already_scored: int = 0
     correlation_id: str = ""
     trial_ids: list[str] = field(default_factory=list)
+    published_ids: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -147,7 +148,8 @@ async def publish_experiment(
         if t.trial_id in unscored_versions:
             msg_id = f"{t.trial_id}:resume:{unscored_versions[t.trial_id]}"
         items.append((subject_for(bus.topology, t), encode_event(t), msg_id))
-    new = await bus.publish_many(items)
-    result.n_published = new
-    result.n_duplicates = len(items) - new
+    fresh = await bus.publish_many(items)
+    result.published_ids = [t.trial_id for t, new in zip(todo, fresh, strict=True) if new]
+    result.n_published = len(result.published_ids)
+    result.n_duplicates = len(items) - result.n_published
     return result

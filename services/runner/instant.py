@@ -1,0 +1,68 @@
+"""InstantExecutor: completes trials without running anything (benchmarks, load tests).
+
+It writes a small result.json shaped like Harbor's, so the importer and ledger do
+their full work; only Harbor is left out. Select it with
+``TRIALBUS_EXECUTOR=services.runner.instant:from_settings``; ``TRIALBUS_INSTANT_DELAY_S``
+makes each trial take that long (slow trials in flight without CPU cost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from schemas.events import TrialRequested
+from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
+from services.common.settings import RunnerSettings
+from services.runner.executor import ExecutionOutcome, LogSink
+
+
+class InstantExecutor:
+    """An Executor that succeeds at once (or after ``delay_s``) with ``reward``."""
+
+    name = "instant"
+    version = "0"
+
+    def __init__(self, jobs_root: Path, delay_s: float = 0.0, reward: float = 1.0) -> None:
+        self._jobs_root = jobs_root
+        self._delay_s = delay_s
+        self._reward = reward
+        self._known_jobs: set[Path] = set()
+
+    async def run(
+        self, request: TrialRequested, attempt: int, on_log: LogSink | None
+    ) -> ExecutionOutcome:
+        started = datetime.now(UTC)
+        if self._delay_s:
+            await asyncio.sleep(self._delay_s)
+        job_dir = job_dir_for(self._jobs_root, request.experiment_id)
+        if job_dir not in self._known_jobs:
+            ensure_job_dir(
+                job_dir, experiment_id=request.experiment_id, name=request.experiment_id,
+                job_config={"job_name": request.experiment_id},
+            )
+            self._known_jobs.add(job_dir)
+        trial_dir = job_dir / request.trial_id
+        (trial_dir / "verifier").mkdir(parents=True, exist_ok=True)
+        now = datetime.now(UTC).isoformat()
+        result = {
+            "task_name": request.task.name,
+            "trial_name": request.trial_id,
+            "task_checksum": request.task.checksum,
+            "config": {"job_id": str(job_uuid(request.experiment_id))},
+            "agent_info": {"name": request.agent.agent_ref, "version": "0",
+                           "model_info": {"name": request.agent.model} if request.agent.model else None},
+            "verifier_result": {"rewards": {"reward": self._reward}},
+            "exception_info": None,
+            "started_at": started.isoformat(),
+            "finished_at": now,
+        }
+        (trial_dir / "result.json").write_text(json.dumps(result))
+        return ExecutionOutcome(kind="completed", trial_dir=trial_dir, job_dir=job_dir)
+
+
+def from_settings(settings: RunnerSettings) -> InstantExecutor:
+    """Executor factory named by ``TRIALBUS_EXECUTOR``."""
+    return InstantExecutor(settings.jobs_dir.resolve(), delay_s=settings.instant_delay_s)

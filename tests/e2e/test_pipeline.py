@@ -1,0 +1,163 @@
+"""The example experiment through all four services, as separate processes, with real
+Harbor trials in the local (bubblewrap) environment, driven by the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.stack import EmbeddedStack
+from schemas.subjects import Topology
+from services.common.mongo_ledger import MongoLedger
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "examples" / "experiment.yaml"
+
+
+def cli(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services", *args],
+        env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
+) -> Iterator[EmbeddedStack]:
+    s = EmbeddedStack(
+        tmp_path / "stack", concurrency=4, prefix=topology.prefix, ledger_db=ledger_db,
+        nats_url=nats_url, ledger_url=ledger_url,
+    )
+    with s:
+        yield s
+
+
+@pytest.fixture
+def env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    e.update({
+        "NATS_URL": stack.nats_url or "",
+        "LEDGER_URL": stack.ledger_url or "",
+        "TRIALBUS_PREFIX": stack.prefix,
+        "TRIALBUS_LEDGER_DB": stack.ledger_db,
+        "TRIALBUS_STACK_FILE": str(tmp_path / "no-stack.json"),
+    })
+    return e
+
+
+async def _records(stack: EmbeddedStack, experiment_id: str) -> dict[str, Any]:
+    ledger = MongoLedger(stack.ledger_url or "", stack.ledger_db)
+    try:
+        return {r.trial_id: r for r in await ledger.records_for(experiment_id)}
+    finally:
+        await ledger.close()
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+    """Paths where two dumped records differ (to make a failure readable)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+# (task, agent) -> (main reward or None when unscored, failure class, rewards)
+EXPECTED: dict[tuple[str, str], tuple[float | None, str, dict[str, float]]] = {
+    ("hello-file", "oracle"): (1.0, "none", {"reward": 1.0}),
+    ("hello-file", "nop"): (0.0, "none", {"reward": 0.0}),
+    ("count-words", "oracle"): (1.0, "none", {"reward": 1.0}),
+    ("count-words", "nop"): (0.0, "none", {"reward": 0.0}),
+    ("multi-metric", "oracle"): (1.0, "none", {"reward": 1.0, "file_a": 1.0, "file_b": 1.0, "file_c": 1.0}),
+    ("multi-metric", "nop"): (0.0, "none", {"reward": 0.0, "file_a": 0.0, "file_b": 0.0, "file_c": 0.0}),
+    ("broken-verifier", "oracle"): (None, "verifier", {}),
+    ("broken-verifier", "nop"): (None, "verifier", {}),
+}
+
+
+async def test_example_experiment_end_to_end(stack: EmbeddedStack, env: dict[str, str]) -> None:
+    # 1. Submit and wait. Unscored trials (the broken verifier) make the exit code 1.
+    first = cli(env, "submit", str(MANIFEST), "--wait", "--json")
+    assert first.returncode == 1, first.stderr
+    summary = json.loads(first.stdout)
+    exp = summary["experiment_id"]
+    assert summary["n_trials"] == 24 and summary["n_published"] == 24
+    assert summary["status"]["recorded"] == 24 and summary["status"]["scored"] == 18
+
+    # 2. The ledger holds exactly one record per trial, with the exact outcome.
+    records = await _records(stack, exp)
+    assert len(records) == 24
+    seen: dict[tuple[str, str], int] = {}
+    for rec in records.values():
+        key = (rec.provenance.task_name, rec.provenance.agent_name)
+        reward, failure, rewards = EXPECTED[key]
+        seen[key] = seen.get(key, 0) + 1
+        assert rec.evaluation.main_reward == reward, rec
+        assert rec.evaluation.reward_valid is (reward is not None)
+        assert rec.evaluation.failure_class == failure
+        assert rec.evaluation.rewards == rewards
+        assert rec.experiment_id == exp
+        assert rec.provenance.harbor_version == "0.25.0"
+        trial_dir = Path(rec.artifacts.trial_dir or "")
+        assert (trial_dir / "result.json").is_file()
+        assert trial_dir.name == rec.trial_id  # Harbor's trial_name is trialbus's trial_id
+    assert seen == {k: 3 for k in EXPECTED}
+    broken = [r for r in records.values() if r.provenance.task_name == "broken-verifier"]
+    assert {r.evaluation.exception_type for r in broken} == {"RewardFileNotFoundError"}
+
+    # 3. The leaderboard: infrastructure/verifier failures shown, never scored as zeros.
+    board = cli(env, "leaderboard", exp, "--json")
+    assert board.returncode == 0, board.stderr
+    rows = {r["agent"]: r for r in json.loads(board.stdout)}
+    for agent, mean in (("oracle", 1.0), ("nop", 0.0)):
+        row = rows[agent]
+        assert (row["n_trials"], row["n_scored"], row["mean_reward"], row["pass_rate"]) == (
+            12, 9, mean, mean
+        )
+        assert row["unscored_by_cause"] == {"verifier": 3}
+    status = json.loads(cli(env, "status", exp, "--json").stdout)
+    assert status["total"] == 24 and status["scored"] == 18 and status["pending"] == 0
+
+    # 4. Resubmitting re-runs only the unscored trials; no new trial appears.
+    again = cli(env, "submit", str(MANIFEST), "--wait", "--json")
+    again_summary = json.loads(again.stdout)
+    assert again_summary["experiment_id"] == exp
+    assert again_summary["n_already_scored"] == 18
+    assert again_summary["n_published"] == 6
+    after = await _records(stack, exp)
+    assert set(after) == set(records)
+    for tid, rec in records.items():
+        if rec.evaluation.reward_valid:
+            assert after[tid] == rec  # scored results untouched
+
+    # 5. Importing the job folder again changes nothing.
+    job_dir = stack.jobs_dir / exp
+    assert json.loads((job_dir / "result.json").read_text())["n_total_trials"] == 24
+    imported = cli(env, "import", str(job_dir), "--json")
+    assert imported.returncode == 0, imported.stderr
+    counts = json.loads(imported.stdout)
+    reimported = await _records(stack, exp)
+    changed = {
+        tid: _diff(after[tid].model_dump(), reimported[tid].model_dump())
+        for tid in after
+        if after[tid] != reimported[tid]
+    }
+    assert changed == {}
+    assert (counts["total"], counts["imported"], counts["unchanged"]) == (24, 0, 24)
+
+
+def test_bad_manifest_is_refused_naming_the_field(env: dict[str, str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MANIFEST.read_text().replace("repetitions: 3", "repetitions: 0\nrepeats: 2"))
+    proc = cli(env, "submit", str(bad), "--json")
+    assert proc.returncode == 2
+    assert f"{bad}: repetitions: Input should be greater than or equal to 1" in proc.stderr
+    assert f"{bad}: repeats: unknown field" in proc.stderr

@@ -1,0 +1,295 @@
+"""The event contract: encode_event / parse_event, and each event's dedup id."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from schemas.events import (
+    EVENT_TYPES,
+    MAX_EVENT_BYTES,
+    SCHEMA_VERSION,
+    Envelope,
+    EventDecodeError,
+    ExperimentCompleted,
+    ExperimentSubmitted,
+    ResultImported,
+    TaskRef,
+    TrialCompleted,
+    TrialFailed,
+    TrialLog,
+    TrialRequested,
+    TrialStarted,
+    encode_event,
+    parse_event,
+)
+from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+
+WHEN = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
+COMMON: dict[str, Any] = {
+    "experiment_id": "exp-1",
+    "correlation_id": "corr-1",
+    "occurred_at": WHEN,
+}
+TASK = TaskRef(name="hello-file", path="/tasks/hello-file", checksum="ab" * 32)
+AGENT = AgentSpec(
+    name="terminus-2",
+    model="anthropic/claude-sonnet-4",
+    kwargs={"temperature": 0.5, "nested": {"a": [1, 2]}},
+    api_key_env=["ANTHROPIC_API_KEY"],
+)
+
+
+def one_of_each() -> list[Envelope]:
+    """Every event type, with optional fields set so the round trip covers them."""
+    return [
+        ExperimentSubmitted(
+            **COMMON, name="demo", n_trials=6, n_published=4, manifest={"name": "demo"}
+        ),
+        TrialRequested(
+            **COMMON,
+            trial_id="hello-file__0123456789abcdef",
+            task=TASK,
+            agent=AGENT,
+            repetition=2,
+            compute=ComputeSpec(environment="docker", n_concurrent_trials=8),
+            retry=RetrySpec(max_attempts=5),
+        ),
+        TrialStarted(**COMMON, trial_id="t1", runner_id="r-1", host="node-a", attempt=2),
+        TrialLog(**COMMON, trial_id="t1", phase="agent", stream="stderr", text="héllo\n"),
+        TrialCompleted(
+            **COMMON,
+            trial_id="t1",
+            trial_dir="/jobs/j/t1",
+            job_dir="/jobs/j",
+            source="external",
+            runner_host="node-a",
+            harbor_version="0.1.0",
+            environment="docker",
+            agent_label="mine",
+            attempt=3,
+        ),
+        TrialFailed(
+            **COMMON,
+            trial_id="t1",
+            failure_class="infrastructure",
+            error_type="SandboxBuildFailedError",
+            message="build failed",
+            attempt=1,
+            final=True,
+            trial_dir="/jobs/j/t1",
+            task=TASK,
+            agent=AGENT,
+            repetition=0,
+            runner_host="node-b",
+        ),
+        ResultImported(
+            **COMMON,
+            trial_id="t1",
+            status="partial",
+            scored=False,
+            main_reward=None,
+            changed=True,
+        ),
+        ExperimentCompleted(**COMMON, n_trials=6, n_scored=5, n_partial=1),
+    ]
+
+
+def as_dict(event: Envelope) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(encode_event(event))
+    return data
+
+
+def decode_error(data: bytes | str) -> str:
+    with pytest.raises(EventDecodeError) as exc:
+        parse_event(data)
+    return str(exc.value)
+
+
+@pytest.fixture
+def started() -> dict[str, Any]:
+    """A valid encoded TrialStarted, as a dict to corrupt."""
+    return as_dict(TrialStarted(**COMMON, trial_id="t1", runner_id="r", host="h", attempt=1))
+
+
+# -- round trip ----------------------------------------------------------------------
+
+
+def test_one_of_each_covers_every_event_type() -> None:
+    assert sorted(e.type for e in one_of_each()) == sorted(EVENT_TYPES)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("event", one_of_each(), ids=lambda e: e.type)
+def test_round_trip_is_lossless(event: Envelope) -> None:
+    decoded = parse_event(encode_event(event))
+    assert type(decoded) is type(event)
+    assert decoded == event
+    assert decoded.occurred_at == WHEN
+    assert encode_event(decoded) == encode_event(event)
+
+
+@pytest.mark.parametrize("event", one_of_each(), ids=lambda e: e.type)
+def test_str_input_decodes_like_bytes(event: Envelope) -> None:
+    assert parse_event(encode_event(event).decode()) == event
+
+
+def test_defaults_fill_the_envelope() -> None:
+    a = ExperimentCompleted(experiment_id="e", n_trials=0, n_scored=0, n_partial=0)
+    b = ExperimentCompleted(experiment_id="e", n_trials=0, n_scored=0, n_partial=0)
+    assert a.event_id != b.event_id
+    assert a.schema_version == SCHEMA_VERSION
+    assert a.occurred_at.utcoffset() == timedelta(0)
+
+
+def test_non_utc_offsets_are_kept_as_the_same_instant(started: dict[str, Any]) -> None:
+    started["occurred_at"] = "2025-03-01T14:30:15.123456+02:00"
+    assert parse_event(json.dumps(started)).occurred_at == WHEN
+
+
+def test_unknown_extra_fields_are_tolerated(started: dict[str, Any]) -> None:
+    started["added_in_a_later_minor_version"] = {"x": 1}
+    event = parse_event(json.dumps(started))
+    assert isinstance(event, TrialStarted)
+    assert not hasattr(event, "added_in_a_later_minor_version")
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+def test_unknown_type_is_refused(started: dict[str, Any]) -> None:
+    started["type"] = "trial_exploded"
+    assert decode_error(json.dumps(started)) == (
+        f"invalid event at <root>: unknown event type (known: {', '.join(EVENT_TYPES)})"
+    )
+
+
+def test_missing_type_is_refused(started: dict[str, Any]) -> None:
+    del started["type"]
+    assert decode_error(json.dumps(started)) == "invalid event at <root>: missing 'type' field"
+
+
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        (SCHEMA_VERSION + 1, f"Input should be less than or equal to {SCHEMA_VERSION}"),
+        (0, "Input should be greater than or equal to 1"),
+    ],
+)
+def test_unsupported_schema_version_is_refused(
+    started: dict[str, Any], version: int, message: str
+) -> None:
+    started["schema_version"] = version
+    assert decode_error(json.dumps(started)) == (
+        f"invalid event at trial_started.schema_version: {message}"
+    )
+
+
+@pytest.mark.parametrize("naive", ["2025-03-01T12:30:15", "2025-03-01T12:30:15.5"])
+def test_naive_timestamp_is_refused(started: dict[str, Any], naive: str) -> None:
+    started["occurred_at"] = naive
+    assert decode_error(json.dumps(started)) == (
+        "invalid event at trial_started.occurred_at: Input should have timezone info"
+    )
+
+
+def test_missing_required_field_is_named(started: dict[str, Any]) -> None:
+    del started["runner_id"]
+    assert decode_error(json.dumps(started)) == (
+        "invalid event at trial_started.runner_id: Field required"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("{not json", "invalid event at <root>: Invalid JSON: key must be a string"),
+        ("", "invalid event at <root>: Invalid JSON: EOF while parsing a value"),
+        ("[1, 2]", "invalid event at <root>: Input should be an object"),
+    ],
+)
+def test_malformed_json_is_refused(raw: str, expected: str) -> None:
+    assert decode_error(raw).startswith(expected)
+
+
+def test_oversized_payload_is_refused_before_parsing() -> None:
+    # Not even JSON: the size check must come first.
+    raw = b"x" * (MAX_EVENT_BYTES + 1)
+    assert decode_error(raw) == (
+        f"event of {MAX_EVENT_BYTES + 1} bytes exceeds the {MAX_EVENT_BYTES}-byte limit"
+    )
+
+
+def test_size_limit_counts_bytes_not_characters() -> None:
+    # Under the limit in characters, over it in UTF-8 bytes.
+    event = TrialLog(**COMMON, trial_id="t1", phase="agent", stream="stdout", text="é" * 300_000)
+    raw = encode_event(event)
+    assert len(raw.decode()) < MAX_EVENT_BYTES < len(raw)
+    assert decode_error(raw.decode()) == (
+        f"event of {len(raw)} bytes exceeds the {MAX_EVENT_BYTES}-byte limit"
+    )
+
+
+def test_payload_at_the_limit_is_accepted(started: dict[str, Any]) -> None:
+    raw = json.dumps(started).encode()
+    started["host"] = "h" * (MAX_EVENT_BYTES - len(raw) + 1)
+    exact = json.dumps(started).encode()
+    assert len(exact) == MAX_EVENT_BYTES
+    assert isinstance(parse_event(exact), TrialStarted)
+
+
+# -- dedup ids ---------------------------------------------------------------------------
+
+
+def test_trial_requested_dedups_on_trial_id() -> None:
+    requested = next(e for e in one_of_each() if isinstance(e, TrialRequested))
+    assert requested.dedup_id() == "hello-file__0123456789abcdef"
+
+
+def test_trial_completed_dedup_id_is_stable_per_trial() -> None:
+    def completed(trial_id: str, **kw: Any) -> TrialCompleted:
+        return TrialCompleted(
+            experiment_id="e", trial_id=trial_id, trial_dir="/d", job_dir="/j", **kw
+        )
+
+    first = completed("t1", attempt=1)
+    replay = completed("t1", attempt=2, source="external", occurred_at=WHEN)
+    assert first.event_id != replay.event_id
+    assert first.dedup_id() == replay.dedup_id() == "t1:completed"
+    assert completed("t2").dedup_id() != first.dedup_id()
+
+
+def test_trial_started_dedup_id_differs_per_attempt() -> None:
+    ids = {
+        TrialStarted(experiment_id="e", trial_id="t", runner_id="r", host="h", attempt=n).dedup_id()
+        for n in (1, 2, 2)
+    }
+    assert ids == {"t:started:1", "t:started:2"}
+
+
+def test_trial_failed_dedup_id_separates_retry_from_final() -> None:
+    def failed(final: bool) -> TrialFailed:
+        return TrialFailed(
+            experiment_id="e",
+            trial_id="t",
+            failure_class="infrastructure",
+            error_type="X",
+            message="m",
+            attempt=3,
+            final=final,
+        )
+
+    assert failed(False).dedup_id() == "t:failed:3:0"
+    assert failed(True).dedup_id() == "t:failed:3:1"
+
+
+def test_each_submission_and_import_is_its_own_message() -> None:
+    # Resubmitting and re-importing are legitimate repeats: keyed by event_id.
+    subs = [
+        ExperimentSubmitted(experiment_id="e", name="n", n_trials=1, n_published=1, manifest={})
+        for _ in range(2)
+    ]
+    assert subs[0].dedup_id() != subs[1].dedup_id()
+    assert subs[0].dedup_id() == f"e:submitted:{subs[0].event_id}"

@@ -1,0 +1,307 @@
+"""From manifest to trials: experiment ids, task resolution and trial expansion."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.events import TaskRef
+from schemas.ids import slug, trial_id_for
+from schemas.manifest import ExperimentManifest
+from services.common.errors import ManifestError
+from services.submitter.resolve import resolve_tasks, task_checksum
+from services.submitter.submit import expand_trials, experiment_id_of
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE_TASKS = EXAMPLES / "tasks"
+TRIAL_ID_RE = re.compile(r"^[a-z0-9_-]+$")
+
+
+def make(**fields: Any) -> ExperimentManifest:
+    data: dict[str, Any] = {
+        "name": "Demo Run",
+        "tasks": ["tasks/*"],
+        "agents": [{"name": "oracle"}],
+    }
+    data.update(fields)
+    return ExperimentManifest.model_validate(data)
+
+
+def tasks(*names: str) -> list[TaskRef]:
+    return [TaskRef(name=n, path=f"/t/{n}", checksum="0" * 64) for n in names]
+
+
+def make_task(
+    folder: Path, *, toml: bool = True, instruction: bool = True, test: bool = True
+) -> Path:
+    """A minimal Harbor task folder, with the chosen parts left out."""
+    folder.mkdir(parents=True)
+    if toml:
+        (folder / "task.toml").write_text('version = "1.0"\n')
+    if instruction:
+        (folder / "instruction.md").write_text("Do the thing.\n")
+    if test:
+        (folder / "tests").mkdir()
+        (folder / "tests" / "test.sh").write_text("#!/bin/sh\n")
+    return folder
+
+
+def resolve_error(manifest: ExperimentManifest, base: Path, root: Path | None = None) -> str:
+    with pytest.raises(ManifestError) as exc:
+        resolve_tasks(manifest, base, root)
+    return str(exc.value)
+
+
+# -- expand_trials ---------------------------------------------------------------------
+
+
+def test_expansion_is_tasks_x_agents_x_repetitions() -> None:
+    m = make(agents=[{"name": "oracle"}, {"name": "nop"}], repetitions=3)
+    trials = expand_trials(m, "exp", tasks("a", "b", "c", "d"), correlation_id="c1")
+    assert len(trials) == 4 * 2 * 3
+    combos = {(t.agent.agent_ref, t.task.name, t.repetition) for t in trials}
+    assert len(combos) == 24
+    assert {t.repetition for t in trials} == {0, 1, 2}
+    assert all(t.experiment_id == "exp" and t.correlation_id == "c1" for t in trials)
+    assert all(t.compute == m.compute and t.retry == m.retry for t in trials)
+
+
+def test_trial_ids_are_unique_safe_and_deterministic() -> None:
+    m = make(agents=[{"name": "oracle"}, {"name": "nop", "model": "m"}], repetitions=5)
+    first = [t.trial_id for t in expand_trials(m, "exp", tasks("Hello World!", "b.c"))]
+    again = [t.trial_id for t in expand_trials(m, "exp", tasks("Hello World!", "b.c"))]
+    assert first == again
+    assert len(set(first)) == len(first) == 20
+    assert all(TRIAL_ID_RE.match(i) for i in first), first
+    assert all(t.dedup_id() == t.trial_id for t in expand_trials(m, "exp", tasks("x")))
+
+
+def test_trial_id_reads_as_the_task_name() -> None:
+    [trial] = expand_trials(make(), "exp", tasks("Count Words"))
+    assert trial.trial_id.startswith("count-words__")
+
+
+BASE: dict[str, Any] = {
+    "experiment_id": "exp",
+    "task_name": "t",
+    "agent": "oracle",
+    "model": None,
+    "kwargs": {},
+    "repetition": 0,
+}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"experiment_id": "exp2"},
+        {"task_name": "t2"},
+        {"agent": "nop"},
+        {"model": "m"},
+        {"kwargs": {"temperature": 0}},
+        {"repetition": 1},
+    ],
+    ids=lambda c: next(iter(c)),
+)
+def test_every_input_of_the_trial_id_changes_it(change: dict[str, Any]) -> None:
+    assert trial_id_for(**{**BASE, **change}) != trial_id_for(**BASE)
+
+
+def test_kwargs_order_does_not_change_the_trial_id() -> None:
+    a = trial_id_for(**{**BASE, "kwargs": {"x": 1, "y": {"p": 1, "q": 2}}})
+    b = trial_id_for(**{**BASE, "kwargs": {"y": {"q": 2, "p": 1}, "x": 1}})
+    assert a == b
+
+
+def test_label_is_not_part_of_the_trial_id() -> None:
+    [a] = expand_trials(make(agents=[{"name": "oracle", "label": "x"}]), "exp", tasks("t"))
+    [b] = expand_trials(make(agents=[{"name": "oracle", "label": "y"}]), "exp", tasks("t"))
+    assert a.trial_id == b.trial_id
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("Hello World!", "hello-world"), ("--a__b--", "a-b"), ("???", "x"), ("a" * 50, "a" * 40)],
+)
+def test_slug(text: str, expected: str) -> None:
+    assert slug(text) == expected
+
+
+# -- experiment ids ------------------------------------------------------------------
+
+
+def test_experiment_id_is_stable_for_the_same_content() -> None:
+    a = experiment_id_of(make(repetitions=2))
+    b = experiment_id_of(
+        ExperimentManifest.model_validate_json(make(repetitions=2).model_dump_json())
+    )
+    assert a == b
+    assert re.fullmatch(r"demo-run-[0-9a-f]{10}", a)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"repetitions": 2},
+        {"name": "Demo Run 2"},
+        {"tasks": ["tasks/hello-file"]},
+        {"agents": [{"name": "nop"}]},
+        {"agents": [{"name": "oracle", "kwargs": {"k": 1}}]},
+        {"compute": {"environment": "docker"}},
+        {"description": "now with a description"},
+    ],
+)
+def test_experiment_id_changes_with_content(change: dict[str, Any]) -> None:
+    assert experiment_id_of(make(**change)) != experiment_id_of(make())
+
+
+def test_explicit_experiment_id_wins() -> None:
+    assert experiment_id_of(make(experiment_id="nightly-42")) == "nightly-42"
+    assert experiment_id_of(make(experiment_id="nightly-42", repetitions=9)) == "nightly-42"
+
+
+# -- resolve_tasks against the real example tasks ----------------------------------------
+
+
+def test_glob_resolves_every_example_task_sorted() -> None:
+    refs = resolve_tasks(make(tasks=["tasks/*"]), EXAMPLES)
+    assert [r.name for r in refs] == [
+        "broken-verifier",
+        "count-words",
+        "hello-file",
+        "multi-metric",
+    ]
+    for r in refs:
+        assert r.path == str((EXAMPLE_TASKS / r.name).resolve())
+        assert r.checksum == task_checksum(EXAMPLE_TASKS / r.name)
+        assert re.fullmatch(r"[0-9a-f]{64}", r.checksum)
+
+
+def test_manifest_order_is_kept_and_duplicates_collapse() -> None:
+    m = make(
+        tasks=[
+            "tasks/multi-metric",
+            "tasks/hello-file",
+            "tasks/hello-file/",
+            "./tasks/../tasks/hello-file",
+            str(EXAMPLE_TASKS / "hello-file"),
+            "tasks/h*",
+            "tasks/count-words",
+        ]
+    )
+    assert [r.name for r in resolve_tasks(m, EXAMPLES)] == [
+        "multi-metric",
+        "hello-file",
+        "count-words",
+    ]
+
+
+def test_missing_folder_names_the_entry() -> None:
+    m = make(tasks=["tasks/hello-file", "tasks/no-such-task"])
+    missing = (EXAMPLE_TASKS / "no-such-task").resolve()
+    assert resolve_error(m, EXAMPLES) == f"tasks[1]: task folder {missing} does not exist"
+
+
+def test_glob_matching_nothing_names_the_entry() -> None:
+    assert resolve_error(make(tasks=["tasks/zz-*"]), EXAMPLES) == (
+        f"tasks[0]: glob 'tasks/zz-*' matches no task folder under {EXAMPLES.resolve()}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("parts", "missing"),
+    [
+        ({"toml": False}, "task.toml"),
+        ({"instruction": False}, "instruction.md"),
+        ({"test": False}, "tests/test.sh"),
+        (
+            {"toml": False, "instruction": False, "test": False},
+            "task.toml, instruction.md, tests/test.sh",
+        ),
+    ],
+)
+def test_incomplete_task_folder_names_what_is_missing(
+    tmp_path: Path, parts: dict[str, bool], missing: str
+) -> None:
+    make_task(tmp_path / "good")
+    bad = make_task(tmp_path / "bad", **parts).resolve()
+    assert resolve_error(make(tasks=["good", "bad"]), tmp_path) == (
+        f"tasks[1]: {bad} is not a Harbor task folder: missing {missing}"
+    )
+
+
+def test_tests_folder_with_another_test_script_is_enough(tmp_path: Path) -> None:
+    task = make_task(tmp_path / "py-task", test=False)
+    (task / "tests").mkdir()
+    (task / "tests" / "test.py").write_text("")
+    assert [r.name for r in resolve_tasks(make(tasks=["py-task"]), tmp_path)] == ["py-task"]
+
+
+@pytest.mark.parametrize("path", ["../outside", "tasks/../../outside", "/ABS/outside"])
+def test_path_escaping_the_tasks_root_is_refused(tmp_path: Path, path: str) -> None:
+    root = tmp_path / "root"
+    make_task(root / "tasks" / "inside")
+    outside = make_task(tmp_path / "outside").resolve()
+    path = path.replace("/ABS", str(tmp_path))
+    m = make(tasks=["tasks/inside", path])
+    assert resolve_tasks(make(tasks=["tasks/inside"]), root, root)[0].name == "inside"
+    assert resolve_error(m, root, root) == (
+        f"tasks[1]: {path!r} resolves to {outside}, outside the tasks root {root.resolve()}"
+    )
+
+
+def test_symlink_out_of_the_tasks_root_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = make_task(tmp_path / "outside").resolve()
+    (root / "sneaky").symlink_to(outside)
+    assert "outside the tasks root" in resolve_error(make(tasks=["sneaky"]), root, root)
+    # Without a tasks root the same link is an ordinary task.
+    assert resolve_tasks(make(tasks=["sneaky"]), root)[0].path == str(outside)
+
+
+def test_two_folders_with_the_same_name_are_refused(tmp_path: Path) -> None:
+    a = make_task(tmp_path / "a" / "hello").resolve()
+    b = make_task(tmp_path / "b" / "hello").resolve()
+    assert resolve_error(make(tasks=["a/hello", "b/*"]), tmp_path) == (
+        f"tasks[1]: two task folders are named 'hello' ({a} and {b}); task names must be "
+        "unique within an experiment"
+    )
+
+
+def test_dataset_refs_are_refused_with_a_fix() -> None:
+    message = resolve_error(make(tasks=[{"dataset": "terminal-bench@2.0"}]), EXAMPLES)
+    assert message.startswith("tasks[0]: dataset 'terminal-bench@2.0': ")
+    assert "harbor download" in message
+
+
+# -- task_checksum -----------------------------------------------------------------------
+
+
+def test_checksum_follows_content_and_layout(tmp_path: Path) -> None:
+    task = tmp_path / "hello-file"
+    shutil.copytree(EXAMPLE_TASKS / "hello-file", task)
+    original = task_checksum(task)
+    assert original == task_checksum(EXAMPLE_TASKS / "hello-file")  # location-independent
+
+    instruction = task / "instruction.md"
+    text = instruction.read_text()
+    instruction.write_text(text + " ")
+    edited = task_checksum(task)
+    assert edited != original
+    instruction.write_text(text)
+    assert task_checksum(task) == original
+
+    (task / "tests" / "test.sh").rename(task / "tests" / "test2.sh")
+    assert task_checksum(task) not in (original, edited)
+
+
+def test_checksum_sees_new_files(tmp_path: Path) -> None:
+    task = make_task(tmp_path / "t")
+    before = task_checksum(task)
+    (task / "tests" / "data.txt").write_text("")
+    assert task_checksum(task) != before
