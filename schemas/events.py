@@ -94,9 +94,14 @@ class TrialRequested(Envelope):
     repetition: int = Field(ge=0, description="0-based repetition index.")
     compute: ComputeSpec
     retry: RetrySpec
+    run_id: str = Field(
+        default="",
+        description="Id of the work message this run came from (trial_id, or "
+        "trial_id:resume:<n> for a re-run); keys the run's events for dedup.",
+    )
 
     def dedup_id(self) -> str:
-        return self.trial_id
+        return self.run_id or self.trial_id
 
 
 class TrialStarted(Envelope):
@@ -107,9 +112,14 @@ class TrialStarted(Envelope):
     runner_id: str
     host: str
     attempt: int = Field(ge=1)
+    run_id: str = Field(
+        default="",
+        description="Id of the work message this run came from (trial_id, or "
+        "trial_id:resume:<n> for a re-run); keys the run's events for dedup.",
+    )
 
     def dedup_id(self) -> str:
-        return f"{self.trial_id}:started:{self.attempt}"
+        return f"{self.run_id or self.trial_id}:started:{self.attempt}"
 
 
 class TrialLog(Envelope):
@@ -137,9 +147,14 @@ class TrialCompleted(Envelope):
     environment: str | None = Field(default=None, description="Environment type/import path.")
     agent_label: str | None = None
     attempt: int = Field(default=1, ge=1)
+    run_id: str = Field(
+        default="",
+        description="Id of the work message this run came from (trial_id, or "
+        "trial_id:resume:<n> for a re-run); keys the run's events for dedup.",
+    )
 
     def dedup_id(self) -> str:
-        return f"{self.trial_id}:completed"
+        return f"{self.run_id or self.trial_id}:completed:{self.attempt}"
 
 
 class TrialFailed(Envelope):
@@ -157,9 +172,14 @@ class TrialFailed(Envelope):
     agent: AgentSpec | None = None
     repetition: int | None = None
     runner_host: str | None = None
+    run_id: str = Field(
+        default="",
+        description="Id of the work message this run came from (trial_id, or "
+        "trial_id:resume:<n> for a re-run); keys the run's events for dedup.",
+    )
 
     def dedup_id(self) -> str:
-        return f"{self.trial_id}:failed:{self.attempt}:{int(self.final)}"
+        return f"{self.run_id or self.trial_id}:failed:{self.attempt}:{int(self.final)}"
 
 
 class ResultImported(Envelope):

@@ -190,6 +190,7 @@ class Runner:
                     runner_id=self.runner_id,
                     host=self.host,
                     attempt=attempt,
+                    run_id=event.dedup_id(),
                 )
             )
             outcome = await self._executor.run(event, attempt, self._log_sink(event))
@@ -239,6 +240,7 @@ class Runner:
                     environment=req.compute.environment,
                     agent_label=req.agent.display,
                     attempt=attempt,
+                    run_id=req.dedup_id(),
                 )
             )
             self.state.completed += 1
@@ -265,6 +267,7 @@ class Runner:
             agent=req.agent,
             repetition=req.repetition,
             runner_host=self.host,
+            run_id=req.dedup_id(),
         )
 
     async def _heartbeat(self, msg: Msg) -> None:

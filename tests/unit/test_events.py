@@ -248,16 +248,21 @@ def test_trial_requested_dedups_on_trial_id() -> None:
     assert requested.dedup_id() == "hello-file__0123456789abcdef"
 
 
-def test_trial_completed_dedup_id_is_stable_per_trial() -> None:
+def test_trial_completed_dedup_id_is_stable_per_run_and_attempt() -> None:
     def completed(trial_id: str, **kw: Any) -> TrialCompleted:
         return TrialCompleted(
             experiment_id="e", trial_id=trial_id, trial_dir="/d", job_dir="/j", **kw
         )
 
     first = completed("t1", attempt=1)
-    replay = completed("t1", attempt=2, source="external", occurred_at=WHEN)
-    assert first.event_id != replay.event_id
-    assert first.dedup_id() == replay.dedup_id() == "t1:completed"
+    republished = completed("t1", attempt=1, source="external", occurred_at=WHEN)
+    assert first.event_id != republished.event_id
+    # The same attempt published twice (a publish retry) dedupes ...
+    assert first.dedup_id() == republished.dedup_id() == "t1:completed:1"
+    # ... a redelivered attempt and a resumed re-run are new events.
+    assert completed("t1", attempt=2).dedup_id() == "t1:completed:2"
+    resumed = completed("t1", attempt=1, run_id="t1:resume:abc")
+    assert resumed.dedup_id() == "t1:resume:abc:completed:1"
     assert completed("t2").dedup_id() != first.dedup_id()
 
 
