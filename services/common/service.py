@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from nats.aio.msg import Msg
 
 
 def install_stop_signals(stop: Callable[[], None]) -> None:
@@ -23,3 +26,26 @@ def load_factory(spec: str) -> Callable[..., object]:
         raise ValueError(f"{spec!r} is not 'module:attribute'")
     factory: Callable[..., object] = getattr(importlib.import_module(module_name), attr)
     return factory
+
+
+@contextlib.asynccontextmanager
+async def keep_in_progress(msgs: Sequence[Msg], every_s: float) -> AsyncIterator[None]:
+    """Send in_progress() for ``msgs`` every ``every_s`` while the block runs.
+
+    Lets a consumer keep a short ack_wait (a message lost between a pull request and
+    its handler is redelivered within seconds) without a slow batch being redelivered
+    while it is still being processed.
+    """
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            await asyncio.gather(*(m.in_progress() for m in msgs), return_exceptions=True)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

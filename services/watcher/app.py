@@ -24,6 +24,7 @@ from services.common.harbor_jobs import job_dir_for, read_marker, write_job_resu
 from services.common.ledger import Ledger, LedgerUnavailable
 from services.common.logging import configure_logging, get_logger
 from services.common.mongo_ledger import MongoLedger
+from services.common.service import keep_in_progress
 from services.common.settings import WatcherSettings
 from services.importer.jobdir import scan_job_dir
 from services.watcher.logic import completion_of, finished_external_jobs
@@ -104,7 +105,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
         durable=topo.watcher_durable,
         pull_sub=PullSub(batch_size=500, timeout=0.2, batch=True),
         ack_policy=AckPolicy.MANUAL,
-        config=ConsumerConfig(ack_wait=60, max_deliver=-1),
+        config=ConsumerConfig(ack_wait=10, max_deliver=-1),
     )
     async def on_events(msg: NatsMessage) -> None:
         raws: list[Msg] = list(msg.raw_message)
@@ -119,8 +120,9 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
             if isinstance(ev, ExperimentSubmitted | ResultImported):
                 todo[ev.experiment_id] = ev.correlation_id
         try:
-            for experiment_id, correlation_id in todo.items():
-                await state["watcher"].check(experiment_id, correlation_id)
+            async with keep_in_progress(raws, 3.0):
+                for experiment_id, correlation_id in todo.items():
+                    await state["watcher"].check(experiment_id, correlation_id)
         except LedgerUnavailable as exc:
             log.warning("ledger unavailable; batch will be redelivered", error=str(exc))
             await asyncio.gather(*(r.nak(delay=2) for r in raws))
