@@ -162,7 +162,7 @@ class EmbeddedStack:
         """Wait until every service has declared its durable consumer / HTTP port."""
         asyncio.run(self._wait_ready(timeout))
 
-    async def _wait_ready(self, timeout: float) -> None:
+    async def _wait_ready(self, timeout_s: float) -> None:
         import nats
         from nats.js.errors import NotFoundError
 
@@ -174,7 +174,7 @@ class EmbeddedStack:
             (topo.events_stream, topo.watcher_durable),
             (topo.work_stream, topo.runner_durable),
         ]
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout_s
         nc = await nats.connect(self.nats_url or "")
         try:
             js = nc.jetstream()
@@ -182,7 +182,7 @@ class EmbeddedStack:
             while pending:
                 self._raise_if_dead()
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"services not ready after {timeout:.0f}s: {pending}")
+                    raise TimeoutError(f"services not ready after {timeout_s:.0f}s: {pending}")
                 still = []
                 for stream, durable in pending:
                     try:

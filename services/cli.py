@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -27,12 +27,11 @@ from services.common.stackfile import settings_for
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
-T = TypeVar("T")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
-def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+def _run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
     """Run a coroutine; map trialbus errors to the documented exit codes."""
     try:
         return asyncio.run(coro_fn())  # type: ignore[arg-type]

@@ -158,11 +158,14 @@ class JetStreamBus:
                     ) from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable: the loop returns or raises")
 
-    async def publish_many(self, items: Sequence[tuple[str, bytes, str]], window: int = 512) -> int:
+    async def publish_many(
+        self, items: Sequence[tuple[str, bytes, str]], window: int = 512
+    ) -> list[bool]:
         """Publish many messages concurrently (bounded window), each acknowledged.
 
-        Returns how many were new (not dropped as duplicates).
+        Returns, per message, whether it was new (False: dropped as a duplicate).
         """
         sem = asyncio.Semaphore(window)
 

@@ -59,4 +59,4 @@ def is_retryable(exception_type: str | None) -> bool:
     """Whether a fresh attempt could change the outcome (Harbor's retry rule)."""
     if not exception_type or exception_type in NOT_RETRYABLE_TRIALBUS:
         return False
-    return policy_for(exception_type).retry
+    return bool(policy_for(exception_type).retry)

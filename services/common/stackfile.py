@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from services.common.settings import CommonSettings
 
-S = TypeVar("S", bound=CommonSettings)
 STACK_FILE_ENV = "TRIALBUS_STACK_FILE"
 DEFAULT_STACK_FILE = Path(".trialbus/stack.json")
 
@@ -57,7 +56,7 @@ def read_stack_file(path: Path | None = None) -> dict[str, Any] | None:
     return data
 
 
-def settings_for(cls: type[S]) -> S:
+def settings_for[S: CommonSettings](cls: type[S]) -> S:
     """Settings from the environment, filled in from a running embedded stack."""
     overrides: dict[str, Any] = {}
     data = read_stack_file()

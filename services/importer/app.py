@@ -45,7 +45,7 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
         config=ConsumerConfig(ack_wait=ACK_WAIT_S, max_deliver=-1, max_ack_pending=50_000),
     )
     async def on_events(msg: NatsMessage) -> None:
-        raws: list[Msg] = list(msg.raw_message)
+        raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch
         started = time.perf_counter()
         try:
             async with keep_in_progress(raws, ACK_WAIT_S / 3):

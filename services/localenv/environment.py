@@ -56,7 +56,7 @@ class ExecTimeoutError(RuntimeError):
     """A command exceeded its timeout and was killed with its whole process tree."""
 
 
-class LocalEnvironment(BaseEnvironment):
+class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships no types
     """Harbor BaseEnvironment over bubblewrap (``bwrap``) on the local host."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -100,7 +100,7 @@ class LocalEnvironment(BaseEnvironment):
 
     def _resolve_workdir(self) -> str:
         if self.task_env_config.workdir:
-            return self.task_env_config.workdir
+            return str(self.task_env_config.workdir)
         dockerfile = self.environment_dir / "Dockerfile"
         if dockerfile.is_file():
             return workdir_from_dockerfile(dockerfile.read_text()) or _DEFAULT_WORKDIR
@@ -108,7 +108,7 @@ class LocalEnvironment(BaseEnvironment):
 
     @property
     def _network_disabled_now(self) -> bool:
-        return self._network_policy.network_mode == NetworkMode.NO_NETWORK
+        return bool(self._network_policy.network_mode == NetworkMode.NO_NETWORK)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, force_build: bool) -> None:

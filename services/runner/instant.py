@@ -40,7 +40,9 @@ class InstantExecutor:
         job_dir = job_dir_for(self._jobs_root, request.experiment_id)
         if job_dir not in self._known_jobs:
             ensure_job_dir(
-                job_dir, experiment_id=request.experiment_id, name=request.experiment_id,
+                job_dir,
+                experiment_id=request.experiment_id,
+                name=request.experiment_id,
                 job_config={"job_name": request.experiment_id},
             )
             self._known_jobs.add(job_dir)
@@ -52,8 +54,11 @@ class InstantExecutor:
             "trial_name": request.trial_id,
             "task_checksum": request.task.checksum,
             "config": {"job_id": str(job_uuid(request.experiment_id))},
-            "agent_info": {"name": request.agent.agent_ref, "version": "0",
-                           "model_info": {"name": request.agent.model} if request.agent.model else None},
+            "agent_info": {
+                "name": request.agent.agent_ref,
+                "version": "0",
+                "model_info": {"name": request.agent.model} if request.agent.model else None,
+            },
             "verifier_result": {"rewards": {"reward": self._reward}},
             "exception_info": None,
             "started_at": started.isoformat(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -130,7 +131,7 @@ class Runner:
                     task = asyncio.create_task(self._handle(msg))
                     key = f"{id(task)}"
                     self.state.in_flight[key] = task
-                    task.add_done_callback(lambda _t, k=key: self._done(k))
+                    task.add_done_callback(functools.partial(self._done, key))
         finally:
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()
@@ -147,7 +148,7 @@ class Runner:
             await asyncio.sleep(1.0)
             return []
 
-    def _done(self, key: str) -> None:
+    def _done(self, key: str, _task: asyncio.Task[None]) -> None:
         self.state.in_flight.pop(key, None)
         self._slots.release()
 
@@ -206,7 +207,7 @@ class Runner:
             bound.warning("could not report trial; will be redelivered", error=str(exc))
             with contextlib.suppress(Exception):
                 await msg.nak(delay=5)
-        except Exception:
+        except Exception:  # noqa: BLE001 - nak, never ack: the trial is redelivered
             # A bug: log it and let JetStream redeliver rather than lose the trial.
             bound.exception("runner error; trial will be redelivered")
             with contextlib.suppress(Exception):

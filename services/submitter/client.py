@@ -16,10 +16,8 @@ from nats.errors import NoServersError
 from nats.js.api import DeliverPolicy
 
 from schemas.events import (
-    ExperimentCompleted,
     ResultImported,
     TrialFailed,
-    TrialStarted,
     parse_event,
 )
 from services.common import errors as E
@@ -140,7 +138,8 @@ async def _follow(
             counts = status_counts(records, info)
             counts["total"] = max(counts["total"], result.n_trials)
             counts["pending"] = len(waiting) + len(others)
-            line = f"{result.n_trials - counts['pending']}/{result.n_trials} done, {counts['scored']} scored"
+            done = result.n_trials - counts["pending"]
+            line = f"{done}/{result.n_trials} done, {counts['scored']} scored"
             if progress is not None and line != last_line:
                 progress.print(f"[dim]{result.experiment_id}[/dim] {line}", highlight=False)
                 last_line = line

@@ -145,7 +145,9 @@ async def publish_experiment(
         # A trial with an unscored record is re-run under a msg id derived from that
         # record: concurrent resubmissions agree (and dedupe), a later one re-runs.
         if t.trial_id in unscored_versions:
-            t = t.model_copy(update={"run_id": f"{t.trial_id}:resume:{unscored_versions[t.trial_id]}"})
+            t = t.model_copy(
+                update={"run_id": f"{t.trial_id}:resume:{unscored_versions[t.trial_id]}"}
+            )
         items.append((subject_for(bus.topology, t), encode_event(t), t.dedup_id()))
     fresh = await bus.publish_many(items)
     result.published_ids = [t.trial_id for t, new in zip(todo, fresh, strict=True) if new]

@@ -108,7 +108,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
         config=ConsumerConfig(ack_wait=10, max_deliver=-1),
     )
     async def on_events(msg: NatsMessage) -> None:
-        raws: list[Msg] = list(msg.raw_message)
+        raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch
         todo: dict[str, str] = {}
         poison: list[Msg] = []
         for raw in raws:

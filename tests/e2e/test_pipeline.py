@@ -26,7 +26,11 @@ MANIFEST = ROOT / "examples" / "experiment.yaml"
 def cli(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "services", *args],
-        env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
 
 
@@ -35,8 +39,12 @@ def stack(
     tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
 ) -> Iterator[EmbeddedStack]:
     s = EmbeddedStack(
-        tmp_path / "stack", concurrency=4, prefix=topology.prefix, ledger_db=ledger_db,
-        nats_url=nats_url, ledger_url=ledger_url,
+        tmp_path / "stack",
+        concurrency=4,
+        prefix=topology.prefix,
+        ledger_db=ledger_db,
+        nats_url=nats_url,
+        ledger_url=ledger_url,
     )
     with s:
         yield s
@@ -45,13 +53,15 @@ def stack(
 @pytest.fixture
 def env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    e.update({
-        "NATS_URL": stack.nats_url or "",
-        "LEDGER_URL": stack.ledger_url or "",
-        "TRIALBUS_PREFIX": stack.prefix,
-        "TRIALBUS_LEDGER_DB": stack.ledger_db,
-        "TRIALBUS_STACK_FILE": str(tmp_path / "no-stack.json"),
-    })
+    e.update(
+        {
+            "NATS_URL": stack.nats_url or "",
+            "LEDGER_URL": stack.ledger_url or "",
+            "TRIALBUS_PREFIX": stack.prefix,
+            "TRIALBUS_LEDGER_DB": stack.ledger_db,
+            "TRIALBUS_STACK_FILE": str(tmp_path / "no-stack.json"),
+        }
+    )
     return e
 
 
@@ -66,7 +76,9 @@ async def _records(stack: EmbeddedStack, experiment_id: str) -> dict[str, Any]:
 def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     """Paths where two dumped records differ (to make a failure readable)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}")]
+        return [
+            d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}")
+        ]
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
@@ -76,8 +88,16 @@ EXPECTED: dict[tuple[str, str], tuple[float | None, str, dict[str, float]]] = {
     ("hello-file", "nop"): (0.0, "none", {"reward": 0.0}),
     ("count-words", "oracle"): (1.0, "none", {"reward": 1.0}),
     ("count-words", "nop"): (0.0, "none", {"reward": 0.0}),
-    ("multi-metric", "oracle"): (1.0, "none", {"reward": 1.0, "file_a": 1.0, "file_b": 1.0, "file_c": 1.0}),
-    ("multi-metric", "nop"): (0.0, "none", {"reward": 0.0, "file_a": 0.0, "file_b": 0.0, "file_c": 0.0}),
+    ("multi-metric", "oracle"): (
+        1.0,
+        "none",
+        {"reward": 1.0, "file_a": 1.0, "file_b": 1.0, "file_c": 1.0},
+    ),
+    ("multi-metric", "nop"): (
+        0.0,
+        "none",
+        {"reward": 0.0, "file_a": 0.0, "file_b": 0.0, "file_c": 0.0},
+    ),
     ("broken-verifier", "oracle"): (None, "verifier", {}),
     ("broken-verifier", "nop"): (None, "verifier", {}),
 }
@@ -120,7 +140,10 @@ async def test_example_experiment_end_to_end(stack: EmbeddedStack, env: dict[str
     for agent, mean in (("oracle", 1.0), ("nop", 0.0)):
         row = rows[agent]
         assert (row["n_trials"], row["n_scored"], row["mean_reward"], row["pass_rate"]) == (
-            12, 9, mean, mean
+            12,
+            9,
+            mean,
+            mean,
         )
         assert row["unscored_by_cause"] == {"verifier": 3}
     status = json.loads(cli(env, "status", exp, "--json").stdout)
