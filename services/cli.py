@@ -139,6 +139,22 @@ def leaderboard(
     print_leaderboard(rows, f"leaderboard: {exp_id}")
 
 
+@app.command()
+def cancel(experiment: str, json_out: JsonOpt = False) -> None:
+    """Cancel an experiment: queued trials are dropped, running ones stopped."""
+    from services.submitter.client import cancel_experiment
+
+    result = _run(lambda: cancel_experiment(settings_for(CommonSettings), experiment))
+    if json_out:
+        out.print_json(json.dumps(result))
+        return
+    err.print(
+        f"experiment {experiment} cancelled ({result['already_recorded']} of "
+        f"{result['n_trials']} trials already recorded); the rest get 'cancelled' records",
+        highlight=False,
+    )
+
+
 @app.command(name="import")
 def import_(job_dir: Path, json_out: JsonOpt = False) -> None:
     """Import a Harbor job folder into the ledger (idempotent)."""

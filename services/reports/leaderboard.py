@@ -1,26 +1,43 @@
 """Leaderboard and status arithmetic. Pure: records in, rows out.
 
-Rules (docs/scoring.md): only records with a valid reward are scored; an unscored
-trial (infrastructure, verifier failure, cancelled) is shown with its cause and never
-enters a mean as a zero. A trial passes when its main reward is at least 1.0.
+Rules (docs/scoring.md, ``services.reports.scoring``): only records with a valid
+reward are scored; an unscored trial (infrastructure, verifier failure, cancelled) is
+shown with its cause and never enters a mean as a zero. A trial passes when its main
+reward is at least 1.0. Every row carries its denominators, 95% intervals and pass@k;
+a row with fewer than ``MIN_SCORED`` scored trials shows counts only (``too_few``).
+Rows are ranked by the lower bound of the mean reward's interval, not the point.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from schemas.record import TrialRecord
 from services.common.ledger import ExperimentInfo
+from services.reports import stats
+from services.reports.scoring import (
+    MIN_SCORED,
+    PASS_THRESHOLD,
+    estimate_mean,
+    estimate_rate,
+    group_key,
+    is_binary,
+    passes,
+    scored_reward,
+)
 
-PASS_THRESHOLD = 1.0
+__all__ = ["MIN_SCORED", "PASS_THRESHOLD", "LeaderboardRow", "leaderboard", "status_counts"]
+
+USAGE_FIELDS: Final = ("n_input_tokens", "n_cache_tokens", "n_output_tokens", "cost_usd")
 
 
 @dataclass(frozen=True, slots=True)
 class LeaderboardRow:
-    """One agent x model."""
+    """One agent x model. Estimates are None when there are too few scored trials."""
 
     agent: str
     model: str | None
@@ -32,14 +49,24 @@ class LeaderboardRow:
     mean_reward: float | None = None
     pass_rate: float | None = None
     n_passed: int = 0
+    n_unscored: int = 0
+    too_few: bool = True
+    min_scored: int = MIN_SCORED
+    binary_rewards: bool = False
+    mean_reward_ci: list[float] | None = None
+    mean_reward_ci_method: str | None = None
+    pass_rate_ci: list[float] | None = None
+    pass_at_k: dict[int, float] = field(default_factory=dict)
+    pass_at_k_tasks: int = 0
+    main_reward_keys: list[str] = field(default_factory=list)
+    reward_keys: dict[str, dict[str, Any]] = field(default_factory=dict)
+    usage: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _key(rec: TrialRecord) -> tuple[str, str | None]:
-    p = rec.provenance
-    return (p.agent_label or p.agent_name, p.model)
+        """JSON form (pass@k keys become strings, as JSON object keys must)."""
+        data = asdict(self)
+        data["pass_at_k"] = {str(k): v for k, v in self.pass_at_k.items()}
+        return data
 
 
 def expected_per_agent(info: ExperimentInfo | None) -> dict[tuple[str, str | None], int]:
@@ -53,66 +80,141 @@ def expected_per_agent(info: ExperimentInfo | None) -> dict[tuple[str, str | Non
     out: dict[tuple[str, str | None], int] = {}
     for a in agents:
         label = a.get("label") or a.get("name") or a.get("import_path") or "?"
-        # Agents that share a label and model share a row (see _key): add, not replace.
+        # Agents that share a label and model share a row (see group_key): add, not replace.
         key = (label, a.get("model"))
         out[key] = out.get(key, 0) + per_agent
     return out
 
 
+def pass_counts_by_task(records: Iterable[TrialRecord]) -> dict[str, tuple[int, int]]:
+    """task name -> (scored attempts, passed attempts), over scored records only."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for rec in records:
+        reward = scored_reward(rec)
+        if reward is not None:
+            entry = counts[rec.provenance.task_name]
+            entry[0] += 1
+            entry[1] += passes(reward)
+    return {task: (n, c) for task, (n, c) in sorted(counts.items())}
+
+
+def reward_key_means(scored: Sequence[TrialRecord], min_n: int) -> dict[str, dict[str, Any]]:
+    """Per reward key: mean over the scored trials that report that key, with its interval."""
+    by_key: dict[str, list[float]] = defaultdict(list)
+    for rec in scored:
+        for key, value in rec.evaluation.rewards.items():
+            by_key[key].append(float(value))
+    return {key: estimate_mean(values, min_n).as_dict() for key, values in sorted(by_key.items())}
+
+
+def usage_totals(
+    records: Sequence[TrialRecord], scored: Sequence[TrialRecord]
+) -> dict[str, dict[str, Any]]:
+    """Tokens and cost where Harbor reported them.
+
+    ``sum`` and ``n_reported`` cover every recorded trial (unscored trials cost money
+    too); ``mean_per_scored`` is the mean over the scored trials that report it.
+    Fields no trial reports are left out.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name in USAGE_FIELDS:
+        values = [v for r in records if (v := getattr(r.usage, name)) is not None]
+        if not values:
+            continue
+        per_scored = [v for r in scored if (v := getattr(r.usage, name)) is not None]
+        total: float | int = math.fsum(values) if name == "cost_usd" else sum(values)
+        out[name] = {
+            "n_reported": len(values),
+            "sum": total,
+            "mean_per_scored": stats.mean(per_scored) if per_scored else None,
+        }
+    return out
+
+
+def build_row(
+    key: tuple[str, str | None], recs: Sequence[TrialRecord], n_trials: int, min_scored: int
+) -> LeaderboardRow:
+    """One leaderboard row from the records of one agent x model."""
+    scored = [r for r in recs if scored_reward(r) is not None]
+    rewards = [r for rec in scored if (r := scored_reward(rec)) is not None]
+    causes = Counter(r.evaluation.failure_class for r in recs if scored_reward(r) is None)
+    n_passed = sum(1 for v in rewards if passes(v))
+    mean = estimate_mean(rewards, min_scored)
+    rate = estimate_rate(n_passed, len(rewards), min_scored)
+    by_task = pass_counts_by_task(scored)
+    return LeaderboardRow(
+        agent=key[0],
+        model=key[1],
+        n_trials=n_trials,
+        n_recorded=len(recs),
+        n_scored=len(scored),
+        n_pending=n_trials - len(recs),
+        unscored_by_cause=dict(sorted(causes.items())),
+        mean_reward=mean.value,
+        pass_rate=rate.value,
+        n_passed=n_passed,
+        n_unscored=len(recs) - len(scored),
+        too_few=mean.too_few,
+        min_scored=min_scored,
+        binary_rewards=is_binary(rewards),
+        mean_reward_ci=mean.interval.as_list() if mean.interval else None,
+        mean_reward_ci_method=mean.interval.method if mean.interval else None,
+        pass_rate_ci=rate.interval.as_list() if rate.interval else None,
+        pass_at_k={} if mean.too_few else stats.pass_at_k(by_task),
+        pass_at_k_tasks=0 if mean.too_few else len(by_task),
+        main_reward_keys=sorted({k for r in scored if (k := r.evaluation.main_reward_key)}),
+        reward_keys=reward_key_means(scored, min_scored),
+        usage=usage_totals(recs, scored),
+    )
+
+
+def rank_key(row: LeaderboardRow) -> tuple[int, float, float, str, str]:
+    """Rows with estimates first, by the lower bound of the mean reward's interval
+    (then the mean, then the name); then rows with too few scored trials; then rows
+    with none."""
+    if row.mean_reward_ci is not None and row.mean_reward is not None:
+        return (0, -row.mean_reward_ci[0], -row.mean_reward, row.agent, row.model or "")
+    return (1 if row.n_scored else 2, 0.0, 0.0, row.agent, row.model or "")
+
+
 def leaderboard(
-    records: Iterable[TrialRecord], info: ExperimentInfo | None = None
+    records: Iterable[TrialRecord],
+    info: ExperimentInfo | None = None,
+    *,
+    min_scored: int = MIN_SCORED,
 ) -> list[LeaderboardRow]:
-    """Rows sorted by mean reward (best first), unscored rows last."""
+    """Rows ranked by ``rank_key``: best lower bound first, unscored rows last."""
     groups: dict[tuple[str, str | None], list[TrialRecord]] = defaultdict(list)
     for rec in records:
-        groups[_key(rec)].append(rec)
+        groups[group_key(rec)].append(rec)
     expected = expected_per_agent(info)
-    rows = []
-    for key in sorted(set(groups) | set(expected), key=lambda k: (k[0], k[1] or "")):
-        recs = groups.get(key, [])
-        scored = [
-            r for r in recs if r.evaluation.reward_valid and r.evaluation.main_reward is not None
-        ]
-        causes = Counter(r.evaluation.failure_class for r in recs if not r.evaluation.reward_valid)
-        n_trials = max(expected.get(key, 0), len(recs))
-        rewards = [
-            float(r.evaluation.main_reward) for r in scored if r.evaluation.main_reward is not None
-        ]
-        passed = sum(1 for v in rewards if v >= PASS_THRESHOLD)
-        rows.append(
-            LeaderboardRow(
-                agent=key[0],
-                model=key[1],
-                n_trials=n_trials,
-                n_recorded=len(recs),
-                n_scored=len(scored),
-                n_pending=n_trials - len(recs),
-                unscored_by_cause=dict(sorted(causes.items())),
-                mean_reward=sum(rewards) / len(rewards) if rewards else None,
-                pass_rate=passed / len(rewards) if rewards else None,
-                n_passed=passed,
-            )
+    rows = [
+        build_row(
+            key,
+            groups.get(key, []),
+            max(expected.get(key, 0), len(groups.get(key, []))),
+            min_scored,
         )
-    rows.sort(key=lambda r: (r.mean_reward is None, -(r.mean_reward or 0.0), r.agent))
-    return rows
+        for key in set(groups) | set(expected)
+    ]
+    return sorted(rows, key=rank_key)
 
 
 def status_counts(records: Iterable[TrialRecord], info: ExperimentInfo | None) -> dict[str, int]:
     """Counts by state: scored, unscored (by cause), partial, pending, total."""
     recs = list(records)
     total = max(info.n_trials if info else 0, len(recs))
-    scored = sum(1 for r in recs if r.evaluation.reward_valid)
+    unscored = [r for r in recs if scored_reward(r) is None]
+    scored = len(recs) - len(unscored)
     counts = {
         "total": total,
         "recorded": len(recs),
         "pending": total - len(recs),
         "scored": scored,
-        "unscored": len(recs) - scored,
+        "unscored": len(unscored),
         "complete": sum(1 for r in recs if r.status == "complete"),
         "partial": sum(1 for r in recs if r.status == "partial"),
     }
-    for cause, n in sorted(
-        Counter(r.evaluation.failure_class for r in recs if not r.evaluation.reward_valid).items()
-    ):
+    for cause, n in sorted(Counter(r.evaluation.failure_class for r in unscored).items()):
         counts[f"unscored_{cause}"] = n
     return counts

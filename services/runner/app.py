@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from services.common.bus import JetStreamBus, connect, ensure_streams
+from services.common.coordination import Coordinator
 from services.common.logging import configure_logging, get_logger
 from services.common.service import install_stop_signals, load_factory
 from services.common.settings import RunnerSettings
@@ -32,6 +33,9 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         topo = settings.topology
         await ensure_streams(js, topo, settings.stream_replicas)
         await ensure_runner_consumer(js, topo, settings.ack_wait_s)
+        coordinator = await Coordinator.open(
+            js, topo, lease_ttl_s=settings.ack_wait_s, replicas=settings.stream_replicas
+        )
         runner = Runner(
             js,
             JetStreamBus(js, topo),
@@ -41,6 +45,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             runner_id=settings.runner_id,
             publish_logs=settings.publish_logs,
             nc_publish=nc.publish,
+            coordinator=coordinator,
         )
         install_stop_signals(runner.stop)
         await runner.run()

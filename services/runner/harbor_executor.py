@@ -73,6 +73,10 @@ class HarborExecutor:
             job_id=job_uuid(req.experiment_id),
         )
 
+    def trial_dir_for(self, req: TrialRequested) -> Path:
+        """Where Harbor writes this trial's folder."""
+        return job_dir_for(self._jobs_root, req.experiment_id) / req.trial_id
+
     def _job_config(self, req: TrialRequested, job_dir: Path) -> dict[str, Any]:
         return {
             "job_name": req.experiment_id,

@@ -12,9 +12,11 @@ import asyncio
 import contextlib
 import functools
 import os
+import random
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -31,8 +33,10 @@ from schemas.events import (
     TrialStarted,
     parse_event,
 )
+from schemas.record import FailureClass
 from schemas.subjects import Topology
 from services.common.bus import JetStreamBus
+from services.common.coordination import Coordinator, Lease
 from services.common.errors import TransientError
 from services.common.failures import classify, is_retryable
 from services.common.logging import get_logger
@@ -93,6 +97,7 @@ class Runner:
         runner_id: str | None = None,
         publish_logs: bool = True,
         nc_publish: LogPublisher | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self._js = js
         self._bus = bus
@@ -104,6 +109,7 @@ class Runner:
         self.runner_id = runner_id or f"{self.host}-{os.getpid()}"
         self._publish_logs = publish_logs and nc_publish is not None
         self._nc_publish = nc_publish
+        self._coord = coordinator
         self._stopping = asyncio.Event()
         self.state = RunnerState()
 
@@ -177,26 +183,9 @@ class Runner:
             log.error("poison work message terminated", subject=msg.subject, error=str(exc))
             await msg.term()
             return
-        attempt = msg.metadata.num_delivered
-        bound = log.bind(
-            trial_id=event.trial_id, experiment_id=event.experiment_id, attempt=attempt
-        )
-        heartbeat = asyncio.create_task(self._heartbeat(msg))
+        bound = log.bind(trial_id=event.trial_id, experiment_id=event.experiment_id)
         try:
-            await self._bus.publish(
-                TrialStarted(
-                    experiment_id=event.experiment_id,
-                    trial_id=event.trial_id,
-                    correlation_id=event.correlation_id,
-                    runner_id=self.runner_id,
-                    host=self.host,
-                    attempt=attempt,
-                    run_id=event.dedup_id(),
-                )
-            )
-            outcome = await self._executor.run(event, attempt, self._log_sink(event))
-            await self._settle(msg, event, attempt, outcome)
-            bound.info("trial settled", outcome=outcome.kind, exception=outcome.exception_type)
+            await self._run_one(msg, event, bound)
         except asyncio.CancelledError:
             # Draining or shutting down: hand the trial back to another runner now.
             with contextlib.suppress(Exception):
@@ -212,8 +201,85 @@ class Runner:
             bound.exception("runner error; trial will be redelivered")
             with contextlib.suppress(Exception):
                 await msg.nak(delay=10)
+
+    async def _run_one(self, msg: Msg, req: TrialRequested, bound: Any) -> None:
+        coord = self._coord
+        if coord is not None and await coord.is_cancelled(req.experiment_id):
+            await self._report_cancelled(msg, req, attempt=1, trial_dir=None)
+            return
+        lease = None
+        if coord is not None:
+            lease = await coord.acquire(
+                req.experiment_id, req.compute.n_concurrent_trials, self.runner_id
+            )
+            if lease is None:
+                # The experiment's concurrency budget is used by other runners/trials:
+                # hand the trial back; other experiments' trials keep flowing.
+                await msg.nak(delay=random.uniform(0.5, 2.0))
+                return
+        try:
+            attempt = (
+                await coord.next_attempt(req.dedup_id())
+                if coord is not None
+                else msg.metadata.num_delivered
+            )
+            bound = bound.bind(attempt=attempt)
+            await self._bus.publish(
+                TrialStarted(
+                    experiment_id=req.experiment_id,
+                    trial_id=req.trial_id,
+                    correlation_id=req.correlation_id,
+                    runner_id=self.runner_id,
+                    host=self.host,
+                    attempt=attempt,
+                    run_id=req.dedup_id(),
+                )
+            )
+            run = asyncio.create_task(self._executor.run(req, attempt, self._log_sink(req)))
+            cancelled = asyncio.Event()
+            heartbeat = asyncio.create_task(self._heartbeat(msg, req, lease, run, cancelled))
+            try:
+                outcome = await run
+            except asyncio.CancelledError:
+                if not cancelled.is_set():
+                    raise  # shutdown, not the experiment's cancellation
+                trial_dir = None
+                with contextlib.suppress(Exception):
+                    trial_dir = self._executor_trial_dir(req)
+                await self._report_cancelled(msg, req, attempt, trial_dir)
+                bound.info("trial cancelled")
+                return
+            finally:
+                heartbeat.cancel()
+            await self._settle(msg, req, attempt, outcome)
+            bound.info("trial settled", outcome=outcome.kind, exception=outcome.exception_type)
         finally:
-            heartbeat.cancel()
+            if lease is not None and coord is not None:
+                with contextlib.suppress(Exception):
+                    await coord.release(lease)
+
+    def _executor_trial_dir(self, req: TrialRequested) -> str | None:
+        trial_dir = getattr(self._executor, "trial_dir_for", None)
+        return str(trial_dir(req)) if callable(trial_dir) else None
+
+    async def _report_cancelled(
+        self, msg: Msg, req: TrialRequested, attempt: int, trial_dir: str | None
+    ) -> None:
+        await self._bus.publish(
+            self._failed(
+                req,
+                attempt,
+                ExecutionOutcome(
+                    kind="failed",
+                    exception_type="CancelledError",
+                    message="experiment cancelled",
+                ),
+                final=True,
+                failure_class="cancelled",
+                trial_dir=trial_dir,
+            )
+        )
+        await msg.ack_sync()
 
     async def _settle(
         self, msg: Msg, req: TrialRequested, attempt: int, outcome: ExecutionOutcome
@@ -251,9 +317,16 @@ class Runner:
         await msg.ack_sync()
 
     def _failed(
-        self, req: TrialRequested, attempt: int, outcome: ExecutionOutcome, *, final: bool
+        self,
+        req: TrialRequested,
+        attempt: int,
+        outcome: ExecutionOutcome,
+        *,
+        final: bool,
+        failure_class: FailureClass | None = None,
+        trial_dir: str | None = None,
     ) -> TrialFailed:
-        failure = classify(outcome.exception_type)
+        failure = failure_class or classify(outcome.exception_type)
         return TrialFailed(
             experiment_id=req.experiment_id,
             trial_id=req.trial_id,
@@ -263,7 +336,7 @@ class Runner:
             message=outcome.message or "",
             attempt=attempt,
             final=final,
-            trial_dir=str(outcome.trial_dir) if outcome.trial_dir else None,
+            trial_dir=trial_dir or (str(outcome.trial_dir) if outcome.trial_dir else None),
             task=req.task,
             agent=req.agent,
             repetition=req.repetition,
@@ -271,11 +344,27 @@ class Runner:
             run_id=req.dedup_id(),
         )
 
-    async def _heartbeat(self, msg: Msg) -> None:
+    async def _heartbeat(
+        self,
+        msg: Msg,
+        req: TrialRequested,
+        lease: Lease | None,
+        run: asyncio.Task[ExecutionOutcome],
+        cancelled: asyncio.Event,
+    ) -> None:
+        """Keep the message, and the experiment's slot, ours; stop a cancelled trial."""
         while True:
             await asyncio.sleep(self._heartbeat_s)
             try:
                 await msg.in_progress()
+                if lease is not None and self._coord is not None:
+                    lease = await self._coord.renew(lease)
+                if self._coord is not None and await self._coord.is_cancelled(
+                    req.experiment_id, fresh=True
+                ):
+                    cancelled.set()
+                    run.cancel()
+                    return
             except Exception as exc:  # noqa: BLE001 - a missed beat is retried next tick
                 log.warning("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
 

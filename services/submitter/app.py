@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from nats.aio.client import Client as NatsClient
 
 from services.common.bus import JetStreamBus, connect, ensure_streams
+from services.common.coordination import Coordinator
 from services.common.errors import ManifestError, UserInputError
 from services.common.ledger import Ledger, LedgerUnavailable
 from services.common.logging import configure_logging, get_logger
@@ -42,7 +43,12 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
         js = nc.jetstream()
         await ensure_streams(js, settings.topology, settings.stream_replicas)
         ledger = MongoLedger(settings.ledger_url, settings.ledger_db)
-        state.update(nc=nc, bus=JetStreamBus(js, settings.topology), ledger=ledger)
+        coordinator = await Coordinator.open(
+            js, settings.topology, lease_ttl_s=60, replicas=settings.stream_replicas
+        )
+        state.update(
+            nc=nc, bus=JetStreamBus(js, settings.topology), ledger=ledger, coord=coordinator
+        )
         log.info("submitter ready", port=settings.http_port)
         try:
             yield
@@ -90,6 +96,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
             parsed = parse_manifest(manifest, "request body")
         base = settings.tasks_root or Path.cwd()
         prepared = prepare(parsed, base, settings.tasks_root)
+        await state["coord"].uncancel(prepared.experiment_id)
         result = await publish_experiment(prepared, state["bus"], ledger())
         return result.as_dict()
 

@@ -22,6 +22,7 @@ from schemas.events import (
 )
 from services.common import errors as E
 from services.common.bus import JetStreamBus, connect, ensure_streams
+from services.common.coordination import Coordinator
 from services.common.errors import TransientError, UserInputError
 from services.common.ledger import Ledger
 from services.common.mongo_ledger import MongoLedger
@@ -94,6 +95,10 @@ async def submit_and_wait(
             if wait
             else None
         )
+        coordinator = await Coordinator.open(
+            js, topo, lease_ttl_s=60, replicas=settings.stream_replicas
+        )
+        await coordinator.uncancel(prepared.experiment_id)
         result: SubmitResult = await publish_experiment(prepared, JetStreamBus(js, topo), ledger)
         summary = result.as_dict()
         if sub is None:
@@ -162,6 +167,31 @@ async def _follow(
                 next_check = 0.0 if not waiting else next_check
         elif isinstance(ev, TrialFailed) and not ev.final and progress is not None:
             progress.print(f"  retrying {ev.trial_id}: {ev.error_type}", highlight=False)
+
+
+async def cancel_experiment(settings: CommonSettings, experiment_id: str) -> dict[str, Any]:
+    """Flag the experiment cancelled: runners drop its queued trials and stop running ones.
+
+    Each trial still gets a record (failure class ``cancelled``), so the experiment
+    completes with honest counts; resubmitting the manifest lifts the cancellation
+    and re-runs the cancelled trials.
+    """
+    async with open_nats(settings, "trialbus-cancel") as nc, open_ledger(settings) as ledger:
+        info = await ledger.get_experiment(experiment_id)
+        if info is None:
+            raise UserInputError(f"no experiment {experiment_id!r} in the ledger")
+        js = nc.jetstream()
+        coordinator = await Coordinator.open(
+            js, settings.topology, lease_ttl_s=60, replicas=settings.stream_replicas
+        )
+        await coordinator.cancel(experiment_id)
+        recorded = await ledger.count_records(experiment_id)
+        return {
+            "experiment_id": experiment_id,
+            "cancelled": True,
+            "n_trials": info.n_trials,
+            "already_recorded": recorded,
+        }
 
 
 async def experiment_status(settings: CommonSettings, experiment_id: str) -> dict[str, int]:

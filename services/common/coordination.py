@@ -1,0 +1,135 @@
+"""State the runners share, kept in NATS JetStream key-value buckets.
+
+- **Concurrency leases** (bucket ``<P>_LEASES``, TTL = lease_ttl): an experiment's
+  ``compute.n_concurrent_trials`` is a limit across ALL runners. A runner holds slot
+  ``<experiment>.<i>`` while a trial runs and renews it with every heartbeat; a runner
+  that dies loses its leases when the TTL passes, so slots are never leaked.
+- **Cancellation** (bucket ``<P>_CONTROL``, key ``cancel.<experiment>``).
+- **Attempts** (bucket ``<P>_CONTROL``, key ``runs.<run_id>``): how many times a run
+  was actually started. JetStream's delivery count cannot say, because a trial that
+  waits for a free slot is handed back (nak) without running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from schemas.subjects import Topology
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One concurrency slot of an experiment, held by one trial."""
+
+    key: str
+    revision: int
+
+
+def _key(text: str) -> str:
+    """KV keys allow [-/_=.a-zA-Z0-9]; trialbus ids only add ':'."""
+    return text.replace(":", "=")
+
+
+class Coordinator:
+    """Leases, cancellation flags and attempt counters over NATS KV."""
+
+    def __init__(self, leases: KeyValue, control: KeyValue, *, cache_s: float = 1.0) -> None:
+        self._leases = leases
+        self._control = control
+        self._cache_s = cache_s
+        self._cancelled: dict[str, tuple[float, bool]] = {}
+
+    @classmethod
+    async def open(
+        cls, js: JetStreamContext, topology: Topology, *, lease_ttl_s: float, replicas: int = 1
+    ) -> Coordinator:
+        """Open (creating when missing) the two buckets."""
+        base = topology.work_stream.removesuffix("_WORK")
+        leases = await _bucket(js, f"{base}_LEASES", ttl=lease_ttl_s, replicas=replicas)
+        control = await _bucket(js, f"{base}_CONTROL", ttl=None, replicas=replicas)
+        return cls(leases, control)
+
+    # -- concurrency -------------------------------------------------------------------
+    async def acquire(self, experiment_id: str, limit: int, holder: str) -> Lease | None:
+        """Take a free slot of the experiment, or None when all ``limit`` are held."""
+        for i in range(limit):
+            key = f"{experiment_id}.{i}"
+            try:
+                revision = await self._leases.create(key, holder.encode())
+            except KeyWrongLastSequenceError:
+                continue
+            return Lease(key, revision)
+        return None
+
+    async def renew(self, lease: Lease) -> Lease:
+        """Refresh a lease's TTL (with each heartbeat)."""
+        revision = await self._leases.put(lease.key, b"renewed")
+        return Lease(lease.key, revision)
+
+    async def release(self, lease: Lease) -> None:
+        with contextlib.suppress(KeyNotFoundError):
+            await self._leases.purge(lease.key)
+
+    # -- cancellation ------------------------------------------------------------------
+    async def cancel(self, experiment_id: str) -> None:
+        await self._control.put(f"cancel.{experiment_id}", b"1")
+        self._cancelled[experiment_id] = (time.monotonic(), True)
+
+    async def uncancel(self, experiment_id: str) -> None:
+        """A new submission of the experiment lifts an earlier cancellation."""
+        with contextlib.suppress(KeyNotFoundError):
+            await self._control.purge(f"cancel.{experiment_id}")
+        self._cancelled.pop(experiment_id, None)
+
+    async def is_cancelled(self, experiment_id: str, *, fresh: bool = False) -> bool:
+        """Whether the experiment was cancelled (cached for ``cache_s``)."""
+        now = time.monotonic()
+        cached = self._cancelled.get(experiment_id)
+        if cached is not None and not fresh and now - cached[0] < self._cache_s:
+            return cached[1]
+        try:
+            entry = await self._control.get(f"cancel.{experiment_id}")
+            value = entry.value == b"1"
+        except KeyNotFoundError:
+            value = False
+        self._cancelled[experiment_id] = (now, value)
+        return value
+
+    # -- attempts ----------------------------------------------------------------------
+    async def next_attempt(self, run_id: str) -> int:
+        """Count one more start of ``run_id`` and return the new count (1 first)."""
+        key = f"runs.{_key(run_id)}"
+        while True:
+            try:
+                entry = await self._control.get(key)
+            except KeyNotFoundError:
+                try:
+                    await self._control.create(key, b"1")
+                    return 1
+                except KeyWrongLastSequenceError:
+                    continue  # another runner raced us; read again
+            assert entry.value is not None and entry.revision is not None
+            n = int(entry.value) + 1
+            try:
+                await self._control.update(key, str(n).encode(), last=entry.revision)
+                return n
+            except KeyWrongLastSequenceError:
+                continue
+
+
+async def _bucket(js: JetStreamContext, name: str, *, ttl: float | None, replicas: int) -> KeyValue:
+    try:
+        return await js.key_value(name)
+    except BucketNotFoundError:
+        return await js.create_key_value(
+            KeyValueConfig(
+                bucket=name, history=1, ttl=ttl, storage=StorageType.FILE, replicas=replicas
+            )
+        )
