@@ -175,7 +175,7 @@ class EmbeddedStack:
             (topo.work_stream, topo.runner_durable),
         ]
         deadline = time.monotonic() + timeout_s
-        nc = await nats.connect(self.nats_url or "")
+        nc = await nats.connect(servers=(self.nats_url or "").split(","))
         try:
             js = nc.jetstream()
             pending = list(durables)

@@ -10,9 +10,17 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
-from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+from schemas.manifest import MAX_INT64, AgentSpec, ComputeSpec, RetrySpec, check_storable
 
 SCHEMA_VERSION = 1
 """Version of the event contract this code writes and the newest it reads."""
@@ -74,11 +82,21 @@ class ExperimentSubmitted(Envelope):
 
     type: Literal["experiment_submitted"] = "experiment_submitted"
     name: str = Field(description="Experiment name from the manifest.")
-    n_trials: int = Field(ge=0, description="Number of trials the manifest expands to.")
+    n_trials: int = Field(
+        ge=0, le=MAX_INT64, description="Number of trials the manifest expands to."
+    )
     n_published: int = Field(
-        ge=0, description="Trials published by this submission (resume skips scored ones)."
+        ge=0,
+        le=MAX_INT64,
+        description="Trials published by this submission (resume skips scored ones).",
     )
     manifest: dict[str, Any] = Field(description="The normalized manifest (no secrets).")
+
+    @field_validator("manifest")
+    @classmethod
+    def _storable(cls, v: dict[str, Any]) -> dict[str, Any]:
+        check_storable("manifest", v)  # the importer stores it; a refusal would repeat
+        return v
 
     def dedup_id(self) -> str:
         return f"{self.experiment_id}:submitted:{self.event_id}"
@@ -91,7 +109,7 @@ class TrialRequested(Envelope):
     trial_id: str
     task: TaskRef
     agent: AgentSpec
-    repetition: int = Field(ge=0, description="0-based repetition index.")
+    repetition: int = Field(ge=0, le=MAX_INT64, description="0-based repetition index.")
     compute: ComputeSpec
     retry: RetrySpec
     run_id: str = Field(
@@ -111,7 +129,7 @@ class TrialStarted(Envelope):
     trial_id: str
     runner_id: str
     host: str
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=MAX_INT64)
     run_id: str = Field(
         default="",
         description="Id of the work message this run came from (trial_id, or "
@@ -146,7 +164,7 @@ class TrialCompleted(Envelope):
     harbor_version: str | None = None
     environment: str | None = Field(default=None, description="Environment type/import path.")
     agent_label: str | None = None
-    attempt: int = Field(default=1, ge=1)
+    attempt: int = Field(default=1, ge=1, le=MAX_INT64)
     run_id: str = Field(
         default="",
         description="Id of the work message this run came from (trial_id, or "
@@ -165,12 +183,12 @@ class TrialFailed(Envelope):
     failure_class: Literal["agent", "verifier", "infrastructure", "cancelled"]
     error_type: str
     message: str
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=MAX_INT64)
     final: bool = Field(description="False: the trial will be retried; True: it gives up.")
     trial_dir: str | None = None
     task: TaskRef | None = None
     agent: AgentSpec | None = None
-    repetition: int | None = None
+    repetition: int | None = Field(default=None, ge=0, le=MAX_INT64)
     runner_host: str | None = None
     run_id: str = Field(
         default="",
@@ -200,9 +218,9 @@ class ExperimentCompleted(Envelope):
     """Every trial of the experiment has a ledger record."""
 
     type: Literal["experiment_completed"] = "experiment_completed"
-    n_trials: int = Field(ge=0)
-    n_scored: int = Field(ge=0)
-    n_partial: int = Field(ge=0)
+    n_trials: int = Field(ge=0, le=MAX_INT64)
+    n_scored: int = Field(ge=0, le=MAX_INT64)
+    n_partial: int = Field(ge=0, le=MAX_INT64)
 
     def dedup_id(self) -> str:
         return f"{self.experiment_id}:completed:{self.n_trials}:{self.n_scored}:{self.n_partial}"

@@ -23,6 +23,9 @@ _SECRET_VALUE_RE = re.compile(
 )
 _SECRET_KEY_RE = re.compile(r"(api[_-]?key|secret|token|password|passwd|credential)", re.I)
 
+MAX_INT64 = 2**63 - 1
+"""Largest integer the ledger (BSON int64) stores; larger ones fail every write."""
+
 LOCAL_ENVIRONMENT_ALIAS = "local"
 """Short manifest name of trialbus's bubblewrap environment."""
 
@@ -36,6 +39,26 @@ class _Strict(BaseModel):
 def _reject_inline_secrets(where: str, values: dict[str, Any]) -> None:
     for key, value in values.items():
         _reject_secret_value(f"{where}.{key}", str(key), value)
+    check_storable(where, values)
+
+
+def check_storable(where: str, value: Any) -> None:
+    """Refuse free-form data the ledger cannot store (it would fail every retry).
+
+    BSON has no integers beyond 64 bits and no NUL characters in field names.
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if "\x00" in str(key):
+                raise ValueError(
+                    f"{where}: key {str(key)!r} contains a NUL character, which cannot be stored"
+                )
+            check_storable(f"{where}.{key}", item)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_storable(f"{where}[{i}]", item)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT64:
+        raise ValueError(f"{where}: {value} is outside the 64-bit integer range the ledger stores")
 
 
 def _reject_secret_value(where: str, key: str, value: Any) -> None:
@@ -132,7 +155,7 @@ class ComputeSpec(_Strict):
     )
     environment_kwargs: dict[str, Any] = Field(default_factory=dict)
     n_concurrent_trials: int = Field(default=4, ge=1, le=10_000)
-    timeout_multiplier: float = Field(default=1.0, gt=0, le=100)
+    timeout_multiplier: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False)
 
     @field_validator("environment_kwargs")
     @classmethod
@@ -155,8 +178,8 @@ class RetrySpec(_Strict):
     """Retries of transient infrastructure failures (agent/verifier outcomes are results)."""
 
     max_attempts: int = Field(default=3, ge=1, le=20)
-    backoff_seconds: float = Field(default=2.0, ge=0, le=3600)
-    max_backoff_seconds: float = Field(default=60.0, ge=0, le=3600)
+    backoff_seconds: float = Field(default=2.0, ge=0, le=3600, allow_inf_nan=False)
+    max_backoff_seconds: float = Field(default=60.0, ge=0, le=3600, allow_inf_nan=False)
 
 
 class ExperimentManifest(_Strict):

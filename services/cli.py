@@ -45,29 +45,10 @@ def _run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(E.EXIT_INTERRUPTED) from None
 
 
-def _fmt(v: float | None, pct: bool = False) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.1%}" if pct else f"{v:.3f}"
-
-
 def print_leaderboard(rows: list[dict[str, Any]], title: str) -> None:
-    table = Table(title=title)
-    for col in ("agent", "model", "scored / total", "unscored (cause)", "mean reward", "pass rate"):
-        table.add_column(col)
-    for r in rows:
-        causes = ", ".join(f"{n} {c}" for c, n in r["unscored_by_cause"].items()) or "-"
-        if r["n_pending"]:
-            causes += f"; {r['n_pending']} pending"
-        table.add_row(
-            r["agent"],
-            r["model"] or "-",
-            f"{r['n_scored']} / {r['n_trials']}",
-            causes,
-            _fmt(r["mean_reward"]),
-            _fmt(r["pass_rate"], pct=True),
-        )
-    out.print(table)
+    from services.reports.tables import leaderboard_table
+
+    out.print(leaderboard_table(rows, title))
 
 
 @app.command()
@@ -140,6 +121,60 @@ def leaderboard(
 
 
 @app.command()
+def report(
+    experiment: Annotated[
+        str | None, typer.Argument(help="Default: the latest experiment.")
+    ] = None,
+    json_out: JsonOpt = False,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write a self-contained HTML page.")
+    ] = None,
+) -> None:
+    """Leaderboard with 95% intervals, pass@k, per-key means, usage, per task, failures."""
+    from services.reports.html import render_html
+    from services.reports.tables import report_renderable
+    from services.submitter.client import experiment_report
+
+    data = _run(lambda: experiment_report(settings_for(CommonSettings), experiment))
+    if html is not None:
+        html.write_text(render_html(data), encoding="utf-8")
+        err.print(f"wrote {html}", highlight=False)
+    if json_out:
+        out.print_json(json.dumps(data))
+        return
+    out.print(report_renderable(data))
+
+
+@app.command()
+def compare(
+    experiment_a: Annotated[str, typer.Argument(help="Experiment of side A.")],
+    experiment_b: Annotated[
+        str | None, typer.Argument(help="Experiment of side B (default: the same as A).")
+    ] = None,
+    agent_a: Annotated[
+        str | None, typer.Option("--a", help="Side A's agent: AGENT or AGENT@MODEL.")
+    ] = None,
+    agent_b: Annotated[
+        str | None, typer.Option("--b", help="Side B's agent: AGENT or AGENT@MODEL.")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Paired comparison on the tasks both sides scored: difference, 95% CI, McNemar."""
+    from services.reports.tables import comparison_renderable
+    from services.submitter.client import compare_sides
+
+    data = _run(
+        lambda: compare_sides(
+            settings_for(CommonSettings), experiment_a, experiment_b, agent_a, agent_b
+        )
+    )
+    if json_out:
+        out.print_json(json.dumps(data))
+        return
+    out.print(comparison_renderable(data))
+
+
+@app.command()
 def cancel(experiment: str, json_out: JsonOpt = False) -> None:
     """Cancel an experiment: queued trials are dropped, running ones stopped."""
     from services.submitter.client import cancel_experiment
@@ -148,9 +183,11 @@ def cancel(experiment: str, json_out: JsonOpt = False) -> None:
     if json_out:
         out.print_json(json.dumps(result))
         return
+    if not result["known"]:
+        err.print(f"warning: the ledger does not know {experiment!r} (yet); flag set anyway")
     err.print(
-        f"experiment {experiment} cancelled ({result['already_recorded']} of "
-        f"{result['n_trials']} trials already recorded); the rest get 'cancelled' records",
+        f"experiment {experiment} cancelled ({result['already_recorded']} trials already "
+        "recorded); the rest get 'cancelled' records",
         highlight=False,
     )
 

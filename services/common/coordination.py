@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 
 from schemas.subjects import Topology
+
+MAX_PROBES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +61,16 @@ class Coordinator:
 
     # -- concurrency -------------------------------------------------------------------
     async def acquire(self, experiment_id: str, limit: int, holder: str) -> Lease | None:
-        """Take a free slot of the experiment, or None when all ``limit`` are held."""
-        for i in range(limit):
-            key = f"{experiment_id}.{i}"
+        """Take a free slot of the experiment, or None when none is found.
+
+        Slots are probed from a random start; for large limits at most
+        ``MAX_PROBES`` slots are tried, so a saturated experiment costs a bounded
+        number of KV calls per attempt (a miss only delays the trial: it is handed
+        back and tried again).
+        """
+        start = random.randrange(limit)
+        for step in range(min(limit, MAX_PROBES)):
+            key = f"{experiment_id}.{(start + step) % limit}"
             try:
                 revision = await self._leases.create(key, holder.encode())
             except KeyWrongLastSequenceError:

@@ -62,6 +62,9 @@ class RunnerSettings(CommonSettings):
     executor: str = Field(default="harbor", description="'harbor' or 'module:factory'.")
     publish_logs: bool = Field(default=True, description="Publish live trial output.")
     sandbox_dir: Path | None = Field(default=None, description="Scratch root of local sandboxes.")
+    instant_fail_with: str | None = Field(
+        default=None, description="Instant executor: fail every attempt with this exception."
+    )
     instant_delay_s: float = Field(
         default=0.0, ge=0, description="Trial duration of the instant (benchmark) executor."
     )

@@ -6,10 +6,14 @@ invalid JSON, wrong types, non-finite rewards, ...) becomes one line in the reco
 is ``complete`` only when Harbor's result.json was read in full without diagnostics.
 
 Scoring rule: a trial is scored (``reward_valid``) only on Harbor's word, i.e. when
-result.json carries a finite main reward and the failure class is "none" or "agent"
-(agents that time out or crash are measured, infrastructure and verifier failures are
-not). Reward files read straight from ``verifier/`` when result.json is unusable are
-kept for information and never scored.
+result.json carries a finite main reward and every exception Harbor recorded (the
+trial's and its steps') is of class "none" or "agent": exactly Harbor's own
+``TrialResult.reward_valid`` (agents that time out or refuse are measured,
+infrastructure and verifier failures are not), made stricter only by requiring the
+main reward to be a finite number. When a later step's exception is what makes the
+reward invalid, the failure class is that exception's, so the cause shown for an
+unscored trial is the one that unscored it. Reward files read straight from
+``verifier/`` when result.json is unusable are kept for information and never scored.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +32,7 @@ from pydantic import ValidationError
 
 from schemas.events import TrialFailed
 from schemas.harbor_result import HarborAgentResult, HarborTiming, HarborTrialResult
+from schemas.manifest import MAX_INT64
 from schemas.record import (
     Artifacts,
     Evaluation,
@@ -43,6 +49,13 @@ MAX_FILE_BYTES: Final = 16 * 1024 * 1024
 
 MAX_MESSAGE_CHARS: Final = 2000
 """Exception messages are cut to this length; the trial folder keeps the full text."""
+
+MAX_RECORD_BYTES: Final = 1024 * 1024
+"""A record whose JSON is larger is shortened: the ledger refuses documents over
+16 MiB, and a refused write would be retried forever."""
+_MAX_DIAGNOSTICS: Final = 100
+_MAX_REWARDS: Final = 1000
+_MAX_TEXT: Final = 4096
 
 RecordSource = Literal["runner", "external", "import"]
 _SCORED: Final = frozenset({"none", "agent"})
@@ -92,6 +105,11 @@ def main_reward_key(keys: Collection[str]) -> str | None:
 def _read_text(path: Path, label: str, errors: list[str]) -> str | None:
     """The file's text, or None with a diagnostic (a missing file adds none)."""
     try:
+        mode = path.stat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            # Opening a FIFO waits forever for a writer; a device never ends.
+            errors.append(f"{label}: not a regular file (FIFO, device or socket); not read")
+            return None
         with path.open("rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             # Read at most one byte past the limit: the file may grow after fstat.
@@ -123,6 +141,9 @@ def _parse_object(text: str, label: str, errors: list[str]) -> dict[str, Any] | 
         return None
     except RecursionError:
         errors.append(f"{label}: invalid JSON: nested too deeply")
+        return None
+    except ValueError as exc:  # an integer beyond Python's digit limit
+        errors.append(f"{label}: invalid JSON: {str(exc).split(';')[0]}")
         return None
     if not isinstance(data, dict):
         errors.append(f"{label}: expected a JSON object, found {_json_type(data)}")
@@ -298,7 +319,11 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 def _seconds(timing: HarborTiming | None) -> float | None:
-    return timing.seconds if timing is not None else None
+    if timing is None:
+        return None
+    # Both through _utc: an offset-less and an aware timestamp cannot be subtracted.
+    started, finished = _utc(timing.started_at), _utc(timing.finished_at)
+    return (finished - started).total_seconds() if started and finished else None
 
 
 def _usage(result: HarborTrialResult, errors: list[str]) -> Usage:
@@ -323,7 +348,11 @@ def _usage(result: HarborTrialResult, errors: list[str]) -> Usage:
             value = getattr(ctx, name)
             if value is None:
                 continue
-            if (name == "cost_usd" and not math.isfinite(value)) or value < 0:
+            if (
+                (name == "cost_usd" and not math.isfinite(value))
+                or value < 0
+                or value > MAX_INT64  # the ledger stores 64-bit integers only
+            ):
                 errors.append(f"result.json: agent_result.{name}: {value!r} is not valid; dropped")
                 continue
             totals[name] = totals.get(name, 0) + value
@@ -341,6 +370,16 @@ def _first_exception(result: HarborTrialResult) -> tuple[str | None, str | None]
             message = _get(step, "exception_info", "exception_message")
             return etype, message if isinstance(message, str) else None
     return None, None
+
+
+def _later_exception_types(result: HarborTrialResult) -> list[str]:
+    """Exception types recorded on steps after the first exception (Harbor's order)."""
+    types = [
+        etype
+        for step in result.step_results or []
+        if (etype := _str(_get(step, "exception_info", "exception_type")))
+    ]
+    return types if result.exception_info is not None else types[1:]
 
 
 def _model(config: Mapping[str, Any] | None, result: HarborTrialResult | None) -> str | None:
@@ -410,6 +449,14 @@ def _evaluation(read: _Read, verifier_dir: Path, errors: list[str]) -> Evaluatio
         # The record of what went wrong is itself broken: an unknown failure is never
         # scored as if there were none.
         failure = "infrastructure"
+    if result is not None and failure in _SCORED:
+        # Harbor's TrialResult.reward_valid asks every recorded exception, not only the
+        # first: a later step's infrastructure failure makes the reward not count.
+        later = next(
+            (c for t in _later_exception_types(result) if (c := classify(t)) not in _SCORED),
+            None,
+        )
+        failure = later or failure
     if failure == "agent" and main_reward is None:
         errors.append(
             f"result.json: the agent failed ({exception_type}) and the verifier gave no "
@@ -504,7 +551,7 @@ def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
     read = _read_trial(trial_dir, errors)
     evaluation = _evaluation(read, verifier_dir, errors)
     usage = _usage(read.result, errors) if read.result else Usage()
-    return TrialRecord(
+    record = TrialRecord(
         trial_id=context.trial_id,
         experiment_id=context.experiment_id,
         repetition=context.repetition,
@@ -523,6 +570,40 @@ def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
         errors=errors,
         attempts=context.attempts,
     )
+    return _bounded(record)
+
+
+def _cut_text(value: Any) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= _MAX_TEXT else value[:_MAX_TEXT] + " [truncated]"
+    if isinstance(value, dict):
+        return {_cut_text(k): _cut_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_text(v) for v in value]
+    return value
+
+
+def _bounded(record: TrialRecord) -> TrialRecord:
+    """The record, shortened when too large to store (the trial folder keeps it all)."""
+    if len(record.model_dump_json()) <= MAX_RECORD_BYTES:
+        return record
+    data = record.model_dump(mode="json")
+    ids = {"trial_id": data.pop("trial_id"), "experiment_id": data.pop("experiment_id")}
+    data = _cut_text(data)
+    rewards: dict[str, float] = data["evaluation"]["rewards"]
+    main = data["evaluation"]["main_reward_key"]
+    kept = dict(list(rewards.items())[:_MAX_REWARDS])
+    if main in rewards:
+        kept[main] = rewards[main]
+    data["evaluation"]["rewards"] = kept
+    errors: list[str] = data["errors"]
+    data["errors"] = [
+        *errors[:_MAX_DIAGNOSTICS],
+        f"record: shortened to fit the ledger ({len(errors)} diagnostics, {len(rewards)} "
+        f"rewards, texts over {_MAX_TEXT} characters cut); the trial folder has the rest",
+    ]
+    data["status"] = "partial"
+    return TrialRecord.model_validate({**data, **ids})
 
 
 def build_failed_record(event: TrialFailed, context: RecordContext | None = None) -> TrialRecord:

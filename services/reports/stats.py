@@ -70,7 +70,8 @@ def mean(values: Sequence[float]) -> float:
     """Arithmetic mean, correctly rounded (order-independent). Needs one value at least."""
     if not values:
         raise ValueError("the mean of no values is undefined")
-    return math.fsum(values) / len(values)
+    # The division can round past the data in the subnormal range: keep it inside.
+    return min(max(math.fsum(values) / len(values), min(values)), max(values))
 
 
 def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> Interval | None:
@@ -125,7 +126,7 @@ def bootstrap_mean_interval(
     rng = random.Random(seed)
     means = sorted(math.fsum(rng.choices(data, k=n)) / n for _ in range(resamples))
     low, high = _percentile_bounds(means, confidence)
-    return Interval(min(low, point), max(high, point), "bootstrap")
+    return Interval(max(min(low, point), data[0]), min(max(high, point), data[-1]), "bootstrap")
 
 
 def pass_at_k_task(n: int, c: int, k: int) -> float:

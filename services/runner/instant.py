@@ -25,10 +25,17 @@ class InstantExecutor:
     name = "instant"
     version = "0"
 
-    def __init__(self, jobs_root: Path, delay_s: float = 0.0, reward: float = 1.0) -> None:
+    def __init__(
+        self,
+        jobs_root: Path,
+        delay_s: float = 0.0,
+        reward: float = 1.0,
+        fail_with: str | None = None,
+    ) -> None:
         self._jobs_root = jobs_root
         self._delay_s = delay_s
         self._reward = reward
+        self._fail_with = fail_with
         self._known_jobs: set[Path] = set()
 
     async def run(
@@ -37,6 +44,12 @@ class InstantExecutor:
         started = datetime.now(UTC)
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
+        if self._fail_with:
+            # Fault injection: an attempt that produced no result, with a Harbor
+            # exception name (retry and scoring follow Harbor's error policy).
+            return ExecutionOutcome(
+                kind="failed", exception_type=self._fail_with, message="injected failure"
+            )
         job_dir = job_dir_for(self._jobs_root, request.experiment_id)
         if job_dir not in self._known_jobs:
             ensure_job_dir(
@@ -70,4 +83,8 @@ class InstantExecutor:
 
 def from_settings(settings: RunnerSettings) -> InstantExecutor:
     """Executor factory named by ``TRIALBUS_EXECUTOR``."""
-    return InstantExecutor(settings.jobs_dir.resolve(), delay_s=settings.instant_delay_s)
+    return InstantExecutor(
+        settings.jobs_dir.resolve(),
+        delay_s=settings.instant_delay_s,
+        fail_with=settings.instant_fail_with,
+    )

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import uvicorn
 from fastapi import Body, Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from nats.aio.client import Client as NatsClient
 
 from services.common.bus import JetStreamBus, connect, ensure_streams
@@ -25,7 +25,10 @@ from services.common.ledger import Ledger, LedgerUnavailable
 from services.common.logging import configure_logging, get_logger
 from services.common.mongo_ledger import MongoLedger
 from services.common.settings import SubmitterSettings
+from services.reports.html import render_html
 from services.reports.leaderboard import leaderboard, status_counts
+from services.reports.queries import comparison
+from services.reports.report import build_report
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
 from services.submitter.submit import prepare, publish_experiment
 
@@ -115,6 +118,30 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
         if info is None and not records:
             raise HTTPException(404, f"no experiment {experiment_id!r}")
         return [r.as_dict() for r in leaderboard(records, info)]
+
+    async def _report(experiment_id: str) -> dict[str, Any]:
+        info = await ledger().get_experiment(experiment_id)
+        records = await ledger().records_for(experiment_id)
+        if info is None and not records:
+            raise HTTPException(404, f"no experiment {experiment_id!r}")
+        return build_report(experiment_id, records, info)
+
+    @app.get("/experiments/{experiment_id}/report", dependencies=[Depends(authorize)])
+    async def report(experiment_id: str) -> dict[str, Any]:
+        """The full report (as `trialbus report --json`)."""
+        return await _report(experiment_id)
+
+    @app.get("/experiments/{experiment_id}/report.html", dependencies=[Depends(authorize)])
+    async def report_html(experiment_id: str) -> HTMLResponse:
+        """The report as a self-contained HTML page (as `trialbus report --html`)."""
+        return HTMLResponse(render_html(await _report(experiment_id)))
+
+    @app.get("/compare", dependencies=[Depends(authorize)])
+    async def compare(
+        a: str, b: str | None = None, agent_a: str | None = None, agent_b: str | None = None
+    ) -> dict[str, Any]:
+        """Paired comparison (as `trialbus compare A [B] --a AGENT --b AGENT --json`)."""
+        return await comparison(ledger(), a, b, agent_a, agent_b)
 
     return app
 

@@ -177,9 +177,8 @@ async def cancel_experiment(settings: CommonSettings, experiment_id: str) -> dic
     and re-runs the cancelled trials.
     """
     async with open_nats(settings, "trialbus-cancel") as nc, open_ledger(settings) as ledger:
+        # The ledger may not know a just-submitted experiment yet: cancel anyway.
         info = await ledger.get_experiment(experiment_id)
-        if info is None:
-            raise UserInputError(f"no experiment {experiment_id!r} in the ledger")
         js = nc.jetstream()
         coordinator = await Coordinator.open(
             js, settings.topology, lease_ttl_s=60, replicas=settings.stream_replicas
@@ -189,7 +188,8 @@ async def cancel_experiment(settings: CommonSettings, experiment_id: str) -> dic
         return {
             "experiment_id": experiment_id,
             "cancelled": True,
-            "n_trials": info.n_trials,
+            "known": info is not None,
+            "n_trials": info.n_trials if info else None,
             "already_recorded": recorded,
         }
 
@@ -217,6 +217,28 @@ async def leaderboard_rows(
         if info is None and not records:
             raise UserInputError(f"no experiment {experiment_id!r} in the ledger")
         return experiment_id, [r.as_dict() for r in leaderboard(records, info)]
+
+
+async def experiment_report(settings: CommonSettings, experiment_id: str | None) -> dict[str, Any]:
+    """The full report of an experiment (services.reports.report.build_report)."""
+    from services.reports.queries import experiment_report as build
+
+    async with open_ledger(settings) as ledger:
+        return await build(ledger, experiment_id)
+
+
+async def compare_sides(
+    settings: CommonSettings,
+    experiment_a: str,
+    experiment_b: str | None,
+    agent_a: str | None,
+    agent_b: str | None,
+) -> dict[str, Any]:
+    """Paired comparison of two agents (services.reports.compare)."""
+    from services.reports.queries import comparison
+
+    async with open_ledger(settings) as ledger:
+        return await comparison(ledger, experiment_a, experiment_b, agent_a, agent_b)
 
 
 async def import_job(settings: CommonSettings, job_dir: Path) -> dict[str, Any]:

@@ -13,6 +13,10 @@ from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
 
 MAX_MANIFEST_BYTES = 1024 * 1024
+MAX_MANIFEST_VALUES = 100_000
+"""Values a manifest may expand to: YAML aliases can repeat a small text into billions."""
+MAX_MANIFEST_DEPTH = 64
+"""Nesting a manifest may have (validation, hashing and storage all recurse)."""
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -47,12 +51,40 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     return "\n".join(dict.fromkeys(lines))
 
 
+def _check_size(data: Any, source: str) -> None:
+    """Refuse alias bombs and deep nesting before anything walks the data recursively.
+
+    Counts values as the data would be serialized (an alias counts every time it is
+    used), stopping at the first limit crossed, so this costs at most the limit.
+    """
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(data, ())]
+    seen = 0
+    while stack:
+        value, loc = stack.pop()
+        seen += 1
+        if len(loc) > MAX_MANIFEST_DEPTH:
+            raise ManifestError(
+                f"{source}: {_loc(loc[:3])}: nested too deeply "
+                f"(more than {MAX_MANIFEST_DEPTH} levels)"
+            )
+        if seen > MAX_MANIFEST_VALUES:
+            raise ManifestError(
+                f"{source}: {_loc(loc[:3])}: expands to more than {MAX_MANIFEST_VALUES} "
+                "values (YAML anchors and aliases repeated?)"
+            )
+        if isinstance(value, dict):
+            stack.extend((v, (*loc, str(k))) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*loc, i)) for i, v in enumerate(value))
+
+
 def parse_manifest(data: Any, source: str) -> ExperimentManifest:
     """Validate already-decoded manifest data."""
     if not isinstance(data, dict):
         raise ManifestError(
             f"{source}: the manifest must be a mapping of fields, got {type(data).__name__}"
         )
+    _check_size(data, source)
     try:
         return ExperimentManifest.model_validate(data)
     except ValidationError as exc:
@@ -70,6 +102,10 @@ def parse_manifest_text(text: str, source: str) -> ExperimentManifest:
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ManifestError(f"{source}: not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: not valid YAML: nested too deeply") from None
+    except ValueError as exc:  # an integer beyond Python's digit limit
+        raise ManifestError(f"{source}: not valid YAML: {str(exc).split(';')[0]}") from None
     return parse_manifest(data, source)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import tomllib
 from pathlib import Path
 
 from schemas.events import TaskRef
@@ -32,6 +33,8 @@ def task_checksum(task_dir: Path) -> str:
 def check_task_dir(task_dir: Path, where: str) -> None:
     """Raise ManifestError naming what is missing from a Harbor task folder."""
     if not task_dir.is_dir():
+        if task_dir.exists():
+            raise ManifestError(f"{where}: {task_dir} is not a folder; list Harbor task folders")
         raise ManifestError(f"{where}: task folder {task_dir} does not exist")
     missing = [name for name in _REQUIRED if not (task_dir / name).is_file()]
     tests = task_dir / "tests"
@@ -41,6 +44,15 @@ def check_task_dir(task_dir: Path, where: str) -> None:
         raise ManifestError(
             f"{where}: {task_dir} is not a Harbor task folder: missing {', '.join(missing)}"
         )
+    # Harbor reads task.toml only when a trial starts: refuse a broken one here, once,
+    # instead of failing every trial of the experiment on the runners.
+    toml_path = task_dir / "task.toml"
+    try:
+        tomllib.loads(toml_path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ManifestError(f"{where}: {toml_path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{where}: {toml_path}: not valid TOML: {exc}") from None
 
 
 def resolve_tasks(
@@ -68,7 +80,15 @@ def resolve_tasks(
         )
         if not matches:
             raise ManifestError(f"{where}: glob {spec.path!r} matches no task folder under {base}")
-        for task_dir in (m.resolve() for m in matches):
+        try:
+            # resolve() raises on a NUL byte, is_dir() on a name too long for the disk.
+            resolved = [m.resolve() for m in matches]
+            for m in resolved:
+                m.is_dir()
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ManifestError(f"{where}: {spec.path!r} is not a usable path: {reason}") from None
+        for task_dir in resolved:
             if root is not None and not task_dir.is_relative_to(root):
                 raise ManifestError(
                     f"{where}: {spec.path!r} resolves to {task_dir}, outside the tasks root {root}"

@@ -6,10 +6,19 @@ import itertools
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from schemas.record import Evaluation, FailureClass, Provenance, RecordStatus, TrialRecord
+from schemas.record import (
+    Evaluation,
+    FailureClass,
+    Provenance,
+    RecordStatus,
+    TrialRecord,
+    Usage,
+)
 from services.common.ledger import ExperimentInfo
-from services.reports.leaderboard import LeaderboardRow, leaderboard, status_counts
+from services.reports.leaderboard import MIN_SCORED, LeaderboardRow, leaderboard, status_counts
 
 _ids = itertools.count()
 
@@ -68,7 +77,7 @@ def row(rows: list[LeaderboardRow], agent: str, model: str | None = None) -> Lea
 
 
 def test_mean_and_pass_rate_are_exact() -> None:
-    [r] = leaderboard([scored(1.0), scored(0.0), scored(0.5)])
+    [r] = leaderboard([scored(1.0), scored(0.0), scored(0.5)], min_scored=1)
     assert r.mean_reward == pytest.approx(0.5)
     assert r.pass_rate == pytest.approx(1 / 3)
     assert (r.n_trials, r.n_recorded, r.n_scored, r.n_passed, r.n_pending) == (3, 3, 3, 1, 0)
@@ -89,7 +98,7 @@ def test_unscored_records_never_count_as_zeros() -> None:
         unscored("verifier"),
         unscored("cancelled"),
     ]
-    [r] = leaderboard(recs)
+    [r] = leaderboard(recs, min_scored=1)
     assert r.mean_reward == 1.0
     assert r.pass_rate == 1.0
     assert r.n_scored == 2
@@ -142,7 +151,7 @@ def test_label_is_the_row_name_when_given() -> None:
     exp = info(
         4, {"name": "terminus-2", "label": "t2-fast", "kwargs": {"k": 1}}, {"name": "terminus-2"}
     )
-    rows = leaderboard(recs, exp)
+    rows = leaderboard(recs, exp, min_scored=1)
     assert [r.agent for r in rows] == ["t2-fast", "terminus-2"]
     assert row(rows, "t2-fast").n_pending == 1
     assert row(rows, "terminus-2").mean_reward == 0.0
@@ -155,7 +164,7 @@ def test_one_row_per_agent_and_model() -> None:
         scored(0.0, "terminus-2", model="model-b"),
         scored(1.0, "terminus-2"),
     ]
-    rows = leaderboard(recs)
+    rows = sorted(leaderboard(recs, min_scored=1), key=lambda r: r.model or "")
     assert [(r.agent, r.model, r.n_scored) for r in rows] == [
         ("terminus-2", None, 1),
         ("terminus-2", "model-a", 2),
@@ -164,7 +173,7 @@ def test_one_row_per_agent_and_model() -> None:
     assert row(rows, "terminus-2", "model-a").mean_reward == 0.5
 
 
-def test_rows_sort_by_mean_then_name_with_unscored_last() -> None:
+def test_rows_sort_by_lower_bound_then_name_with_unscored_last() -> None:
     recs = [
         unscored("verifier", "aaa-unscored"),
         scored(0.5, "zeta"),
@@ -172,7 +181,7 @@ def test_rows_sort_by_mean_then_name_with_unscored_last() -> None:
         scored(0.0, "bottom"),
         scored(0.9, "top"),
     ]
-    assert [r.agent for r in leaderboard(recs)] == [
+    assert [r.agent for r in leaderboard(recs, min_scored=1)] == [
         "top",
         "alpha",
         "zeta",
@@ -187,7 +196,7 @@ def test_no_records_and_no_info_is_an_empty_board() -> None:
 
 
 def test_row_as_dict() -> None:
-    [r] = leaderboard([scored(1.0), unscored("verifier")])
+    [r] = leaderboard([scored(1.0), unscored("verifier")], min_scored=1)
     assert r.as_dict() == {
         "agent": "oracle",
         "model": None,
@@ -199,6 +208,26 @@ def test_row_as_dict() -> None:
         "mean_reward": 1.0,
         "pass_rate": 1.0,
         "n_passed": 1,
+        "n_unscored": 1,
+        "too_few": False,
+        "min_scored": 1,
+        "binary_rewards": True,
+        "mean_reward_ci": [pytest.approx(0.2065, abs=1e-4), 1.0],
+        "mean_reward_ci_method": "wilson",
+        "pass_rate_ci": [pytest.approx(0.2065, abs=1e-4), 1.0],
+        "pass_at_k": {"1": 1.0},
+        "pass_at_k_tasks": 1,
+        "main_reward_keys": ["reward"],
+        "reward_keys": {
+            "reward": {
+                "n": 1,
+                "value": 1.0,
+                "ci": [pytest.approx(0.2065, abs=1e-4), 1.0],
+                "ci_method": "wilson",
+                "too_few": False,
+            }
+        },
+        "usage": {},
     }
 
 
@@ -238,3 +267,108 @@ def test_status_counts_agree_with_the_leaderboard() -> None:
     assert sum(r.n_scored for r in rows) == counts["scored"]
     assert sum(r.n_pending for r in rows) == counts["pending"]
     assert sum(sum(r.unscored_by_cause.values()) for r in rows) == counts["unscored"]
+
+
+# -- honest scores: too few, intervals, ranking, pass@k, keys, usage ---------------------------
+
+
+def on_task(reward: float, task: str, agent: str = "oracle", **kw: Any) -> TrialRecord:
+    rec = scored(reward, agent, **kw)
+    return rec.model_copy(
+        update={"provenance": rec.provenance.model_copy(update={"task_name": task})}
+    )
+
+
+def test_too_few_scored_trials_show_counts_not_numbers() -> None:
+    [r] = leaderboard([scored(1.0)] * 4 + [unscored("infrastructure")])
+    assert (r.n_scored, r.n_passed, r.too_few, r.min_scored) == (4, 4, True, MIN_SCORED)
+    assert r.mean_reward is r.pass_rate is r.mean_reward_ci is r.pass_rate_ci is None
+    assert r.pass_at_k == {}
+    [five] = leaderboard([scored(1.0)] * 5)
+    assert five.too_few is False and five.mean_reward == 1.0
+
+
+def test_all_unscored_row_has_no_estimate() -> None:
+    [r] = leaderboard([unscored("infrastructure"), unscored("verifier")], min_scored=0)
+    assert (r.n_scored, r.n_unscored, r.mean_reward, r.mean_reward_ci) == (0, 2, None, None)
+    assert r.unscored_by_cause == {"infrastructure": 1, "verifier": 1}
+
+
+def test_binary_rewards_get_wilson_intervals_other_rewards_a_bootstrap() -> None:
+    [binary] = leaderboard([scored(1.0)] * 9)
+    assert binary.binary_rewards and binary.mean_reward_ci_method == "wilson"
+    assert binary.mean_reward_ci == [pytest.approx(0.7009, abs=1e-4), 1.0]
+    assert binary.pass_rate_ci == binary.mean_reward_ci
+    [graded] = leaderboard([scored(v) for v in (0.2, 0.4, 0.6, 0.8, 1.0)])
+    assert not graded.binary_rewards and graded.mean_reward_ci_method == "bootstrap"
+    assert graded.mean_reward_ci is not None
+    assert graded.mean_reward_ci[0] <= 0.6 <= graded.mean_reward_ci[1]
+
+
+def test_rows_rank_by_the_lower_bound_not_the_point_estimate() -> None:
+    # "lucky": 5/5 passes (Wilson low 0.566); "steady": 45/50 (0.90, low 0.786).
+    recs = [scored(1.0, "lucky")] * 5
+    recs += [scored(1.0, "steady")] * 45 + [scored(0.0, "steady")] * 5
+    rows = leaderboard(recs)
+    assert [r.agent for r in rows] == ["steady", "lucky"]
+    assert rows[1].mean_reward == 1.0 > rows[0].mean_reward  # type: ignore[operator]
+
+
+def test_pass_at_k_over_tasks_for_every_k() -> None:
+    recs = [on_task(v, "a") for v in (1.0, 0.0, 0.0)] + [on_task(v, "b") for v in (0.0, 0.0, 0.0)]
+    [r] = leaderboard([*recs, unscored("infrastructure")])
+    assert r.pass_at_k_tasks == 2
+    assert r.pass_at_k == {
+        1: pytest.approx((1 / 3 + 0) / 2),
+        2: pytest.approx((1 - 1 / 3 + 0) / 2),
+        3: pytest.approx(0.5),
+    }
+    assert r.as_dict()["pass_at_k"] == {"1": r.pass_at_k[1], "2": r.pass_at_k[2], "3": 0.5}
+
+
+def test_each_reward_key_is_reported_with_its_own_count() -> None:
+    def multi(rewards: dict[str, float]) -> TrialRecord:
+        return record(
+            "oracle",
+            Evaluation(
+                rewards=rewards,
+                main_reward_key="reward",
+                main_reward=rewards["reward"],
+                reward_valid=True,
+            ),
+        )
+
+    recs = [multi({"reward": 1.0, "style": 0.5})] * 5 + [multi({"reward": 0.0})] * 2
+    [r] = leaderboard(recs)
+    assert r.main_reward_keys == ["reward"]
+    assert r.reward_keys["reward"]["n"] == 7
+    assert r.reward_keys["reward"]["value"] == pytest.approx(5 / 7)
+    assert r.reward_keys["style"]["n"] == 5 and r.reward_keys["style"]["value"] == 0.5
+
+
+def test_usage_sums_every_trial_and_averages_scored_ones() -> None:
+    paid = [
+        scored(1.0).model_copy(update={"usage": Usage(cost_usd=0.5, n_input_tokens=100)})
+        for _ in range(2)
+    ]
+    failed = unscored("infrastructure").model_copy(update={"usage": Usage(cost_usd=0.25)})
+    [r] = leaderboard([*paid, failed, scored(0.0)], min_scored=1)
+    assert r.usage["cost_usd"] == {"n_reported": 3, "sum": 1.25, "mean_per_scored": 0.5}
+    assert r.usage["n_input_tokens"] == {"n_reported": 2, "sum": 200, "mean_per_scored": 100}
+    assert "n_output_tokens" not in r.usage
+
+
+@given(
+    st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=5, max_size=25),
+    st.lists(st.sampled_from(["infrastructure", "verifier", "cancelled"]), max_size=10),
+)
+@settings(database=None, deadline=None, max_examples=40)
+def test_unscored_trials_change_the_denominator_never_the_estimates(
+    values: list[float], causes: list[FailureClass]
+) -> None:
+    [clean] = leaderboard([scored(v) for v in values])
+    [mixed] = leaderboard([*(scored(v) for v in values), *(unscored(c) for c in causes)])
+    assert mixed.n_trials == clean.n_trials + len(causes)
+    assert sum(mixed.unscored_by_cause.values()) == len(causes)
+    for name in ("mean_reward", "pass_rate", "mean_reward_ci", "pass_rate_ci", "pass_at_k"):
+        assert getattr(mixed, name) == getattr(clean, name)

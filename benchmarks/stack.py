@@ -1,0 +1,277 @@
+"""The trialbus side of a measurement: a fresh embedded stack, and experiments driven
+through it the way ``trialbus submit --wait`` drives them.
+
+:class:`BenchStack` starts nats-server, the SecantusDB ledger and the four services
+as separate processes (``infra.stack.EmbeddedStack``) in a data folder emptied first,
+optionally pins them to cores, and knows every process id for CPU accounting.
+:func:`run_experiment` times one submission from the start of submit (read and
+validate the manifest, expand, publish) to the arrival of its last ResultImported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import nats
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+
+from benchmarks.harness import CpuMeter, fresh_dir, pin_process
+from benchmarks.workload import Workload
+from infra.embedded import LedgerServer, NatsServer
+from infra.stack import EmbeddedStack
+from schemas.subjects import Topology
+from services.common.bus import JetStreamBus
+from services.common.mongo_ledger import MongoLedger
+from services.submitter.manifest_io import load_manifest
+from services.submitter.submit import experiment_id_of, prepare, publish_experiment
+
+INSTANT_EXECUTOR = "services.runner.instant:from_settings"
+PREFIX = "bench"
+
+
+@dataclass
+class BenchStack:
+    """A fresh embedded stack in ``data_dir`` (emptied on start).
+
+    ``infra_cpus`` pins the servers, the non-runner services and this process;
+    ``runner_cpus[i]`` pins runner ``i`` (its Harbor subprocesses inherit it).
+    """
+
+    data_dir: Path
+    n_runners: int = 1
+    concurrency: int = 8
+    executor: str | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    runner_env: Mapping[str, str] = field(default_factory=dict)
+    infra_cpus: set[int] | None = None
+    runner_cpus: list[set[int]] | None = None
+    ledger_url: str | None = None
+    start_s: float = 0.0
+    _nats: NatsServer | None = None
+    _ledger: LedgerServer | None = None
+    _stack: EmbeddedStack | None = None
+    _saved_affinity: set[int] | None = None
+
+    @property
+    def topology(self) -> Topology:
+        return Topology(PREFIX)
+
+    @property
+    def nats_url(self) -> str:
+        assert self._nats is not None
+        return self._nats.url
+
+    @property
+    def stack(self) -> EmbeddedStack:
+        assert self._stack is not None
+        return self._stack
+
+    def start(self) -> BenchStack:
+        """Start everything and wait until every service is ready."""
+        t0 = time.perf_counter()
+        fresh_dir(self.data_dir)
+        if self.infra_cpus is not None:
+            # Children inherit it: the servers and services start pinned.
+            self._saved_affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, self.infra_cpus)
+        try:
+            self._nats = NatsServer(self.data_dir / "nats").start()
+            if self.ledger_url is None:
+                self._ledger = LedgerServer(self.data_dir / "ledger").start()
+                self.ledger_url = self._ledger.url
+            runner_env = dict(self.runner_env)
+            if self.executor:
+                runner_env["TRIALBUS_EXECUTOR"] = self.executor
+            self._stack = EmbeddedStack(
+                self.data_dir / "stack",
+                n_runners=self.n_runners,
+                concurrency=self.concurrency,
+                prefix=PREFIX,
+                ledger_db="bench",
+                nats_url=self._nats.url,
+                ledger_url=self.ledger_url,
+                extra_env=self.extra_env,
+                runner_env=runner_env,
+            )
+            self._stack.start()
+            for i, pid in enumerate(self.runner_pids()):
+                if self.runner_cpus:
+                    pin_process(pid, self.runner_cpus[i % len(self.runner_cpus)])
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def runner_pids(self) -> list[int]:
+        return [
+            svc.proc.pid
+            for name, svc in self.stack.services.items()
+            if name.startswith("runner") and svc.proc is not None
+        ]
+
+    def pids(self) -> list[int]:
+        """Every process of the stack: servers and services."""
+        pids = [svc.proc.pid for svc in self.stack.services.values() if svc.proc is not None]
+        for server in (self._nats, self._ledger):
+            if server is not None and server.pid is not None:
+                pids.append(server.pid)
+        return pids
+
+    def cpu_meter(self) -> CpuMeter:
+        """A meter over every stack process plus this one (the submitting client)."""
+        return CpuMeter(self.pids(), include_self=True)
+
+    def stop(self) -> None:
+        """Stop services, then the servers; restore this process's affinity."""
+        try:
+            if self._stack is not None:
+                self._stack.stop()
+            if self._ledger is not None:
+                self._ledger.stop()
+            if self._nats is not None:
+                self._nats.stop()
+        finally:
+            if self._saved_affinity is not None:
+                os.sched_setaffinity(0, self._saved_affinity)
+                self._saved_affinity = None
+
+    def __enter__(self) -> BenchStack:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@dataclass
+class ExperimentRun:
+    """One submission followed to its last ResultImported."""
+
+    experiment_id: str
+    n_trials: int
+    wall_s: float
+    submit_s: float
+    cpu_s: float
+    reward_sum: float = 0.0
+    runners: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def trials_per_s(self) -> float:
+        return self.n_trials / self.wall_s
+
+    @property
+    def cpu_ms_per_trial(self) -> float:
+        return 1000 * self.cpu_s / self.n_trials
+
+
+async def run_experiment(
+    stack: BenchStack, manifest_path: Path, *, timeout_s: float = 600.0
+) -> ExperimentRun:
+    """Submit ``manifest_path`` as the CLI does and wait for every ResultImported.
+
+    Timing starts before the manifest is read and validated and ends when the last
+    trial's ResultImported reaches this process (a JetStream ordered consumer, as
+    ``trialbus submit --wait`` uses). CPU covers every stack process and this one.
+    """
+    topo = stack.topology
+    experiment_id = experiment_id_of(load_manifest(manifest_path))
+    imported: set[str] = set()
+    runners: Counter[str] = Counter()
+    expected: list[int] = []  # set once the submission knows its size
+    done = asyncio.Event()
+    last = [0.0]
+
+    rewards: dict[str, float] = {}
+
+    async def on_imported(msg: Msg) -> None:
+        event = json.loads(msg.data)
+        imported.add(event["trial_id"])
+        rewards[event["trial_id"]] = event.get("main_reward") or 0.0
+        last[0] = time.perf_counter()
+        if expected and len(imported) >= expected[0]:
+            done.set()
+
+    async def on_started(msg: Msg) -> None:
+        runners[json.loads(msg.data)["runner_id"]] += 1
+
+    nc = await nats.connect(stack.nats_url, name="bench-observer")
+    ledger = MongoLedger(stack.ledger_url or "", "bench")
+    try:
+        js = nc.jetstream()
+        subs = [
+            await js.subscribe(
+                topo.event_subject(kind, experiment_id),
+                cb=cb,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW,
+            )
+            for kind, cb in (("result_imported", on_imported), ("trial_started", on_started))
+        ]
+        meter = stack.cpu_meter()
+        meter.start()
+        t0 = time.perf_counter()
+        prepared = prepare(load_manifest(manifest_path), manifest_path.parent)
+        result = await publish_experiment(prepared, JetStreamBus(js, topo), ledger)
+        submit_s = time.perf_counter() - t0
+        expected.append(result.n_published)
+        if len(imported) >= result.n_published:
+            done.set()
+        try:
+            await asyncio.wait_for(done.wait(), timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{experiment_id}: {len(imported)} of {result.n_published} trials imported "
+                f"after {timeout_s:.0f}s; see the service logs in {stack.data_dir}/stack/logs"
+            ) from None
+        cpu_s = meter.stop()
+        for sub in subs:
+            await sub.unsubscribe()
+    finally:
+        await ledger.close()
+        await nc.close()
+    return ExperimentRun(
+        experiment_id=experiment_id,
+        n_trials=result.n_published,
+        wall_s=last[0] - t0,
+        submit_s=submit_s,
+        cpu_s=cpu_s,
+        reward_sum=sum(rewards.values()),
+        runners=runners,
+    )
+
+
+async def warm_up(stack: BenchStack, workload: Workload, work_dir: Path, tries: int = 3) -> None:
+    """Run a small separate experiment until every runner has run a trial.
+
+    A long-lived stack has imported Harbor in each runner already; a fresh one pays
+    that on its first trial. The warm-up experiment has its own experiment id, so
+    no measured trial is ever cached.
+    """
+    runner_ids = {f"runner-{i}" for i in range(stack.n_runners)}
+    seen: set[str] = set()
+    slots = stack.n_runners * stack.concurrency
+    per_rep = len(workload.tasks) * len(workload.agents)
+    for i in range(tries):
+        small = dataclasses.replace(
+            workload, name=f"warmup-{i}-{workload.name}", repetitions=max(1, -(-slots // per_rep))
+        )
+        run = await run_experiment(stack, small.trialbus_manifest(work_dir / f"warmup-{i}.yaml"))
+        seen |= set(run.runners)
+        if runner_ids <= seen:
+            return
+    raise RuntimeError(f"warm-up reached runners {sorted(seen)} of {sorted(runner_ids)}")

@@ -1,0 +1,73 @@
+"""Reports read through the Ledger port: what the CLI and the HTTP API both call.
+
+Each function loads an experiment's records and submission metadata, then hands them
+to the pure builders (``report``, ``leaderboard``, ``compare``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.record import TrialRecord
+from services.common.errors import UserInputError
+from services.common.ledger import ExperimentInfo, Ledger
+from services.reports.compare import compare, pick_side, records_of
+from services.reports.report import build_report
+
+
+async def load_experiment(
+    ledger: Ledger, experiment_id: str | None
+) -> tuple[str, ExperimentInfo | None, list[TrialRecord]]:
+    """(id, submission metadata, records); None picks the latest experiment.
+
+    Raises UserInputError when the experiment is unknown.
+    """
+    if experiment_id is None:
+        ids = await ledger.experiment_ids()
+        if not ids:
+            raise UserInputError("the ledger holds no experiment yet")
+        experiment_id = ids[0]
+    info = await ledger.get_experiment(experiment_id)
+    records = await ledger.records_for(experiment_id)
+    if info is None and not records:
+        raise UserInputError(f"no experiment {experiment_id!r} in the ledger")
+    return experiment_id, info, records
+
+
+async def experiment_report(ledger: Ledger, experiment_id: str | None) -> dict[str, Any]:
+    """The full report of one experiment (``services.reports.report.build_report``)."""
+    exp_id, info, records = await load_experiment(ledger, experiment_id)
+    return build_report(exp_id, records, info)
+
+
+async def comparison(
+    ledger: Ledger,
+    experiment_a: str,
+    experiment_b: str | None,
+    agent_a: str | None,
+    agent_b: str | None,
+) -> dict[str, Any]:
+    """Paired comparison of two sides: two experiments, or two agents of one.
+
+    With ``experiment_b`` None both sides come from ``experiment_a`` and both agents
+    must be named (``AGENT`` or ``AGENT@MODEL``).
+    """
+    exp_a, _, records_a = await load_experiment(ledger, experiment_a)
+    if experiment_b is None:
+        if agent_a is None or agent_b is None:
+            raise UserInputError(
+                "comparing within one experiment needs both agents: --a AGENT --b AGENT"
+            )
+        exp_b, records_b = exp_a, records_a
+    else:
+        exp_b, _, records_b = await load_experiment(ledger, experiment_b)
+    side_a = pick_side(exp_a, records_a, agent_a)
+    side_b = pick_side(exp_b, records_b, agent_b)
+    if side_a == side_b:
+        raise UserInputError(f"both sides are {side_a.label}: choose two different ones")
+    return compare(
+        side_a,
+        records_of(records_a, side_a.agent, side_a.model),
+        side_b,
+        records_of(records_b, side_b.agent, side_b.model),
+    ).as_dict()

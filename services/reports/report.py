@@ -1,0 +1,134 @@
+"""The full report of an experiment: leaderboard, per-task matrix, failure causes. Pure.
+
+``build_report`` returns plain JSON-ready data; the CLI tables, the HTML page and the
+HTTP API all render this one structure, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from schemas.record import TrialRecord
+from services.common.ledger import ExperimentInfo
+from services.reports import stats
+from services.reports.leaderboard import LeaderboardRow, leaderboard, status_counts
+from services.reports.scoring import (
+    MIN_SCORED,
+    PASS_THRESHOLD,
+    estimate_mean,
+    estimate_rate,
+    group_key,
+    passes,
+    scored_reward,
+)
+
+REPORT_VERSION = 1
+
+
+def scoring_rules(min_scored: int) -> dict[str, Any]:
+    """The parameters every figure in a report was computed with."""
+    return {
+        "min_scored": min_scored,
+        "pass_threshold": PASS_THRESHOLD,
+        "confidence": stats.CONFIDENCE,
+        "bootstrap_resamples": stats.BOOTSTRAP_RESAMPLES,
+        "bootstrap_seed": stats.BOOTSTRAP_SEED,
+        "rank_by": "lower bound of the mean reward's 95% interval",
+        "documentation": "docs/scoring.md",
+    }
+
+
+def task_cell(records: Sequence[TrialRecord], min_scored: int) -> dict[str, Any]:
+    """One task x agent: counts always; rate and mean only from ``min_scored`` scored."""
+    rewards = [r for rec in records if (r := scored_reward(rec)) is not None]
+    n_passed = sum(1 for v in rewards if passes(v))
+    causes = Counter(r.evaluation.failure_class for r in records if scored_reward(r) is None)
+    rate = estimate_rate(n_passed, len(rewards), min_scored)
+    mean = estimate_mean(rewards, min_scored)
+    return {
+        "n_recorded": len(records),
+        "n_scored": len(rewards),
+        "n_passed": n_passed,
+        "unscored_by_cause": dict(sorted(causes.items())),
+        "too_few": rate.too_few,
+        "pass_rate": rate.value,
+        "pass_rate_ci": rate.interval.as_list() if rate.interval else None,
+        "mean_reward": mean.value,
+    }
+
+
+def task_matrix(
+    records: Iterable[TrialRecord], rows: Sequence[LeaderboardRow], min_scored: int
+) -> list[dict[str, Any]]:
+    """Per task (sorted by name): one cell per leaderboard row, in leaderboard order."""
+    by_task: dict[str, dict[tuple[str, str | None], list[TrialRecord]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for rec in records:
+        by_task[rec.provenance.task_name][group_key(rec)].append(rec)
+    return [
+        {
+            "task": task,
+            "cells": [
+                {
+                    "agent": row.agent,
+                    "model": row.model,
+                    **task_cell(cells.get((row.agent, row.model), []), min_scored),
+                }
+                for row in rows
+            ],
+        }
+        for task, cells in sorted(by_task.items())
+    ]
+
+
+def failure_causes(records: Iterable[TrialRecord]) -> list[dict[str, Any]]:
+    """Every exception seen, by class and type: how many, whether scored, which agents.
+
+    Agent-class exceptions (an agent timeout) are listed too: they are the agent's
+    failures and were scored; all other classes were not.
+    """
+    table: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    for rec in records:
+        ev = rec.evaluation
+        if ev.failure_class == "none" and ev.exception_type is None:
+            continue
+        agent, model = group_key(rec)
+        label = agent if model is None else f"{agent}@{model}"
+        table[(ev.failure_class, ev.exception_type or "unknown")][label] += 1
+    return [
+        {
+            "failure_class": cls,
+            "exception_type": etype,
+            "scored": cls in ("none", "agent"),
+            "count": sum(by_agent.values()),
+            "by_agent": dict(sorted(by_agent.items())),
+        }
+        for (cls, etype), by_agent in sorted(
+            table.items(), key=lambda item: (-sum(item[1].values()), item[0])
+        )
+    ]
+
+
+def build_report(
+    experiment_id: str,
+    records: Iterable[TrialRecord],
+    info: ExperimentInfo | None,
+    *,
+    min_scored: int = MIN_SCORED,
+) -> dict[str, Any]:
+    """The experiment's report as JSON-ready data (see the module docstring)."""
+    recs = list(records)
+    rows = leaderboard(recs, info, min_scored=min_scored)
+    return {
+        "report_version": REPORT_VERSION,
+        "experiment_id": experiment_id,
+        "name": info.name if info else None,
+        "scoring": scoring_rules(min_scored),
+        "status": status_counts(recs, info),
+        "leaderboard": [r.as_dict() for r in rows],
+        "tasks": task_matrix(recs, rows, min_scored),
+        "failures": failure_causes(recs),
+    }

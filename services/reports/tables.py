@@ -1,0 +1,248 @@
+"""Rich tables for the CLI, rendered from the JSON-ready report data (no arithmetic here)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+
+def num(value: float | None, pct: bool = False) -> str:
+    """A number as shown: 3 decimals, or a percentage; "-" for None."""
+    if value is None:
+        return "-"
+    return f"{value:.1%}" if pct else f"{value:.3f}"
+
+
+def with_ci(value: float | None, ci: Sequence[float] | None, pct: bool = False) -> str:
+    """``value [low, high]``."""
+    if value is None:
+        return "-"
+    if ci is None:
+        return num(value, pct)
+    return f"{num(value, pct)} [{num(ci[0], pct)}, {num(ci[1], pct)}]"
+
+
+def _too_few(row: dict[str, Any]) -> str:
+    if not row["n_scored"]:
+        return "no scored trial"
+    return f"too few ({row['n_scored']} < {row['min_scored']})"
+
+
+def _causes(row: dict[str, Any]) -> str:
+    text = ", ".join(f"{n} {c}" for c, n in row["unscored_by_cause"].items()) or "-"
+    if row["n_pending"]:
+        text += f"; {row['n_pending']} pending"
+    return text
+
+
+def _pass_at_k_brief(pass_at_k: dict[str, float]) -> str:
+    if not pass_at_k:
+        return "-"
+    ks = sorted(int(k) for k in pass_at_k)
+    shown = sorted({ks[0], ks[-1]})
+    return ", ".join(f"@{k} {pass_at_k[str(k)]:.3f}" for k in shown)
+
+
+def _cost(row: dict[str, Any]) -> str:
+    cost = row.get("usage", {}).get("cost_usd")
+    if not cost:
+        return "-"
+    per = cost["mean_per_scored"]
+    return f"${cost['sum']:.2f}" + (f" (${per:.3f}/scored)" if per is not None else "")
+
+
+def leaderboard_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
+    """The leaderboard: denominators, causes, estimates with 95% intervals, pass@k."""
+    table = Table(title=title, caption="ranked by the lower bound of the mean reward's 95% CI")
+    for col in (
+        "#",
+        "agent",
+        "model",
+        "scored / total",
+        "unscored (cause)",
+        "mean reward [95% CI]",
+        "pass rate [95% CI]",
+        "pass@k",
+    ):
+        table.add_column(col)
+    with_cost = any(r.get("usage", {}).get("cost_usd") for r in rows)
+    if with_cost:
+        table.add_column("cost")
+    for i, r in enumerate(rows, 1):
+        few = r.get("mean_reward") is None
+        cells = [
+            str(i),
+            r["agent"],
+            r["model"] or "-",
+            f"{r['n_scored']} / {r['n_trials']}",
+            _causes(r),
+            _too_few(r) if few else with_ci(r["mean_reward"], r.get("mean_reward_ci")),
+            _too_few(r) if few else with_ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True),
+            _pass_at_k_brief(r.get("pass_at_k") or {}),
+        ]
+        table.add_row(*cells, *([_cost(r)] if with_cost else []))
+    return table
+
+
+def pass_at_k_table(rows: Sequence[dict[str, Any]]) -> Table | None:
+    """pass@k for every k (unbiased estimator, averaged over tasks)."""
+    ks = sorted({int(k) for r in rows for k in r.get("pass_at_k") or {}})
+    if not ks:
+        return None
+    table = Table(title="pass@k (unbiased estimator, mean over tasks)")
+    table.add_column("agent")
+    table.add_column("model")
+    table.add_column("tasks", justify="right")
+    for k in ks:
+        table.add_column(f"@{k}", justify="right")
+    for r in rows:
+        pak = r.get("pass_at_k") or {}
+        values = [num(pak.get(str(k))) for k in ks]
+        table.add_row(r["agent"], r["model"] or "-", str(r["pass_at_k_tasks"]), *values)
+    return table
+
+
+def reward_keys_table(rows: Sequence[dict[str, Any]]) -> Table | None:
+    """Mean per reward key, shown when some row has several keys."""
+    keys = sorted({k for r in rows for k in r.get("reward_keys") or {}})
+    if len(keys) < 2:
+        return None
+    table = Table(title="mean reward per key [95% CI] (n scored with the key)")
+    table.add_column("agent")
+    table.add_column("model")
+    for key in keys:
+        table.add_column(key)
+    for r in rows:
+        cells = []
+        for key in keys:
+            est = (r.get("reward_keys") or {}).get(key)
+            if est is None:
+                cells.append("-")
+            elif est["value"] is None:
+                cells.append(f"too few (n={est['n']})")
+            else:
+                cells.append(f"{with_ci(est['value'], est['ci'])} (n={est['n']})")
+        table.add_row(r["agent"], r["model"] or "-", *cells)
+    return table
+
+
+def usage_table(rows: Sequence[dict[str, Any]]) -> Table | None:
+    """Tokens and cost per agent x model, where Harbor reported them."""
+    fields = ("cost_usd", "n_input_tokens", "n_cache_tokens", "n_output_tokens")
+    if not any(r.get("usage") for r in rows):
+        return None
+    table = Table(title="usage: sum over recorded trials (mean per scored trial)")
+    table.add_column("agent")
+    table.add_column("model")
+    for f in fields:
+        table.add_column(f, justify="right")
+    for r in rows:
+        cells = []
+        for f in fields:
+            u = (r.get("usage") or {}).get(f)
+            if u is None:
+                cells.append("-")
+                continue
+            fmt = "{:,.4f}" if f == "cost_usd" else "{:,.0f}"
+            mean = u["mean_per_scored"]
+            cells.append(fmt.format(u["sum"]) + (f" ({fmt.format(mean)})" if mean else ""))
+        table.add_row(r["agent"], r["model"] or "-", *cells)
+    return table
+
+
+def task_table(report: dict[str, Any]) -> Table | None:
+    """Per task x agent: passed / scored, and unscored trials."""
+    tasks = report.get("tasks") or []
+    if not tasks:
+        return None
+    table = Table(title="per task: passed / scored (+ unscored)")
+    table.add_column("task")
+    for row in report["leaderboard"]:
+        table.add_column(row["agent"] + (f" ({row['model']})" if row["model"] else ""))
+    for t in tasks:
+        cells = []
+        for c in t["cells"]:
+            text = f"{c['n_passed']}/{c['n_scored']}" if c["n_scored"] else "-"
+            unscored = c["n_recorded"] - c["n_scored"]
+            cells.append(text + (f" (+{unscored} unscored)" if unscored else ""))
+        table.add_row(t["task"], *cells)
+    return table
+
+
+def failures_table(report: dict[str, Any]) -> Table | None:
+    """Exceptions by failure class: counted as the agent's or left unscored."""
+    failures = report.get("failures") or []
+    if not failures:
+        return None
+    table = Table(title="failure causes")
+    for col in ("class", "exception", "trials", "scored?", "by agent"):
+        table.add_column(col)
+    for f in failures:
+        table.add_row(
+            f["failure_class"],
+            f["exception_type"],
+            str(f["count"]),
+            "yes (agent's fault)" if f["scored"] else "no",
+            ", ".join(f"{a}: {n}" for a, n in f["by_agent"].items()),
+        )
+    return table
+
+
+def report_renderable(report: dict[str, Any]) -> Group:
+    """Everything ``trialbus report`` prints."""
+    title = f"report: {report['experiment_id']}" + (
+        f" ({report['name']})" if report.get("name") else ""
+    )
+    s = report["status"]
+    parts: list[RenderableType] = [
+        Text(
+            f"{s['scored']} scored / {s['total']} trials; {s['unscored']} unscored, "
+            f"{s['pending']} pending",
+        ),
+        leaderboard_table(report["leaderboard"], title),
+    ]
+    rows = report["leaderboard"]
+    for extra in (
+        pass_at_k_table(rows),
+        reward_keys_table(rows),
+        usage_table(rows),
+        task_table(report),
+        failures_table(report),
+    ):
+        if extra is not None:
+            parts.append(extra)
+    return Group(*parts)
+
+
+def comparison_renderable(cmp: dict[str, Any]) -> Group:
+    """Everything ``trialbus compare`` prints."""
+    a, b = cmp["a"]["label"], cmp["b"]["label"]
+    table = Table(title=f"A = {a}   vs   B = {b}")
+    for col in ("", "A", "B", "A - B [95% CI]"):
+        table.add_column(col)
+    for name, key, pct in (("mean reward", "mean_reward", False), ("pass rate", "pass_rate", True)):
+        d = cmp.get(key)
+        if d is None:
+            continue
+        diff = "-" if d["difference"] is None else with_ci(d["difference"], d["ci"], pct)
+        table.add_row(name, num(d["a"], pct), num(d["b"], pct), diff)
+    table.add_row("tasks compared", str(cmp["n_paired_tasks"]), "", "")
+    lines = []
+    if cmp.get("mcnemar"):
+        m = cmp["mcnemar"]
+        lines.append(
+            f"McNemar exact test: {m['only_a']} tasks only A solved, {m['only_b']} only B "
+            f"solved, p = {m['p_value']:.3g}"
+        )
+    for side, key in (("A", "solved_only_by_a"), ("B", "solved_only_by_b")):
+        if cmp[key]:
+            lines.append(f"solved only by {side}: {', '.join(cmp[key])}")
+    for side, key in (("A", "tasks_only_a_scored"), ("B", "tasks_only_b_scored")):
+        if cmp[key]:
+            lines.append(f"scored only by {side} (not compared): {', '.join(cmp[key])}")
+    lines.append(f"verdict: {cmp['verdict']}")
+    return Group(table, *(Text(line) for line in lines))

@@ -1,0 +1,209 @@
+"""Poison events and malformed result folders against a real importer process.
+
+The importer runs as its own process (services.importer, as in production) on the
+session's real nats-server and ledger, under this test's own topology prefix and
+database. The test publishes, interleaved in one burst:
+
+- good TrialCompleted events pointing at trial folders Harbor wrote this session;
+- TrialCompleted events pointing at the corpus's malformed result folders
+  (tests/bad_inputs/results) and at a folder that does not exist;
+- every poison event of the corpus (tests/bad_inputs/events), raw, including a
+  600 KiB one (under the stream's 1 MiB max_msg_size, over parse_event's 512 KiB).
+
+Then: every trial has exactly one record (complete for the good ones, partial with
+the expected diagnostics for the bad ones), each poison message was terminated once
+(nothing pending, nothing unacknowledged, no batch retried), and the importer is still
+running. A message over the server's 1 MiB max_payload is refused at publish time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.errors import MaxPayloadError
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from infra.stack import ServiceProcess
+from schemas.events import TrialCompleted, encode_event
+from schemas.record import TrialRecord
+from schemas.subjects import Topology
+from services.common.mongo_ledger import MongoLedger
+from tests import harbor_fixtures
+from tests.bad_inputs.corpus import Case, cases, event_bytes, materialize_result
+from tests.harbor_fixtures import HarborTrials
+
+pytestmark = pytest.mark.integration
+
+harbor_trials = harbor_fixtures.harbor_trials  # the session's real Harbor trial folders
+
+EXPERIMENT = "poison-exp"
+GOOD = ("oracle", "nop", "multi", "multi_nop", "broken", "timeout")
+SCORED = {"oracle", "nop", "multi", "multi_nop", "timeout"}  # broken: verifier failed
+TIMEOUT_S = 60.0
+
+
+async def _until(what: str, check: Callable[[], Awaitable[bool]], importer: ServiceProcess) -> None:
+    """Poll ``check`` (a state, not a sleep) until true; fail early if the importer died."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not await check():
+        assert importer.alive, f"importer died:\n{importer.log_path.read_text()[-3000:]}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {TIMEOUT_S:.0f} s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def importer(
+    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
+) -> AsyncIterator[ServiceProcess]:
+    """The importer as a separate process, ready (its durable consumer exists)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env.update(
+        NATS_URL=nats_url,
+        LEDGER_URL=ledger_url,
+        TRIALBUS_PREFIX=topology.prefix,
+        TRIALBUS_LEDGER_DB=ledger_db,
+        TRIALBUS_LOG_JSON="true",
+        TRIALBUS_BATCH_SIZE="16",  # several batches, each mixing good and poison
+    )
+    proc = ServiceProcess("importer", env, tmp_path / "importer.log")
+    proc.start()
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+
+        async def ready() -> bool:
+            try:
+                await js.consumer_info(topology.events_stream, topology.importer_durable)
+            except NotFoundError:
+                return False
+            return True
+
+        await _until("the importer's durable consumer", ready, proc)
+        yield proc
+    finally:
+        await nc.close()
+        proc.stop()
+
+
+def _completed(trial_id: str, trial_dir: Path) -> bytes:
+    event = TrialCompleted(
+        experiment_id=EXPERIMENT,
+        trial_id=trial_id,
+        trial_dir=str(trial_dir),
+        job_dir=str(trial_dir.parent),
+    )
+    return encode_event(event)
+
+
+def _log_events(importer: ServiceProcess, name: str) -> list[dict[str, Any]]:
+    found = []
+    for line in importer.log_path.read_text().splitlines():
+        if line.startswith("{"):
+            entry: dict[str, Any] = json.loads(line)
+            if entry.get("event") == name:
+                found.append(entry)
+    return found
+
+
+async def test_poison_and_malformed_results_are_settled_and_nothing_is_lost(
+    importer: ServiceProcess,
+    harbor_trials: HarborTrials,
+    nats_url: str,
+    ledger_url: str,
+    topology: Topology,
+    ledger_db: str,
+    tmp_path: Path,
+) -> None:
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    good: dict[str, str] = {}  # trial_id -> fixture name
+    bad: dict[str, Case] = {}
+    messages: list[tuple[str, bytes]] = []
+    done_subject = topology.event_subject("trial_completed", EXPERIMENT)
+    for name in GOOD:
+        for copy in range(2):
+            trial_id = f"good-{name}-{copy}".replace("_", "-")
+            good[trial_id] = name
+            trial_dir = harbor_trials.copy(name, job_dir, trial_id)
+            messages.append((done_subject, _completed(trial_id, trial_dir)))
+    for case in cases("results"):
+        trial_id = f"bad-{case.name}"
+        bad[trial_id] = case
+        trial_dir = materialize_result(case, harbor_trials["oracle"], job_dir / trial_id)
+        messages.append((done_subject, _completed(trial_id, trial_dir)))
+    vanished = "bad-trial-folder-vanished"
+    messages.append((done_subject, _completed(vanished, job_dir / vanished)))
+    poison = [*cases("events")]
+    for case in poison:
+        messages.append((topology.event_subject("poison", "x"), event_bytes(case)))
+    random.Random(7).shuffle(messages)
+
+    nc = await nats.connect(nats_url)
+    ledger = MongoLedger(ledger_url, ledger_db)
+    try:
+        js: JetStreamContext = nc.jetstream()
+        # Over the server's max_payload (1 MiB): refused before it reaches the stream.
+        with pytest.raises(MaxPayloadError):
+            await js.publish(done_subject, b"x" * (1024 * 1024 + 1))
+        for i, (subject, data) in enumerate(messages):
+            await js.publish(subject, data, headers={"Nats-Msg-Id": f"m{i}"})
+
+        expected = len(good) + len(bad) + 1
+
+        async def n_imported() -> int:
+            imported = await js.stream_info(
+                topology.events_stream,
+                subjects_filter=topology.event_filter("result_imported", EXPERIMENT),
+            )
+            return sum((imported.state.subjects or {}).values())
+
+        async def all_settled() -> bool:
+            if await ledger.count_records(EXPERIMENT) < expected or await n_imported() < expected:
+                return False
+            info = await js.consumer_info(topology.events_stream, topology.importer_durable)
+            return info.num_pending == 0 and info.num_ack_pending == 0
+
+        await _until("every message settled and every trial recorded", all_settled, importer)
+        records = {r.trial_id: r for r in await ledger.records_for(EXPERIMENT)}
+        announced = await n_imported()
+        info = await js.consumer_info(topology.events_stream, topology.importer_durable)
+    finally:
+        await ledger.close()
+        await nc.close()
+
+    # Exactly one record per trial, one ResultImported each, nothing else.
+    assert set(records) == {*good, *bad, vanished}
+    assert announced == expected
+    for trial_id, name in good.items():
+        record = records[trial_id]
+        assert record.status == "complete" and record.errors == [], record.errors
+        assert record.evaluation.reward_valid is (name in SCORED)
+    for trial_id, case in bad.items():
+        _assert_diagnosed(records[trial_id], case)
+    assert records[vanished].status == "partial"
+    assert records[vanished].errors[0].startswith("result.json: missing")
+
+    # Poison: each terminated once on first delivery; no batch was ever retried.
+    assert info.num_pending == 0 and info.num_ack_pending == 0 and info.num_redelivered == 0
+    assert info.delivered.stream_seq == len(messages) + expected  # + the ResultImported
+    terminated = _log_events(importer, "poison event terminated")
+    assert len(terminated) == len(poison), [t["error"] for t in terminated]
+    assert _log_events(importer, "import batch failed; will be redelivered") == []
+    assert importer.alive
+
+
+def _assert_diagnosed(record: TrialRecord, case: Case) -> None:
+    assert record.status == case.spec.get("status", "partial"), (case.id, record.errors)
+    for fragment in case.expect:
+        assert any(fragment in line for line in record.errors), (case.id, record.errors)
