@@ -43,7 +43,9 @@ bench-quick: setup
 	$(BIN)/python -m benchmarks --quick
 
 chaos: setup  ## the long fault-injection run
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m chaos tests/chaos
+	rm -f .trialbus/chaos-result.txt
+	$(BIN)/python -m pytest -q -s -p no:cacheprovider -m chaos tests/chaos
+	@cat .trialbus/chaos-result.txt
 
 clean:
 	rm -rf $(VENV) .trialbus .pytest_cache .mypy_cache .ruff_cache

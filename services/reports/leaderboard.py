@@ -22,6 +22,7 @@ from services.reports import stats
 from services.reports.scoring import (
     MIN_SCORED,
     PASS_THRESHOLD,
+    Estimate,
     estimate_mean,
     estimate_rate,
     group_key,
@@ -98,13 +99,22 @@ def pass_counts_by_task(records: Iterable[TrialRecord]) -> dict[str, tuple[int, 
     return {task: (n, c) for task, (n, c) in sorted(counts.items())}
 
 
-def reward_key_means(scored: Sequence[TrialRecord], min_n: int) -> dict[str, dict[str, Any]]:
-    """Per reward key: mean over the scored trials that report that key, with its interval."""
+def reward_key_means(
+    scored: Sequence[TrialRecord], min_n: int, main: tuple[str, Estimate] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per reward key: mean over the scored trials that report that key, with its interval.
+
+    ``main``: (key, estimate) when every scored trial's main reward is that key, whose
+    estimate is then reused rather than computed twice.
+    """
     by_key: dict[str, list[float]] = defaultdict(list)
     for rec in scored:
         for key, value in rec.evaluation.rewards.items():
             by_key[key].append(float(value))
-    return {key: estimate_mean(values, min_n).as_dict() for key, values in sorted(by_key.items())}
+    return {
+        key: (main[1] if main and key == main[0] else estimate_mean(values, min_n)).as_dict()
+        for key, values in sorted(by_key.items())
+    }
 
 
 def usage_totals(
@@ -142,6 +152,7 @@ def build_row(
     mean = estimate_mean(rewards, min_scored)
     rate = estimate_rate(n_passed, len(rewards), min_scored)
     by_task = pass_counts_by_task(scored)
+    main_keys = sorted({k for r in scored if (k := r.evaluation.main_reward_key)})
     return LeaderboardRow(
         agent=key[0],
         model=key[1],
@@ -162,8 +173,10 @@ def build_row(
         pass_rate_ci=rate.interval.as_list() if rate.interval else None,
         pass_at_k={} if mean.too_few else stats.pass_at_k(by_task),
         pass_at_k_tasks=0 if mean.too_few else len(by_task),
-        main_reward_keys=sorted({k for r in scored if (k := r.evaluation.main_reward_key)}),
-        reward_keys=reward_key_means(scored, min_scored),
+        main_reward_keys=main_keys,
+        reward_keys=reward_key_means(
+            scored, min_scored, (main_keys[0], mean) if len(main_keys) == 1 else None
+        ),
         usage=usage_totals(recs, scored),
     )
 

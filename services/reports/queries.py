@@ -6,6 +6,7 @@ to the pure builders (``report``, ``leaderboard``, ``compare``).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from schemas.record import TrialRecord
@@ -37,7 +38,8 @@ async def load_experiment(
 async def experiment_report(ledger: Ledger, experiment_id: str | None) -> dict[str, Any]:
     """The full report of one experiment (``services.reports.report.build_report``)."""
     exp_id, info, records = await load_experiment(ledger, experiment_id)
-    return build_report(exp_id, records, info)
+    # Bootstrap intervals cost CPU time: off the event loop (the HTTP API shares it).
+    return await asyncio.to_thread(build_report, exp_id, records, info)
 
 
 async def comparison(
@@ -65,9 +67,11 @@ async def comparison(
     side_b = pick_side(exp_b, records_b, agent_b)
     if side_a == side_b:
         raise UserInputError(f"both sides are {side_a.label}: choose two different ones")
-    return compare(
+    result = await asyncio.to_thread(
+        compare,
         side_a,
         records_of(records_a, side_a.agent, side_a.model),
         side_b,
         records_of(records_b, side_b.agent, side_b.model),
-    ).as_dict()
+    )
+    return result.as_dict()

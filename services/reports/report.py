@@ -17,7 +17,6 @@ from services.reports.leaderboard import LeaderboardRow, leaderboard, status_cou
 from services.reports.scoring import (
     MIN_SCORED,
     PASS_THRESHOLD,
-    estimate_mean,
     estimate_rate,
     group_key,
     passes,
@@ -46,7 +45,6 @@ def task_cell(records: Sequence[TrialRecord], min_scored: int) -> dict[str, Any]
     n_passed = sum(1 for v in rewards if passes(v))
     causes = Counter(r.evaluation.failure_class for r in records if scored_reward(r) is None)
     rate = estimate_rate(n_passed, len(rewards), min_scored)
-    mean = estimate_mean(rewards, min_scored)
     return {
         "n_recorded": len(records),
         "n_scored": len(rewards),
@@ -55,7 +53,7 @@ def task_cell(records: Sequence[TrialRecord], min_scored: int) -> dict[str, Any]
         "too_few": rate.too_few,
         "pass_rate": rate.value,
         "pass_rate_ci": rate.interval.as_list() if rate.interval else None,
-        "mean_reward": mean.value,
+        "mean_reward": None if rate.too_few or not rewards else stats.mean(rewards),
     }
 
 

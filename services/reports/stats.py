@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -103,6 +104,21 @@ def _percentile_bounds(sorted_values: Sequence[float], confidence: float) -> tup
     return sorted_values[i], sorted_values[b - 1 - i]
 
 
+def _multinomial_mean(rng: random.Random, counts: Sequence[tuple[float, int]], n: int) -> float:
+    """Mean of one resample with replacement, drawn as counts per distinct value.
+
+    Drawing n values with replacement puts Multinomial(n, c_j / n) copies on the
+    distinct values; sequential binomials draw exactly that, in O(distinct values)
+    instead of O(n): rewards usually take a handful of values.
+    """
+    left, rest, parts = n, n, []
+    for value, count in counts:
+        drawn = rng.binomialvariate(left, count / rest) if left else 0
+        parts.append(value * drawn)
+        left, rest = left - drawn, rest - count
+    return math.fsum(parts) / n
+
+
 def bootstrap_mean_interval(
     values: Sequence[float],
     *,
@@ -114,7 +130,9 @@ def bootstrap_mean_interval(
 
     The values are sorted first, so the interval depends on the multiset of values
     and the seed only, never on the order records came from the ledger. The interval
-    is widened (if ever needed) to contain the mean itself.
+    is widened (if ever needed) to contain the mean itself, and kept within the data.
+    Data with few distinct values (at most a quarter of n) is resampled as counts
+    per value (``_multinomial_mean``): the same distribution, much faster.
     """
     if not values:
         return None
@@ -124,7 +142,11 @@ def bootstrap_mean_interval(
     n = len(data)
     point = mean(data)
     rng = random.Random(seed)
-    means = sorted(math.fsum(rng.choices(data, k=n)) / n for _ in range(resamples))
+    counts = sorted(Counter(data).items())
+    if len(counts) * 4 <= n:
+        means = sorted(_multinomial_mean(rng, counts, n) for _ in range(resamples))
+    else:
+        means = sorted(math.fsum(rng.choices(data, k=n)) / n for _ in range(resamples))
     low, high = _percentile_bounds(means, confidence)
     return Interval(max(min(low, point), data[0]), min(max(high, point), data[-1]), "bootstrap")
 

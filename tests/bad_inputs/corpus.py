@@ -64,9 +64,7 @@ class Case:
 
 @cache
 def _index() -> dict[str, dict[str, dict[str, Any]]]:
-    data: dict[str, dict[str, dict[str, Any]]] = yaml.safe_load(
-        (CORPUS / "cases.yaml").read_text()
-    )
+    data: dict[str, dict[str, dict[str, Any]]] = yaml.safe_load((CORPUS / "cases.yaml").read_text())
     return data
 
 

@@ -6,11 +6,16 @@ import itertools
 import json
 import re
 
+import pytest
 from rich.console import Console
 
 from schemas.record import Evaluation, FailureClass, Provenance, TrialRecord
+from services.common.errors import UserInputError
 from services.common.ledger import ExperimentInfo
+from services.common.memory_ledger import InMemoryLedger
+from services.reports.compare import Side, compare
 from services.reports.html import heat_colour, render_html
+from services.reports.queries import comparison, experiment_report
 from services.reports.report import build_report
 from services.reports.tables import comparison_renderable, report_renderable
 
@@ -128,8 +133,6 @@ def test_cli_tables_render_every_section() -> None:
 
 
 def test_comparison_renders_its_verdict() -> None:
-    from services.reports.compare import Side, compare
-
     records = demo_records()
     cmp = compare(
         Side("exp", "oracle", None),
@@ -143,3 +146,22 @@ def test_comparison_renders_its_verdict() -> None:
     text = console.export_text()
     assert "verdict: too few tasks scored by both sides (3 < 5)" in text
     assert "solved only by A: count-words, hello-file, multi-metric" in text
+
+
+# -- through the Ledger port (what the CLI and the HTTP API call) ------------------------------
+
+
+async def test_queries_build_reports_and_comparisons_from_a_ledger() -> None:
+    ledger = InMemoryLedger()
+    await ledger.upsert_records(demo_records())
+    await ledger.upsert_experiment(INFO)
+    report = await experiment_report(ledger, None)  # None: the latest experiment
+    assert report == build_report("exp", await ledger.records_for("exp"), INFO)
+    cmp = await comparison(ledger, "exp", None, "oracle", "nop")
+    assert (cmp["a"]["agent"], cmp["b"]["agent"], cmp["n_paired_tasks"]) == ("oracle", "nop", 3)
+    with pytest.raises(UserInputError, match="needs both agents"):
+        await comparison(ledger, "exp", None, "oracle", None)
+    with pytest.raises(UserInputError, match="both sides are oracle @ exp"):
+        await comparison(ledger, "exp", None, "oracle", "oracle")
+    with pytest.raises(UserInputError, match="no experiment 'nope'"):
+        await experiment_report(ledger, "nope")
