@@ -23,6 +23,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 .few{color:#8c6d1f;font-style:italic}
 .heat td.c{text-align:center;min-width:72px;font-variant-numeric:tabular-nums}
 .est{white-space:nowrap}
+.wide{overflow-x:auto}
 .heat td.none{background:repeating-linear-gradient(45deg,#f6f8fa,#f6f8fa 4px,#eaeef2 4px,
 #eaeef2 8px);color:#57606a}
 .legend span{display:inline-block;margin-right:14px}
@@ -72,7 +73,7 @@ def heat_colour(rate: float) -> tuple[str, str]:
 
 
 def interval_svg(
-    value: float, ci: Sequence[float] | None, scale: tuple[float, float], width: int = 220
+    value: float, ci: Sequence[float] | None, scale: tuple[float, float], width: int = 160
 ) -> str:
     """A horizontal interval bar: axis, the 95% interval, the point estimate."""
     lo, hi = scale
@@ -100,7 +101,7 @@ def interval_svg(
     return "".join(parts)
 
 
-def outcome_svg(row: dict[str, Any], n_max: int, width: int = 260) -> str:
+def outcome_svg(row: dict[str, Any], n_max: int, width: int = 160) -> str:
     """Stacked bar of a row's trials: passed, not passed, unscored by cause, pending."""
     segments = [
         (row["n_passed"], _PASSED, "passed"),
@@ -139,7 +140,8 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
     scale = _scale(rows)
     n_max = max((r["n_trials"] for r in rows), default=1)
     out = [
-        "<table><tr><th>#</th><th>agent</th><th>scored / total</th><th>trials</th>"
+        '<div class="wide"><table><tr><th>#</th><th>agent</th><th>scored / total</th>'
+        "<th>trials</th>"
         "<th>unscored (cause)</th><th>mean reward [95% CI]</th>"
         f"<th>interval ({_num(scale[0])} to {_num(scale[1])})</th>"
         "<th>pass rate [95% CI]</th><th>pass@k</th></tr>"
@@ -163,7 +165,7 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
             f"<td>{outcome_svg(r, n_max)}</td><td>{causes}</td><td class=est>{mean_cell}</td>"
             f"<td>{bar}</td><td class=est>{rate_cell}</td><td>{pak_cell}</td></tr>"
         )
-    out.append("</table>")
+    out.append("</table></div>")
     legend = [(_PASSED, "passed"), (_FAILED, "scored, not passed")]
     legend += [(c, f"unscored: {k}") for k, c in _CAUSE_COLOURS.items() if k != "none"]
     legend.append((_PENDING, "pending"))
