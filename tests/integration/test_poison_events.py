@@ -169,7 +169,7 @@ async def test_poison_and_malformed_results_are_settled_and_nothing_is_lost(
             return sum((imported.state.subjects or {}).values())
 
         async def all_settled() -> bool:
-            print("DEBUGC", await ledger.count_records(EXPERIMENT), await n_imported(), flush=True)
+            print("DEBUGC", await ledger.count_records(EXPERIMENT), await n_imported(), await js.consumer_info(topology.events_stream, topology.importer_durable), sorted(set([*good, *bad]) - {r.trial_id for r in await ledger.records_for(EXPERIMENT)}), flush=True)
             if await ledger.count_records(EXPERIMENT) < expected or await n_imported() < expected:
                 return False
             info = await js.consumer_info(topology.events_stream, topology.importer_durable)
