@@ -47,7 +47,9 @@ def run_trialbus(
         runner_cpus=runner_cpus,
     ) as stack:
         asyncio.run(warm_up(stack, workload, run_dir))
-        manifest = workload.trialbus_manifest(run_dir / "manifest.yaml")
+        manifest = workload.trialbus_manifest(
+            run_dir / "manifest.yaml", max_in_flight=n_runners * workload.concurrency
+        )
         run = asyncio.run(run_experiment(stack, manifest))
     return run, stack.start_s
 

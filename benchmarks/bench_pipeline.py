@@ -29,6 +29,8 @@ from services.submitter.submit import prepare
 
 RUNNER_CONCURRENCY = 256
 IMPORTER_BATCH = 200  # ImporterSettings.batch_size's default
+# The experiment-wide limit must not be what limits an instant pipeline.
+MAX_IN_FLIGHT = 10_000
 
 
 def sample_inputs(workload: Workload, work_dir: Path) -> tuple[list[bytes], TrialRecord]:
@@ -96,7 +98,7 @@ def run(ctx: Context) -> BenchResult:
             run_dir / "data", concurrency=RUNNER_CONCURRENCY, executor=INSTANT_EXECUTOR
         ) as stack:
             asyncio.run(warm_up(stack, many_trials(4, name="warm"), run_dir))
-            manifest = workload.trialbus_manifest(run_dir / "manifest.yaml")
+            manifest = workload.trialbus_manifest(run_dir / "manifest.yaml", max_in_flight=MAX_IN_FLIGHT)
             result = asyncio.run(run_experiment(stack, manifest))
         rates.append(result.trials_per_s)
         cpu_ms.append(result.cpu_ms_per_trial)

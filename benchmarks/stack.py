@@ -270,7 +270,8 @@ async def warm_up(stack: BenchStack, workload: Workload, work_dir: Path, tries: 
         small = dataclasses.replace(
             workload, name=f"warmup-{i}-{workload.name}", repetitions=max(1, -(-slots // per_rep))
         )
-        run = await run_experiment(stack, small.trialbus_manifest(work_dir / f"warmup-{i}.yaml"))
+        manifest = small.trialbus_manifest(work_dir / f"warmup-{i}.yaml", max_in_flight=slots)
+        run = await run_experiment(stack, manifest)
         seen |= set(run.runners)
         if runner_ids <= seen:
             return

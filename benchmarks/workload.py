@@ -40,8 +40,13 @@ class Workload:
     def n_trials(self) -> int:
         return len(self.tasks) * len(self.agents) * self.repetitions
 
-    def trialbus_manifest(self, path: Path, experiment_id: str | None = None) -> Path:
-        """Write the trialbus manifest (local bubblewrap environment) to ``path``."""
+    def trialbus_manifest(self, path: Path, *, max_in_flight: int | None = None) -> Path:
+        """Write the trialbus manifest (local bubblewrap environment) to ``path``.
+
+        ``compute.n_concurrent_trials`` is the experiment's limit across all runners
+        (``max_in_flight``, default ``concurrency``): with several runners it must be
+        their total, or the limit, not the runners, decides the throughput.
+        """
         data: dict[str, Any] = {
             "name": self.name,
             "tasks": [str(t) for t in self.tasks],
@@ -49,12 +54,13 @@ class Workload:
                 {"name": a.name, **({"kwargs": a.kwargs} if a.kwargs else {})} for a in self.agents
             ],
             "repetitions": self.repetitions,
-            "compute": {"environment": "local", "n_concurrent_trials": self.concurrency},
+            "compute": {
+                "environment": "local",
+                "n_concurrent_trials": max_in_flight or self.concurrency,
+            },
             # No retries: `harbor run` does not retry either (its default max_retries is 0).
             "retry": {"max_attempts": 1},
         }
-        if experiment_id:
-            data["experiment_id"] = experiment_id
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 

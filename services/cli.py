@@ -110,7 +110,7 @@ def leaderboard(
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Per agent x model: trials scored / total, mean reward, pass rate."""
+    """Per agent x model: scored / total, mean reward and pass rate with 95% CIs, pass@k."""
     from services.submitter.client import leaderboard_rows
 
     exp_id, rows = _run(lambda: leaderboard_rows(settings_for(CommonSettings), experiment))

@@ -6,8 +6,12 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
+
+if TYPE_CHECKING:
+    from faststream.message import StreamMessage
 
 
 def install_stop_signals(stop: Callable[[], None]) -> None:
@@ -26,6 +30,19 @@ def load_factory(spec: str) -> Callable[..., object]:
         raise ValueError(f"{spec!r} is not 'module:attribute'")
     factory: Callable[..., object] = getattr(importlib.import_module(module_name), attr)
     return factory
+
+
+async def raw_body(msg: StreamMessage[Any]) -> Any:
+    """FastStream decoder that leaves message bodies as bytes.
+
+    Every trialbus handler decodes its messages itself with ``parse_event``, which
+    turns any bad payload into a poison verdict. FastStream's default decoder parses
+    JSON *before* the handler runs, and raises there on hostile JSON (nesting past
+    the recursion limit, integers over 4300 digits): the handler never sees the batch,
+    nothing acks or terminates it, and it is redelivered forever with every good
+    message that shares it.
+    """
+    return msg.body
 
 
 @contextlib.asynccontextmanager

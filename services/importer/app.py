@@ -15,7 +15,7 @@ from services.common.bus import JetStreamBus, ensure_streams
 from services.common.ledger import Ledger, LedgerUnavailable
 from services.common.logging import configure_logging, get_logger
 from services.common.mongo_ledger import MongoLedger
-from services.common.service import keep_in_progress
+from services.common.service import keep_in_progress, raw_body
 from services.common.settings import ImporterSettings
 from services.importer.handlers import apply_plan, plan_batch
 
@@ -42,6 +42,7 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
             batch_size=settings.batch_size, timeout=settings.batch_timeout_s, batch=True
         ),
         ack_policy=AckPolicy.MANUAL,
+        decoder=raw_body,  # parse_event decodes; FastStream must not (poison stalls)
         config=ConsumerConfig(ack_wait=ACK_WAIT_S, max_deliver=-1, max_ack_pending=50_000),
     )
     async def on_events(msg: NatsMessage) -> None:

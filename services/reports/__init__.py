@@ -1,1 +1,10 @@
-"""Reports over the ledger: leaderboard and status (pure functions over records)."""
+"""Reports over the ledger, pure functions over records (docs/scoring.md).
+
+- ``scoring``: the rules (what is scored, what passes, the minimum count).
+- ``stats``: the statistics (Wilson, bootstrap, pass@k, paired bootstrap, McNemar).
+- ``leaderboard``: rows per agent x model, and status counts.
+- ``report``: the full report (leaderboard, per-task matrix, failure causes).
+- ``compare``: the paired comparison of two agents.
+- ``tables`` / ``html``: renderings for the CLI and as a self-contained page.
+- ``queries``: the same, read through the Ledger port (CLI and HTTP API).
+"""

@@ -124,6 +124,14 @@ def outcome_svg(row: dict[str, Any], n_max: int, width: int = 160) -> str:
     return "".join(parts)
 
 
+def _cost(row: dict[str, Any]) -> str:
+    cost = (row.get("usage") or {}).get("cost_usd")
+    if not cost:
+        return "-"
+    per = cost["mean_per_scored"]
+    return f"${cost['sum']:.2f}" + (f" (${per:.3f})" if per is not None else "")
+
+
 def _scale(rows: Sequence[dict[str, Any]]) -> tuple[float, float]:
     lows = [r["mean_reward_ci"][0] for r in rows if r.get("mean_reward_ci")]
     highs = [r["mean_reward_ci"][1] for r in rows if r.get("mean_reward_ci")]
@@ -144,8 +152,10 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
         "<th>trials</th>"
         "<th>unscored (cause)</th><th>mean reward [95% CI]</th>"
         f"<th>interval ({_num(scale[0])} to {_num(scale[1])})</th>"
-        "<th>pass rate [95% CI]</th><th>pass@k</th></tr>"
+        "<th>pass rate [95% CI]</th><th>pass@k</th>"
     ]
+    with_cost = any((r.get("usage") or {}).get("cost_usd") for r in rows)
+    out.append("<th>cost (per scored trial)</th></tr>" if with_cost else "</tr>")
     for i, r in enumerate(rows, 1):
         causes = ", ".join(f"{n} {_e(c)}" for c, n in r["unscored_by_cause"].items()) or "-"
         if r["n_pending"]:
@@ -163,7 +173,8 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
             f"<tr><td class=n>{i}</td><td>{_label(r)}</td>"
             f"<td class=n>{r['n_scored']} / {r['n_trials']}</td>"
             f"<td>{outcome_svg(r, n_max)}</td><td>{causes}</td><td class=est>{mean_cell}</td>"
-            f"<td>{bar}</td><td class=est>{rate_cell}</td><td>{pak_cell}</td></tr>"
+            f"<td>{bar}</td><td class=est>{rate_cell}</td><td>{pak_cell}</td>"
+            + (f"<td class=est>{_cost(r)}</td></tr>" if with_cost else "</tr>")
         )
     out.append("</table></div>")
     legend = [(_PASSED, "passed"), (_FAILED, "scored, not passed")]

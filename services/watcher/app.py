@@ -24,7 +24,7 @@ from services.common.harbor_jobs import job_dir_for, read_marker, write_job_resu
 from services.common.ledger import Ledger, LedgerUnavailable
 from services.common.logging import configure_logging, get_logger
 from services.common.mongo_ledger import MongoLedger
-from services.common.service import keep_in_progress
+from services.common.service import keep_in_progress, raw_body
 from services.common.settings import WatcherSettings
 from services.importer.jobdir import scan_job_dir
 from services.watcher.logic import completion_of, finished_external_jobs
@@ -105,6 +105,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
         durable=topo.watcher_durable,
         pull_sub=PullSub(batch_size=500, timeout=0.2, batch=True),
         ack_policy=AckPolicy.MANUAL,
+        decoder=raw_body,  # parse_event decodes; FastStream must not (poison stalls)
         config=ConsumerConfig(ack_wait=10, max_deliver=-1),
     )
     async def on_events(msg: NatsMessage) -> None:

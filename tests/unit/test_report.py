@@ -9,7 +9,7 @@ import re
 import pytest
 from rich.console import Console
 
-from schemas.record import Evaluation, FailureClass, Provenance, TrialRecord
+from schemas.record import Evaluation, FailureClass, Provenance, TrialRecord, Usage
 from services.common.errors import UserInputError
 from services.common.ledger import ExperimentInfo
 from services.common.memory_ledger import InMemoryLedger
@@ -165,3 +165,11 @@ async def test_queries_build_reports_and_comparisons_from_a_ledger() -> None:
         await comparison(ledger, "exp", None, "oracle", "oracle")
     with pytest.raises(UserInputError, match="no experiment 'nope'"):
         await experiment_report(ledger, "nope")
+
+
+def test_html_shows_cost_only_where_harbor_reported_it() -> None:
+    plain = render_html(build_report("exp", demo_records(), INFO))
+    assert "cost (per scored trial)" not in plain
+    paid = [r.model_copy(update={"usage": Usage(cost_usd=0.5)}) for r in demo_records()]
+    page = render_html(build_report("exp", paid, INFO))
+    assert "cost (per scored trial)" in page and "$6.50 ($0.500)" in page

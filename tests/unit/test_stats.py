@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from services.reports import stats
 
-settings.register_profile("trialbus-stats", database=None, deadline=None, max_examples=150)
-settings.load_profile("trialbus-stats")
+PROPERTY = settings(database=None, deadline=None, max_examples=150)
+"""Settings of every property test here (no example database written to the repo)."""
 
 rewards = st.floats(min_value=-10.0, max_value=10.0, allow_nan=False, allow_infinity=False)
 
@@ -74,6 +74,7 @@ def test_wilson_without_trials_is_none_and_bad_counts_are_refused() -> None:
         stats.wilson_interval(-1, 2)
 
 
+@PROPERTY
 @given(
     st.integers(min_value=1, max_value=5000).flatmap(
         lambda n: st.tuples(st.integers(0, n), st.just(n))
@@ -117,6 +118,7 @@ def test_bootstrap_is_seeded_and_independent_of_order() -> None:
     assert first != stats.bootstrap_mean_interval(values, seed=1)
 
 
+@PROPERTY
 @given(st.lists(rewards, min_size=1, max_size=40))
 def test_bootstrap_interval_contains_the_mean_and_stays_within_the_data(
     values: list[float],
@@ -187,6 +189,7 @@ attempts = st.integers(min_value=1, max_value=12).flatmap(
 )
 
 
+@PROPERTY
 @given(st.dictionaries(st.text(min_size=1, max_size=5), attempts, min_size=1, max_size=8))
 def test_pass_at_k_is_monotone_in_k_and_starts_at_the_pass_rate(
     per_task: dict[str, tuple[int, int]],
@@ -222,6 +225,7 @@ def test_paired_difference_known_answers() -> None:
 unit = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 
 
+@PROPERTY
 @given(st.lists(st.tuples(unit, unit), min_size=1, max_size=30))
 def test_paired_difference_is_antisymmetric(pairs: list[tuple[float, float]]) -> None:
     a, b = [x for x, _ in pairs], [y for _, y in pairs]
@@ -251,6 +255,7 @@ def test_mcnemar_exact_known_answers(only_a: int, only_b: int, p: float) -> None
     assert stats.mcnemar_exact(only_a, only_b) == pytest.approx(p, abs=1e-15)
 
 
+@PROPERTY
 @given(st.integers(0, 200), st.integers(0, 200))
 def test_mcnemar_is_symmetric_and_a_probability(only_a: int, only_b: int) -> None:
     p = stats.mcnemar_exact(only_a, only_b)

@@ -1,0 +1,145 @@
+"""CPU and memory limits for one sandbox: a cgroup when the host lets us make one.
+
+``TrialCgroup.create`` makes a cgroup for a trial under the runner's own cgroup
+(so the trial stays inside whatever limits the runner itself has) and sets:
+
+- cgroup v2: ``memory.max``, ``memory.swap.max = 0`` and ``cpu.max``;
+- cgroup v1: ``memory.limit_in_bytes`` (and ``memsw`` when present) and
+  ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``.
+
+Every process of the sandbox is started inside it (``join_command``), so the
+limits cover the whole trial, background processes included. When no cgroup can
+be made (no permission, no controller), ``create`` returns None and the sandbox
+falls back to a per-process data-size rlimit (``prlimit --data``) for memory, and
+no CPU limit; the trial's log says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_CFS_PERIOD_US = 100_000
+
+
+@dataclass(slots=True)
+class TrialCgroup:
+    """The cgroup folder(s) of one trial (one on v2, one per controller on v1)."""
+
+    dirs: list[Path]
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        *,
+        cpus: float | None,
+        memory_mb: int | None,
+        logger: logging.Logger,
+        root: Path = CGROUP_ROOT,
+    ) -> TrialCgroup | None:
+        """Make and configure the trial's cgroup; None when the host does not allow it."""
+        if cpus is None and memory_mb is None:
+            return None
+        try:
+            if (root / "cgroup.controllers").is_file():
+                return _create_v2(root, name, cpus, memory_mb)
+            return _create_v1(root, name, cpus, memory_mb)
+        except OSError as exc:
+            logger.warning(
+                "local environment: no cgroup for %s (%s); CPU not limited, memory "
+                "limited per process only",
+                name,
+                exc,
+            )
+            return None
+
+    def join_command(self) -> list[str]:
+        """A command prefix that moves itself into the cgroup, then runs the rest."""
+        script = "".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))} && " for d in self.dirs)
+        return ["/bin/sh", "-c", f'{script}exec "$@"', "sh"]
+
+    def remove(self, timeout_s: float = 2.0) -> None:
+        """Remove the cgroup once its processes are gone (they are killed before)."""
+        deadline = time.monotonic() + timeout_s
+        for d in self.dirs:
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    _kill_members(d)
+                    time.sleep(0.02)
+
+
+def _kill_members(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        for pid in (d / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), 9)
+
+
+def _own_path(controller: str) -> str:
+    """This process's cgroup path in one hierarchy ('' = the v2 unified one)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    raise OSError(f"no {controller or 'cgroup v2'} hierarchy in /proc/self/cgroup")
+
+
+def _create_v2(root: Path, name: str, cpus: float | None, memory_mb: int | None) -> TrialCgroup:
+    own = root / _own_path("").lstrip("/")
+    parent = own / "trialbus"
+    parent.mkdir(exist_ok=True)
+    wanted = [c for c, v in (("memory", memory_mb), ("cpu", cpus)) if v is not None]
+    available = set((own / "cgroup.controllers").read_text().split())
+    missing = [c for c in wanted if c not in available]
+    if missing:
+        raise OSError(f"cgroup v2 controllers not delegated here: {', '.join(missing)}")
+    enabled = set((parent / "cgroup.subtree_control").read_text().split())
+    for c in wanted:
+        if c not in enabled:
+            (parent / "cgroup.subtree_control").write_text(f"+{c}")
+    d = parent / name
+    d.mkdir()
+    if memory_mb is not None:
+        (d / "memory.max").write_text(str(memory_mb * 1024 * 1024))
+        with contextlib.suppress(OSError):
+            (d / "memory.swap.max").write_text("0")
+    if cpus is not None:
+        (d / "cpu.max").write_text(f"{int(cpus * _CFS_PERIOD_US)} {_CFS_PERIOD_US}")
+    return TrialCgroup([d])
+
+
+def _create_v1(root: Path, name: str, cpus: float | None, memory_mb: int | None) -> TrialCgroup:
+    dirs: list[Path] = []
+    try:
+        if memory_mb is not None:
+            d = root / "memory" / _own_path("memory").lstrip("/") / f"trialbus-{name}"
+            d.mkdir()
+            dirs.append(d)
+            limit = str(memory_mb * 1024 * 1024)
+            (d / "memory.limit_in_bytes").write_text(limit)
+            with contextlib.suppress(OSError):
+                (d / "memory.memsw.limit_in_bytes").write_text(limit)
+        if cpus is not None:
+            d = root / "cpu" / _own_path("cpu").lstrip("/") / f"trialbus-{name}"
+            d.mkdir()
+            dirs.append(d)
+            (d / "cpu.cfs_period_us").write_text(str(_CFS_PERIOD_US))
+            (d / "cpu.cfs_quota_us").write_text(str(int(cpus * _CFS_PERIOD_US)))
+    except OSError:
+        TrialCgroup(dirs).remove(0)
+        raise
+    return TrialCgroup(dirs)
