@@ -120,7 +120,9 @@ def run(ctx: Context) -> BenchResult:
                 target_op="<=",
             ),
             Figure("observed_max", max(observed), "ms"),
-            Figure("dispatch_p50", percentile(dispatch, 50), "ms", "publish -> runner's occurred_at"),
+            Figure(
+                "dispatch_p50", percentile(dispatch, 50), "ms", "publish -> runner's occurred_at"
+            ),
             Figure("dispatch_p99", percentile(dispatch, 99), "ms"),
             Figure("observed_mean", sum(observed) / len(observed), "ms"),
             Figure("dispatch_median", median(dispatch), "ms"),

@@ -16,9 +16,14 @@ from pathlib import Path
 
 from benchmarks import ceilings
 from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, median
-from benchmarks.stack import INSTANT_EXECUTOR, BenchStack, run_experiment, warm_up
+from benchmarks.stack import (
+    INSTANT_EXECUTOR,
+    BenchStack,
+    run_experiment,
+    throwaway_servers,
+    warm_up,
+)
 from benchmarks.workload import Workload, many_trials
-from infra.embedded import LedgerServer, NatsServer
 from schemas.events import TrialRequested, encode_event
 from schemas.record import TrialRecord
 from services.common.harbor_jobs import job_dir_for
@@ -77,8 +82,7 @@ def run_ceilings(
     ctx: Context, name: str, payloads: list[bytes], record: TrialRecord
 ) -> dict[str, float]:
     """The ceilings on a fresh nats-server and a fresh ledger."""
-    run_dir = fresh_dir(ctx.path(name))
-    with NatsServer(run_dir / "nats") as nats_server, LedgerServer(run_dir / "ledger") as ledger:
+    with throwaway_servers(ctx.path(name)) as (nats_server, ledger):
         return asyncio.run(measure_ceilings(nats_server.url, ledger.url, payloads, record))
 
 
@@ -98,7 +102,9 @@ def run(ctx: Context) -> BenchResult:
             run_dir / "data", concurrency=RUNNER_CONCURRENCY, executor=INSTANT_EXECUTOR
         ) as stack:
             asyncio.run(warm_up(stack, many_trials(4, name="warm"), run_dir))
-            manifest = workload.trialbus_manifest(run_dir / "manifest.yaml", max_in_flight=MAX_IN_FLIGHT)
+            manifest = workload.trialbus_manifest(
+                run_dir / "manifest.yaml", max_in_flight=MAX_IN_FLIGHT
+            )
             result = asyncio.run(run_experiment(stack, manifest))
         rates.append(result.trials_per_s)
         cpu_ms.append(result.cpu_ms_per_trial)

@@ -153,4 +153,3 @@ def replicate_record(template: TrialRecord, n: int, experiment_id: str) -> list[
 def database_name() -> str:
     """A database name no earlier run used."""
     return "ceiling_" + secrets.token_hex(4)
-

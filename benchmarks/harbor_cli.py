@@ -8,6 +8,7 @@ interpreter start and imports.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -52,14 +53,36 @@ def run_harbor(
     *,
     cpus: set[int] | None = None,
     env: dict[str, str] | None = None,
+    warm_up: bool = True,
     timeout_s: float = 1800,
 ) -> HarborRun:
     """Run ``workload`` with ``harbor run`` in a fresh ``run_dir`` (cwd: the repo, so the
-    environment's import path resolves), optionally pinned to ``cpus``."""
+    environment's import path resolves), optionally pinned to ``cpus``.
+
+    With ``warm_up``, a one-repetition job of the same tasks and agents runs first in
+    the same sandbox folder (untimed), so the environment's per-task layer cache is
+    as warm as on trialbus's warmed-up stack; no trial result is shared.
+    """
     fresh_dir(run_dir)
+    if warm_up:
+        small = dataclasses.replace(workload, name=f"warmup-{workload.name}", repetitions=1)
+        _run_job(small, run_dir, cpus=cpus, env=env, timeout_s=timeout_s)
+    return _run_job(workload, run_dir, cpus=cpus, env=env, timeout_s=timeout_s)
+
+
+def _run_job(
+    workload: Workload,
+    run_dir: Path,
+    *,
+    cpus: set[int] | None,
+    env: dict[str, str] | None,
+    timeout_s: float,
+) -> HarborRun:
     jobs_dir = run_dir / "jobs"
-    config = workload.harbor_job_config(run_dir / "job.yaml", jobs_dir, run_dir / "sandboxes")
-    log_path = run_dir / "harbor.log"
+    config = workload.harbor_job_config(
+        run_dir / f"{workload.name}.yaml", jobs_dir, run_dir / "sandboxes"
+    )
+    log_path = run_dir / f"{workload.name}.log"
     with log_path.open("wb") as log, own_affinity(cpus):
         t0 = time.perf_counter()
         proc = subprocess.Popen(

@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
@@ -141,24 +141,27 @@ def own_cpu_s() -> float:
 
 
 class CpuMeter:
-    """CPU seconds spent by a set of processes (and this one) between start and stop."""
+    """CPU seconds spent by named processes (and this one) between start and stop."""
 
-    def __init__(self, pids: Iterable[int], include_self: bool = True) -> None:
-        self._pids = list(pids)
+    SELF = "client"
+
+    def __init__(self, pids: Mapping[str, int], include_self: bool = True) -> None:
+        self._pids = dict(pids)
         self._include_self = include_self
-        self._start: dict[int, float] = {}
-        self._self_start = 0.0
+        self._start: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        now = {name: process_cpu_s(pid) for name, pid in self._pids.items()}
+        if self._include_self:
+            now[self.SELF] = own_cpu_s()
+        return now
 
     def start(self) -> None:
-        self._start = {pid: process_cpu_s(pid) for pid in self._pids}
-        self._self_start = own_cpu_s()
+        self._start = self._now()
 
-    def stop(self) -> float:
-        """CPU seconds since ``start()``."""
-        total = sum(process_cpu_s(pid) - t0 for pid, t0 in self._start.items())
-        if self._include_self:
-            total += own_cpu_s() - self._self_start
-        return total
+    def stop(self) -> dict[str, float]:
+        """CPU seconds per process name since ``start()``."""
+        return {name: t - self._start[name] for name, t in self._now().items()}
 
 
 # -- CPU affinity ----------------------------------------------------------------------
@@ -197,15 +200,17 @@ NEUTRAL_ENV = {
 }
 
 
-def prepare_environment(work_dir: Path) -> dict[str, str]:
+PYCACHE = REPO / ".trialbus" / "pycache"
+
+
+def prepare_environment(cache: Path = PYCACHE) -> dict[str, str]:
     """Set the environment every process of both sides inherits; return what changed.
 
     Bytecode: this machine sets PYTHONDONTWRITEBYTECODE and the venv ships no .pyc,
     so every Python process would recompile each module it imports (seconds for
-    Harbor). A normal install caches bytecode; both sides share one cache under
-    ``work_dir`` so neither pays compilation on every start.
+    Harbor). A normal install caches bytecode; both sides share one cache in
+    ``cache`` (kept between runs: it is the interpreter's, not trial results).
     """
-    cache = work_dir / "pycache"
     cache.mkdir(parents=True, exist_ok=True)
     changes = {**NEUTRAL_ENV, "PYTHONPYCACHEPREFIX": str(cache)}
     os.environ.update(changes)

@@ -11,12 +11,13 @@ validate the manifest, expand, publish) to the arrival of its last ResultImporte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -120,12 +121,14 @@ class BenchStack:
             if name.startswith("runner") and svc.proc is not None
         ]
 
-    def pids(self) -> list[int]:
-        """Every process of the stack: servers and services."""
-        pids = [svc.proc.pid for svc in self.stack.services.values() if svc.proc is not None]
-        for server in (self._nats, self._ledger):
+    def pids(self) -> dict[str, int]:
+        """Every process of the stack by name: servers and services."""
+        pids = {
+            name: svc.proc.pid for name, svc in self.stack.services.items() if svc.proc is not None
+        }
+        for name, server in (("nats-server", self._nats), ("ledger", self._ledger)):
             if server is not None and server.pid is not None:
-                pids.append(server.pid)
+                pids[name] = server.pid
         return pids
 
     def cpu_meter(self) -> CpuMeter:
@@ -138,7 +141,9 @@ class BenchStack:
             if self._stack is not None:
                 self._stack.stop()
             if self._ledger is not None:
-                self._ledger.stop()
+                # Its data is never used again (the next run empties the folder), so
+                # no graceful shutdown: secantusd needs over 2 s to exit on SIGTERM.
+                self._ledger.kill()
             if self._nats is not None:
                 self._nats.stop()
         finally:
@@ -166,9 +171,13 @@ class ExperimentRun:
     n_trials: int
     wall_s: float
     submit_s: float
-    cpu_s: float
+    cpu_by_process: dict[str, float]
     reward_sum: float = 0.0
     runners: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu_by_process.values())
 
     @property
     def trials_per_s(self) -> float:
@@ -238,7 +247,7 @@ async def run_experiment(
                 f"{experiment_id}: {len(imported)} of {result.n_published} trials imported "
                 f"after {timeout_s:.0f}s; see the service logs in {stack.data_dir}/stack/logs"
             ) from None
-        cpu_s = meter.stop()
+        cpu = meter.stop()
         for sub in subs:
             await sub.unsubscribe()
     finally:
@@ -249,7 +258,7 @@ async def run_experiment(
         n_trials=result.n_published,
         wall_s=last[0] - t0,
         submit_s=submit_s,
-        cpu_s=cpu_s,
+        cpu_by_process=cpu,
         reward_sum=sum(rewards.values()),
         runners=runners,
     )
@@ -276,3 +285,16 @@ async def warm_up(stack: BenchStack, workload: Workload, work_dir: Path, tries: 
         if runner_ids <= seen:
             return
     raise RuntimeError(f"warm-up reached runners {sorted(seen)} of {sorted(runner_ids)}")
+
+
+@contextlib.contextmanager
+def throwaway_servers(data_dir: Path) -> Iterator[tuple[NatsServer, LedgerServer]]:
+    """A fresh nats-server and ledger in an emptied ``data_dir``, killed afterwards
+    (their data is never read again, so no graceful shutdown is waited for)."""
+    fresh_dir(data_dir)
+    with NatsServer(data_dir / "nats") as nats_server:
+        ledger = LedgerServer(data_dir / "ledger").start()
+        try:
+            yield nats_server, ledger
+        finally:
+            ledger.kill()

@@ -127,10 +127,12 @@ class AgentSpec(_Strict):
     @field_validator("api_key_env")
     @classmethod
     def _env_names(cls, names: list[str]) -> list[str]:
-        for n in names:
+        for i, n in enumerate(names):
             if not ENV_VAR_RE.match(n):
+                # Never echo the entry: it may be the secret itself, and this message
+                # ends up in terminals and CI logs.
                 raise ValueError(
-                    f"api_key_env entry {n!r} is not an environment variable name; "
+                    f"api_key_env entry {i} is not an environment variable name; "
                     "list the variable's NAME (e.g. ANTHROPIC_API_KEY), never its value"
                 )
         return names

@@ -38,9 +38,17 @@ _CLASS_OF_CAUSE: dict[FailureCause, FailureClass] = {
 }
 
 # trialbus's own errors that Harbor's table does not know. A task whose environment
-# cannot be imitated, or a runner without a needed secret, fails the same way on
-# every attempt: retrying only wastes time.
-NOT_RETRYABLE_TRIALBUS = frozenset({"LocalEnvironmentError", "MissingSecretError"})
+# cannot be imitated or built (a failed Dockerfile RUN), or a runner without a needed
+# secret, fails the same way on every attempt: retrying only wastes time. (The local
+# environment's SandboxStartError stays retryable; see services/localenv/errors.py.)
+NOT_RETRYABLE_TRIALBUS = frozenset(
+    {
+        "LocalEnvironmentError",
+        "UnsupportedEnvironmentError",
+        "DockerfileBuildError",
+        "MissingSecretError",
+    }
+)
 
 
 def harbor_cause(exception_type: str | None) -> str | None:

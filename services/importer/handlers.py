@@ -24,7 +24,7 @@ from schemas.events import (
 )
 from schemas.record import TrialRecord
 from services.common.bus import EventBus
-from services.common.ledger import ExperimentInfo, Ledger
+from services.common.ledger import ExperimentInfo, Ledger, LedgerUnavailable, UpsertOutcome
 from services.common.logging import get_logger
 from services.importer.records import RecordContext, build_failed_record, build_record
 
@@ -129,7 +129,13 @@ async def apply_plan(plan: BatchPlan, ledger: Ledger, bus: EventBus) -> None:
         await ledger.upsert_experiment(info)
     if not plan.records:
         return
-    outcome = await ledger.upsert_records(list(plan.records.values()))
+    try:
+        outcome = await ledger.upsert_records(list(plan.records.values()))
+    except LedgerUnavailable:
+        raise
+    except Exception:
+        log.exception("batch write refused; writing records one by one")
+        outcome = await _upsert_one_by_one(plan, ledger)
     for rec in plan.records.values():
         await bus.publish(
             ResultImported(
@@ -142,3 +148,34 @@ async def apply_plan(plan: BatchPlan, ledger: Ledger, bus: EventBus) -> None:
                 changed=outcome.changed(rec.trial_id),
             )
         )
+
+
+async def _upsert_one_by_one(plan: BatchPlan, ledger: Ledger) -> UpsertOutcome:
+    """Write each record alone; one the ledger refuses is replaced by a small partial
+    record saying why, so a single bad trial can never hold its batch forever."""
+    total = UpsertOutcome()
+    for trial_id, rec in list(plan.records.items()):
+        try:
+            one = await ledger.upsert_records([rec])
+        except LedgerUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - replaced by a diagnostic record below
+            stub = build_failed_record(
+                TrialFailed(
+                    experiment_id=rec.experiment_id,
+                    trial_id=trial_id,
+                    failure_class="infrastructure",
+                    error_type="LedgerRefusedRecord",
+                    message=f"the ledger refused this trial's record: {type(exc).__name__}: "
+                    f"{str(exc)[:500]}",
+                    attempt=rec.attempts,
+                    final=True,
+                    trial_dir=rec.artifacts.trial_dir,
+                )
+            )
+            plan.records[trial_id] = stub
+            one = await ledger.upsert_records([stub])
+        total.inserted += one.inserted
+        total.updated += one.updated
+        total.unchanged += one.unchanged
+    return total

@@ -130,9 +130,7 @@ def parse(text: str) -> list[Instruction]:
             if piece.endswith("\\"):
                 parts.append(piece[:-1].rstrip())
                 # Comment and empty lines inside a continuation are dropped.
-                while i < len(lines) and (
-                    not lines[i].strip() or lines[i].strip().startswith("#")
-                ):
+                while i < len(lines) and (not lines[i].strip() or lines[i].strip().startswith("#")):
                     i += 1
                 if i < len(lines):
                     continue
@@ -180,14 +178,19 @@ def split_words(text: str, env: Mapping[str, str]) -> list[str]:
     """
     words: list[str] = []
     cur: list[str] = []
-    in_word = False
+    in_word = quoted = False
+
+    def end_word() -> None:
+        # As in a shell, an unquoted word that expands to nothing disappears.
+        if quoted or "".join(cur):
+            words.append("".join(cur))
     i, n = 0, len(text)
     while i < n:
         c = text[i]
         if c.isspace():
             if in_word:
-                words.append("".join(cur))
-                cur, in_word = [], False
+                end_word()
+                cur, in_word, quoted = [], False, False
             i += 1
             continue
         in_word = True
@@ -195,11 +198,13 @@ def split_words(text: str, env: Mapping[str, str]) -> list[str]:
             cur.append(text[i + 1])
             i += 2
         elif c == "'":
+            quoted = True
             end = text.find("'", i + 1)
             end = n if end < 0 else end
             cur.append(text[i + 1 : end])
             i = end + 1
         elif c == '"':
+            quoted = True
             i += 1
             while i < n and text[i] != '"':
                 if text[i] == "\\" and i + 1 < n and text[i + 1] in '"\\$':
@@ -219,7 +224,7 @@ def split_words(text: str, env: Mapping[str, str]) -> list[str]:
             cur.append(c)
             i += 1
     if in_word:
-        words.append("".join(cur))
+        end_word()
     return words
 
 
@@ -357,8 +362,7 @@ def plan_build(
             shell = _json_list(ins.value)
             if not shell:
                 raise UnsupportedEnvironmentError(
-                    f"{where}:{ins.line}: SHELL must be a JSON array, e.g. "
-                    '["/bin/bash", "-c"]'
+                    f'{where}:{ins.line}: SHELL must be a JSON array, e.g. ["/bin/bash", "-c"]'
                 )
             st.shell = tuple(shell)
         elif kw == "RUN":
@@ -425,7 +429,9 @@ def _copy_step(ins: Instruction, st: _State, unsupported: _Unsupported) -> CopyS
             raise unsupported(ins, f"{ins.keyword} --{name}")
     scope = st.scope
     listed = _json_list(rest)
-    words = [" ".join(split_words(w, scope)) for w in listed] if listed else split_words(rest, scope)
+    words = (
+        [" ".join(split_words(w, scope)) for w in listed] if listed else split_words(rest, scope)
+    )
     if len(words) < 2:
         raise UnsupportedEnvironmentError(
             f"Dockerfile:{ins.line}: {ins.keyword} needs a source and a destination"
@@ -437,15 +443,22 @@ def _copy_step(ins: Instruction, st: _State, unsupported: _Unsupported) -> CopyS
     for src in sources:
         if re.match(r"^(https?|git)://|^git@", src):
             raise unsupported(ins, f"{ins.keyword} from a URL ({src})")
-    dest_is_dir = dest.endswith("/") or len(sources) > 1 or any(c in "".join(sources) for c in "*?[")
+    dest_is_dir = (
+        dest.endswith("/") or len(sources) > 1 or any(c in "".join(sources) for c in "*?[")
+    )
     return CopyStep(
         line=ins.line,
         sources=tuple(sources),
         dest=_join(st.workdir, dest),
         dest_is_dir=dest_is_dir and content is None,
         add=ins.keyword == "ADD",
-        chown=(flags.get("chown") or [None])[-1],
-        chmod=(flags.get("chmod") or [None])[-1],
+        chown=_last(flags, "chown"),
+        chmod=_last(flags, "chmod"),
         content=content,
         text=f"{ins.keyword} {ins.value}",
     )
+
+
+def _last(flags: Mapping[str, list[str]], name: str) -> str | None:
+    values = flags.get(name)
+    return values[-1] if values else None

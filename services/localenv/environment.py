@@ -1,76 +1,122 @@
-"""A Harbor environment that runs a task on this host inside a bubblewrap sandbox.
+"""A Harbor environment that imitates a task's Docker image on this host, without Docker.
 
 Selected in a manifest with ``compute.environment: local`` (or by its import path
-``services.localenv.environment:LocalEnvironment``). It exists so trials run on a
-machine with no Docker engine. It is for TRUSTED tasks only: the sandbox separates a
-trial's files and processes from the host and from sibling trials, it is not a
-security boundary against hostile code (see docs/local-environment.md).
+``services.localenv.environment:LocalEnvironment``). It is for TRUSTED tasks only:
+the sandbox keeps a trial's files, processes and network apart from the host and
+from sibling trials, but it is not a security boundary against hostile code (see
+docs/local-environment.md).
 
-Layout of one trial's sandbox (``<scratch>/<session_id>``)::
+``start`` does what ``docker build`` + ``docker run`` would:
 
-    rootfs/<top>/...   writable per-trial folders bound at /<top> (tmp, root, home,
-                       tests, solution, logs, the task workdir, ...)
+1. read environment/Dockerfile (``dockerfile.plan_build``) and map its FROM onto
+   the host (``images.resolve_base``); refuse what cannot be imitated;
+2. get the task's built layer from the cache, replaying the Dockerfile once per
+   task checksum (``layers`` + ``builder``);
+3. start the trial's sandbox (``sandbox``): per-trial overlays over the layer and
+   the host's /usr, /etc and /var, a private pid/network/ipc/uts namespace, Harbor's
+   log folders bound in, the task's CPU and memory limits (``limits``), and the
+   lent test tools (``tools``).
 
-Host /usr, /etc and /var are bound read-only; /logs/agent, /logs/verifier and
-/logs/artifacts are bound straight to Harbor's trial folders, so Harbor reads
-rewards and logs without copying. Every exec gets its own PID namespace (stray
-background processes die with it) and a timeout.
+``exec`` runs each command in that sandbox (processes persist between commands, as
+in ``docker exec``); ``stop`` kills everything the trial started and removes its
+folders unless ``keep_sandbox`` is set.
+
+Environment options (``compute.environment_kwargs``): ``scratch_dir`` (per-trial
+folders), ``cache_dir`` (built layers; default ``<scratch_dir>/.layers``),
+``keep_sandbox``, ``base_images`` (extra FROM mappings), ``python_interpreters``
+(version -> interpreter path), ``build_args`` (Dockerfile ARG values),
+``test_tools`` (lend uv/uvx and host Pythons; default true), ``ca_env`` (point
+SSL_CERT_FILE and friends at the host's CA bundle; default true).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
+import functools
 import shutil
-import signal
 import tempfile
 import uuid
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult
-from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.environments.capabilities import (
+    EnvironmentCapabilities,
+    EnvironmentResourceCapabilities,
+)
 from harbor.models.task.config import NetworkMode
+from harbor.models.trial.config import ResourceMode
 
-from services.localenv.dockerfile import workdir_from_dockerfile
+from services.localenv.builder import BuildRequest, build_layer
+from services.localenv.dockerfile import BuildPlan, RunStep, plan_build
+from services.localenv.errors import (
+    DockerfileBuildError,
+    ExecTimeoutError,
+    LocalEnvironmentError,
+    SandboxStartError,
+    UnsupportedEnvironmentError,
+)
+from services.localenv.images import BaseImage, host_interpreters, resolve_base
+from services.localenv.layers import (
+    HOST_TOPS,
+    ImageConfig,
+    Layer,
+    LayerCache,
+    host_fingerprint,
+    layer_key,
+    remove_tree,
+)
+from services.localenv.limits import TrialCgroup
+from services.localenv.sandbox import (
+    BWRAP,
+    Bind,
+    Overlay,
+    Sandbox,
+    SandboxSpec,
+    missing_host_tools,
+)
+from services.localenv.tools import TOOLS_BIN, Toolbox
+from services.localenv.users import lookup_user
 
-BWRAP = "bwrap"
-# Host folders visible read-only inside every sandbox.
-_HOST_READ_ONLY = ("usr", "etc", "var")
-# Host top-level symlinks (merged /usr on Debian) recreated inside the sandbox.
-_HOST_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-# Writable per-trial folders created up front (others appear when first uploaded to).
-_WRITABLE = ("tmp", "root", "home", "opt", "srv", "mnt", "run", "tests", "solution", "logs")
-_RESERVED = {*_HOST_READ_ONLY, *_HOST_LINKS, "proc", "dev", "sys"}
-_MAX_CAPTURE = 8 * 1024 * 1024
-_DEFAULT_WORKDIR = "/app"
-_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+__all__ = [
+    "DockerfileBuildError",
+    "ExecTimeoutError",
+    "LocalEnvironment",
+    "LocalEnvironmentError",
+    "SandboxStartError",
+    "UnsupportedEnvironmentError",
+]
 
-
-class LocalEnvironmentError(RuntimeError):
-    """The sandbox could not be set up or used (an environment error, never the agent's)."""
-
-
-class ExecTimeoutError(RuntimeError):
-    """A command exceeded its timeout and was killed with its whole process tree."""
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+CA_ENV_NAMES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+_COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+_HOSTNAME = "trial"
 
 
 class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships no types
-    """Harbor BaseEnvironment over bubblewrap (``bwrap``) on the local host."""
+    """Harbor BaseEnvironment over bubblewrap, overlayfs and namespaces on the local host."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Instance state read by ``capabilities`` must exist before Harbor's __init__.
         self._keep_sandbox = bool(kwargs.pop("keep_sandbox", False))
         scratch = kwargs.pop("scratch_dir", None)
         self._scratch = Path(scratch or Path(tempfile.gettempdir()) / "trialbus-sandboxes")
+        cache = kwargs.pop("cache_dir", None)
+        self._cache = LayerCache(Path(cache) if cache else self._scratch / ".layers")
+        self._base_images: dict[str, str] = dict(kwargs.pop("base_images", None) or {})
+        self._interpreters: dict[str, str] = dict(kwargs.pop("python_interpreters", None) or {})
+        self._build_args: dict[str, str] = dict(kwargs.pop("build_args", None) or {})
+        self._lend_tools = bool(kwargs.pop("test_tools", True))
+        self._ca_env = bool(kwargs.pop("ca_env", True))
         # Bind Harbor's log folders straight into the sandbox: no copies back and forth.
         kwargs.setdefault("auto_mounting", True)
         super().__init__(*args, **kwargs)
         self._root = self._scratch / f"{self.session_id}-{uuid.uuid4().hex[:8]}"
-        self._rootfs = self._root / "rootfs"
-        self._workdir = self._resolve_workdir()
-        self._started = False
+        self._sandbox: Sandbox | None = None
+        self._image = ImageConfig(base="", base_description="")
+        self._toolbox: Toolbox | None = None
+        self._workdir = "/"
 
     # -- identity and capabilities -------------------------------------------------
     @staticmethod
@@ -82,166 +128,235 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         return EnvironmentCapabilities(disable_internet=True, mounted=True)
 
     @classmethod
-    def preflight(cls) -> None:
-        if shutil.which(BWRAP) is None:
-            raise SystemExit("the local environment needs bubblewrap: apt-get install bubblewrap")
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        return EnvironmentResourceCapabilities(
+            cpu_limit=True, memory_limit=True, fractional_cpus=True
+        )
 
-    def _validate_definition(self) -> None:
-        compose = [
-            self.environment_dir / name
-            for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")
-        ]
-        found = [p for p in compose if p.exists()]
-        if found:
-            raise LocalEnvironmentError(
-                f"{found[0]}: multi-container (docker compose) tasks cannot run in the "
-                "local environment; use compute.environment: docker on a Docker host"
+    @classmethod
+    def preflight(cls) -> None:
+        missing = missing_host_tools(network=True)
+        if missing:
+            raise SystemExit(
+                f"the local environment needs {', '.join(missing)}: "
+                "apt-get install bubblewrap slirp4netns util-linux (or run `make setup`)"
             )
 
-    def _resolve_workdir(self) -> str:
-        if self.task_env_config.workdir:
-            return str(self.task_env_config.workdir)
-        dockerfile = self.environment_dir / "Dockerfile"
-        if dockerfile.is_file():
-            return workdir_from_dockerfile(dockerfile.read_text()) or _DEFAULT_WORKDIR
-        return _DEFAULT_WORKDIR
+    def _validate_definition(self) -> None:
+        # Checked in start(), so that Harbor records the failure in the trial's result.
+        return None
 
     @property
-    def _network_disabled_now(self) -> bool:
-        return bool(self._network_policy.network_mode == NetworkMode.NO_NETWORK)
+    def _network_enabled(self) -> bool:
+        return bool(self._network_policy.network_mode == NetworkMode.PUBLIC)
+
+    # -- definition ----------------------------------------------------------------------
+    def _plan(self) -> BuildPlan:
+        """The task's Dockerfile as a build plan (or a bare base for a prebuilt image)."""
+        for name in _COMPOSE_FILES:
+            if (self.environment_dir / name).exists():
+                raise UnsupportedEnvironmentError(
+                    f"{self.environment_dir / name}: multi-container (docker compose) tasks "
+                    "cannot run in the local environment; use compute.environment: docker "
+                    "on a Docker host"
+                )
+        dockerfile = self.environment_dir / "Dockerfile"
+        if dockerfile.is_file():
+            return plan_build(
+                dockerfile.read_text(), build_args=self._build_args, where=str(dockerfile)
+            )
+        image = self.task_env_config.docker_image
+        if image:
+            return BuildPlan(base=str(image), base_line=0)
+        return BuildPlan(base="debian", base_line=0, notes=["no Dockerfile: the host system"])
+
+    def _layer_key(self, plan: BuildPlan, base: BaseImage) -> str:
+        python = base.python
+        return layer_key(
+            environment=self.environment_id,
+            base=plan.base,
+            python=(python.executable, python.prefix) if python else None,
+            tools=self._toolbox.fingerprint if self._toolbox else None,
+            host=host_fingerprint(),
+            build_args=sorted(self._build_args.items()),
+        )
+
+    async def _get_layer(self, plan: BuildPlan, base: BaseImage) -> Layer:
+        needs_network = any(isinstance(s, RunStep) for s in plan.steps)
+        missing = missing_host_tools(network=needs_network or self._network_enabled)
+        if missing:
+            raise LocalEnvironmentError(
+                f"the local environment needs {', '.join(missing)} on this host: "
+                "apt-get install bubblewrap slirp4netns util-linux (or run `make setup`)"
+            )
+        request = BuildRequest(
+            plan=plan,
+            base=base,
+            context=self.environment_dir,
+            base_env=self._default_env("/root"),
+            binds=self._toolbox.binds if self._toolbox else (),
+            seed_uv_home=self._toolbox is not None,
+            empty_dir=self._empty_dir(),
+            network=needs_network,
+        )
+
+        async def build(tmp: Path) -> ImageConfig:
+            self.logger.info("local environment: building %s (%s)", self.environment_name, tmp.name)
+            try:
+                return await build_layer(request, tmp, self.logger)
+            except DockerfileBuildError as exc:
+                kept = self._keep_build_log(tmp / "build.log")
+                message = str(exc).replace(str(tmp / "build.log"), str(kept))
+                raise DockerfileBuildError(message, kept) from None
+
+        key = self._layer_key(plan, base)
+        layer, built = await self._cache.get(key, build)
+        if built:
+            await asyncio.to_thread(
+                shutil.copyfile,
+                layer.log_path,
+                self.trial_paths.trial_dir / "environment-build.log",
+            )
+        return layer
+
+    def _keep_build_log(self, log: Path) -> Path:
+        dest: Path = self.trial_paths.trial_dir / "environment-build.log"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if log.is_file():
+            shutil.copyfile(log, dest)
+        else:
+            dest.write_text("(no build log was written)\n")
+        return dest
+
+    def _empty_dir(self) -> Path:
+        empty = self._cache.root / ".empty"
+        empty.mkdir(parents=True, exist_ok=True)
+        return empty
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, force_build: bool) -> None:
+        """Build (or reuse) the task's layer and start the trial's sandbox."""
         if shutil.which(BWRAP) is None:
             raise LocalEnvironmentError(
                 "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
             )
-        for top in (*_WRITABLE, self._top_of(self._workdir)):
-            (self._rootfs / top).mkdir(parents=True, exist_ok=True)
-        self._host_path(self._workdir).mkdir(parents=True, exist_ok=True)
-        for mount in self._mounts:
-            if mount["type"] == "bind":
-                Path(mount["source"]).mkdir(parents=True, exist_ok=True)
-        self._started = True
-        probe = await self.exec("true", timeout_sec=30)
-        if probe.return_code != 0:
-            raise LocalEnvironmentError(
-                f"bubblewrap sandbox failed to start (exit {probe.return_code}): "
-                f"{(probe.stderr or '').strip()[:500]}"
+        plan = self._plan()
+        base = resolve_base(
+            plan.base,
+            overrides=self._base_images,
+            interpreters=self._interpreters,
+            where=str(self.environment_dir / "Dockerfile"),
+        )
+        if self._lend_tools:
+            self._toolbox = await asyncio.to_thread(
+                _toolbox, self._cache.root, tuple(sorted(self._interpreters.items()))
             )
+        layer = await self._get_layer(plan, base)
+        self._image = layer.config
+        self._workdir = str(self.task_env_config.workdir or layer.config.workdir or "/")
+        self._sandbox = Sandbox(self._trial_spec(layer), self.logger)
+        await self._sandbox.start()
+        self._sandbox.resolve(self._workdir).mkdir(parents=True, exist_ok=True)
+
+    def _trial_spec(self, layer: Layer) -> SandboxSpec:
+        root = self._root
+        overlays = [Overlay("/", (layer.fs("root"),), root / "upper/root", root / "work/root")]
+        overlays += [
+            Overlay(
+                f"/{top}",
+                (layer.fs(top), Path(f"/{top}")),
+                root / "upper" / top,
+                root / "work" / top,
+            )
+            for top in HOST_TOPS
+        ]
+        etc = root / "upper" / "etc"
+        etc.mkdir(parents=True, exist_ok=True)
+        # Files Docker writes for every container.
+        (etc / "hostname").write_text(f"{_HOSTNAME}\n")
+        (etc / "hosts").write_text(
+            f"127.0.0.1\tlocalhost {_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+        )
+        if self._network_enabled:
+            (etc / "resolv.conf").write_text("nameserver 10.0.2.3\n")
+        binds = [
+            Bind(Path(m["source"]), str(m["target"]), bool(m.get("read_only")))
+            for m in self._mounts
+            if m["type"] == "bind"
+        ]
+        for b in binds:
+            b.source.mkdir(parents=True, exist_ok=True)
+        if self._toolbox is not None:
+            binds += self._toolbox.binds
+        prefix = layer.config.python_prefix
+        if prefix and not any(b.target == prefix for b in binds):
+            binds.append(Bind(Path(prefix), prefix, read_only=True))
+        cpus = self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT)
+        memory = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
+        cgroup = TrialCgroup.create(root.name, cpus=cpus, memory_mb=memory, logger=self.logger)
+        return SandboxSpec(
+            state_dir=root / "state",
+            overlays=overlays,
+            binds=binds,
+            network=self._network_enabled,
+            hostname=_HOSTNAME,
+            cgroup=cgroup,
+            memory_rlimit_mb=memory if cgroup is None and memory else None,
+        )
 
     async def stop(self, delete: bool) -> None:
-        self._started = False
+        """Kill every process of the trial; remove its folders unless asked to keep them."""
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            await sandbox.stop()
         if delete and not self._keep_sandbox:
-            await asyncio.to_thread(shutil.rmtree, self._root, True)
-
-    # -- path mapping ------------------------------------------------------------------
-    @staticmethod
-    def _top_of(path: str) -> str:
-        parts = PurePosixPath(path).parts
-        if len(parts) < 2 or parts[0] != "/":
-            raise LocalEnvironmentError(f"sandbox path {path!r} must be absolute")
-        return parts[1]
-
-    def _host_path(self, sandbox_path: str, *, for_write: bool = True) -> Path:
-        """Host location backing ``sandbox_path``."""
-        path = PurePosixPath(sandbox_path)
-        if ".." in path.parts:
-            raise LocalEnvironmentError(f"sandbox path {sandbox_path!r} may not contain '..'")
-        # Bind mounts (Harbor's log folders), longest target first.
-        binds = sorted(
-            (m for m in self._mounts if m["type"] == "bind"),
-            key=lambda m: len(PurePosixPath(m["target"]).parts),
-            reverse=True,
-        )
-        for m in binds:
-            target = PurePosixPath(m["target"])
-            if path == target or path.is_relative_to(target):
-                return Path(m["source"]).joinpath(*path.relative_to(target).parts)
-        top = self._top_of(sandbox_path)
-        if top in _RESERVED:
-            if for_write:
-                raise LocalEnvironmentError(
-                    f"cannot write {sandbox_path!r}: /{top} is the host's, read-only in "
-                    "the local environment"
-                )
-            return Path(sandbox_path)
-        return self._rootfs.joinpath(*path.parts[1:])
+            await asyncio.to_thread(remove_tree, self._root)
 
     # -- file transfer -----------------------------------------------------------------
+    def _path(self, sandbox_path: str) -> Path:
+        if self._sandbox is None or not self._sandbox.running:
+            raise LocalEnvironmentError("file transfer before start() or after stop()")
+        return self._sandbox.resolve(sandbox_path)
+
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
-        dest = self._host_path(target_path)
+        dest = self._path(target_path)
         await asyncio.to_thread(_copy_file, Path(source_path), dest)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        dest = self._host_path(target_dir)
+        dest = self._path(target_dir)
         await asyncio.to_thread(shutil.copytree, Path(source_dir), dest, dirs_exist_ok=True)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        src = self._host_path(source_path, for_write=False)
+        src = self._path(source_path)
         await asyncio.to_thread(_copy_file, src, Path(target_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        src = self._host_path(source_dir, for_write=False)
+        src = self._path(source_dir)
         if not src.is_dir():
             raise FileNotFoundError(f"{source_dir} does not exist in the sandbox")
-        await asyncio.to_thread(shutil.copytree, src, Path(target_dir), dirs_exist_ok=True)
+        # symlinks=True: a link inside the trial must never make us read a host file.
+        await asyncio.to_thread(
+            shutil.copytree, src, Path(target_dir), symlinks=True, dirs_exist_ok=True
+        )
 
     # -- exec --------------------------------------------------------------------------
-    def _bwrap_args(self, cwd: str, env: dict[str, str], uid: int) -> list[str]:
-        args = [
-            BWRAP,
-            "--die-with-parent",
-            "--new-session",
-            "--unshare-user",
-            "--uid",
-            str(uid),
-            "--gid",
-            str(uid),
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--hostname",
-            "trial",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-        ]
-        if self._network_disabled_now:
-            args.append("--unshare-net")
-        for top in _HOST_READ_ONLY:
-            if Path(f"/{top}").exists():
-                args += ["--ro-bind", f"/{top}", f"/{top}"]
-        for link in _HOST_LINKS:
-            host = Path(f"/{link}")
-            if host.is_symlink():
-                args += ["--symlink", os.readlink(host), f"/{link}"]
-            elif host.is_dir():
-                args += ["--ro-bind", str(host), f"/{link}"]
-        for entry in sorted(self._rootfs.iterdir()):
-            if entry.is_dir() and entry.name not in _RESERVED:
-                args += ["--bind", str(entry), f"/{entry.name}"]
-        for m in sorted(self._mounts, key=lambda m: len(PurePosixPath(m["target"]).parts)):
-            if m["type"] == "bind":
-                flag = "--ro-bind" if m.get("read_only") else "--bind"
-                args += [flag, str(m["source"]), str(m["target"])]
-        args += ["--clearenv"]
-        for key, value in env.items():
-            args += ["--setenv", key, value]
-        args += ["--chdir", cwd]
-        return args
+    def _default_env(self, home: str) -> dict[str, str]:
+        env = {"PATH": DEFAULT_PATH, "HOME": home, "LANG": "C.UTF-8", "TERM": "xterm"}
+        if self._ca_env and CA_BUNDLE.is_file():
+            env.update(dict.fromkeys(CA_ENV_NAMES, str(CA_BUNDLE)))
+        return env
 
-    def _uid_for(self, user: str | int | None) -> int:
+    def _user(self, sandbox: Sandbox, user: str | int | None) -> tuple[int, int, str]:
         resolved = self._resolve_user(user)
+        if resolved is None:
+            resolved = self._image.user
         if resolved is None or resolved in ("root", 0, "0"):
-            return 0
-        if isinstance(resolved, int) or str(resolved).isdigit():
-            return int(resolved)
-        # Named users need an /etc/passwd entry the host may not have; run as root.
-        self.logger.debug("local environment runs user %r as root", resolved)
-        return 0
+            return 0, 0, "/root"
+        try:
+            return lookup_user(sandbox.root, resolved)
+        except LocalEnvironmentError as exc:
+            self.logger.warning("local environment: %s; running as root", exc)
+            return 0, 0, "/root"
 
     async def exec(
         self,
@@ -251,75 +366,40 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> ExecResult:
-        if not self._started:
+        sandbox = self._sandbox
+        if sandbox is None or not sandbox.running:
             raise LocalEnvironmentError("exec before start() or after stop()")
-        full_env = {
-            "PATH": _PATH,
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-            "TERM": "xterm",
-            **(self._merge_env(env) or {}),
-        }
+        uid, gid, home = self._user(sandbox, user)
+        full_env = {**self._default_env(home), **self._image.env, **(self._merge_env(env) or {})}
+        if self._toolbox is not None and TOOLS_BIN not in full_env["PATH"].split(":"):
+            full_env["PATH"] = f"{full_env['PATH']}:{TOOLS_BIN}"
         workdir = cwd or self._workdir
-        with contextlib.suppress(LocalEnvironmentError):
-            self._host_path(workdir).mkdir(parents=True, exist_ok=True)
-        args = [*self._bwrap_args(workdir, full_env, self._uid_for(user)), "bash", "-c", command]
-        proc = await asyncio.create_subprocess_exec(
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        callback = self._output_callback()
-        out: list[str] = []
-        err: list[str] = []
-
-        async def pump(stream: asyncio.StreamReader | None, sink: list[str], name: str) -> None:
-            if stream is None:
-                return
-            size = 0
-            while chunk := await stream.readline():
-                text = chunk.decode(errors="replace")
-                if size < _MAX_CAPTURE:
-                    sink.append(text)
-                    size += len(text)
-                    if size >= _MAX_CAPTURE:
-                        sink.append("\n[trialbus: output truncated]\n")
-                if callback is not None:
-                    await callback(text, "stdout" if name == "stdout" else "stderr")
-
-        async def run() -> int:
-            await asyncio.gather(pump(proc.stdout, out, "stdout"), pump(proc.stderr, err, "stderr"))
-            return await proc.wait()
-
         try:
-            if timeout_sec:
-                code = await asyncio.wait_for(run(), timeout=timeout_sec)
-            else:
-                code = await run()
-        except TimeoutError:
-            await _kill_tree(proc)
-            raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds") from None
-        except BaseException:
-            await _kill_tree(proc)
-            raise
-        return ExecResult(
-            stdout="".join(out) or None, stderr="".join(err) or None, return_code=code
+            sandbox.resolve(workdir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.logger.debug("local environment: cannot create %s: %s", workdir, exc)
+        result = await sandbox.exec(
+            ["bash", "-c", command],
+            env=full_env,
+            cwd=workdir,
+            uid=uid,
+            gid=gid,
+            timeout_sec=timeout_sec,
+            on_output=self._output_callback(),
         )
+        return ExecResult(
+            stdout=result.stdout or None,
+            stderr=result.stderr or None,
+            return_code=result.return_code,
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _toolbox(cache_root: Path, interpreters: tuple[tuple[str, str], ...]) -> Toolbox | None:
+    """The lent tools, prepared once per process and cache folder."""
+    return Toolbox.prepare(cache_root, host_interpreters(dict(interpreters)))
 
 
 def _copy_file(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, dest)
-
-
-async def _kill_tree(proc: asyncio.subprocess.Process) -> None:
-    """Kill bwrap's session; its PID namespace takes every descendant with it."""
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    await proc.wait()

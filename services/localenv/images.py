@@ -22,6 +22,7 @@ import fnmatch
 import glob
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,9 @@ def interpreter_candidates(version: str, home: Path | None = None) -> list[str]:
         reverse=True,
     )
     found.append(f"/usr/bin/python{version}")
+    # The interpreter trialbus itself runs on is always there.
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        found.append(str(Path(sys.base_prefix) / "bin" / f"python{version}"))
     return found
 
 

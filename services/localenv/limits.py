@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+_SELF_CGROUP = Path("/proc/self/cgroup")
 _CFS_PERIOD_US = 100_000
 
 
@@ -43,14 +44,19 @@ class TrialCgroup:
         memory_mb: int | None,
         logger: logging.Logger,
         root: Path = CGROUP_ROOT,
+        membership: str | None = None,
     ) -> TrialCgroup | None:
-        """Make and configure the trial's cgroup; None when the host does not allow it."""
+        """Make and configure the trial's cgroup; None when the host does not allow it.
+
+        ``membership`` is this process's /proc/self/cgroup (read when not given).
+        """
         if cpus is None and memory_mb is None:
             return None
         try:
+            own = membership if membership is not None else _SELF_CGROUP.read_text()
             if (root / "cgroup.controllers").is_file():
-                return _create_v2(root, name, cpus, memory_mb)
-            return _create_v1(root, name, cpus, memory_mb)
+                return _create_v2(root, own, name, cpus, memory_mb)
+            return _create_v1(root, own, name, cpus, memory_mb)
         except OSError as exc:
             logger.warning(
                 "local environment: no cgroup for %s (%s); CPU not limited, memory "
@@ -89,21 +95,24 @@ def _kill_members(d: Path) -> None:
                 os.kill(int(pid), 9)
 
 
-def _own_path(controller: str) -> str:
+def _own_path(membership: str, controller: str) -> str:
     """This process's cgroup path in one hierarchy ('' = the v2 unified one)."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
+    for line in membership.splitlines():
         _, controllers, path = line.split(":", 2)
         if controller in controllers.split(","):
             return path
     raise OSError(f"no {controller or 'cgroup v2'} hierarchy in /proc/self/cgroup")
 
 
-def _create_v2(root: Path, name: str, cpus: float | None, memory_mb: int | None) -> TrialCgroup:
-    own = root / _own_path("").lstrip("/")
+def _create_v2(
+    root: Path, membership: str, name: str, cpus: float | None, memory_mb: int | None
+) -> TrialCgroup:
+    own = root / _own_path(membership, "").lstrip("/")
     parent = own / "trialbus"
     parent.mkdir(exist_ok=True)
     wanted = [c for c, v in (("memory", memory_mb), ("cpu", cpus)) if v is not None]
-    available = set((own / "cgroup.controllers").read_text().split())
+    # Controllers this process's cgroup hands down to its children (delegation).
+    available = set((parent / "cgroup.controllers").read_text().split())
     missing = [c for c in wanted if c not in available]
     if missing:
         raise OSError(f"cgroup v2 controllers not delegated here: {', '.join(missing)}")
@@ -122,11 +131,13 @@ def _create_v2(root: Path, name: str, cpus: float | None, memory_mb: int | None)
     return TrialCgroup([d])
 
 
-def _create_v1(root: Path, name: str, cpus: float | None, memory_mb: int | None) -> TrialCgroup:
+def _create_v1(
+    root: Path, membership: str, name: str, cpus: float | None, memory_mb: int | None
+) -> TrialCgroup:
     dirs: list[Path] = []
     try:
         if memory_mb is not None:
-            d = root / "memory" / _own_path("memory").lstrip("/") / f"trialbus-{name}"
+            d = root / "memory" / _own_path(membership, "memory").lstrip("/") / f"trialbus-{name}"
             d.mkdir()
             dirs.append(d)
             limit = str(memory_mb * 1024 * 1024)
@@ -134,7 +145,7 @@ def _create_v1(root: Path, name: str, cpus: float | None, memory_mb: int | None)
             with contextlib.suppress(OSError):
                 (d / "memory.memsw.limit_in_bytes").write_text(limit)
         if cpus is not None:
-            d = root / "cpu" / _own_path("cpu").lstrip("/") / f"trialbus-{name}"
+            d = root / "cpu" / _own_path(membership, "cpu").lstrip("/") / f"trialbus-{name}"
             d.mkdir()
             dirs.append(d)
             (d / "cpu.cfs_period_us").write_text(str(_CFS_PERIOD_US))

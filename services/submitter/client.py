@@ -23,7 +23,7 @@ from schemas.events import (
 from services.common import errors as E
 from services.common.bus import JetStreamBus, connect, ensure_streams
 from services.common.coordination import Coordinator
-from services.common.errors import TransientError, UserInputError
+from services.common.errors import ManifestError, TransientError, UserInputError
 from services.common.ledger import Ledger
 from services.common.mongo_ledger import MongoLedger
 from services.common.settings import CommonSettings, SubmitterSettings
@@ -80,7 +80,10 @@ async def submit_and_wait(
 ) -> SubmitOutcome:
     """Submit a manifest file; with ``wait``, follow it until every trial is recorded."""
     manifest = load_manifest(manifest_path)
-    prepared = prepare(manifest, manifest_path.resolve().parent, settings.tasks_root)
+    try:
+        prepared = prepare(manifest, manifest_path.resolve().parent, settings.tasks_root)
+    except ManifestError as exc:  # name the file, as load_manifest's errors do
+        raise ManifestError(f"{manifest_path}: {exc}") from None
     async with open_nats(settings, "trialbus-submit") as nc, open_ledger(settings) as ledger:
         js = nc.jetstream()
         topo = settings.topology

@@ -16,6 +16,10 @@ async def completion_of(
     info = await ledger.get_experiment(experiment_id)
     if info is None:
         return None
+    # Count first (one indexed query): loading every record on each batch of events
+    # made the watcher's work grow with the square of the experiment's size.
+    if await ledger.count_records(experiment_id) < info.n_trials:
+        return None
     records = await ledger.records_for(experiment_id)
     if len(records) < info.n_trials:
         return None

@@ -172,7 +172,7 @@ async def test_poison_and_malformed_results_are_settled_and_nothing_is_lost(
             if await ledger.count_records(EXPERIMENT) < expected or await n_imported() < expected:
                 return False
             info = await js.consumer_info(topology.events_stream, topology.importer_durable)
-            return info.num_pending == 0 and info.num_ack_pending == 0
+            return bool(info.num_pending == 0 and info.num_ack_pending == 0)
 
         await _until("every message settled and every trial recorded", all_settled, importer)
         records = {r.trial_id: r for r in await ledger.records_for(EXPERIMENT)}

@@ -1,8 +1,8 @@
 """The bad-input corpus (tests/bad_inputs): every case gets a clear error, or a partial
 record with a diagnostic, and nothing raises anything else.
 
-- manifests -> ManifestError naming the file (or, once resolved, the task path) and
-  the field;
+- manifests (through ``trialbus submit``'s entry point) -> ManifestError naming the
+  file and the field (and, for task paths, the path);
 - task folders -> ManifestError naming what is missing or wrong;
 - result folders -> build_record returns a record (partial unless the index says
   otherwise) whose ``errors`` name the file and the problem, and never raises;
@@ -23,7 +23,9 @@ import pytest
 from schemas.events import EventDecodeError, parse_event
 from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
+from services.common.settings import SubmitterSettings
 from services.importer.records import RecordContext, build_record
+from services.submitter.client import submit_and_wait
 from services.submitter.manifest_io import load_manifest
 from services.submitter.resolve import resolve_tasks
 from tests.bad_inputs.corpus import (
@@ -39,8 +41,9 @@ from tests.bad_inputs.corpus import (
 from tests.harbor_fixtures import HarborTrials
 
 CTX = RecordContext(experiment_id="bad-inputs", trial_id="bad-input-trial")
-MAX_SECONDS = 5.0
-"""No single case may take longer (hostile inputs must not stall a service)."""
+MAX_SECONDS = 20.0
+"""No case may take longer: generous for a loaded CI machine, yet an alias bomb or a
+blocking read (the bugs this corpus found) takes hours or forever."""
 
 MAX_RECORD_JSON_BYTES = 4 * 1024 * 1024
 """A record must stay far below MongoDB's 16 MiB document limit."""
@@ -63,23 +66,20 @@ def test_corpus_is_large_and_indexed() -> None:
             assert case.expect or case.spec.get("status") == "complete", case.id
 
 
-def _manifest_error(case: Case, tmp_path: Path) -> tuple[str, Path]:
+@pytest.mark.parametrize("case", cases("manifests"), ids=_ids(cases("manifests")))
+async def test_bad_manifest_is_refused_naming_file_and_field(case: Case, tmp_path: Path) -> None:
+    # Through `trialbus submit`'s own entry point: it validates and resolves the
+    # manifest before connecting to anything, so no server is needed to be refused.
     path = manifest_file(case, tmp_path)
+    settings = SubmitterSettings(tasks_root=TASKS_ROOT)
     started = time.monotonic()
     with pytest.raises(ManifestError) as exc:
-        manifest = load_manifest(path)
-        if case.spec.get("stage") == "resolve":
-            resolve_tasks(manifest, path.parent, TASKS_ROOT)
+        await submit_and_wait(settings, path, wait=False, timeout_s=1, progress=None)
     assert time.monotonic() - started < MAX_SECONDS, "too slow: a hostile manifest stalls"
-    return str(exc.value), path
-
-
-@pytest.mark.parametrize("case", cases("manifests"), ids=_ids(cases("manifests")))
-def test_bad_manifest_is_refused_naming_file_and_field(case: Case, tmp_path: Path) -> None:
-    message, path = _manifest_error(case, tmp_path)
-    if case.spec.get("stage") != "resolve":
-        # Parse errors name the file; resolve errors name the task path (in `expect`).
-        assert message.startswith(f"{path}: "), message
+    message = str(exc.value)
+    assert message.startswith(f"{path}: "), message
+    if case.spec.get("stage") == "resolve":  # it got past parsing: the stage is right
+        load_manifest(path)
     for fragment in case.expect:
         assert fragment in message, f"{fragment!r} not in {message!r}"
     for secret in case.spec.get("never", []):
@@ -119,11 +119,11 @@ def test_bad_result_folder_gives_a_record_with_diagnostics(
     if record.evaluation.reward_valid:
         assert record.evaluation.main_reward is not None
     assert len(record.model_dump_json()) < MAX_RECORD_JSON_BYTES  # storable
-    assert all(line.split(":", 1)[0] in _LABELS for line in record.errors), record.errors
+    # Every diagnostic starts with the file it is about.
+    assert {line.split(":", 1)[0].split("[")[0] for line in record.errors} <= _FILES, record.errors
 
 
-_LABELS = {"result.json", "config.json", "verifier/reward.json", "verifier/reward.txt", "record"}
-_LABELS |= {"verifier/reward.txt['reward']"}
+_FILES = {"result.json", "config.json", "verifier/reward.json", "verifier/reward.txt", "record"}
 
 
 @pytest.mark.parametrize("case", cases("events"), ids=_ids(cases("events")))

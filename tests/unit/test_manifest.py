@@ -203,7 +203,7 @@ def test_same_agent_with_different_models_is_not_a_duplicate() -> None:
         ),
         pytest.param(
             manifest(agents=[{"name": "x", "api_key_env": ["OK_NAME", "sk-abc123def456"]}]),
-            f"{SRC}: agents[0].api_key_env: api_key_env entry 'sk-abc123def456' is not an "
+            f"{SRC}: agents[0].api_key_env: api_key_env entry 1 is not an "
             "environment variable name; list the variable's NAME (e.g. ANTHROPIC_API_KEY), "
             "never its value",
             id="api-key-env-holds-a-value",

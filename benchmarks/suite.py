@@ -1,0 +1,85 @@
+"""The list of benchmarks and the loop that runs them into one report."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks import (
+    bench_import,
+    bench_latency,
+    bench_overhead,
+    bench_pipeline,
+    bench_scaling,
+    bench_submit,
+)
+from benchmarks.harness import (
+    BenchResult,
+    Context,
+    fresh_dir,
+    load_average,
+    machine_info,
+    prepare_environment,
+    warm_bytecode_cache,
+)
+
+BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
+    "overhead": bench_overhead.run,
+    "scaling": bench_scaling.run,
+    "pipeline": bench_pipeline.run,
+    "submit": bench_submit.run,
+    "import": bench_import.run,
+    "latency": bench_latency.run,
+}
+"""Name -> benchmark, in the order of the issue that asked for them."""
+
+
+def run_all(
+    *,
+    quick: bool,
+    runs: int,
+    only: list[str] | None,
+    work_dir: Path,
+    mongo_url: str | None,
+    command: str,
+) -> dict[str, Any]:
+    """Run the selected benchmarks; a failing one is recorded, the others still run."""
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    fresh_dir(work_dir)
+    env_changes = prepare_environment()
+    ctx = Context(work_dir=work_dir, quick=quick, runs=runs, mongo_url=mongo_url)
+    ctx.log("warming the bytecode cache (both sides share it)")
+    warm_bytecode_cache()
+    load_before = load_average()
+    results: list[dict[str, Any]] = []
+    for name, bench in BENCHMARKS.items():
+        if only and name not in only:
+            continue
+        b0 = time.perf_counter()
+        load = load_average()
+        try:
+            entry = bench(ctx).as_json()
+        except Exception as exc:  # noqa: BLE001 - reported in results, the run goes on
+            ctx.log(f"{name} FAILED: {type(exc).__name__}: {exc}")
+            entry = {"name": name, "error": f"{type(exc).__name__}: {exc}"}
+            entry["traceback"] = traceback.format_exc()
+        entry["seconds"] = round(time.perf_counter() - b0, 1)
+        entry["load_average_before"] = load
+        results.append(entry)
+        ctx.log(f"{name}: done in {entry['seconds']:.0f}s")
+    return {
+        "command": command,
+        "mode": "quick" if quick else "full",
+        "runs": runs,
+        "started_at": started.isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "machine": machine_info(),
+        "environment": env_changes,
+        "load_average": {"before": load_before, "after": load_average()},
+        "benchmarks": results,
+    }

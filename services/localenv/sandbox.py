@@ -1,0 +1,528 @@
+"""One long-lived bubblewrap sandbox: namespaces, overlays, network, exec and teardown.
+
+How a sandbox comes up (``Sandbox.start``)::
+
+    runner ── sh (joins the trial's cgroup) ── unshare --user --mount
+                 │   the runner writes the user namespace's uid/gid map (identity
+                 │   map as root), then the helper mounts one overlayfs per entry of
+                 │   ``spec.overlays`` (lower: cached layer + host folder, upper: the
+                 │   trial's own folder) and execs
+                 └─ bwrap --unshare-pid/net/ipc/uts  (root = the "/" overlay,
+                      /usr /etc /var = their overlays, binds, fresh /proc and /dev)
+                      └─ pid 1 (bwrap's reaper) ── sleep infinity
+
+Each ``exec`` joins that sandbox's namespaces with ``nsenter`` (so processes survive
+between commands, as in ``docker exec``) as the requested user, with Docker's
+default capability set and a clean environment. /proc/sys and the other kernel
+knobs Docker protects are read-only inside.
+``stop`` kills the sandbox's pid 1: the kernel then kills every process of its pid
+namespace (stray background processes included), the mount namespace and its
+overlays disappear with the last process, and the trial's folders can be removed.
+
+Network: every sandbox has its own network namespace, so servers on fixed ports
+never collide. With ``network=True`` a ``slirp4netns`` process gives it a user-mode
+NAT to the outside (the host's loopback stays unreachable); otherwise only ``lo``.
+
+Files are read and written from the host through ``/proc/<pid>/root`` (the
+sandbox's own view, overlays included), resolving symbolic links inside the
+sandbox so a link can never point a transfer at a host file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import select
+import shlex
+import shutil
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from services.localenv.errors import ExecTimeoutError, LocalEnvironmentError, SandboxStartError
+from services.localenv.limits import TrialCgroup
+
+BWRAP = "bwrap"
+SLIRP4NETNS = "slirp4netns"
+HOST_TOOLS = ("unshare", "nsenter", "setpriv", "mount")
+# Docker's default capability set for a container's root. Root inside is the host's
+# uid 0 (identity map), so this bound matters: without CAP_SYS_ADMIN it cannot undo
+# the read-only /proc paths below.
+DOCKER_CAPS = (
+    "chown",
+    "dac_override",
+    "fowner",
+    "fsetid",
+    "kill",
+    "setgid",
+    "setuid",
+    "setpcap",
+    "net_bind_service",
+    "net_raw",
+    "sys_chroot",
+    "mknod",
+    "audit_write",
+    "setfcap",
+)
+# Kernel settings a trial must not change (Docker makes the same paths read-only).
+READ_ONLY_PROC = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+# Host top-level links (merged /usr on Debian) recreated inside the sandbox.
+HOST_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_MAX_CAPTURE = 8 * 1024 * 1024
+_START_TIMEOUT_S = 30.0
+_DRAIN_GRACE_S = 0.5
+_FORBIDDEN_IN_PATHS = (":", ",", "\n")
+
+OutputSink = Callable[[str, str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Overlay:
+    """An overlayfs mounted at ``target``: ``lowers`` (top first) under ``upper``."""
+
+    target: str
+    lowers: tuple[Path, ...]
+    upper: Path
+    work: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """A host path bound into the sandbox."""
+
+    source: Path
+    target: str
+    read_only: bool = False
+
+
+@dataclass(slots=True)
+class SandboxSpec:
+    """Everything that defines one sandbox. ``overlays[0]`` must target "/"."""
+
+    state_dir: Path
+    overlays: list[Overlay]
+    binds: list[Bind] = field(default_factory=list)
+    network: bool = False
+    hostname: str = "trial"
+    cgroup: TrialCgroup | None = None
+    memory_rlimit_mb: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecOutcome:
+    """Captured output and exit code of one command."""
+
+    stdout: str
+    stderr: str
+    return_code: int
+
+
+def _tool(name: str) -> str:
+    """Absolute path of a host program (the command's own PATH is the trial's)."""
+    return shutil.which(name) or name
+
+
+def missing_host_tools(network: bool) -> list[str]:
+    """Host programs the sandbox needs that are not installed."""
+    needed = [BWRAP, *HOST_TOOLS, *([SLIRP4NETNS] if network else [])]
+    return [t for t in needed if shutil.which(t) is None]
+
+
+def resolve_in_root(root: Path, path: str) -> Path:
+    """Host path of sandbox ``path`` under ``root``, symlinks resolved *inside* root.
+
+    Absolute link targets restart from ``root`` and ``..`` stops at it, so the result
+    never leaves the sandbox's file system (barring concurrent changes by the trial).
+    """
+    if not path.startswith("/"):
+        raise LocalEnvironmentError(f"sandbox path {path!r} must be absolute")
+    pending = list(PurePosixPath(path).parts[1:])
+    resolved: list[str] = []
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = root.joinpath(*resolved, part)
+        if candidate.is_symlink():
+            hops += 1
+            if hops > 40:
+                raise LocalEnvironmentError(f"too many symbolic links in {path!r}")
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                resolved = []
+            pending = [*PurePosixPath(target).parts[1 if target.startswith("/") else 0 :], *pending]
+            continue
+        resolved.append(part)
+    return root.joinpath(*resolved)
+
+
+class Sandbox:
+    """A running sandbox built from a ``SandboxSpec`` (see the module docstring)."""
+
+    def __init__(self, spec: SandboxSpec, logger: logging.Logger) -> None:
+        for ov in spec.overlays:
+            for p in (*ov.lowers, ov.upper, ov.work):
+                if any(ch in str(p) for ch in _FORBIDDEN_IN_PATHS):
+                    raise LocalEnvironmentError(f"overlay path {p} may not contain ':' or ','")
+        self.spec = spec
+        self._logger = logger
+        self._proc: asyncio.subprocess.Process | None = None
+        self._slirp: asyncio.subprocess.Process | None = None
+        self._slirp_exit_w: int | None = None
+        self._pid: int | None = None
+        self._execs: set[asyncio.subprocess.Process] = set()
+
+    @property
+    def running(self) -> bool:
+        return self._pid is not None
+
+    @property
+    def root(self) -> Path:
+        """The sandbox's root file system, seen from the host."""
+        if self._pid is None:
+            raise LocalEnvironmentError("the sandbox is not running")
+        return Path(f"/proc/{self._pid}/root")
+
+    def resolve(self, path: str) -> Path:
+        """Host path through which sandbox ``path`` is read or written."""
+        return resolve_in_root(self.root, path)
+
+    # -- start ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Bring the sandbox up; raises SandboxStartError with the helper's stderr."""
+        spec = self.spec
+        spec.state_dir.mkdir(parents=True, exist_ok=True)
+        mounts = spec.state_dir / "mnt"
+        for i, ov in enumerate(spec.overlays):
+            for d in (ov.upper, ov.work, mounts / str(i)):
+                d.mkdir(parents=True, exist_ok=True)
+        log_path = spec.state_dir / "sandbox.log"
+        pipes = _Pipes()
+        try:
+            with log_path.open("ab") as log:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *self._launch_argv(pipes, mounts),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=pipes.child_fds,
+                )
+            pipes.close_child_ends()
+            await asyncio.to_thread(pipes.read, pipes.ready_r, b"\n", _START_TIMEOUT_S)
+            self._write_id_maps(self._proc.pid)
+            os.write(pipes.go_w, b"go\n")
+            info = await asyncio.to_thread(pipes.read, pipes.info_r, b"}", _START_TIMEOUT_S)
+            await asyncio.to_thread(pipes.read, pipes.up_r, b"\n", _START_TIMEOUT_S)
+            self._pid = int(json.loads(info)["child-pid"])
+            if spec.network:
+                await self._start_network()
+        except (OSError, ValueError, KeyError, TimeoutError) as exc:
+            await self.stop()
+            tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+            raise SandboxStartError(f"sandbox failed to start: {exc}\n{tail}".strip()) from exc
+        except BaseException:
+            await self.stop()
+            raise
+        finally:
+            pipes.close_all()
+
+    def _launch_argv(self, pipes: _Pipes, mounts: Path) -> list[str]:
+        spec = self.spec
+        mount_cmds = []
+        for i, ov in enumerate(spec.overlays):
+            lowers = ":".join(str(p) for p in ov.lowers)
+            opts = f"lowerdir={lowers},upperdir={ov.upper},workdir={ov.work},userxattr"
+            mount_cmds.append(
+                shlex.join(
+                    ["mount", "-n", "-t", "overlay", "overlay", "-o", opts, str(mounts / str(i))]
+                )
+            )
+        bwrap = [
+            BWRAP,
+            "--die-with-parent",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-net",
+            "--unshare-cgroup-try",
+            "--hostname",
+            spec.hostname,
+            "--cap-drop",
+            "ALL",
+        ]
+        for i, ov in enumerate(spec.overlays):
+            bwrap += ["--bind", str(mounts / str(i)), ov.target]
+        root = spec.overlays[0]
+        for link in HOST_LINKS:
+            host = Path(f"/{link}")
+            present = any(os.path.lexists(d / link) for d in (*root.lowers, root.upper))
+            if host.is_symlink() and not present:
+                bwrap += ["--symlink", os.readlink(host), f"/{link}"]
+        bwrap += ["--proc", "/proc", "--dev", "/dev"]
+        for name in READ_ONLY_PROC:
+            if os.path.exists(f"/proc/{name}"):
+                bwrap += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+        unique = {b.target: b for b in spec.binds}.values()  # the last bind per target wins
+        for b in sorted(unique, key=lambda b: len(PurePosixPath(b.target).parts)):
+            bwrap += ["--ro-bind" if b.read_only else "--bind", str(b.source), b.target]
+        bwrap += ["--chdir", "/", "--info-fd", str(pipes.info_w)]
+        # dash (fast to start) writes to the pipes by /dev/fd path: its redirections only
+        # take one-digit descriptors. Inherited pipe ends stay open, which is harmless.
+        init = f"echo up >/dev/fd/{pipes.up_w}; exec sleep infinity </dev/null >/dev/null 2>&1"
+        bwrap += ["--", "/bin/sh", "-c", init]
+        # Stage 2 runs once the id map is written: a fresh exec gives root's capabilities.
+        stage2 = "set -e\n" + "\n".join(mount_cmds) + "\nexec " + shlex.join(bwrap)
+        stage1 = (
+            f"echo >/dev/fd/{pipes.ready_w}; read -r _ </dev/fd/{pipes.go_r}; "
+            f"exec /bin/sh -c {shlex.quote(stage2)}"
+        )
+        argv = [
+            "unshare",
+            "--user",
+            "--mount",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-c",
+            stage1,
+        ]
+        if spec.cgroup is not None:
+            argv = [*spec.cgroup.join_command(), *argv]
+        return argv
+
+    @staticmethod
+    def _write_id_maps(pid: int) -> None:
+        uid, gid = os.geteuid(), os.getegid()
+        if uid == 0:
+            # Identity map: uids inside are the host's (apt's _apt, useradd, chown work),
+            # yet root inside holds capabilities only over the sandbox's own namespaces.
+            Path(f"/proc/{pid}/uid_map").write_text("0 0 4294967295\n")
+            Path(f"/proc/{pid}/gid_map").write_text("0 0 4294967295\n")
+            return
+        Path(f"/proc/{pid}/setgroups").write_text("deny\n")
+        Path(f"/proc/{pid}/uid_map").write_text(f"0 {uid} 1\n")
+        Path(f"/proc/{pid}/gid_map").write_text(f"0 {gid} 1\n")
+
+    async def _start_network(self) -> None:
+        ready_r, ready_w = os.pipe()
+        exit_r, exit_w = os.pipe()
+        try:
+            self._slirp = await asyncio.create_subprocess_exec(
+                SLIRP4NETNS,
+                "--configure",
+                "--mtu=65520",
+                "--disable-host-loopback",
+                f"--ready-fd={ready_w}",
+                f"--exit-fd={exit_r}",
+                str(self._pid),
+                "tap0",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                pass_fds=(ready_w, exit_r),
+            )
+            os.close(ready_w)
+            ready_w = -1
+            self._slirp_exit_w = exit_w
+            await asyncio.to_thread(_read_until, ready_r, b"1", _START_TIMEOUT_S)
+        finally:
+            for fd in (ready_r, ready_w, exit_r):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+
+    # -- exec ----------------------------------------------------------------------------
+    def exec_argv(self, argv: Sequence[str], *, cwd: str, uid: int, gid: int) -> list[str]:
+        """The host command that runs ``argv`` inside the sandbox (environment passed apart).
+
+        ``setpriv`` bounds the capabilities to Docker's default set, ``nsenter`` joins
+        the sandbox's namespaces, root directory and working folder as the user.
+        """
+        if self._pid is None:
+            raise LocalEnvironmentError("exec on a sandbox that is not running")
+        spec = self.spec
+        out = list(spec.cgroup.join_command()) if spec.cgroup is not None else []
+        out += [_tool("nsenter"), "-t", str(self._pid), "-U", "-m", "-p", "-n", "-u", "-i"]
+        out += ["--root", f"--wdns={cwd}", "-S", str(uid), "-G", str(gid), "--"]
+        if os.geteuid() == 0:
+            # Joining a user namespace grants every capability in it (setns resets the
+            # bounding set), so the bound is applied inside, by the sandbox's setpriv.
+            caps = ",".join(f"+{c}" for c in DOCKER_CAPS)
+            out += ["setpriv", f"--bounding-set=-all,{caps}", "--"]
+        if spec.memory_rlimit_mb is not None:
+            out += ["prlimit", f"--data={spec.memory_rlimit_mb * 1024 * 1024}", "--"]
+        return [*out, *argv]
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        uid: int = 0,
+        gid: int = 0,
+        timeout_sec: float | None = None,
+        on_output: OutputSink | None = None,
+    ) -> ExecOutcome:
+        """Run ``argv`` in the sandbox; on timeout kill its process group and raise."""
+        proc = await asyncio.create_subprocess_exec(
+            *self.exec_argv(argv, cwd=cwd, uid=uid, gid=gid),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._execs.add(proc)
+        out: list[str] = []
+        err: list[str] = []
+        pumps = [
+            asyncio.create_task(_pump(proc.stdout, out, "stdout", on_output)),
+            asyncio.create_task(_pump(proc.stderr, err, "stderr", on_output)),
+        ]
+
+        async def finish() -> int:
+            code = await proc.wait()
+            # A background process may keep the pipes open: read what is there, no more.
+            _, pending = await asyncio.wait(pumps, timeout=_DRAIN_GRACE_S)
+            for task in pending:
+                task.cancel()
+            return code
+
+        try:
+            code = (
+                await asyncio.wait_for(finish(), timeout=timeout_sec)
+                if timeout_sec
+                else await finish()
+            )
+        except TimeoutError:
+            await _kill_group(proc)
+            raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds") from None
+        except BaseException:
+            await _kill_group(proc)
+            raise
+        finally:
+            for task in pumps:
+                task.cancel()
+            self._execs.discard(proc)
+        return ExecOutcome("".join(out), "".join(err), code)
+
+    # -- stop ----------------------------------------------------------------------------
+    async def stop(self) -> None:
+        """Kill every process of the sandbox and its helpers; idempotent."""
+        pid, self._pid = self._pid, None
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # pid 1 of the namespace: all of it dies
+        for proc in list(self._execs):
+            await _kill_group(proc)
+        if self._proc is not None:
+            if self._proc.returncode is None:
+                try:
+                    await asyncio.wait_for(self._proc.wait(), timeout=5)
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        self._proc.kill()
+                    await self._proc.wait()
+            self._proc = None
+        if self._slirp_exit_w is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._slirp_exit_w)
+            self._slirp_exit_w = None
+        if self._slirp is not None:
+            if self._slirp.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._slirp.kill()
+            await self._slirp.wait()
+            self._slirp = None
+        if self.spec.cgroup is not None:
+            await asyncio.to_thread(self.spec.cgroup.remove)
+
+
+class _Pipes:
+    """The helper's handshake pipes: ready (userns made), go (map written), info, up."""
+
+    def __init__(self) -> None:
+        self.ready_r, self.ready_w = os.pipe()
+        self.go_r, self.go_w = os.pipe()
+        self.info_r, self.info_w = os.pipe()
+        self.up_r, self.up_w = os.pipe()
+        self._open = {self.ready_r, self.ready_w, self.go_r, self.go_w}
+        self._open |= {self.info_r, self.info_w, self.up_r, self.up_w}
+
+    @property
+    def child_fds(self) -> tuple[int, ...]:
+        return (self.ready_w, self.go_r, self.info_w, self.up_w)
+
+    def close_child_ends(self) -> None:
+        for fd in self.child_fds:
+            self._close(fd)
+
+    def close_all(self) -> None:
+        for fd in list(self._open):
+            self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    @staticmethod
+    def read(fd: int, until: bytes, timeout_s: float) -> bytes:
+        return _read_until(fd, until, timeout_s)
+
+
+def _read_until(fd: int, until: bytes, timeout_s: float) -> bytes:
+    """Read from a pipe until ``until`` arrives; EOF or timeout raise."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while until not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no answer from the sandbox helper in {timeout_s:.0f}s")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise OSError("the sandbox helper exited during start-up")
+        data += chunk
+    return data
+
+
+async def _pump(
+    stream: asyncio.StreamReader | None, sink: list[str], name: str, on_output: OutputSink | None
+) -> None:
+    if stream is None:
+        return
+    size = 0
+    while chunk := await stream.readline():
+        text = chunk.decode(errors="replace")
+        if size < _MAX_CAPTURE:
+            sink.append(text)
+            size += len(text)
+            if size >= _MAX_CAPTURE:
+                sink.append("\n[trialbus: output truncated]\n")
+        if on_output is not None:
+            await on_output(text, name)
+
+
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """Kill a command's process group (the command and what it started in the foreground)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    await proc.wait()

@@ -1,0 +1,63 @@
+"""The benchmarks' quick mode runs end to end, so the benchmark code cannot rot.
+
+It checks that every benchmark ran and reported sane numbers, not that the targets
+are met (that is what ``make bench`` on a quiet machine is for).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = ["overhead", "scaling", "pipeline", "submit", "import", "latency"]
+
+
+def test_quick_benchmarks_write_all_six_results(tmp_path: Path) -> None:
+    results, doc = tmp_path / "results.json", tmp_path / "performance.md"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--quick",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--results",
+            str(results),
+            "--doc",
+            str(doc),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(results.read_text())
+    assert report["mode"] == "quick"
+    assert [b["name"] for b in report["benchmarks"]] == NAMES
+    for bench in report["benchmarks"]:
+        assert "error" not in bench, bench.get("traceback")
+        assert {"value", "unit", "target", "target_op", "met", "peers"} <= set(bench)
+        assert math.isfinite(bench["value"]) and bench["unit"]
+        for figure in bench["peers"]:
+            assert math.isfinite(figure["value"]), figure
+    by_name = {b["name"]: b for b in report["benchmarks"]}
+    for name in ("pipeline", "import", "scaling"):
+        assert by_name[name]["value"] > 0, by_name[name]
+    assert 0 < by_name["submit"]["value"] < 60
+    assert 0 < by_name["latency"]["value"] < 1000
+    # Raw ceilings are measured beside the pipeline in the same run.
+    ceilings = {f["name"] for f in by_name["pipeline"]["peers"]}
+    assert {"jetstream_publish_ceiling", "ledger_bulk_upsert_ceiling"} <= ceilings
+    page = doc.read_text()
+    assert "| benchmark | measured | target |" in page
+    assert all(f"| {name}:" in page for name in NAMES)

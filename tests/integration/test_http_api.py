@@ -1,0 +1,206 @@
+"""The submitter's HTTP API (in-process, via httpx's ASGI transport) against the real
+nats-server and ledger: bearer-token checks, YAML and JSON bodies, and every bad
+manifest of the corpus refused with a 422 that names the field (never a 500)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+from fastapi import FastAPI
+
+from schemas.subjects import Topology
+from services.common.settings import SubmitterSettings
+from services.submitter.app import create_app
+from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_TASKS = REPO / "examples" / "tasks"
+TOKEN = "test-token-5d41402abc4b2a76"
+GOOD_YAML = """\
+name: http-api
+tasks: [hello-file, count-words]
+agents:
+  - name: oracle
+  - name: nop
+repetitions: 2
+"""
+N_TRIALS = 2 * 2 * 2
+
+Client = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@pytest.fixture
+def client(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -> Client:
+    """Open a client on a submitter app (lifespan run: NATS and the ledger connected)."""
+
+    @asynccontextmanager
+    async def open_client(
+        api_token: str | None = TOKEN, tasks_root: Path = EXAMPLE_TASKS
+    ) -> AsyncIterator[httpx.AsyncClient]:
+        settings = SubmitterSettings(
+            nats_url=nats_url,
+            ledger_url=ledger_url,
+            ledger_db=ledger_db,
+            prefix=topology.prefix,
+            api_token=api_token,
+            tasks_root=tasks_root,
+            log_json=True,
+        )
+        app: FastAPI = create_app(settings)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+                yield c
+
+    return open_client
+
+
+async def _work_messages(nats_url: str, topology: Topology, experiment_id: str = "*") -> int:
+    nc = await nats.connect(nats_url)
+    try:
+        info = await nc.jetstream().stream_info(
+            topology.work_stream, subjects_filter=topology.work_subject(experiment_id)
+        )
+        return sum((info.state.subjects or {}).values())
+    finally:
+        await nc.close()
+
+
+async def _post_yaml(
+    api: httpx.AsyncClient, text: str, authorization: str | None = f"Bearer {TOKEN}"
+) -> httpx.Response:
+    headers = {"Content-Type": "application/yaml"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    return await api.post("/experiments", content=text, headers=headers)
+
+
+async def test_submit_requires_the_configured_token(
+    client: Client, nats_url: str, topology: Topology
+) -> None:
+    async with client() as api:
+        # Health checks stay open; everything else needs the token.
+        assert (await api.get("/healthz")).status_code == 200
+        refused = [
+            await _post_yaml(api, GOOD_YAML, authorization=None),
+            await _post_yaml(api, GOOD_YAML, authorization="Bearer wrong"),
+            await _post_yaml(api, GOOD_YAML, authorization=TOKEN),  # no scheme
+            await _post_yaml(api, GOOD_YAML, authorization=f"Basic {TOKEN}"),
+            await _post_yaml(api, GOOD_YAML, authorization=f"Bearer {TOKEN}x"),
+            await _post_yaml(api, GOOD_YAML, authorization=f"Bearer {TOKEN[:-1]}"),
+            await api.get("/experiments/anything/status"),
+            await api.get("/experiments/anything/leaderboard"),
+        ]
+        for response in refused:
+            assert response.status_code == 401, response.text
+            assert response.headers["WWW-Authenticate"] == "Bearer"
+        assert await _work_messages(nats_url, topology) == 0  # nothing was published
+
+        accepted = await _post_yaml(api, GOOD_YAML)
+        assert accepted.status_code == 202, accepted.text
+        body = accepted.json()
+        assert (body["n_trials"], body["n_published"]) == (N_TRIALS, N_TRIALS)
+        assert await _work_messages(nats_url, topology, body["experiment_id"]) == N_TRIALS
+
+        # The same manifest as JSON names the same experiment; its trials dedupe.
+        again = await api.post(
+            "/experiments",
+            json=_as_mapping(),
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        assert again.status_code == 202, again.text
+        assert again.json()["experiment_id"] == body["experiment_id"]
+        assert again.json()["n_duplicates"] == N_TRIALS
+        assert await _work_messages(nats_url, topology) == N_TRIALS
+
+
+def _as_mapping() -> dict[str, object]:
+    return {
+        "name": "http-api",
+        "tasks": ["hello-file", "count-words"],
+        "agents": [{"name": "oracle"}, {"name": "nop"}],
+        "repetitions": 2,
+    }
+
+
+async def test_without_a_configured_token_submit_is_open(
+    client: Client, nats_url: str, topology: Topology
+) -> None:
+    async with client(api_token=None) as api:
+        response = await api.post("/experiments", json=_as_mapping())
+        assert response.status_code == 202, response.text
+        assert await _work_messages(nats_url, topology) == N_TRIALS
+
+
+# Cases whose refusal is about reading a file, which an HTTP body does not have.
+_FILE_ONLY = {"not-utf8"}
+
+
+def _problems(case: Case, response: httpx.Response) -> list[str]:
+    if response.status_code != 422:
+        return [f"{case.name}: HTTP {response.status_code}: {response.text[:300]}"]
+    error: str = response.json()["error"]
+    problems = [f"{case.name}: {f!r} not in {error!r}" for f in case.expect if f not in error]
+    if case.spec.get("stage") != "resolve" and not error.startswith("request body: "):
+        problems.append(f"{case.name}: does not name the body: {error!r}")
+    problems += [f"{case.name}: echoes a secret" for s in case.spec.get("never", []) if s in error]
+    return problems
+
+
+async def test_every_bad_manifest_of_the_corpus_is_a_422_naming_the_field(
+    client: Client, nats_url: str, topology: Topology, tmp_path: Path
+) -> None:
+    # One app for the whole corpus (one case per request), problems collected per case.
+    problems: list[str] = []
+    async with client(tasks_root=TASKS_ROOT) as api:
+        for case in cases("manifests"):
+            if case.name not in _FILE_ONLY:
+                text = manifest_file(case, tmp_path).read_text()
+                problems += _problems(case, await _post_yaml(api, text))
+    assert problems == []
+    assert await _work_messages(nats_url, topology) == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        pytest.param(
+            json.dumps({**_as_mapping(), "repetitions": 0}),
+            422,
+            "request body: repetitions: Input should be greater than or equal to 1",
+            id="field-out-of-range",
+        ),
+        pytest.param(
+            json.dumps({**_as_mapping(), "agents": [{"name": "oracle", "envv": {}}]}),
+            422,
+            "request body: agents[0].envv: unknown field",
+            id="unknown-field",
+        ),
+        pytest.param(json.dumps(["hello-file"]), 422, "must be a mapping", id="json-list"),
+        pytest.param("{not json", 422, "json_invalid", id="invalid-json"),
+        pytest.param("", 422, "expected a manifest", id="empty-body"),
+        pytest.param(
+            '{"name": ' + "[" * 5000 + "]" * 5000 + "}", 400, "error parsing", id="deep-json"
+        ),
+        pytest.param('{"repetitions": ' + "9" * 5000 + "}", 400, "error parsing", id="huge-int"),
+    ],
+)
+async def test_bad_json_bodies_are_client_errors(
+    client: Client, body: str, status: int, fragment: str
+) -> None:
+    async with client() as api:
+        response = await api.post(
+            "/experiments",
+            content=body,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
+        )
+    assert response.status_code == status, response.text
+    assert fragment in response.text

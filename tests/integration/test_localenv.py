@@ -1,0 +1,280 @@
+"""The local environment against the real kernel: overlays, namespaces, cgroups, network.
+
+Each test builds a tiny task (no package downloads) and drives ``LocalEnvironment``
+the way Harbor does: start, exec, transfers, stop. Layers are cached for the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
+from harbor.models.task.config import NetworkMode, NetworkPolicy
+from harbor.models.trial.paths import TrialPaths
+
+from services.localenv.environment import (
+    ExecTimeoutError,
+    LocalEnvironment,
+    UnsupportedEnvironmentError,
+)
+from services.localenv.sandbox import missing_host_tools
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or bool(missing_host_tools(network=True)),
+    reason="needs root and bwrap/slirp4netns/util-linux (make setup)",
+)
+
+UBUNTU = "FROM ubuntu:24.04\nWORKDIR /app\n"
+EnvFactory = Callable[..., LocalEnvironment]
+
+
+@pytest.fixture(scope="module")
+def layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("layers")
+
+
+@pytest.fixture
+def make_env(tmp_path: Path, layers: Path) -> EnvFactory:
+    """Write a task environment folder and return a LocalEnvironment over it."""
+
+    def make(
+        dockerfile: str = UBUNTU,
+        *,
+        files: dict[str, str] | None = None,
+        network: bool = False,
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+        **kwargs: Any,
+    ) -> LocalEnvironment:
+        name = uuid.uuid4().hex[:8]
+        env_dir = tmp_path / "tasks" / name / "environment"
+        env_dir.mkdir(parents=True)
+        (env_dir / "Dockerfile").write_text(dockerfile)
+        for rel, text in (files or {}).items():
+            (env_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (env_dir / rel).write_text(text)
+        paths = TrialPaths(tmp_path / "trials" / name)
+        paths.mkdir()
+        mode = NetworkMode.PUBLIC if network else NetworkMode.NO_NETWORK
+        return LocalEnvironment(
+            environment_dir=env_dir,
+            environment_name=name,
+            session_id=f"{name}__env",
+            trial_paths=paths,
+            task_env_config=TaskEnvironmentConfig(cpus=cpus, memory_mb=memory_mb),
+            network_policy=NetworkPolicy(network_mode=mode),
+            scratch_dir=str(tmp_path / "sandboxes"),
+            cache_dir=str(layers),
+            **kwargs,
+        )
+
+    return make
+
+
+@asynccontextmanager
+async def running(env: LocalEnvironment) -> AsyncIterator[LocalEnvironment]:
+    await env.start(force_build=False)
+    try:
+        yield env
+    finally:
+        await env.stop(delete=True)
+
+
+async def sh(env: LocalEnvironment, command: str, **kwargs: Any) -> str:
+    result = await env.exec(command, **kwargs)
+    assert result.return_code == 0, (command, result.stdout, result.stderr)
+    return (result.stdout or "").strip()
+
+
+def host_processes(pattern: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if pattern in cmdline:
+                found.append(cmdline)
+    return found
+
+
+async def test_writes_stay_in_their_own_trial(make_env: EnvFactory) -> None:
+    probe = f"tb-probe-{uuid.uuid4().hex[:6]}"
+    paths = [f"/usr/local/bin/{probe}", f"/etc/{probe}", f"/var/lib/{probe}", f"/root/{probe}"]
+    async with running(make_env()) as a, running(make_env()) as b:
+        await sh(a, "; ".join(f"echo x > {p}" for p in paths) + "; rm /etc/debian_version")
+        assert await sh(a, f"cat {paths[0]}; test -e /etc/debian_version || echo gone") == "x\ngone"
+        assert (
+            await sh(b, " && ".join(f"test ! -e {p}" for p in paths) + " && echo clean") == "clean"
+        )
+        assert (
+            await sh(b, "cat /etc/debian_version")
+            == Path("/etc/debian_version").read_text().strip()
+        )
+    assert not any(Path(p).exists() for p in paths)
+    assert Path("/etc/debian_version").is_file()
+
+
+async def test_background_processes_persist_then_all_die(make_env: EnvFactory) -> None:
+    marker = f"{time.time_ns() % 100000 + 100000}"
+    env = make_env()
+    async with running(env):
+        await sh(
+            env, f"setsid nohup sleep {marker} >/dev/null 2>&1 & sleep {marker}1 >/dev/null 2>&1 &"
+        )
+        assert "sleep" in await sh(env, f"ps -eo args | grep '^sleep {marker}' | head -1")
+        assert host_processes(f"sleep {marker}")
+    deadline = time.monotonic() + 5
+    while host_processes(f"sleep {marker}") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert host_processes(f"sleep {marker}") == []
+
+
+async def test_fixed_ports_do_not_collide(make_env: EnvFactory) -> None:
+    serve = (
+        "head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /app/token; "
+        "nohup python3 -m http.server 8765 --bind 127.0.0.1 --directory /app >/dev/null 2>&1 & "
+        "for i in $(seq 100); do curl -fs localhost:8765/token >/dev/null && break; sleep 0.05; done"
+    )
+    async with running(make_env()) as a, running(make_env()) as b:
+        await asyncio.gather(sh(a, serve), sh(b, serve))
+        for env in (a, b):
+            assert await sh(env, "curl -fs localhost:8765/token") == await sh(env, "cat /app/token")
+        assert await sh(a, "cat /app/token") != await sh(b, "cat /app/token")
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", 8765)) != 0  # nothing leaked onto the host
+
+
+async def test_network_mode_is_honoured(make_env: EnvFactory) -> None:
+    async with running(make_env()) as offline, running(make_env(network=True)) as online:
+        offline_links = await sh(offline, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+        assert offline_links.split() == ["lo"]
+        assert "tap0" in await sh(online, "tail -n +3 /proc/net/dev | cut -d: -f1")
+        # The host's loopback services stay out of reach even with network.
+        hosts = await sh(online, "cat /etc/resolv.conf")
+        assert "10.0.2.3" in hosts
+
+
+async def test_memory_and_cpu_limits(make_env: EnvFactory) -> None:
+    env = make_env(cpus=0.5, memory_mb=64)
+    async with running(env):
+        hog = "python3 -c 'b = bytearray(256 * 1024 * 1024); print(len(b))'"
+        result = await env.exec(hog)
+        assert result.return_code != 0
+        assert (
+            await env.exec("python3 -c 'print(len(bytearray(8 * 1024 * 1024)))'")
+        ).return_code == 0
+        sandbox = env._sandbox
+        assert sandbox is not None and sandbox.spec.cgroup is not None
+        wanted = ("memory.limit_in_bytes", "memory.max", "cpu.cfs_quota_us", "cpu.max")
+        files = {
+            name: (d / name).read_text().strip()
+            for d in sandbox.spec.cgroup.dirs
+            for name in wanted
+            if (d / name).is_file()
+        }
+        limits = {k: v for k, v in files.items() if k in ("memory.limit_in_bytes", "memory.max")}
+        assert set(limits.values()) == {str(64 * 1024 * 1024)}
+        assert files.get("cpu.cfs_quota_us") == "50000" or files.get("cpu.max") == "50000 100000"
+        dirs = sandbox.spec.cgroup.dirs
+    assert not any(d.exists() for d in dirs)  # cgroups removed with the trial
+
+
+async def test_timeout_kills_the_command(make_env: EnvFactory) -> None:
+    env = make_env()
+    async with running(env):
+        started = time.monotonic()
+        with pytest.raises(ExecTimeoutError):
+            await env.exec("sleep 30", timeout_sec=1)
+        assert time.monotonic() - started < 5
+        assert await sh(env, "echo still-usable") == "still-usable"
+
+
+async def test_transfers_cannot_follow_links_to_the_host(
+    make_env: EnvFactory, tmp_path: Path
+) -> None:
+    name = f"tb-upload-{uuid.uuid4().hex[:6]}"
+    local = tmp_path / "local.txt"
+    local.write_text("payload")
+    env = make_env()
+    async with running(env):
+        await sh(env, "ln -s /etc /app/hostetc && ln -s /etc/hostname /app/hostname-link")
+        await env.upload_file(local, f"/app/hostetc/{name}")
+        assert await sh(env, f"cat /etc/{name}") == "payload"
+        out = tmp_path / "download"
+        await env.download_dir("/app", out)
+        assert (out / "hostetc").is_symlink() and os.readlink(out / "hostetc") == "/etc"
+    assert not Path(f"/etc/{name}").exists()
+
+
+async def test_image_config_users_and_cache(make_env: EnvFactory, layers: Path) -> None:
+    dockerfile = (
+        "FROM debian:bookworm\n"
+        "RUN useradd -m -u 1234 tester && date +%s%N > /opt/built-at\n"
+        "ENV FOO=bar\nUSER tester\nWORKDIR /home/tester/work\n"
+    )
+    first = make_env(dockerfile)
+    async with running(first):
+        assert await sh(first, "id -u; echo $FOO; pwd; echo $HOME") == (
+            "1234\nbar\n/home/tester/work\n/home/tester"
+        )
+        assert await sh(first, "id -u", user="root") == "0"
+        built_at = await sh(first, "cat /opt/built-at")
+    assert (first.trial_paths.trial_dir / "environment-build.log").is_file()
+    # Same definition: the cached layer is reused, nothing is rebuilt.
+    second = make_env(dockerfile)
+    async with running(second):
+        assert await sh(second, "cat /opt/built-at") == built_at
+    assert not (second.trial_paths.trial_dir / "environment-build.log").exists()
+
+
+async def test_lent_tools_and_kernel_knobs(make_env: EnvFactory) -> None:
+    env = make_env()
+    async with running(env):
+        assert (await sh(env, "uv --version")).startswith("uv ")
+        assert await sh(env, ". $HOME/.local/bin/env && command -v uvx") == "/root/.local/bin/uvx"
+        if Path("/etc/ssl/certs/ca-certificates.crt").is_file():
+            assert await sh(env, "echo $SSL_CERT_FILE") == "/etc/ssl/certs/ca-certificates.crt"
+        denied = await env.exec("echo 1 > /proc/sys/kernel/sysrq || echo denied")
+        assert "denied" in (denied.stdout or "")
+        assert (await env.exec("mount -t tmpfs none /mnt")).return_code != 0
+
+
+async def test_keep_sandbox(make_env: EnvFactory) -> None:
+    kept = make_env(keep_sandbox=True)
+    async with running(kept):
+        await sh(kept, "echo kept > /app/f")
+    assert (kept._root / "upper" / "root" / "app" / "f").read_text() == "kept\n"
+    shutil.rmtree(kept._root)
+    dropped = make_env()
+    async with running(dropped):
+        pass
+    assert not dropped._root.exists()
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "compose", "fragment"),
+    [
+        ("FROM node:20\n", False, "node:20"),
+        ("FROM ubuntu:24.04 AS a\nFROM ubuntu:24.04\n", False, "multi-stage"),
+        (UBUNTU, True, "docker compose"),
+    ],
+)
+async def test_unsupported_definitions(
+    make_env: EnvFactory, dockerfile: str, compose: bool, fragment: str
+) -> None:
+    env = make_env(dockerfile, files={"docker-compose.yaml": "services: {}\n"} if compose else {})
+    with pytest.raises(UnsupportedEnvironmentError, match=fragment):
+        await env.start(force_build=False)
+    await env.stop(delete=True)
