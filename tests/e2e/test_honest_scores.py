@@ -3,7 +3,7 @@
 The same agent runs the same two tasks in two experiments through the whole stack
 (separate processes, real Harbor trials in the local environment, the real CLI and
 HTTP API). The second experiment also has a task the local environment refuses (a
-docker compose task: LocalEnvironmentError, infrastructure, not retried). Its trials
+docker compose task: UnsupportedEnvironmentError, infrastructure, not retried). Its trials
 must be counted and shown by cause, and the mean, pass rate, intervals and pass@k
 must be exactly those of the first experiment. Scoring them as zeros would have
 given a mean of 3/9 instead of 3/6.
@@ -143,7 +143,7 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
     report = _json(env, "report", exp_mixed, "--html", str(html))
     assert report["leaderboard"] == [m]
     [failure] = report["failures"]
-    assert failure["exception_type"] == "LocalEnvironmentError"
+    assert failure["exception_type"] == "UnsupportedEnvironmentError"
     assert (failure["failure_class"], failure["scored"], failure["count"]) == (
         "infrastructure",
         False,
@@ -153,7 +153,7 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
     assert compose_row["cells"][0]["n_scored"] == 0
     assert compose_row["cells"][0]["unscored_by_cause"] == {"infrastructure": 3}
     page = html.read_text()
-    assert "LocalEnvironmentError" in page and "6 / 9" in page
+    assert "UnsupportedEnvironmentError" in page and "6 / 9" in page
 
     # The paired comparison of the two runs: the same tasks, the same outcomes.
     cmp = _json(env, "compare", exp_clean, exp_mixed)
@@ -168,4 +168,4 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
     assert httpx.get(f"{base}/compare", params={"a": exp_clean, "b": exp_mixed}).json() == cmp
     page_http = httpx.get(f"{base}/experiments/{exp_mixed}/report.html")
     assert page_http.headers["content-type"].startswith("text/html")
-    assert "LocalEnvironmentError" in page_http.text
+    assert "UnsupportedEnvironmentError" in page_http.text
