@@ -24,7 +24,8 @@ import nats
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
-from benchmarks.harness import BenchResult, Context, Figure, median, percentile
+from benchmarks import ceilings
+from benchmarks.harness import BenchResult, Context, Figure, percentile
 from benchmarks.stack import INSTANT_EXECUTOR, BenchStack, warm_up
 from benchmarks.workload import many_trials
 from schemas.events import ExperimentSubmitted
@@ -102,6 +103,7 @@ def run(ctx: Context) -> BenchResult:
     ) as stack:
         asyncio.run(warm_up(stack, many_trials(4, name="warm"), run_dir))
         observed, dispatch = asyncio.run(measure(stack, n))
+        rtt = asyncio.run(ceilings.round_trips_ms(stack.nats_url, n))
     return BenchResult(
         name="latency",
         title="Dispatch latency TrialRequested -> TrialStarted, idle stack (p50)",
@@ -125,7 +127,9 @@ def run(ctx: Context) -> BenchResult:
             ),
             Figure("dispatch_p99", percentile(dispatch, 99), "ms"),
             Figure("observed_mean", sum(observed) / len(observed), "ms"),
-            Figure("dispatch_median", median(dispatch), "ms"),
+            Figure("jetstream_publish_rtt_p50", rtt["publish"], "ms", "plain nats-py, same server"),
+            Figure("kv_create_rtt_p50", rtt["kv_create"], "ms", "plain nats-py"),
+            Figure("kv_get_rtt_p50", rtt["kv_get"], "ms", "plain nats-py"),
         ],
         config={"samples": n, "pause_s": PAUSE_S, "runner_concurrency": RUNNER_CONCURRENCY},
     )

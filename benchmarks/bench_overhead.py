@@ -69,9 +69,7 @@ def run(ctx: Context) -> BenchResult:
     starts: list[float] = []
     for i in range(ctx.runs):
         ctx.log(f"overhead run {i + 1}/{ctx.runs}: harbor run ({workload.n_trials} trials)")
-        harbor_runs.append(
-            run_harbor(workload, ctx.path(f"overhead-harbor-{i}"), warm_up=not ctx.quick)
-        )
+        harbor_runs.append(run_harbor(workload, ctx.path(f"overhead-harbor-{i}")))
         ctx.log(f"overhead run {i + 1}/{ctx.runs}: trialbus ({workload.n_trials} trials)")
         tb, start_s = run_trialbus(ctx, workload, f"overhead-trialbus-{i}")
         tb_runs.append(tb)

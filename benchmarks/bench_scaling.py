@@ -44,9 +44,7 @@ def run(ctx: Context) -> BenchResult:
         )
         two.append(run2)
         ctx.log(f"scaling run {i + 1}/{ctx.runs}: harbor run pinned to core {a}")
-        harbor.append(
-            run_harbor(workload, ctx.path(f"scaling-harbor-{i}"), cpus={a}, warm_up=not ctx.quick)
-        )
+        harbor.append(run_harbor(workload, ctx.path(f"scaling-harbor-{i}"), cpus={a}))
         check_same_outcome(workload, harbor[-1], run1)
         check_same_outcome(workload, harbor[-1], run2)
     n = workload.n_trials

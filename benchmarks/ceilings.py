@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import nats
-from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from pymongo import ASCENDING, AsyncMongoClient, UpdateOne
 
 from schemas.record import TrialRecord
@@ -153,3 +161,29 @@ def replicate_record(template: TrialRecord, n: int, experiment_id: str) -> list[
 def database_name() -> str:
     """A database name no earlier run used."""
     return "ceiling_" + secrets.token_hex(4)
+
+
+async def round_trips_ms(nats_url: str, n: int) -> dict[str, float]:
+    """Median milliseconds of one acknowledged JetStream publish, one KV create and one
+    KV get (the runner makes one publish and three KV calls before TrialStarted)."""
+    nc = await nats.connect(nats_url, name="ceiling-rtt")
+    try:
+        js = nc.jetstream()
+        stream = "RTT" + secrets.token_hex(3).upper()
+        await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream.lower()}.>"]))
+        kv = await js.create_key_value(KeyValueConfig(bucket=stream + "_KV", history=1))
+        samples: dict[str, list[float]] = {"publish": [], "kv_create": [], "kv_get": []}
+        for i in range(n):
+            t0 = time.perf_counter()
+            await js.publish(f"{stream.lower()}.x", b"x" * 512)
+            t1 = time.perf_counter()
+            await kv.create(f"k{i}", b"1")
+            t2 = time.perf_counter()
+            await kv.get(f"k{i}")
+            t3 = time.perf_counter()
+            samples["publish"].append(t1 - t0)
+            samples["kv_create"].append(t2 - t1)
+            samples["kv_get"].append(t3 - t2)
+        return {k: 1000 * statistics.median(v) for k, v in samples.items()}
+    finally:
+        await nc.close()

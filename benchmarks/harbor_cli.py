@@ -66,7 +66,8 @@ def run_harbor(
     fresh_dir(run_dir)
     if warm_up:
         small = dataclasses.replace(workload, name=f"warmup-{workload.name}", repetitions=1)
-        _run_job(small, run_dir, cpus=cpus, env=env, timeout_s=timeout_s)
+        # Untimed and unchecked: a warm-up trial that fails changes no measured one.
+        _run_job(small, run_dir, cpus=cpus, env=env, timeout_s=timeout_s, check=False)
     return _run_job(workload, run_dir, cpus=cpus, env=env, timeout_s=timeout_s)
 
 
@@ -77,6 +78,7 @@ def _run_job(
     cpus: set[int] | None,
     env: dict[str, str] | None,
     timeout_s: float,
+    check: bool = True,
 ) -> HarborRun:
     jobs_dir = run_dir / "jobs"
     config = workload.harbor_job_config(
@@ -110,7 +112,7 @@ def _run_job(
     job_dir = jobs_dir / workload.name
     result = json.loads((job_dir / "result.json").read_text())
     stats = result["stats"]
-    if stats["n_completed_trials"] != workload.n_trials or stats["n_errored_trials"]:
+    if check and (stats["n_completed_trials"] != workload.n_trials or stats["n_errored_trials"]):
         raise HarborRunError(
             f"harbor ran {stats['n_completed_trials']} of {workload.n_trials} trials "
             f"({stats['n_errored_trials']} errored); see {job_dir}"

@@ -282,7 +282,7 @@ def _nats_server_version() -> str:
         )
     except (OSError, subprocess.SubprocessError, RuntimeError):
         return "-"
-    return out.stdout.strip() or out.stderr.strip()
+    return (out.stdout.strip() or out.stderr.strip()).removeprefix("nats-server: ")
 
 
 def load_average() -> tuple[float, float, float]:

@@ -7,10 +7,12 @@ where the time goes, what limits each number) live in ``benchmarks.prose``.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from benchmarks import prose
+from benchmarks.suite import BENCHMARKS
 
 BUSY_LOAD = 1.0
 """1-minute load average above which the page says the machine was busy."""
@@ -73,8 +75,7 @@ def detail(b: dict[str, Any]) -> str:
     if "error" in b:
         out += [f"This benchmark failed in this run: `{b['error']}`.", ""]
         return "\n".join(out)
-    out.append(prose.WHAT.get(b["name"], "").strip())
-    out.append("")
+    out += [_what(b["name"]), ""]
     config = ", ".join(f"{k} = {v}" for k, v in b["config"].items())
     runs = ", ".join(fmt(v, b["unit"]) for v in b["runs"][:12])
     more = f" ... ({len(b['runs'])} values)" if len(b["runs"]) > 12 else ""
@@ -98,6 +99,13 @@ def detail(b: dict[str, Any]) -> str:
         out += ["", f"Note: {note}"]
     out += ["", prose.LIMITS.get(b["name"], "").strip(), ""]
     return "\n".join(out)
+
+
+def _what(name: str) -> str:
+    """A benchmark's description: its module's docstring, minus the title line."""
+    bench = BENCHMARKS.get(name)
+    doc = (sys.modules[bench.__module__].__doc__ or "") if bench else ""
+    return doc.split("\n", 1)[1].strip() if "\n" in doc else doc.strip()
 
 
 def render_markdown(report: dict[str, Any]) -> str:

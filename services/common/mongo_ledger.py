@@ -9,6 +9,10 @@ BSON dates would truncate them to milliseconds and change the content hash) plus
 - ``imported_at``: BSON date of the last write that changed the document;
 - ``first_imported_at``: BSON date of the insert (orders ``experiment_ids``).
 
+A batch is first inserted as it is (unordered ``insert_many``): new trials, the usual
+case, are stored by the cheapest write. Items whose trial_id is stored already fail
+on the unique index and are upserted instead.
+
 An upsert is ``UpdateOne({trial_id, content_hash != h [, status != "complete"]},
 {$set: doc}, upsert=True)``. When the filter matches nothing because the stored
 document already has this content (or is complete and the new one partial), the
@@ -96,6 +100,7 @@ class MongoLedger:
         outcome = UpsertOutcome()
         pending = [(r, record_content_hash(r)) for r in collapse_batch(records)]
         async with _translate_errors("upsert_records"):
+            pending = await self._insert_new(pending, outcome)
             for _ in range(_MAX_ROUNDS):
                 if not pending:
                     return outcome
@@ -113,6 +118,34 @@ class MongoLedger:
             ids = ", ".join(r.trial_id for r, _ in pending)
             raise LedgerConflict(f"records kept changing under concurrent writers: {ids}")
         return outcome
+
+    async def _insert_new(
+        self, items: list[tuple[TrialRecord, str]], outcome: UpsertOutcome
+    ) -> list[tuple[TrialRecord, str]]:
+        """Insert the items no document exists for yet; return the others.
+
+        Most batches are new trials (a fresh import, finished runs), and a plain
+        insert is the cheapest write: 3-4x the rate of the conditional upsert on
+        SecantusDB (benchmarks/, docs/performance.md). An item whose trial_id is
+        stored already fails on the unique index and goes the upsert way.
+        """
+        if not items:
+            return []
+        now = datetime.now(UTC)
+        docs = [_document(record, h, now) | {"first_imported_at": now} for record, h in items]
+        try:
+            await self._trials.insert_many(docs, ordered=False)
+            stored: set[int] = set()
+        except BulkWriteError as exc:
+            details = exc.details
+            errors = details.get("writeErrors", [])
+            if details.get("writeConcernErrors") or any(
+                e.get("code") != DUPLICATE_KEY for e in errors
+            ):
+                raise
+            stored = {int(e["index"]) for e in errors}
+        outcome.inserted.extend(r.trial_id for i, (r, _h) in enumerate(items) if i not in stored)
+        return [items[i] for i in sorted(stored)]
 
     async def _bulk(self, ops: list[UpdateOne]) -> tuple[set[int], set[int]]:
         """Run one unordered bulk; return (indexes upserted, indexes hitting 11000)."""
@@ -239,13 +272,18 @@ class MongoLedger:
         await self._client.close()
 
 
+def _document(record: TrialRecord, content_hash: str, now: datetime) -> Doc:
+    doc = record.model_dump(mode="json")
+    doc["content_hash"] = content_hash
+    doc["imported_at"] = now
+    return doc
+
+
 def _upsert_op(record: TrialRecord, content_hash: str, now: datetime) -> UpdateOne:
     query: Doc = {"trial_id": record.trial_id, "content_hash": {"$ne": content_hash}}
     if record.status == "partial":
         query["status"] = {"$ne": "complete"}
-    doc = record.model_dump(mode="json")
-    doc["content_hash"] = content_hash
-    doc["imported_at"] = now
+    doc = _document(record, content_hash, now)
     return UpdateOne(query, {"$set": doc, "$setOnInsert": {"first_imported_at": now}}, upsert=True)
 
 

@@ -136,18 +136,21 @@ async def apply_plan(plan: BatchPlan, ledger: Ledger, bus: EventBus) -> None:
     except Exception:
         log.exception("batch write refused; writing records one by one")
         outcome = await _upsert_one_by_one(plan, ledger)
-    for rec in plan.records.values():
-        await bus.publish(
-            ResultImported(
-                experiment_id=rec.experiment_id,
-                trial_id=rec.trial_id,
-                correlation_id=plan.correlation.get(rec.trial_id, ""),
-                status=rec.status,
-                scored=rec.evaluation.reward_valid,
-                main_reward=rec.evaluation.main_reward,
-                changed=outcome.changed(rec.trial_id),
-            )
+    events = [
+        ResultImported(
+            experiment_id=rec.experiment_id,
+            trial_id=rec.trial_id,
+            correlation_id=plan.correlation.get(rec.trial_id, ""),
+            status=rec.status,
+            scored=rec.evaluation.reward_valid,
+            main_reward=rec.evaluation.main_reward,
+            changed=outcome.changed(rec.trial_id),
         )
+        for rec in plan.records.values()
+    ]
+    # All at once: awaited one after the other, each acknowledged publish is a round
+    # trip, and they made up most of a batch's time (benchmarks, docs/performance.md).
+    await asyncio.gather(*(bus.publish(event) for event in events))
 
 
 async def _upsert_one_by_one(plan: BatchPlan, ledger: Ledger) -> UpsertOutcome:

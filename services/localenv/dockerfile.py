@@ -184,6 +184,7 @@ def split_words(text: str, env: Mapping[str, str]) -> list[str]:
         # As in a shell, an unquoted word that expands to nothing disappears.
         if quoted or "".join(cur):
             words.append("".join(cur))
+
     i, n = 0, len(text)
     while i < n:
         c = text[i]

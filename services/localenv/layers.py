@@ -92,6 +92,8 @@ def layer_key(**inputs: object) -> str:
 
 
 Builder = Callable[[Path], Awaitable[ImageConfig]]
+# Layers are immutable once built: their configuration is read once per process.
+_KNOWN_LAYERS: dict[Path, Layer] = {}
 
 
 class LayerCache:
@@ -104,12 +106,17 @@ class LayerCache:
         return self.root / key
 
     def lookup(self, key: str) -> Layer | None:
-        """The finished layer for ``key``, if there is one."""
+        """The finished layer for ``key``, if there is one (remembered per process)."""
         path = self.path_for(key)
+        known = _KNOWN_LAYERS.get(path)
+        if known is not None and path.is_dir():
+            return known
         try:
-            return Layer(path, ImageConfig.from_json((path / "image.json").read_text()))
+            layer = Layer(path, ImageConfig.from_json((path / "image.json").read_text()))
         except (OSError, ValueError, TypeError):
             return None
+        _KNOWN_LAYERS[path] = layer
+        return layer
 
     async def get(self, key: str, build: Builder) -> tuple[Layer, bool]:
         """The layer for ``key`` and whether this call built it.

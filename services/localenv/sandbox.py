@@ -35,17 +35,23 @@ import contextlib
 import json
 import logging
 import os
-import select
 import shlex
 import shutil
 import signal
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from services.localenv.errors import ExecTimeoutError, LocalEnvironmentError, SandboxStartError
 from services.localenv.limits import TrialCgroup
+from services.localenv.procs import (
+    HelperPipes,
+    OutputCapture,
+    OutputSink,
+    exit_code,
+    kill_group,
+    read_until,
+)
 
 BWRAP = "bwrap"
 SLIRP4NETNS = "slirp4netns"
@@ -73,12 +79,9 @@ DOCKER_CAPS = (
 READ_ONLY_PROC = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 # Host top-level links (merged /usr on Debian) recreated inside the sandbox.
 HOST_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-_MAX_CAPTURE = 8 * 1024 * 1024
 _START_TIMEOUT_S = 30.0
 _DRAIN_GRACE_S = 0.5
 _FORBIDDEN_IN_PATHS = (":", ",", "\n")
-
-OutputSink = Callable[[str, str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +184,7 @@ class Sandbox:
         self._slirp_exit_w: int | None = None
         self._pid: int | None = None
         self._execs: set[asyncio.subprocess.Process] = set()
+        self._drains: set[asyncio.Task[None]] = set()
 
     @property
     def running(self) -> bool:
@@ -207,7 +211,7 @@ class Sandbox:
             for d in (ov.upper, ov.work, mounts / str(i)):
                 d.mkdir(parents=True, exist_ok=True)
         log_path = spec.state_dir / "sandbox.log"
-        pipes = _Pipes()
+        pipes = HelperPipes()
         try:
             with log_path.open("ab") as log:
                 self._proc = await asyncio.create_subprocess_exec(
@@ -236,7 +240,7 @@ class Sandbox:
         finally:
             pipes.close_all()
 
-    def _launch_argv(self, pipes: _Pipes, mounts: Path) -> list[str]:
+    def _launch_argv(self, pipes: HelperPipes, mounts: Path) -> list[str]:
         spec = self.spec
         mount_cmds = []
         for i, ov in enumerate(spec.overlays):
@@ -334,7 +338,7 @@ class Sandbox:
             os.close(ready_w)
             ready_w = -1
             self._slirp_exit_w = exit_w
-            await asyncio.to_thread(_read_until, ready_r, b"1", _START_TIMEOUT_S)
+            await asyncio.to_thread(read_until, ready_r, b"1", _START_TIMEOUT_S)
         finally:
             for fd in (ready_r, ready_w, exit_r):
                 if fd >= 0:
@@ -354,9 +358,10 @@ class Sandbox:
         out = list(spec.cgroup.join_command()) if spec.cgroup is not None else []
         out += [_tool("nsenter"), "-t", str(self._pid), "-U", "-m", "-p", "-n", "-u", "-i"]
         out += ["--root", f"--wdns={cwd}", "-S", str(uid), "-G", str(gid), "--"]
-        if os.geteuid() == 0:
+        if uid == 0 and os.geteuid() == 0:
             # Joining a user namespace grants every capability in it (setns resets the
             # bounding set), so the bound is applied inside, by the sandbox's setpriv.
+            # (Other users hold no capabilities; as non-root runner, root is not uid 0.)
             caps = ",".join(f"+{c}" for c in DOCKER_CAPS)
             out += ["setpriv", f"--bounding-set=-all,{caps}", "--"]
         if spec.memory_rlimit_mb is not None:
@@ -384,19 +389,16 @@ class Sandbox:
             start_new_session=True,
         )
         self._execs.add(proc)
-        out: list[str] = []
-        err: list[str] = []
+        out, err = OutputCapture(on_output), OutputCapture(on_output)
         pumps = [
-            asyncio.create_task(_pump(proc.stdout, out, "stdout", on_output)),
-            asyncio.create_task(_pump(proc.stderr, err, "stderr", on_output)),
+            asyncio.create_task(out.pump(proc.stdout, "stdout")),
+            asyncio.create_task(err.pump(proc.stderr, "stderr")),
         ]
 
         async def finish() -> int:
-            code = await proc.wait()
-            # A background process may keep the pipes open: read what is there, no more.
-            _, pending = await asyncio.wait(pumps, timeout=_DRAIN_GRACE_S)
-            for task in pending:
-                task.cancel()
+            code = await exit_code(proc)
+            # A background process may keep the pipes open: take what is there, no more.
+            await asyncio.wait(pumps, timeout=_DRAIN_GRACE_S)
             return code
 
         try:
@@ -406,16 +408,25 @@ class Sandbox:
                 else await finish()
             )
         except TimeoutError:
-            await _kill_group(proc)
-            raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds") from None
-        except BaseException:
-            await _kill_group(proc)
-            raise
-        finally:
+            await kill_group(proc)
             for task in pumps:
                 task.cancel()
+            raise ExecTimeoutError(f"Command timed out after {timeout_sec} seconds") from None
+        except BaseException:
+            await kill_group(proc)
+            for task in pumps:
+                task.cancel()
+            raise
+        finally:
             self._execs.discard(proc)
-        return ExecOutcome("".join(out), "".join(err), code)
+        # Keep reading (and dropping) what background processes still write, so that
+        # they never block on a full pipe; the reads end with the sandbox.
+        for capture, task in ((out, pumps[0]), (err, pumps[1])):
+            capture.detached = True
+            if not task.done():
+                self._drains.add(task)
+                task.add_done_callback(self._drains.discard)
+        return ExecOutcome(out.text(), err.text(), code)
 
     # -- stop ----------------------------------------------------------------------------
     async def stop(self) -> None:
@@ -425,7 +436,9 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # pid 1 of the namespace: all of it dies
         for proc in list(self._execs):
-            await _kill_group(proc)
+            await kill_group(proc)
+        for task in list(self._drains):
+            task.cancel()
         if self._proc is not None:
             if self._proc.returncode is None:
                 try:
@@ -447,82 +460,3 @@ class Sandbox:
             self._slirp = None
         if self.spec.cgroup is not None:
             await asyncio.to_thread(self.spec.cgroup.remove)
-
-
-class _Pipes:
-    """The helper's handshake pipes: ready (userns made), go (map written), info, up."""
-
-    def __init__(self) -> None:
-        self.ready_r, self.ready_w = os.pipe()
-        self.go_r, self.go_w = os.pipe()
-        self.info_r, self.info_w = os.pipe()
-        self.up_r, self.up_w = os.pipe()
-        self._open = {self.ready_r, self.ready_w, self.go_r, self.go_w}
-        self._open |= {self.info_r, self.info_w, self.up_r, self.up_w}
-
-    @property
-    def child_fds(self) -> tuple[int, ...]:
-        return (self.ready_w, self.go_r, self.info_w, self.up_w)
-
-    def close_child_ends(self) -> None:
-        for fd in self.child_fds:
-            self._close(fd)
-
-    def close_all(self) -> None:
-        for fd in list(self._open):
-            self._close(fd)
-
-    def _close(self, fd: int) -> None:
-        if fd in self._open:
-            self._open.discard(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    @staticmethod
-    def read(fd: int, until: bytes, timeout_s: float) -> bytes:
-        return _read_until(fd, until, timeout_s)
-
-
-def _read_until(fd: int, until: bytes, timeout_s: float) -> bytes:
-    """Read from a pipe until ``until`` arrives; EOF or timeout raise."""
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    while until not in data:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no answer from the sandbox helper in {timeout_s:.0f}s")
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            raise OSError("the sandbox helper exited during start-up")
-        data += chunk
-    return data
-
-
-async def _pump(
-    stream: asyncio.StreamReader | None, sink: list[str], name: str, on_output: OutputSink | None
-) -> None:
-    if stream is None:
-        return
-    size = 0
-    while chunk := await stream.readline():
-        text = chunk.decode(errors="replace")
-        if size < _MAX_CAPTURE:
-            sink.append(text)
-            size += len(text)
-            if size >= _MAX_CAPTURE:
-                sink.append("\n[trialbus: output truncated]\n")
-        if on_output is not None:
-            await on_output(text, name)
-
-
-async def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """Kill a command's process group (the command and what it started in the foreground)."""
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    await proc.wait()

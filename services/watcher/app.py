@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Collection
 from pathlib import Path
 
 from faststream import FastStream
@@ -27,7 +28,7 @@ from services.common.mongo_ledger import MongoLedger
 from services.common.service import keep_in_progress, raw_body
 from services.common.settings import WatcherSettings
 from services.importer.jobdir import scan_job_dir
-from services.watcher.logic import completion_of, finished_external_jobs
+from services.watcher.logic import RecordTally, completion_of, finished_external_jobs
 
 log = get_logger(__name__)
 
@@ -40,17 +41,49 @@ class Watcher:
         self._ledger = ledger
         self._bus = bus
         self._announced_jobs: set[Path] = set()
+        self._tallies: dict[str, RecordTally] = {}
+        self._correlation: dict[str, str] = {}
 
-    async def check(self, experiment_id: str, correlation_id: str) -> None:
-        done = await completion_of(self._ledger, experiment_id, correlation_id)
+    async def check(
+        self,
+        experiment_id: str,
+        correlation_id: str,
+        imported: Collection[str] = (),
+        *,
+        exact: bool = False,
+    ) -> None:
+        """Publish ExperimentCompleted if every trial is recorded.
+
+        ``imported``: trial ids of the ResultImported events that prompted the check;
+        the ledger is asked only when they may complete the experiment (``exact``
+        always asks).
+        """
+        tally = self._tallies.setdefault(experiment_id, RecordTally())
+        tally.since.update(imported)
+        self._correlation[experiment_id] = correlation_id
+        if exact:
+            tally.counted = None
+        done = await completion_of(self._ledger, experiment_id, correlation_id, tally)
         if done is None:
             return
+        self._tallies.pop(experiment_id, None)
+        self._correlation.pop(experiment_id, None)
         job_dir = job_dir_for(self._settings.jobs_dir, experiment_id)
         if read_marker(job_dir) is not None:
             # Harbor's own job summary, so `harbor view` shows the job as finished.
             await asyncio.to_thread(write_job_result, job_dir, experiment_id, done.n_trials)
         await self._bus.publish(done)
         log.info("experiment completed", experiment_id=experiment_id, n_scored=done.n_scored)
+
+    async def recheck(self) -> None:
+        """Ask the ledger about experiments with imports since their last count.
+
+        A safety net for a tally that under-counts: with several watcher processes
+        sharing the durable, each sees only part of the events.
+        """
+        for experiment_id, tally in list(self._tallies.items()):
+            if tally.since:
+                await self.check(experiment_id, self._correlation[experiment_id], exact=True)
 
     async def scan_external(self) -> int:
         """Announce the trials of finished Harbor jobs made outside trialbus."""
@@ -111,6 +144,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
     async def on_events(msg: NatsMessage) -> None:
         raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch
         todo: dict[str, str] = {}
+        imported: dict[str, set[str]] = {}
         poison: list[Msg] = []
         for raw in raws:
             try:
@@ -120,10 +154,14 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
                 continue
             if isinstance(ev, ExperimentSubmitted | ResultImported):
                 todo[ev.experiment_id] = ev.correlation_id
+            if isinstance(ev, ResultImported):
+                imported.setdefault(ev.experiment_id, set()).add(ev.trial_id)
         try:
             async with keep_in_progress(raws, 3.0):
                 for experiment_id, correlation_id in todo.items():
-                    await state["watcher"].check(experiment_id, correlation_id)
+                    await state["watcher"].check(
+                        experiment_id, correlation_id, imported.get(experiment_id, ())
+                    )
         except LedgerUnavailable as exc:
             log.warning("ledger unavailable; batch will be redelivered", error=str(exc))
             await asyncio.gather(*(r.nak(delay=2) for r in raws))
@@ -140,6 +178,14 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
                 log.exception("jobs folder scan failed; retrying")
             await asyncio.sleep(settings.scan_interval_s)
 
+    async def recheck_loop(watcher: Watcher) -> None:
+        while True:
+            await asyncio.sleep(settings.scan_interval_s)
+            try:
+                await watcher.recheck()
+            except Exception:
+                log.exception("completion re-check failed; retrying")
+
     app = FastStream(broker)
 
     @app.on_startup
@@ -152,6 +198,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
 
     @app.after_startup
     async def start_scanning() -> None:
+        tasks.append(asyncio.create_task(recheck_loop(state["watcher"])))
         if settings.watch_external:
             tasks.append(asyncio.create_task(scan_loop(state["watcher"])))
         log.info("watcher ready", jobs_dir=str(settings.jobs_dir))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.events import ExperimentCompleted
@@ -9,16 +10,51 @@ from services.common.harbor_jobs import read_marker
 from services.common.ledger import Ledger
 
 
+@dataclass(slots=True)
+class RecordTally:
+    """An upper bound on an experiment's ledger records, kept from the events seen.
+
+    ``counted`` is the ledger's count at the last exact check, ``since`` the trials
+    whose ResultImported arrived after it. Some of those may be counted already, so
+    for a watcher that sees every event the sum can only over-estimate: below the
+    experiment's size, the experiment is certainly incomplete and the ledger need not
+    be asked. Counting on every batch of events cost the ledger a scan of the whole
+    experiment per batch (quadratic work; docs/performance.md).
+    """
+
+    counted: int | None = None
+    since: set[str] = field(default_factory=set)
+
+    def may_be_complete(self, n_trials: int) -> bool:
+        return self.counted is None or self.counted + len(self.since) >= n_trials
+
+    def reset(self, counted: int) -> None:
+        self.counted = counted
+        self.since.clear()
+
+
 async def completion_of(
-    ledger: Ledger, experiment_id: str, correlation_id: str = ""
+    ledger: Ledger,
+    experiment_id: str,
+    correlation_id: str = "",
+    tally: RecordTally | None = None,
 ) -> ExperimentCompleted | None:
-    """ExperimentCompleted when every trial of the experiment has a ledger record."""
+    """ExperimentCompleted when every trial of the experiment has a ledger record.
+
+    With a ``tally`` the ledger is counted only when the tally allows completion
+    (and the tally is reset to the count); without one, always.
+    """
     info = await ledger.get_experiment(experiment_id)
     if info is None:
         return None
+    if tally is not None and not tally.may_be_complete(info.n_trials):
+        return None
     # Count first (one indexed query): loading every record on each batch of events
     # made the watcher's work grow with the square of the experiment's size.
-    if await ledger.count_records(experiment_id) < info.n_trials:
+    counted = await ledger.count_records(experiment_id)
+    if tally is not None:
+        tally.reset(counted)
+    if counted < info.n_trials:
         return None
     records = await ledger.records_for(experiment_id)
     if len(records) < info.n_trials:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def test_base_image_overrides() -> None:
     assert resolve_base("node:20", overrides={"node:*": "host"}).python is None
     mapped = resolve_base("my/img:1", overrides={"my/img:1": f"python{OWN_PYTHON}"})
     assert mapped.python is not None
-    with pytest.raises(UnsupportedEnvironmentError, match="'host' or 'python3.X'"):
+    with pytest.raises(UnsupportedEnvironmentError, match=re.escape("'host' or 'python3.X'")):
         resolve_base("my/img:1", overrides={"my/img:1": "alpine"})
 
 

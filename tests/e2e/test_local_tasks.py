@@ -1,0 +1,179 @@
+"""Terminal-Bench-style tasks through the whole trialbus pipeline in the local environment.
+
+The tasks in tests/fixtures/tasks exercise what the local environment imitates:
+Dockerfile replay (apt-get, pip, COPY, ENV, WORKDIR, ARG), a verifier that gets
+pytest with uvx, a server on a fixed port in concurrent repetitions, writes outside
+the trial's overlay, and a failing RUN step. Each runs with the oracle (must score
+1.0) and nop (must score 0.0) agents, twice, submitted through the real CLI to the
+embedded stack; the failing build must end unscored as an infrastructure failure,
+not retried. The host must be unchanged afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.stack import EmbeddedStack
+from schemas.subjects import Topology
+from services.common.mongo_ledger import MongoLedger
+from services.localenv.images import resolve_base
+from services.localenv.sandbox import missing_host_tools
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or bool(missing_host_tools(network=True)),
+        reason="needs root and bwrap/slirp4netns/util-linux (make setup)",
+    ),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = ROOT / "tests" / "fixtures" / "tasks"
+SCORED = ("dockerfile-replay", "uvx-verifier", "fixed-port", "escape-attempt")
+PROBE = "trialbus-escape-probe"
+PROBE_DIRS = ("/usr/bin", "/usr/local/lib", "/etc", "/var/lib", "/opt", "/root", "/work/main")
+
+
+def host_snapshot() -> dict[str, Any]:
+    """What a trial could have changed on the host: packages, files, the Python it used."""
+    python = resolve_base("python:3.12-slim").python
+    assert python is not None
+    site = Path(python.prefix) / "lib" / "python3.12" / "site-packages"
+
+    def listing(folder: str | Path) -> list[str]:
+        path = Path(folder)
+        return sorted(os.listdir(path)) if path.is_dir() else []
+
+    return {
+        "dpkg_status": hashlib.sha256(Path("/var/lib/dpkg/status").read_bytes()).hexdigest(),
+        "dpkg_info": len(listing("/var/lib/dpkg/info")),
+        "usr_bin": listing("/usr/bin"),
+        "usr_local": {d: listing(f"/usr/local/{d}") for d in ("bin", "lib", "share")},
+        "etc": listing("/etc"),
+        "var_lib": listing("/var/lib"),
+        "python_site_packages": listing(site),
+        "probes": [d for d in PROBE_DIRS if Path(d, PROBE).exists()],
+        "tree_installed": Path("/usr/bin/tree").exists(),
+    }
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+
+
+def servers_left() -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "http.server 8765" in cmdline:
+                found.append(cmdline)
+    return found
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
+) -> Iterator[EmbeddedStack]:
+    s = EmbeddedStack(
+        tmp_path / "stack",
+        concurrency=4,
+        prefix=topology.prefix,
+        ledger_db=ledger_db,
+        nats_url=nats_url,
+        ledger_url=ledger_url,
+    )
+    with s:
+        yield s
+
+
+async def test_local_tasks_end_to_end(stack: EmbeddedStack, tmp_path: Path) -> None:
+    before = host_snapshot()
+    manifest = tmp_path / "local-tasks.yaml"
+    manifest.write_text(
+        yaml.safe_dump(
+            {
+                "name": "local-environment-tasks",
+                "tasks": [str(TASKS / name) for name in (*SCORED, "failing-run")],
+                "agents": [{"name": "oracle"}, {"name": "nop"}],
+                "repetitions": 2,
+                "compute": {
+                    "environment": "local",
+                    "n_concurrent_trials": 4,
+                    "environment_kwargs": {"cache_dir": str(tmp_path / "layers")},
+                },
+                "retry": {"max_attempts": 3, "backoff_seconds": 1},
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env.update(
+        {
+            "NATS_URL": stack.nats_url or "",
+            "LEDGER_URL": stack.ledger_url or "",
+            "TRIALBUS_PREFIX": stack.prefix,
+            "TRIALBUS_LEDGER_DB": stack.ledger_db,
+            "TRIALBUS_STACK_FILE": str(tmp_path / "no-stack.json"),
+        }
+    )
+    proc = cli(env, "submit", str(manifest), "--wait", "--json")
+    # The failing build leaves unscored trials: exit code 1, as for any unscored trial.
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["n_trials"] == 20 and summary["status"]["recorded"] == 20
+
+    ledger = MongoLedger(stack.ledger_url or "", stack.ledger_db)
+    try:
+        records = await ledger.records_for(summary["experiment_id"])
+    finally:
+        await ledger.close()
+    outcomes: dict[tuple[str, str], list[Any]] = {}
+    for rec in records:
+        key = (rec.provenance.task_name, rec.provenance.agent_name)
+        outcomes.setdefault(key, []).append(rec)
+    for task in SCORED:
+        for agent, reward in (("oracle", 1.0), ("nop", 0.0)):
+            got = [
+                (r.evaluation.main_reward, r.evaluation.failure_class)
+                for r in outcomes[task, agent]
+            ]
+            assert got == [(reward, "none")] * 2, (task, agent, outcomes[task, agent])
+    for agent in ("oracle", "nop"):
+        for rec in outcomes["failing-run", agent]:
+            ev = rec.evaluation
+            assert (ev.main_reward, ev.reward_valid, ev.failure_class) == (
+                None,
+                False,
+                "infrastructure",
+            )
+            assert ev.exception_type == "DockerfileBuildError"
+            assert "exit code 3" in (ev.exception_message or "")
+            assert rec.attempts == 1  # a failed RUN is deterministic: never retried
+            trial_dir = Path(rec.artifacts.trial_dir or "")
+            assert "something went wrong" in (trial_dir / "environment-build.log").read_text()
+
+    # Nothing left behind: no trial folders, no servers, the host as it was.
+    sandboxes = stack.data_dir / "sandboxes"
+    assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
+    assert servers_left() == []
+    assert host_snapshot() == before
