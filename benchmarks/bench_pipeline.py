@@ -93,6 +93,7 @@ def run(ctx: Context) -> BenchResult:
         payloads, record = sample_inputs(workload, Path(tmp))
     rates: list[float] = []
     cpu_ms: list[float] = []
+    by_process: list[dict[str, float]] = []
     submit_s: list[float] = []
     ceils: list[dict[str, float]] = []
     for i in range(ctx.runs):
@@ -108,6 +109,7 @@ def run(ctx: Context) -> BenchResult:
             result = asyncio.run(run_experiment(stack, manifest))
         rates.append(result.trials_per_s)
         cpu_ms.append(result.cpu_ms_per_trial)
+        by_process.append({k: 1000 * v / result.n_trials for k, v in result.cpu_by_process.items()})
         submit_s.append(result.submit_s)
         ctx.log(f"pipeline run {i + 1}/{ctx.runs}: raw ceilings")
         ceils.append(run_ceilings(ctx, f"ceilings-{i}", payloads, record))
@@ -143,6 +145,15 @@ def run(ctx: Context) -> BenchResult:
             ),
             Figure("cpu_ms_per_trial", median(cpu_ms), "ms", "all stack processes"),
             Figure("submit_s", median(submit_s), "s", "validate, expand, publish (in the window)"),
+            *(
+                Figure(
+                    f"cpu_ms_per_trial_{name}",
+                    median([b[name] for b in by_process]),
+                    "ms",
+                    "this process's share",
+                )
+                for name in sorted(by_process[0])
+            ),
         ],
         config={
             "trials": workload.n_trials,

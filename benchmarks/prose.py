@@ -11,7 +11,7 @@ TITLE = """
 # Performance
 
 trialbus measured against what users would run instead, on one machine, in one run:
-`make bench` (about 25 minutes) writes this page and `benchmarks/results.json`. Every
+`make bench` (15-20 minutes) writes this page and `benchmarks/results.json`. Every
 number below is from the run described under "This run"; the code is in
 `benchmarks/` (one module per benchmark). Read the targets as targets: where a
 number misses one, the section says where the time goes and what would fix it.
@@ -86,19 +86,28 @@ KEY_PEERS: dict[str, list[str]] = {
 
 LIMITS: dict[str, str] = {
     "overhead": """
-**Where the time goes.** Quick trials are not CPU-bound at concurrency 8 on this
-machine: each nop or oracle trial spends most of its ~0.7 s in Harbor's phases and in
-starting sandboxed processes (bwrap, bash), so both sides leave CPU idle and the wall
-time is set by trial latency x trials / concurrency. trialbus adds, per trial, one
-work-queue delivery, three NATS KV calls (the experiment-wide concurrency lease and
-the attempt counter), the TrialStarted and TrialCompleted publishes, the ack, live
-log lines, the importer's record (file reads, validation, one ledger write) and its
-ResultImported: that is the difference between the two CPU-per-trial figures, about
-a quarter of a trial's CPU, spent in other processes while the runner's slots keep
-running trials. trialbus's runner drives Harbor's `Trial` directly and skips the work
-Harbor's `Job` does around each trial (progress display, the job's result file,
-metrics), which is why trialbus's wall time can come out at or below bare Harbor's.
-When trials are CPU-bound (one core, below) the added CPU shows up as lost throughput.
+**Where the time goes.** Quick trials are not CPU-bound at concurrency 8 on an idle
+2-core machine: a nop or oracle trial spends most of its 0.6-0.9 s in Harbor's phases
+(environment start, agent, verifier) and in starting sandboxed processes (bwrap,
+bash), so the wall time is about trial latency x trials / concurrency on both sides.
+trialbus adds, per trial, one work-queue delivery, about five NATS KV round trips (the
+experiment-wide concurrency lease and the attempt counter), the TrialStarted and
+TrialCompleted publishes, the ack, live log lines, the importer's record (file reads,
+validation, one ledger write), its ResultImported, and the watcher's bookkeeping: the
+difference between the two CPU-per-trial figures. trialbus's runner drives Harbor's
+`Trial` directly and skips what Harbor's `Job` does around each trial (progress
+display, job result file, metrics), so on a quiet machine the two sides are close
+(in development, at load average below 1: 200 trials in 17.9 s through trialbus, 11.2
+trials/s, the same rate bare Harbor reached). When the machine is busy the extra
+processes cost more than their CPU share: in a development run at load average 5,
+trialbus's trials each took no longer than Harbor's (0.78 s vs 0.87 s mean, from the
+trials' own result.json), but its runner kept fewer in flight (5.2 vs 7.3 on average),
+because the runner process, which runs all eight trials' Harbor orchestration (about
+100 ms of CPU per trial), competed for the two cores with nats-server, the importer,
+the watcher and the ledger as well as with the other work on the machine. What would
+help: fewer round trips per trial (one KV call for lease and attempt), and running
+the importer and watcher off the runners' machines, as a multi-machine deployment
+does.
 """,
     "scaling": """
 **What limits it.** On one core everything competes for that core: the runner, the
@@ -114,11 +123,12 @@ the overhead section) when the CPU, not trial latency, is the limit.
     "pipeline": """
 **Where the time goes** (py-spy on each service, per-process CPU from the run). With
 trials that cost nothing, every trial still costs the stack about 3-4 ms of CPU
-across processes (figure `cpu_ms_per_trial`): the runner ~1.5 ms (three KV calls for
-the lease and attempt counter, two acknowledged publishes, the ack, the instant
-executor's file writes), the importer ~0.8 ms (decoding events, reading result.json,
-validating it into a record, hashing it), nats-server ~0.4 ms, the ledger ~0.5 ms and
-the watcher ~0.3 ms. On two cores that caps the pipeline near 2 / 3.5 ms, about
+across processes (figure `cpu_ms_per_trial`, split by process in the
+`cpu_ms_per_trial_*` figures): the runner ~1.4 ms (about five KV round trips for the
+lease and attempt counter, two acknowledged publishes, the ack, the instant executor's
+file writes), the importer ~0.8 ms (decoding events, reading result.json, validating
+it into a record, hashing it), the ledger ~0.5 ms, nats-server ~0.4 ms and the
+watcher ~0.25 ms. On two cores that caps the pipeline near 2 / 3.5 ms, about
 500-600 trials/s even with perfect overlap; 1,000 trials/s needs under 2 ms of CPU
 per trial in total. The serial stage is the importer: FastStream hands it one batch
 at a time (200 events, of which only the TrialCompleted third yields records; it also
@@ -162,29 +172,34 @@ atomic batch publish, or fewer, larger work messages).
 """,
     "import": """
 **Where the time goes** (cProfile of the in-process import). Building records is the
-larger half: per trial, about seven `stat` calls and path manipulations, reading and
+larger part: per trial, about seven `stat` calls and path manipulations, reading and
 validating result.json against Harbor's schema, and hashing the record; the rest is
 the ledger write. The CLI figure adds the interpreter start and imports (1-2 s),
-which weighs heavily on small imports. **Fixed while measuring:** the ledger write is
-an insert for new trials (see the pipeline section), and the next batch's files are
-read while the ledger writes the current batch (the two run in different processes,
-so on two cores they overlap). **What would fix the rest:** build records in a
-process pool (the work is pure Python under one GIL), fewer filesystem calls per
-trial, and real MongoDB, whose write rate is far above SecantusDB's (run with
-`--mongo-url` to measure it beside). 2,000 trials/s into the embedded ledger is above
-SecantusDB's own raw bulk-upsert rate on this machine (measured beside), so the
-embedded target cannot be met by trialbus's code alone.
+which is most of the gap to the in-process figure at 10,000 trials and nearly all of
+the time for small imports. **Fixed while measuring:** the ledger write is an insert
+for new trials (see the pipeline section), which is why the import can beat the raw
+bulk-*upsert* ceiling measured beside it (the raw insert rate of SecantusDB, about
+2,800 documents/s in development, is the ceiling for a fresh import); and the next
+batch's files are read while the ledger writes the current batch (different
+processes, so on two cores they overlap; 990 -> 1,390 trials/s in one development
+comparison). **What would fix the rest:** build records in a process pool (the work
+is pure Python under one GIL), fewer filesystem calls per trial, and real MongoDB
+for large imports (run with `--mongo-url` to measure it beside).
 """,
     "latency": """
-**Where the time goes.** An idle runner has a pull request waiting at the server, so
-delivery itself is fast. Before it publishes TrialStarted the runner takes the
-experiment's concurrency lease (one KV create) and counts the attempt (one KV get,
-one create), each a round trip to nats-server that stores to disk; the plain nats-py
-round trips measured beside it (`kv_create_rtt_p50`, `kv_get_rtt_p50`) add up to
-most of the dispatch time. The observed figure adds the TrialStarted publish and its
-delivery to the observer. **What would fix it:** one KV operation per trial (the lease
-value can carry the attempt count), or publishing TrialStarted before the counter
-update when the attempt is known from the delivery count.
+**Where the time goes** (timestamps added to the runner during development, load
+average 3, median of 40 trials): from the TrialRequested publish to the runner's
+fetch returning it, 1.4 ms (the idle runner's pull request waits at the server, so
+this is the publish, the stream write and the delivery); from there to the trial's
+handler, 0.4 ms; the cached cancellation check, nothing; the experiment's
+concurrency lease plus the attempt counter, 2.7 ms. Those are about five KV round
+trips: the lease keys are reused, and creating a key that was purged takes a failed
+create, a get and an update; the attempt counter is a get and a create. The plain
+round trips measured beside it (`kv_create_rtt_p50`, `kv_get_rtt_p50`) show what
+each costs on an idle server. The observed figure adds the TrialStarted publish and
+its delivery to the observer. **What would fix it:** one KV operation per trial (the
+lease value can carry the attempt count; a new lease key per run avoids the purged-key
+dance), which would bring the dispatch p50 to about 2 ms here.
 """,
 }
 
@@ -219,7 +234,7 @@ REPRODUCE = """
 ## Reproducing
 
 ```
-make bench                       # all six, median of 3 runs (~25 min); writes this page
+make bench                       # all six, median of 3 runs (15-20 min); writes this page
 make bench-quick                 # tiny sizes, 1 run (~1.5 min); writes .trialbus/bench-quick/
 .venv/bin/python -m benchmarks --only pipeline,latency --runs 5
 .venv/bin/python -m benchmarks --only import --mongo-url mongodb://host:27017

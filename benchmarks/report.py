@@ -27,7 +27,7 @@ def fmt(value: float, unit: str) -> str:
     if unit == "s":
         return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
     if unit == "ms":
-        return f"{value:.1f} ms"
+        return f"{value:.2f} ms" if value < 1 else f"{value:.1f} ms"
     return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
 
 
