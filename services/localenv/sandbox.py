@@ -125,6 +125,11 @@ class ExecOutcome:
     return_code: int
 
 
+def _fstab_escape(field: str) -> str:
+    """An fstab field: whitespace and backslashes as octal escapes."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\\" else c for c in field)
+
+
 def _tool(name: str) -> str:
     """Absolute path of a host program (the command's own PATH is the trial's)."""
     return shutil.which(name) or name
@@ -242,15 +247,16 @@ class Sandbox:
 
     def _launch_argv(self, pipes: HelperPipes, mounts: Path) -> list[str]:
         spec = self.spec
-        mount_cmds = []
+        # One mount(8) for all overlays (an fstab of our own): each exec costs here.
+        fstab = spec.state_dir / "fstab"
+        lines = []
         for i, ov in enumerate(spec.overlays):
             lowers = ":".join(str(p) for p in ov.lowers)
             opts = f"lowerdir={lowers},upperdir={ov.upper},workdir={ov.work},userxattr"
-            mount_cmds.append(
-                shlex.join(
-                    ["mount", "-n", "-t", "overlay", "overlay", "-o", opts, str(mounts / str(i))]
-                )
+            lines.append(
+                f"overlay {_fstab_escape(str(mounts / str(i)))} overlay {_fstab_escape(opts)} 0 0\n"
             )
+        fstab.write_text("".join(lines))
         bwrap = [
             BWRAP,
             "--die-with-parent",
@@ -285,7 +291,8 @@ class Sandbox:
         init = f"echo up >/dev/fd/{pipes.up_w}; exec sleep infinity </dev/null >/dev/null 2>&1"
         bwrap += ["--", "/bin/sh", "-c", init]
         # Stage 2 runs once the id map is written: a fresh exec gives root's capabilities.
-        stage2 = "set -e\n" + "\n".join(mount_cmds) + "\nexec " + shlex.join(bwrap)
+        mount = shlex.join(["mount", "-n", "-a", "-T", str(fstab)])
+        stage2 = f"set -e\n{mount}\nexec {shlex.join(bwrap)}"
         stage1 = (
             f"echo >/dev/fd/{pipes.ready_w}; read -r _ </dev/fd/{pipes.go_r}; "
             f"exec /bin/sh -c {shlex.quote(stage2)}"

@@ -16,7 +16,7 @@ from tests.e2e.faultkit import events_of, figures, submit, wait_recorded, write_
 pytestmark = pytest.mark.e2e
 
 N = 1000
-DELAY_S = 40.0
+DELAY_S = 60.0
 
 
 def rss_kib(pid: int) -> int:

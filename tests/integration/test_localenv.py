@@ -73,9 +73,7 @@ def make_env(tmp_path: Path, layers: Path) -> EnvFactory:
             trial_paths=paths,
             task_env_config=TaskEnvironmentConfig(cpus=cpus, memory_mb=memory_mb),
             network_policy=NetworkPolicy(network_mode=mode),
-            scratch_dir=str(tmp_path / "sandboxes"),
-            cache_dir=str(layers),
-            **kwargs,
+            **{"scratch_dir": str(tmp_path / "sandboxes"), "cache_dir": str(layers), **kwargs},
         )
 
     return make
@@ -289,3 +287,10 @@ async def test_unsupported_definitions(
     with pytest.raises(UnsupportedEnvironmentError, match=fragment):
         await env.start(force_build=False)
     await env.stop(delete=True)
+
+
+async def test_folders_with_spaces(make_env: EnvFactory, tmp_path: Path) -> None:
+    spaced = tmp_path / "a folder with spaces"
+    env = make_env(scratch_dir=str(spaced / "sandboxes"), cache_dir=str(spaced / "layers"))
+    async with running(env):
+        assert await sh(env, "echo ok > /app/x && cat /app/x") == "ok"
