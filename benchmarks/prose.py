@@ -87,27 +87,34 @@ KEY_PEERS: dict[str, list[str]] = {
 LIMITS: dict[str, str] = {
     "overhead": """
 **Where the time goes.** Quick trials are not CPU-bound at concurrency 8 on an idle
-2-core machine: a nop or oracle trial spends most of its 0.6-0.9 s in Harbor's phases
+2-core machine: a nop or oracle trial spends most of its 0.5-1 s in Harbor's phases
 (environment start, agent, verifier) and in starting sandboxed processes (bwrap,
-bash), so the wall time is about trial latency x trials / concurrency on both sides.
-trialbus adds, per trial, one work-queue delivery, about five NATS KV round trips (the
-experiment-wide concurrency lease and the attempt counter), the TrialStarted and
-TrialCompleted publishes, the ack, live log lines, the importer's record (file reads,
-validation, one ledger write), its ResultImported, and the watcher's bookkeeping: the
-difference between the two CPU-per-trial figures. trialbus's runner drives Harbor's
-`Trial` directly and skips what Harbor's `Job` does around each trial (progress
-display, job result file, metrics), so on a quiet machine the two sides are close
-(in development, at load average below 1: 200 trials in 17.9 s through trialbus, 11.2
-trials/s, the same rate bare Harbor reached). When the machine is busy the extra
-processes cost more than their CPU share: in a development run at load average 5,
-trialbus's trials each took no longer than Harbor's (0.78 s vs 0.87 s mean, from the
-trials' own result.json), but its runner kept fewer in flight (5.2 vs 7.3 on average),
-because the runner process, which runs all eight trials' Harbor orchestration (about
-100 ms of CPU per trial), competed for the two cores with nats-server, the importer,
-the watcher and the ledger as well as with the other work on the machine. What would
-help: fewer round trips per trial (one KV call for lease and attempt), and running
-the importer and watcher off the runners' machines, as a multi-machine deployment
-does.
+bash), so the wall time is about trial latency x trials / trials in flight. Both
+sides' trials take the same time (the trials' own result.json: 0.58 s vs 0.56 s mean
+in one run of this benchmark), and the CPU per trial differs by less than a tenth.
+The difference is how many trials are in flight: Harbor's job keeps about 7.2 of its
+8 slots busy, a trialbus runner about 5.5. Timestamps added to the runner during
+development show why: between taking a trial from the work stream and handing it to
+Harbor, the runner checks cancellation, takes the experiment-wide concurrency lease
+(three KV round trips, because lease keys are reused and re-creating a purged key is a
+failed create, a get and an update), counts the attempt (a get and a create) and
+publishes TrialStarted: six sequential round trips, 2.7 ms on an idle runner (see
+the latency section) but a median 126 ms per trial while eight Harbor trials run in
+the same process, because every await waits for an event loop that is busy with the
+other trials' Harbor work. Settling (TrialCompleted, ack, lease release) adds ~13 ms.
+That is about a quarter of a 0.46 s trial during which the slot runs nothing. Live
+log publishing costs nothing measurable (same throughput with
+`TRIALBUS_PUBLISH_LOGS=false`). On a busy machine the runner also competes for the
+two cores with nats-server, the importer, the watcher and the ledger, which widens
+the gap further.
+
+**What would fix it:** one KV operation per trial for lease and attempt (or lease keys
+that are never purged and re-created), starting Harbor's trial before the
+TrialStarted publish is acknowledged, and keeping the runner's event loop free of
+Harbor's synchronous work (task hashing, file filters, sandbox removal run on the
+loop or contend for its GIL); alternatively several runner processes per machine with
+fewer slots each. Harbor's telemetry, left on, would cost bare Harbor more than all
+of this (figure `harbor_process_wall_telemetry_on`).
 """,
     "scaling": """
 **What limits it.** On one core everything competes for that core: the runner, the
