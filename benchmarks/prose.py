@@ -204,9 +204,24 @@ trips: the lease keys are reused, and creating a key that was purged takes a fai
 create, a get and an update; the attempt counter is a get and a create. The plain
 round trips measured beside it (`kv_create_rtt_p50`, `kv_get_rtt_p50`) show what
 each costs on an idle server. The observed figure adds the TrialStarted publish and
-its delivery to the observer. **What would fix it:** one KV operation per trial (the
-lease value can carry the attempt count; a new lease key per run avoids the purged-key
-dance), which would bring the dispatch p50 to about 2 ms here.
+its delivery to the observer.
+
+**The p99.** In some runs about one sample in ten waits 0.5-0.75 s, in streaks
+where every other trial is slow and each waits ~20 ms less than the one before: the
+wait is the rest of the runner's 1-second fetch window. The runner fetches up to its
+free slots (`fetch(batch=4, timeout=1.0)`); nats-py asks the server to expire the
+request 0.1 ms before the client gives up, so the server's "request timeout" status
+can arrive after the client timed out and land in the next fetch, which then takes
+it for the end of its own first request and sends a plain long-poll for four
+messages. That long-poll does not end when the first message arrives, so the trial
+waits until the window closes. This is a reading of nats-py 2.16's `_fetch_n` that
+fits the pattern, not yet confirmed by a test.
+
+**What would fix it:** fetch one message when the runner is idle (nats-py's
+single-message fetch returns as soon as it arrives) and ask for more only without
+waiting; and one KV operation per trial for lease and attempt (the lease value can
+carry the attempt count; lease keys that are never purged avoid the failed create),
+which would bring the dispatch p50 to about 2 ms here.
 """,
 }
 

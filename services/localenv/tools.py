@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +83,9 @@ class Toolbox:
         ).hexdigest()[:16]
         bin_dir = cache_root / f"tools-{digest}" / "bin"
         if not bin_dir.is_dir():
-            tmp = cache_root / f".tools-{digest}-{os.getpid()}"
+            # Unique per call: concurrent first trials in one runner process each
+            # build their own copy; the first rename wins, the others are dropped.
+            tmp = cache_root / f".tools-{digest}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             shutil.rmtree(tmp, ignore_errors=True)
             (tmp / "bin").mkdir(parents=True)
             for name, target in links.items():
