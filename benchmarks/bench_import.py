@@ -30,7 +30,7 @@ from benchmarks.harness import REPO, BenchResult, Context, Figure, fresh_dir, me
 from benchmarks.workload import quick_trials
 from infra.embedded import LedgerServer
 from schemas.record import TrialRecord
-from services.common.mongo_ledger import MongoLedger
+from services.common.adapters.mongo_ledger import MongoLedger
 from services.importer.jobdir import import_job_dir
 
 BATCH = 500  # import_job_dir's default batch size

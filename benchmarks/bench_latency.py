@@ -29,7 +29,7 @@ from benchmarks.harness import BenchResult, Context, Figure, percentile
 from benchmarks.stack import INSTANT_EXECUTOR, BenchStack, warm_up
 from benchmarks.workload import many_trials
 from schemas.events import ExperimentSubmitted
-from services.common.bus import JetStreamBus
+from services.common.adapters.jetstream import JetStreamBus
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import prepare
 

@@ -29,8 +29,8 @@ from benchmarks.stack import throwaway_servers
 from benchmarks.workload import many_trials
 from schemas.events import encode_event
 from schemas.subjects import Topology
-from services.common.bus import JetStreamBus, ensure_streams
-from services.common.mongo_ledger import MongoLedger
+from services.common.adapters.jetstream import JetStreamBus, ensure_streams
+from services.common.adapters.mongo_ledger import MongoLedger
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import prepare, publish_experiment
 

@@ -33,8 +33,8 @@ from nats.js.api import (
 from pymongo import ASCENDING, AsyncMongoClient, UpdateOne
 
 from schemas.record import TrialRecord
-from services.common.bus import WORK_DUPLICATE_WINDOW_S
-from services.common.mongo_ledger import MongoLedger
+from services.common.adapters.jetstream import WORK_DUPLICATE_WINDOW_S
+from services.common.adapters.mongo_ledger import MongoLedger
 
 
 async def jetstream_publish_rate(

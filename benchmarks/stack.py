@@ -31,8 +31,8 @@ from benchmarks.workload import Workload
 from infra.embedded import LedgerServer, NatsServer
 from infra.stack import EmbeddedStack
 from schemas.subjects import Topology
-from services.common.bus import JetStreamBus
-from services.common.mongo_ledger import MongoLedger
+from services.common.adapters.jetstream import JetStreamBus
+from services.common.adapters.mongo_ledger import MongoLedger
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of, prepare, publish_experiment
 

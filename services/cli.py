@@ -19,8 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services.common import errors as E
-from services.common.errors import TransientError, UserInputError
-from services.common.ledger import LedgerUnavailable
+from services.common.errors import LedgerUnavailable, TransientError, UserInputError
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.common.stackfile import settings_for
 

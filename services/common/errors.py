@@ -1,17 +1,28 @@
-"""trialbus's exception tree, and how each class is settled at the message edge.
+"""trialbus's exception tree, and the one rule that settles a message from an outcome.
 
     TrialbusError
-    ├── UserInputError      a user can fix it (manifest, task folder, job dir): exit 2
+    ├── UserInputError        a user can fix it (manifest, task folder, job dir): exit 2
     │   └── ManifestError
-    ├── TransientError      try again later: the message is nak'ed with a delay
-    │   (services.common.ledger.LedgerUnavailable is one)
-    └── PoisonMessage       can never succeed: the message is terminated (logged)
+    ├── TransientError        try again later: the message is nak'ed with a delay
+    │   └── LedgerUnavailable the ledger cannot be reached
+    ├── PoisonMessage         can never succeed: the message is terminated (logged)
+    │   (schemas.events.EventDecodeError is treated as one: schemas has no service code)
+    └── InternalError         an invariant of trialbus itself broke (a bug)
 
-Anything else raised by a handler is a bug: the message is nak'ed with a delay so
-nothing is lost, and the error is logged with the event's ids.
+Anything raised at a message edge that is not Transient or Poison is a bug (an
+InternalError, or any exception trialbus did not expect). A bug never acknowledges a
+message and never terminates it: the message is nak'ed with a longer delay, so it is
+redelivered (nothing lost) while the error is logged with the event's ids for a fix.
+``settle_error`` is the only place that decides this; the runner, the importer and the
+watcher all call it, and the JetStream adapter applies the verdict.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from schemas.events import EventDecodeError
 
 
 class TrialbusError(Exception):
@@ -30,8 +41,52 @@ class TransientError(TrialbusError):
     """A dependency is unavailable for now; retry later."""
 
 
+class LedgerUnavailable(TransientError):
+    """The ledger could not be reached; the caller should retry later."""
+
+
 class PoisonMessage(TrialbusError):
     """A message that can never be processed (malformed, unknown type or version)."""
+
+
+class InternalError(TrialbusError):
+    """An invariant of trialbus itself does not hold: a bug to fix, never the input's fault."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """How a consumed message is settled: acknowledged, handed back, or terminated.
+
+    ``nak`` carries the delay before JetStream redelivers the message.
+    """
+
+    action: Literal["ack", "nak", "term"]
+    delay_s: float = 0.0
+    reason: Literal["done", "transient", "poison", "bug", "retry", "handback"] = "done"
+
+
+ACK = Settle("ack")
+
+
+def nak(delay_s: float, reason: Literal["transient", "bug", "retry", "handback"]) -> Settle:
+    """Hand a message back for redelivery after ``delay_s`` seconds."""
+    return Settle("nak", max(0.0, delay_s), reason)
+
+
+TERM = Settle("term", reason="poison")
+
+# A bug is retried later than a transient error: often a redeployment fixes it, and a
+# hot loop of the same failure would flood the logs.
+BUG_RETRY_DELAY_S = 10.0
+
+
+def settle_error(exc: BaseException, *, transient_delay_s: float) -> Settle:
+    """The verdict for a handler that raised ``exc`` (see the tree above)."""
+    if isinstance(exc, PoisonMessage | EventDecodeError):
+        return TERM
+    if isinstance(exc, TransientError):
+        return nak(transient_delay_s, "transient")
+    return nak(max(transient_delay_s, BUG_RETRY_DELAY_S), "bug")
 
 
 # Exit codes of the CLI (documented in the README).

@@ -11,10 +11,11 @@ from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
 
-from services.common.bus import JetStreamBus, ensure_streams
-from services.common.ledger import Ledger, LedgerUnavailable
+from services.common.adapters.jetstream import JetStreamBus, ensure_streams
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.errors import LedgerUnavailable
 from services.common.logging import configure_logging, get_logger
-from services.common.mongo_ledger import MongoLedger
+from services.common.ports import Ledger
 from services.common.service import keep_in_progress, raw_body
 from services.common.settings import ImporterSettings
 from services.importer.handlers import apply_plan, plan_batch

@@ -23,9 +23,9 @@ from schemas.events import (
     parse_event,
 )
 from schemas.record import TrialRecord
-from services.common.bus import EventBus
-from services.common.ledger import ExperimentInfo, Ledger, LedgerUnavailable, UpsertOutcome
+from services.common.errors import LedgerUnavailable
 from services.common.logging import get_logger
+from services.common.ports import EventBus, ExperimentInfo, Ledger, UpsertOutcome
 from services.importer.records import RecordContext, build_failed_record, build_record
 
 log = get_logger(__name__)

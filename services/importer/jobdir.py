@@ -27,7 +27,7 @@ from typing import Final
 from schemas.ids import slug
 from schemas.record import TrialRecord
 from services.common.errors import UserInputError
-from services.common.ledger import Ledger
+from services.common.ports import Ledger
 from services.importer.records import RecordContext, RecordSource, build_record
 
 MARKER: Final = "trialbus.json"

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from schemas.record import TrialRecord
-from services.common.ledger import ExperimentInfo
+from services.common.ports import ExperimentInfo
 from services.reports import stats
 from services.reports.scoring import (
     MIN_SCORED,

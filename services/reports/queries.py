@@ -11,7 +11,7 @@ from typing import Any
 
 from schemas.record import TrialRecord
 from services.common.errors import UserInputError
-from services.common.ledger import ExperimentInfo, Ledger
+from services.common.ports import ExperimentInfo, Ledger
 from services.reports.compare import compare, pick_side, records_of
 from services.reports.report import build_report
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from schemas.record import TrialRecord
-from services.common.ledger import ExperimentInfo
+from services.common.ports import ExperimentInfo
 from services.reports import stats
 from services.reports.leaderboard import LeaderboardRow, leaderboard, status_counts
 from services.reports.scoring import (

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from services.common.bus import JetStreamBus, connect, ensure_streams
-from services.common.coordination import Coordinator
+from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
+from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.logging import configure_logging, get_logger
+from services.common.ports import Executor
 from services.common.service import install_stop_signals, load_factory
 from services.common.settings import RunnerSettings
-from services.runner.executor import Executor
 from services.runner.harbor_executor import HarborExecutor
 from services.runner.worker import Runner, ensure_runner_consumer
 
@@ -33,7 +33,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         topo = settings.topology
         await ensure_streams(js, topo, settings.stream_replicas)
         await ensure_runner_consumer(js, topo, settings.ack_wait_s)
-        coordinator = await Coordinator.open(
+        coordinator = await NatsCoordinator.open(
             js, topo, lease_ttl_s=settings.ack_wait_s, replicas=settings.stream_replicas
         )
         runner = Runner(

@@ -15,7 +15,7 @@ from typing import Any
 
 from schemas.events import TrialRequested
 from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
-from services.runner.executor import ExecutionOutcome, LogSink
+from services.common.ports import ExecutionOutcome, LogSink
 
 
 class MissingSecretError(RuntimeError):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from schemas.events import TrialRequested
 from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
+from services.common.ports import ExecutionOutcome, LogSink
 from services.common.settings import RunnerSettings
-from services.runner.executor import ExecutionOutcome, LogSink
 
 
 class InstantExecutor:

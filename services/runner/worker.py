@@ -35,12 +35,11 @@ from schemas.events import (
 )
 from schemas.record import FailureClass
 from schemas.subjects import Topology
-from services.common.bus import JetStreamBus
-from services.common.coordination import Coordinator, Lease
+from services.common.adapters.jetstream import JetStreamBus
 from services.common.errors import TransientError
 from services.common.failures import classify, is_retryable
 from services.common.logging import get_logger
-from services.runner.executor import ExecutionOutcome, Executor, LogSink
+from services.common.ports import Coordinator, ExecutionOutcome, Executor, Lease, LogSink
 
 log = get_logger(__name__)
 

@@ -19,12 +19,12 @@ from fastapi import Body, Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from nats.aio.client import Client as NatsClient
 
-from services.common.bus import JetStreamBus, connect, ensure_streams
-from services.common.coordination import Coordinator
-from services.common.errors import ManifestError, UserInputError
-from services.common.ledger import Ledger, LedgerUnavailable
+from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_kv import NatsCoordinator
+from services.common.errors import LedgerUnavailable, ManifestError, UserInputError
 from services.common.logging import configure_logging, get_logger
-from services.common.mongo_ledger import MongoLedger
+from services.common.ports import Ledger
 from services.common.settings import SubmitterSettings
 from services.reports.html import render_html
 from services.reports.leaderboard import leaderboard, status_counts
@@ -47,7 +47,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
         js = nc.jetstream()
         await ensure_streams(js, settings.topology, settings.stream_replicas)
         ledger = MongoLedger(settings.ledger_url, settings.ledger_db)
-        coordinator = await Coordinator.open(
+        coordinator = await NatsCoordinator.open(
             js, settings.topology, lease_ttl_s=60, replicas=settings.stream_replicas
         )
         state.update(

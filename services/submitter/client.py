@@ -21,11 +21,11 @@ from schemas.events import (
     parse_event,
 )
 from services.common import errors as E
-from services.common.bus import JetStreamBus, connect, ensure_streams
-from services.common.coordination import Coordinator
+from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.errors import ManifestError, TransientError, UserInputError
-from services.common.ledger import Ledger
-from services.common.mongo_ledger import MongoLedger
+from services.common.ports import Ledger
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.reports.leaderboard import leaderboard, status_counts
 from services.submitter.manifest_io import load_manifest
@@ -98,7 +98,7 @@ async def submit_and_wait(
             if wait
             else None
         )
-        coordinator = await Coordinator.open(
+        coordinator = await NatsCoordinator.open(
             js, topo, lease_ttl_s=60, replicas=settings.stream_replicas
         )
         await coordinator.uncancel(prepared.experiment_id)
@@ -183,7 +183,7 @@ async def cancel_experiment(settings: CommonSettings, experiment_id: str) -> dic
         # The ledger may not know a just-submitted experiment yet: cancel anyway.
         info = await ledger.get_experiment(experiment_id)
         js = nc.jetstream()
-        coordinator = await Coordinator.open(
+        coordinator = await NatsCoordinator.open(
             js, settings.topology, lease_ttl_s=60, replicas=settings.stream_replicas
         )
         await coordinator.cancel(experiment_id)

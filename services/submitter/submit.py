@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.events import ExperimentSubmitted, TaskRef, TrialRequested, encode_event
+from schemas.events import ExperimentSubmitted, TaskRef, TrialRequested
 from schemas.ids import experiment_id_for, trial_id_for
 from schemas.manifest import ExperimentManifest
-from services.common.bus import JetStreamBus, subject_for
-from services.common.ledger import Ledger
+from services.common.ports import EventBus, Ledger
 from services.submitter.resolve import resolve_tasks
 
 
@@ -108,7 +107,7 @@ def prepare(
 
 
 async def publish_experiment(
-    prepared: PreparedExperiment, bus: JetStreamBus, ledger: Ledger | None
+    prepared: PreparedExperiment, bus: EventBus, ledger: Ledger | None
 ) -> SubmitResult:
     """Publish ExperimentSubmitted, then every trial that still needs running."""
     scored: set[str] = set()
@@ -140,7 +139,7 @@ async def publish_experiment(
             manifest=manifest,
         )
     )
-    items = []
+    items: list[TrialRequested] = []
     for t in todo:
         # A trial with an unscored record is re-run under a msg id derived from that
         # record: concurrent resubmissions agree (and dedupe), a later one re-runs.
@@ -148,7 +147,7 @@ async def publish_experiment(
             t = t.model_copy(
                 update={"run_id": f"{t.trial_id}:resume:{unscored_versions[t.trial_id]}"}
             )
-        items.append((subject_for(bus.topology, t), encode_event(t), t.dedup_id()))
+        items.append(t)
     fresh = await bus.publish_many(items)
     result.published_ids = [t.trial_id for t, new in zip(todo, fresh, strict=True) if new]
     result.n_published = len(result.published_ids)

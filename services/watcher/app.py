@@ -20,11 +20,12 @@ from schemas.events import (
     TrialCompleted,
     parse_event,
 )
-from services.common.bus import JetStreamBus, ensure_streams
+from services.common.adapters.jetstream import JetStreamBus, ensure_streams
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.errors import LedgerUnavailable
 from services.common.harbor_jobs import job_dir_for, read_marker, write_job_result
-from services.common.ledger import Ledger, LedgerUnavailable
 from services.common.logging import configure_logging, get_logger
-from services.common.mongo_ledger import MongoLedger
+from services.common.ports import Ledger
 from services.common.service import keep_in_progress, raw_body
 from services.common.settings import WatcherSettings
 from services.importer.jobdir import scan_job_dir

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from schemas.events import ExperimentCompleted
 from services.common.harbor_jobs import read_marker
-from services.common.ledger import Ledger
+from services.common.ports import Ledger
 
 
 @dataclass(slots=True)

@@ -22,9 +22,9 @@ from nats.js.api import DeliverPolicy
 from schemas.events import TrialStarted, parse_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
-from services.common.bus import JetStreamBus, ensure_streams
-from services.common.coordination import Coordinator
-from services.common.mongo_ledger import MongoLedger
+from services.common.adapters.jetstream import JetStreamBus, ensure_streams
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_kv import NatsCoordinator
 from services.submitter.manifest_io import parse_manifest
 from services.submitter.submit import SubmitResult, prepare, publish_experiment
 
@@ -72,7 +72,7 @@ async def submit(
     try:
         js = nc.jetstream()
         await ensure_streams(js, topo)
-        coord = await Coordinator.open(js, topo, lease_ttl_s=60)
+        coord = await NatsCoordinator.open(js, topo, lease_ttl_s=60)
         await coord.uncancel(prepared.experiment_id)
         return await publish_experiment(prepared, JetStreamBus(js, topo), ledger)
     finally:

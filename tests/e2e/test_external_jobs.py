@@ -52,7 +52,7 @@ async def test_external_harbor_job_is_imported_by_the_watcher(
         assert by_id["broken-verifier__ext3"].evaluation.failure_class == "verifier"
         assert {r.provenance.source for r in recs} == {"external"}
         # Importing the same folder by hand afterwards changes nothing.
-        from services.common.mongo_ledger import MongoLedger
+        from services.common.adapters.mongo_ledger import MongoLedger
 
         ledger = MongoLedger(ledger_url, ledger_db)
         try:

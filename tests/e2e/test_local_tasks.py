@@ -25,7 +25,7 @@ import yaml
 
 from infra.stack import EmbeddedStack
 from schemas.subjects import Topology
-from services.common.mongo_ledger import MongoLedger
+from services.common.adapters.mongo_ledger import MongoLedger
 from services.localenv.images import resolve_base
 from services.localenv.sandbox import missing_host_tools
 

@@ -15,7 +15,7 @@ import pytest
 
 from infra.stack import EmbeddedStack
 from schemas.subjects import Topology
-from services.common.mongo_ledger import MongoLedger
+from services.common.adapters.mongo_ledger import MongoLedger
 
 pytestmark = pytest.mark.e2e
 

@@ -17,9 +17,10 @@ from pymongo import AsyncMongoClient, UpdateOne
 
 from infra.embedded import free_port
 from schemas.record import Evaluation, PhaseTiming, Provenance, RecordStatus, TrialRecord
-from services.common.ledger import ExperimentInfo, Ledger, LedgerUnavailable
-from services.common.memory_ledger import InMemoryLedger, record_content_hash
-from services.common.mongo_ledger import MongoLedger
+from services.common.adapters.memory import InMemoryLedger, record_content_hash
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.errors import LedgerUnavailable
+from services.common.ports import ExperimentInfo, Ledger
 
 pytestmark = pytest.mark.integration
 

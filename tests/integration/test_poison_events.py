@@ -37,7 +37,7 @@ from infra.stack import ServiceProcess
 from schemas.events import TrialCompleted, encode_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
-from services.common.mongo_ledger import MongoLedger
+from services.common.adapters.mongo_ledger import MongoLedger
 from tests import harbor_fixtures
 from tests.bad_inputs.corpus import Case, cases, event_bytes, materialize_result
 from tests.harbor_fixtures import HarborTrials

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from services.common.adapters.memory import InMemoryLedger
 from services.common.harbor_jobs import write_job_result
-from services.common.memory_ledger import InMemoryLedger
 from services.importer.jobdir import import_job_dir
 from services.reports.leaderboard import LeaderboardRow, leaderboard
 from tests.harbor_fixtures import EXAMPLE_TASKS, TrialSpec, _run_trials

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from schemas.events import Envelope, ResultImported, TrialFailed
 from schemas.record import TrialRecord
-from services.common.ledger import UpsertOutcome
-from services.common.memory_ledger import InMemoryLedger
+from services.common.adapters.memory import InMemoryLedger
+from services.common.ports import UpsertOutcome
 from services.importer.handlers import BatchPlan, apply_plan
 from services.importer.records import build_failed_record
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.memory_ledger import InMemoryLedger
+from services.common.adapters.memory import InMemoryLedger
 from services.importer.jobdir import (
     JobDirError,
     import_job_dir,

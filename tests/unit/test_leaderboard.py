@@ -17,7 +17,7 @@ from schemas.record import (
     TrialRecord,
     Usage,
 )
-from services.common.ledger import ExperimentInfo
+from services.common.ports import ExperimentInfo
 from services.reports.leaderboard import MIN_SCORED, LeaderboardRow, leaderboard, status_counts
 
 _ids = itertools.count()

@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from schemas.record import Evaluation, FailureClass, Provenance, TrialRecord, Usage
+from services.common.adapters.memory import InMemoryLedger
 from services.common.errors import UserInputError
-from services.common.ledger import ExperimentInfo
-from services.common.memory_ledger import InMemoryLedger
+from services.common.ports import ExperimentInfo
 from services.reports.compare import Side, compare
 from services.reports.html import heat_colour, render_html
 from services.reports.queries import comparison, experiment_report

@@ -1,7 +1,7 @@
-"""NATS JetStream adapter: stream declaration and event publishing.
+"""NATS JetStream adapter: stream declaration, connecting, and the EventBus port.
 
-The EventBus port is what logic sees (``publish``); nats-py lives only here and in
-the consumer adapters. Streams are declared by ONE owner, ``ensure_streams``, which
+The EventBus port (services.common.ports) is what logic sees; nats-py lives only in
+the adapters. Streams are declared by ONE owner, ``ensure_streams``, which
 creates missing streams and never rewrites an existing one (a service restart must
 not silently change retention or replicas of a live stream).
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Protocol
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -22,7 +21,7 @@ from nats.js.errors import NotFoundError
 
 from schemas.events import Envelope, TrialLog, encode_event
 from schemas.subjects import Topology
-from services.common.errors import TransientError
+from services.common.errors import InternalError, TransientError
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
@@ -34,13 +33,6 @@ WORK_DUPLICATE_WINDOW_S = 24 * 3600
 EVENTS_MAX_AGE_S = 14 * 24 * 3600
 LOGS_MAX_AGE_S = 2 * 24 * 3600
 MAX_PAYLOAD = 1024 * 1024
-
-
-class EventBus(Protocol):
-    """Publishes events; every publish carries a dedup id."""
-
-    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> None:
-        """Publish ``event`` to its subject (durably acknowledged)."""
 
 
 def stream_configs(topology: Topology, replicas: int = 1) -> list[StreamConfig]:
@@ -133,8 +125,9 @@ class JetStreamBus:
     def topology(self) -> Topology:
         return self._topology
 
-    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> None:
-        await self.publish_raw(
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
+        """Publish ``event``; False when JetStream dropped it as a duplicate."""
+        return await self.publish_raw(
             subject_for(self._topology, event), encode_event(event), msg_id or event.dedup_id()
         )
 
@@ -158,9 +151,16 @@ class JetStreamBus:
                     ) from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable: the loop returns or raises")
+        raise InternalError("unreachable: the publish loop returns or raises")
 
-    async def publish_many(
+    async def publish_many(self, events: Sequence[Envelope], window: int = 512) -> list[bool]:
+        """Publish many events concurrently (bounded window), each acknowledged."""
+        return await self.publish_many_raw(
+            [(subject_for(self._topology, e), encode_event(e), e.dedup_id()) for e in events],
+            window,
+        )
+
+    async def publish_many_raw(
         self, items: Sequence[tuple[str, bytes, str]], window: int = 512
     ) -> list[bool]:
         """Publish many messages concurrently (bounded window), each acknowledged.

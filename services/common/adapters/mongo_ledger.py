@@ -5,7 +5,7 @@ ISO-8601 strings, so a record reads back exactly as written, microseconds includ
 BSON dates would truncate them to milliseconds and change the content hash) plus
 
 - ``content_hash``: sha256 of the record's canonical JSON (see
-  ``services.common.memory_ledger.record_content_hash``);
+  ``services.common.ports.record_content_hash``);
 - ``imported_at``: BSON date of the last write that changed the document;
 - ``first_imported_at``: BSON date of the insert (orders ``experiment_ids``).
 
@@ -36,8 +36,14 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, ConnectionFailure
 
 from schemas.record import TrialRecord
-from services.common.ledger import ExperimentInfo, LedgerUnavailable, UpsertOutcome
-from services.common.memory_ledger import collapse_batch, keeps_stored, record_content_hash
+from services.common.errors import LedgerUnavailable
+from services.common.ports import (
+    ExperimentInfo,
+    UpsertOutcome,
+    collapse_batch,
+    keeps_stored,
+    record_content_hash,
+)
 
 DUPLICATE_KEY: Final = 11000
 _MAX_ROUNDS: Final = 3

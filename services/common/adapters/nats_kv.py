@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
@@ -23,16 +22,9 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 
 from schemas.subjects import Topology
+from services.common.ports import Lease
 
 MAX_PROBES = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """One concurrency slot of an experiment, held by one trial."""
-
-    key: str
-    revision: int
 
 
 def _key(text: str) -> str:
@@ -40,8 +32,8 @@ def _key(text: str) -> str:
     return text.replace(":", "=")
 
 
-class Coordinator:
-    """Leases, cancellation flags and attempt counters over NATS KV."""
+class NatsCoordinator:
+    """The Coordinator port over NATS KV: leases, cancellation flags, attempt counters."""
 
     def __init__(self, leases: KeyValue, control: KeyValue, *, cache_s: float = 1.0) -> None:
         self._leases = leases
@@ -52,7 +44,7 @@ class Coordinator:
     @classmethod
     async def open(
         cls, js: JetStreamContext, topology: Topology, *, lease_ttl_s: float, replicas: int = 1
-    ) -> Coordinator:
+    ) -> NatsCoordinator:
         """Open (creating when missing) the two buckets."""
         base = topology.work_stream.removesuffix("_WORK")
         leases = await _bucket(js, f"{base}_LEASES", ttl=lease_ttl_s, replicas=replicas)

@@ -1,54 +1,25 @@
-"""InMemoryLedger: a Ledger fake for unit tests, with MongoLedger's exact semantics.
+"""In-memory fakes of the ports, for unit tests of handlers and logic.
 
-The two helpers below (``record_content_hash`` and ``collapse_batch``) are the rules
-both adapters share, so the fake cannot drift from the real adapter; the contract
-suite in tests/integration/test_ledger_contract.py runs against both.
+InMemoryLedger has MongoLedger's exact semantics: both apply the rules kept with the
+port (``services.common.ports``: content hash, which record wins, batch collapse), and
+the contract suite in tests/integration/test_ledger_contract.py runs against both.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from schemas.record import TrialRecord
-from services.common.ledger import ExperimentInfo, UpsertOutcome
-
-
-def record_content_hash(record: TrialRecord) -> str:
-    """sha256 of the record's canonical JSON (sorted keys, no whitespace)."""
-    blob = json.dumps(
-        record.content_key(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def keeps_stored(stored_status: str, stored_hash: str, new_status: str, new_hash: str) -> bool:
-    """Whether a write must leave the stored record alone (reported ``unchanged``).
-
-    Same content is a replay; a partial record never replaces a complete one, so a
-    late or replayed failure cannot erase a real result.
-    """
-    return stored_hash == new_hash or (new_status == "partial" and stored_status == "complete")
-
-
-def collapse_batch(records: Sequence[TrialRecord]) -> list[TrialRecord]:
-    """One record per trial_id: the one that applying the batch in order would leave.
-
-    A later record wins, except that a partial one never displaces a complete one.
-    Collapsing first means each trial_id is written (and reported) once per batch,
-    and the outcome does not depend on the order a server applies an unordered bulk.
-    """
-    winners: dict[str, TrialRecord] = {}
-    for record in records:
-        previous = winners.get(record.trial_id)
-        if previous is not None and record.status == "partial" and previous.status == "complete":
-            continue
-        winners[record.trial_id] = record
-    return list(winners.values())
+from services.common.ports import (
+    ExperimentInfo,
+    UpsertOutcome,
+    collapse_batch,
+    keeps_stored,
+    record_content_hash,
+)
 
 
 class InMemoryLedger:
