@@ -319,7 +319,7 @@ def run_demo(
 ) -> int:
     """``trialbus demo``: a fresh embedded stack, one experiment end to end, the leaderboard."""
     from services.common.settings import SubmitterSettings
-    from services.submitter.client import submit_and_wait
+    from services.submitter.commands import submit_and_wait
     from services.submitter.manifest_io import load_manifest
 
     load_manifest(manifest)  # refuse a bad manifest before starting anything

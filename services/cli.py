@@ -62,7 +62,7 @@ def submit(
     ] = 3600.0,
 ) -> None:
     """Validate a manifest, publish its trials, optionally wait for the results."""
-    from services.submitter.client import submit_and_wait
+    from services.submitter.commands import submit_and_wait
 
     settings = settings_for(SubmitterSettings)
     result = _run(
@@ -88,7 +88,7 @@ def submit(
 @app.command()
 def status(experiment: str, json_out: JsonOpt = False) -> None:
     """Counts of an experiment's trials by state."""
-    from services.submitter.client import experiment_status
+    from services.submitter.commands import experiment_status
 
     counts = _run(lambda: experiment_status(settings_for(CommonSettings), experiment))
     if json_out:
@@ -110,7 +110,7 @@ def leaderboard(
     json_out: JsonOpt = False,
 ) -> None:
     """Per agent x model: scored / total, mean reward and pass rate with 95% CIs, pass@k."""
-    from services.submitter.client import leaderboard_rows
+    from services.submitter.commands import leaderboard_rows
 
     exp_id, rows = _run(lambda: leaderboard_rows(settings_for(CommonSettings), experiment))
     if json_out:
@@ -132,7 +132,7 @@ def report(
     """Leaderboard with 95% intervals, pass@k, per-key means, usage, per task, failures."""
     from services.reports.html import render_html
     from services.reports.tables import report_renderable
-    from services.submitter.client import experiment_report
+    from services.submitter.commands import experiment_report
 
     data = _run(lambda: experiment_report(settings_for(CommonSettings), experiment))
     if html is not None:
@@ -160,7 +160,7 @@ def compare(
 ) -> None:
     """Paired comparison on the tasks both sides scored: difference, 95% CI, McNemar."""
     from services.reports.tables import comparison_renderable
-    from services.submitter.client import compare_sides
+    from services.submitter.commands import compare_sides
 
     data = _run(
         lambda: compare_sides(
@@ -176,7 +176,7 @@ def compare(
 @app.command()
 def cancel(experiment: str, json_out: JsonOpt = False) -> None:
     """Cancel an experiment: queued trials are dropped, running ones stopped."""
-    from services.submitter.client import cancel_experiment
+    from services.submitter.commands import cancel_experiment
 
     result = _run(lambda: cancel_experiment(settings_for(CommonSettings), experiment))
     if json_out:
@@ -194,7 +194,7 @@ def cancel(experiment: str, json_out: JsonOpt = False) -> None:
 @app.command(name="import")
 def import_(job_dir: Path, json_out: JsonOpt = False) -> None:
     """Import a Harbor job folder into the ledger (idempotent)."""
-    from services.submitter.client import import_job
+    from services.submitter.commands import import_job
 
     summary = _run(lambda: import_job(settings_for(CommonSettings), job_dir))
     if json_out:

@@ -339,7 +339,7 @@ async def test_cancel_drops_queued_and_stops_running(
     ledger_db: str,
 ) -> None:
     from services.common.settings import CommonSettings
-    from services.submitter.client import cancel_experiment
+    from services.submitter.commands import cancel_experiment
 
     await new_stack(
         make_stack,

@@ -25,7 +25,7 @@ from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
 from services.common.settings import SubmitterSettings
 from services.importer.records import RecordContext, build_record
-from services.submitter.client import submit_and_wait
+from services.submitter.commands import submit_and_wait
 from services.submitter.manifest_io import load_manifest
 from services.submitter.resolve import resolve_tasks
 from tests.bad_inputs.corpus import (
