@@ -1,28 +1,22 @@
-"""Turn a Harbor trial folder into a TrialRecord (pure logic: reads only the given files).
+"""Assemble the TrialRecord of one Harbor trial folder (pure logic: reads only its files).
 
 Nothing here raises on bad input files. Every problem (missing, oversized, unreadable,
 invalid JSON, wrong types, non-finite rewards, ...) becomes one line in the record's
 ``errors`` naming the file and what is wrong, and the record is ``partial``. A record
 is ``complete`` only when Harbor's result.json was read in full without diagnostics.
 
-Scoring rule: a trial is scored (``reward_valid``) only on Harbor's word, i.e. when
-result.json carries a finite main reward and every exception Harbor recorded (the
-trial's and its steps') is of class "none" or "agent": exactly Harbor's own
-``TrialResult.reward_valid`` (agents that time out or refuse are measured,
-infrastructure and verifier failures are not), made stricter only by requiring the
-main reward to be a finite number. When a later step's exception is what makes the
-reward invalid, the failure class is that exception's, so the cause shown for an
-unscored trial is the one that unscored it. Reward files read straight from
-``verifier/`` when result.json is unusable are kept for information and never scored.
+The importer's four concerns, one module each:
+
+    reads     bounded, never-raising file reads (size limit, FIFOs, UTF-8, JSON)
+    salvage   a malformed result.json is validated field by field, keeping what is valid
+    scoring   the scoring rule: whether the reward counts, and which is the main one
+    records   (this module) provenance, timing, usage and the record's size bound
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import stat
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,19 +30,14 @@ from schemas.manifest import MAX_INT64
 from schemas.record import (
     Artifacts,
     Evaluation,
-    FailureClass,
     PhaseTiming,
     Provenance,
     TrialRecord,
     Usage,
 )
-from services.common.failures import classify
-
-MAX_FILE_BYTES: Final = 16 * 1024 * 1024
-"""Files larger than this are refused (with a diagnostic) instead of read."""
-
-MAX_MESSAGE_CHARS: Final = 2000
-"""Exception messages are cut to this length; the trial folder keeps the full text."""
+from services.importer.reads import get_path, nonempty_str
+from services.importer.salvage import TrialRead, dotted, read_trial
+from services.importer.scoring import cut_message, evaluate
 
 MAX_RECORD_BYTES: Final = 1024 * 1024
 """A record whose JSON is larger is shortened: the ledger refuses documents over
@@ -58,8 +47,6 @@ _MAX_REWARDS: Final = 1000
 _MAX_TEXT: Final = 4096
 
 RecordSource = Literal["runner", "external", "import"]
-_SCORED: Final = frozenset({"none", "agent"})
-_SALVAGE_ROUNDS: Final = 8
 _UNKNOWN: Final = "unknown"
 _HARBOR_DEFAULT_AGENT: Final = "oracle"
 
@@ -79,235 +66,6 @@ class RecordContext:
     job_dir: Path | None = None
     task_path: str | None = None
     attempts: int = 1
-
-
-def main_reward_key(keys: Collection[str]) -> str | None:
-    """The key of the main reward, chosen as Harbor does.
-
-    - no keys: None;
-    - a single key: that key (reward.txt always yields the single key "reward");
-    - several keys: "reward" if present (Harbor's CLI, uploader and viewer all treat
-      it as primary), else the first key in sorted order (the order Harbor's viewer
-      lists them in).
-    """
-    if not keys:
-        return None
-    if len(keys) == 1:
-        return next(iter(keys))
-    if "reward" in keys:
-        return "reward"
-    return sorted(keys)[0]
-
-
-# -- reading files ------------------------------------------------------------------
-
-
-def _read_text(path: Path, label: str, errors: list[str]) -> str | None:
-    """The file's text, or None with a diagnostic (a missing file adds none)."""
-    try:
-        mode = path.stat().st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            # Opening a FIFO waits forever for a writer; a device never ends.
-            errors.append(f"{label}: not a regular file (FIFO, device or socket); not read")
-            return None
-        with path.open("rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            # Read at most one byte past the limit: the file may grow after fstat.
-            raw = b"" if size > MAX_FILE_BYTES else fh.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        errors.append(f"{label}: unreadable: {exc.strerror or exc}")
-        return None
-    if size > MAX_FILE_BYTES or len(raw) > MAX_FILE_BYTES:
-        errors.append(
-            f"{label}: {max(size, len(raw))} bytes exceeds the "
-            f"{MAX_FILE_BYTES // (1024 * 1024)} MiB limit; not read"
-        )
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        errors.append(f"{label}: not UTF-8 text (invalid byte at offset {exc.start})")
-        return None
-
-
-def _parse_object(text: str, label: str, errors: list[str]) -> dict[str, Any] | None:
-    """Parse a JSON object, or None with a diagnostic."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        errors.append(f"{label}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")
-        return None
-    except RecursionError:
-        errors.append(f"{label}: invalid JSON: nested too deeply")
-        return None
-    except ValueError as exc:  # an integer beyond Python's digit limit
-        errors.append(f"{label}: invalid JSON: {str(exc).split(';')[0]}")
-        return None
-    if not isinstance(data, dict):
-        errors.append(f"{label}: expected a JSON object, found {_json_type(data)}")
-        return None
-    return data
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    return "null" if value is None else type(value).__name__
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# -- validating result.json ----------------------------------------------------------
-
-
-def _validate(data: dict[str, Any]) -> HarborTrialResult:
-    # Strict JSON-mode validation: "12" is not a token count and true is not a
-    # number, yet ISO timestamps still parse. Lax mode would coerce both silently.
-    return HarborTrialResult.model_validate_json(json.dumps(data), strict=True)
-
-
-_ABSENT: Final = object()
-
-
-def _child(container: Any, key: int | str) -> Any:
-    if isinstance(container, dict) and isinstance(key, str):
-        return container.get(key, _ABSENT)
-    if isinstance(container, list) and isinstance(key, int) and 0 <= key < len(container):
-        return container[key]
-    return _ABSENT
-
-
-def _drop(data: dict[str, Any], loc: tuple[int | str, ...], missing: bool) -> bool:
-    """Remove the offending value so the rest of the file can still be read.
-
-    A missing field is fixed by dropping its parent object; a root-level required
-    field (task_name, trial_name: the only ones) gets an empty placeholder, which the
-    caller replaces with a fallback. Returns False when the path cannot be followed.
-    """
-    path = loc[:-1] if missing else loc
-    if not path:
-        if missing and loc and isinstance(loc[0], str):
-            data[loc[0]] = ""
-            return True
-        return False
-    parent: Any = data
-    for key in path[:-1]:
-        parent = _child(parent, key)
-        if parent is _ABSENT:
-            return False
-    last = path[-1]
-    if isinstance(parent, dict) and isinstance(last, str) and last in parent:
-        del parent[last]
-        return True
-    if isinstance(parent, list):
-        # Removing one list item would shift the indexes of other errors: drop the list.
-        return _drop(data, path[:-1], missing=False)
-    return False
-
-
-def _validate_result(
-    data: dict[str, Any], errors: list[str]
-) -> tuple[HarborTrialResult | None, set[str]]:
-    """Validate result.json, salvaging what is valid; also return the damaged top keys."""
-    damaged: set[str] = set()
-    reported: set[tuple[int | str, ...]] = set()
-    for _ in range(_SALVAGE_ROUNDS):
-        try:
-            return _validate(data), damaged
-        except ValidationError as exc:
-            problems = exc.errors()
-        for err in problems:
-            loc = tuple(err["loc"])
-            missing = err["type"] == "missing"
-            if loc not in reported:
-                reported.add(loc)
-                where = _dotted(loc)
-                got = "" if missing else f" (got {_short(err['input'])})"
-                errors.append(f"result.json: {where}: {err['msg']}{got}")
-            if loc:
-                damaged.add(str(loc[0]))
-            if not _drop(data, loc, missing):
-                return None, damaged
-    return None, damaged
-
-
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
-    return out or "<root>"
-
-
-# -- rewards ----------------------------------------------------------------------
-
-
-def _clean_rewards(raw: Mapping[str, Any], label: str, errors: list[str]) -> dict[str, float]:
-    """Keep finite numbers only; each dropped value gets a diagnostic."""
-    clean: dict[str, float] = {}
-    for key, value in raw.items():
-        where = f"{label}[{key!r}]"
-        if key.startswith("$") or "\x00" in key:
-            # MongoDB refuses "$"-prefixed and NUL field names in updates.
-            errors.append(f"{where}: key cannot be stored in the ledger; dropped")
-        elif isinstance(value, bool) or not isinstance(value, int | float):
-            errors.append(f"{where}: {_short(value)} is not a number; dropped")
-        else:
-            try:
-                number = float(value)
-            except OverflowError:
-                number = math.inf
-            if math.isfinite(number):
-                clean[key] = number
-            else:
-                errors.append(f"{where}: {_short(value)} is not a finite number; dropped")
-    return clean
-
-
-def _artifact_rewards(verifier_dir: Path, errors: list[str]) -> tuple[dict[str, float], str]:
-    """Rewards straight from the verifier's files (reward.json wins, as in Harbor)."""
-    json_path, txt_path = verifier_dir / "reward.json", verifier_dir / "reward.txt"
-    if json_path.exists():
-        label = "verifier/reward.json"
-        text = _read_text(json_path, label, errors)
-        data = _parse_object(text, label, errors) if text is not None else None
-        return (_clean_rewards(data, label, errors) if data is not None else {}), label
-    label = "verifier/reward.txt"
-    text = _read_text(txt_path, label, errors)
-    if text is None:
-        return {}, label
-    try:
-        value = float(text)
-    except ValueError:
-        errors.append(f"{label}: {_short(text.strip())} is not a number")
-        return {}, label
-    return _clean_rewards({"reward": value}, label, errors), label
-
-
-# -- small typed getters over Harbor's free-form config dict ------------------------
-
-
-def _get(data: Mapping[str, Any] | None, *keys: str) -> Any:
-    value: Any = data
-    for key in keys:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -340,7 +98,7 @@ def _usage(result: HarborTrialResult, errors: list[str]) -> Usage:
                 contexts.append(HarborAgentResult.model_validate(raw, strict=True))
             except ValidationError as exc:
                 first = exc.errors()[0]
-                where = _dotted(("step_results", i, "agent_result", *first["loc"]))
+                where = dotted(("step_results", i, "agent_result", *first["loc"]))
                 errors.append(f"result.json: {where}: {first['msg']}; step usage ignored")
     totals: dict[str, Any] = {}
     for ctx in contexts:
@@ -359,31 +117,8 @@ def _usage(result: HarborTrialResult, errors: list[str]) -> Usage:
     return Usage(**totals)
 
 
-def _first_exception(result: HarborTrialResult) -> tuple[str | None, str | None]:
-    # Harbor keeps the trial's first exception; multi-step trials record it on a step.
-    if result.exception_info is not None:
-        info = result.exception_info
-        return info.exception_type, info.exception_message
-    for step in result.step_results or []:
-        etype = _str(_get(step, "exception_info", "exception_type"))
-        if etype:
-            message = _get(step, "exception_info", "exception_message")
-            return etype, message if isinstance(message, str) else None
-    return None, None
-
-
-def _later_exception_types(result: HarborTrialResult) -> list[str]:
-    """Exception types recorded on steps after the first exception (Harbor's order)."""
-    types = [
-        etype
-        for step in result.step_results or []
-        if (etype := _str(_get(step, "exception_info", "exception_type")))
-    ]
-    return types if result.exception_info is not None else types[1:]
-
-
 def _model(config: Mapping[str, Any] | None, result: HarborTrialResult | None) -> str | None:
-    name = _str(_get(config, "agent", "model_name"))
+    name = nonempty_str(get_path(config, "agent", "model_name"))
     if name:
         return name
     info = result.agent_info.model_info if result and result.agent_info else None
@@ -392,105 +127,24 @@ def _model(config: Mapping[str, Any] | None, result: HarborTrialResult | None) -
     return f"{info.provider}/{info.name}" if info.provider else info.name
 
 
-def _cut(message: str | None) -> str | None:
-    if message is None or len(message) <= MAX_MESSAGE_CHARS:
-        return message
-    return message[:MAX_MESSAGE_CHARS] + " [truncated]"
-
-
-# -- public API ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Read:
-    """What could be read of a trial folder."""
-
-    result: HarborTrialResult | None
-    damaged: frozenset[str]  # top-level result.json keys dropped as malformed
-    config: Mapping[str, Any] | None  # Harbor's TrialConfig, from result.json or config.json
-
-
-def _read_trial(trial_dir: Path, errors: list[str]) -> _Read:
-    text = _read_text(trial_dir / "result.json", "result.json", errors)
-    if text is None and not errors:
-        errors.append(
-            "result.json: missing (Harbor did not finish this trial: it is still running, "
-            "was interrupted, or its runner died)"
-        )
-    data = _parse_object(text, "result.json", errors) if text is not None else None
-    result, damaged = _validate_result(data, errors) if data is not None else (None, set())
-    if result is not None:
-        return _Read(result, frozenset(damaged), result.config)
-    config_text = _read_text(trial_dir / "config.json", "config.json", errors)
-    config = _parse_object(config_text, "config.json", errors) if config_text is not None else None
-    return _Read(None, frozenset(damaged), config)
-
-
-def _evaluation(read: _Read, verifier_dir: Path, errors: list[str]) -> Evaluation:
-    result = read.result
-    raw = result.verifier_result.rewards if result and result.verifier_result else None
-    if raw is not None:
-        # Harbor's verdict. The main key is chosen among all keys Harbor recorded, so
-        # a broken "reward" leaves no main reward instead of promoting another key.
-        rewards = _clean_rewards(raw, "result.json: verifier_result.rewards", errors)
-        key = main_reward_key(list(raw))
-    elif result is None or "verifier_result" in read.damaged:
-        rewards, label = _artifact_rewards(verifier_dir, errors)
-        key = main_reward_key(list(rewards))
-        if rewards:
-            errors.append(f"{label}: rewards read from the verifier's file are not scored")
-    else:
-        rewards, key = {}, None
-    main_reward = rewards.get(key) if key is not None else None
-
-    exception_type, exception_message = _first_exception(result) if result else (None, None)
-    failure: FailureClass = classify(exception_type) if result else "infrastructure"
-    if exception_type is None and read.damaged & {"exception_info", "step_results"}:
-        # The record of what went wrong is itself broken: an unknown failure is never
-        # scored as if there were none.
-        failure = "infrastructure"
-    if result is not None and failure in _SCORED:
-        # Harbor's TrialResult.reward_valid asks every recorded exception, not only the
-        # first: a later step's infrastructure failure makes the reward not count.
-        later = next(
-            (c for t in _later_exception_types(result) if (c := classify(t)) not in _SCORED),
-            None,
-        )
-        failure = later or failure
-    if failure == "agent" and main_reward is None:
-        errors.append(
-            f"result.json: the agent failed ({exception_type}) and the verifier gave no "
-            "usable reward; the trial is unscored"
-        )
-    return Evaluation(
-        rewards=rewards,
-        main_reward_key=key,
-        main_reward=main_reward,
-        reward_valid=raw is not None and main_reward is not None and failure in _SCORED,
-        failure_class=failure,
-        exception_type=exception_type,
-        exception_message=_cut(exception_message),
-    )
-
-
-def _provenance(read: _Read, context: RecordContext) -> Provenance:
+def _provenance(read: TrialRead, context: RecordContext) -> Provenance:
     result, config = read.result, read.config
     task_path = (
         context.task_path
-        or _str(_get(config, "task", "path"))
-        or (_str(_get(result.task_id, "path")) if result else None)
+        or nonempty_str(get_path(config, "task", "path"))
+        or (nonempty_str(get_path(result.task_id, "path")) if result else None)
     )
     task_name = (
-        (_str(result.task_name) if result else None)
-        or _str(_get(config, "task", "name"))
+        (nonempty_str(result.task_name) if result else None)
+        or nonempty_str(get_path(config, "task", "name"))
         or (Path(task_path).name if task_path else None)
         or _UNKNOWN
     )
     agent_info = result.agent_info if result else None
     agent_name = (
         (agent_info.name if agent_info else None)
-        or _str(_get(config, "agent", "name"))
-        or _str(_get(config, "agent", "import_path"))
+        or nonempty_str(get_path(config, "agent", "name"))
+        or nonempty_str(get_path(config, "agent", "import_path"))
         # Harbor writes config.json with exclude_defaults, and its default agent
         # (no name, no import path) is the oracle: an absent agent means "oracle".
         or (_HARBOR_DEFAULT_AGENT if config is not None else _UNKNOWN)
@@ -504,13 +158,13 @@ def _provenance(read: _Read, context: RecordContext) -> Provenance:
         agent_version=agent_info.version if agent_info else None,
         model=_model(config, result),
         environment=context.environment
-        or _str(_get(config, "environment", "import_path"))
-        or _str(_get(config, "environment", "type")),
+        or nonempty_str(get_path(config, "environment", "import_path"))
+        or nonempty_str(get_path(config, "environment", "type")),
         harbor_version=context.harbor_version,
         runner_host=context.runner_host,
         source=context.source,
         harbor_trial_uuid=result.id if result else None,
-        job_id=(result.job_id if result else None) or _str(_get(config, "job_id")),
+        job_id=(result.job_id if result else None) or nonempty_str(get_path(config, "job_id")),
     )
 
 
@@ -529,17 +183,14 @@ def _timing(result: HarborTrialResult | None) -> PhaseTiming:
     )
 
 
-# -- public API ----------------------------------------------------------------------
-
-
 def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
     """Build the ledger record of one Harbor trial folder. Never raises on bad files.
 
     Reads ``result.json`` (validated against ``HarborTrialResult``), and, only when
     it is missing or unusable, ``config.json`` for provenance and
     ``verifier/reward.json`` / ``verifier/reward.txt`` for informational rewards.
-    See the module docstring for the scoring rule and ``main_reward_key`` for the
-    choice of the main reward.
+    See services.importer.scoring for the scoring rule and ``main_reward_key`` for
+    the choice of the main reward.
     """
     errors: list[str] = []
     trial_dir = trial_dir.absolute()
@@ -548,8 +199,8 @@ def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
         trial_dir / "verifier",
         trial_dir / "agent",
     )
-    read = _read_trial(trial_dir, errors)
-    evaluation = _evaluation(read, verifier_dir, errors)
+    read = read_trial(trial_dir, errors)
+    evaluation = evaluate(read, verifier_dir, errors)
     usage = _usage(read.result, errors) if read.result else Usage()
     record = TrialRecord(
         trial_id=context.trial_id,
@@ -613,7 +264,8 @@ def build_failed_record(event: TrialFailed, context: RecordContext | None = None
     environment, Harbor version, source); the event's own fields take precedence.
     """
     lines = event.message.strip().splitlines()
-    cause = f"{event.failure_class}: {event.error_type}" + (f": {_cut(lines[0])}" if lines else "")
+    first_line = f": {cut_message(lines[0])}" if lines else ""
+    cause = f"{event.failure_class}: {event.error_type}{first_line}"
     diagnostic = f"result.json: none; the trial failed before Harbor wrote one ({cause})"
     trial_dir = Path(event.trial_dir).absolute() if event.trial_dir else None
     job_dir = context.job_dir if context and context.job_dir else None
@@ -643,7 +295,7 @@ def build_failed_record(event: TrialFailed, context: RecordContext | None = None
             reward_valid=False,
             failure_class=event.failure_class,
             exception_type=event.error_type,
-            exception_message=_cut(event.message),
+            exception_message=cut_message(event.message),
         ),
         artifacts=Artifacts(
             trial_dir=str(trial_dir) if trial_dir else None,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from services.importer.records import MAX_FILE_BYTES
+from services.importer.reads import MAX_FILE_BYTES
 from services.submitter.manifest_io import MAX_MANIFEST_BYTES
 
 CORPUS = Path(__file__).resolve().parent

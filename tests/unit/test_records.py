@@ -16,13 +16,9 @@ import pytest
 
 from schemas.events import TaskRef, TrialFailed
 from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH, AgentSpec
-from services.importer.records import (
-    MAX_FILE_BYTES,
-    RecordContext,
-    build_failed_record,
-    build_record,
-    main_reward_key,
-)
+from services.importer.reads import MAX_FILE_BYTES
+from services.importer.records import RecordContext, build_failed_record, build_record
+from services.importer.scoring import main_reward_key
 from tests.harbor_fixtures import JOB_ID, HarborTrials
 
 CTX = RecordContext(experiment_id="exp-1", trial_id="trial-1", source="import")
