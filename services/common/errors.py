@@ -2,7 +2,8 @@
 
     TrialbusError
     ├── UserInputError        a user can fix it (manifest, task folder, job dir): exit 2
-    │   └── ManifestError
+    │   ├── ManifestError
+    │   └── ExperimentNotFound  the ledger knows no such experiment (HTTP 404)
     ├── TransientError        try again later: the message is nak'ed with a delay
     │   └── LedgerUnavailable the ledger cannot be reached
     ├── PoisonMessage         can never succeed: the message is terminated (logged)
@@ -35,6 +36,10 @@ class UserInputError(TrialbusError):
 
 class ManifestError(UserInputError):
     """An experiment manifest is invalid."""
+
+
+class ExperimentNotFound(UserInputError):
+    """An experiment id the ledger holds neither metadata nor records for."""
 
 
 class TransientError(TrialbusError):
