@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import nats
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
@@ -21,7 +22,7 @@ from nats.js.errors import NotFoundError
 
 from schemas.events import Envelope, TrialLog, encode_event
 from schemas.subjects import Topology
-from services.common.errors import InternalError, TransientError
+from services.common.errors import InternalError, Settle, TransientError
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
@@ -103,6 +104,17 @@ def subject_for(topology: Topology, event: Envelope) -> str:
     if isinstance(event, TrialLog):
         return topology.log_subject(event.experiment_id, event.trial_id)
     return topology.event_subject(event_type, event.experiment_id)
+
+
+async def apply_settle(msg: Msg, settle: Settle) -> None:
+    """Settle a consumed JetStream message as ``settle_error`` (or a handler) decided."""
+    if settle.action == "ack":
+        await msg.ack()
+    elif settle.action == "nak":
+        # A zero delay is a plain nak: redelivered at once (e.g. a draining runner).
+        await msg.nak(delay=settle.delay_s or None)
+    else:
+        await msg.term()
 
 
 class JetStreamBus:
