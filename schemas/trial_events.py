@@ -1,0 +1,136 @@
+"""Events of one trial: the work message, what its runner reports, and its import.
+
+Import them from ``schemas.events``, which also holds the ``Event`` union and the codec.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.envelope import RunEvent, TrialEvent, type_tag
+from schemas.manifest import MAX_INT64, AgentSpec, ComputeSpec, RetrySpec
+
+_ATTEMPT = "Which start of this run this is, 1 for the first; counted per run by the runners."
+
+
+class TaskRef(BaseModel):
+    """A resolved Harbor task (a folder on the runners' shared file system)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Task name (folder name).")
+    path: str = Field(description="Absolute task folder path.")
+    checksum: str = Field(description="sha256 of the task folder's files at submit time.")
+
+
+class TrialRequested(RunEvent):
+    """Work: run one trial. Published to the work stream with the run key as dedup id."""
+
+    type: Literal["trial_requested"] = type_tag("trial_requested")
+    task: TaskRef = Field(description="The Harbor task to run, as the submitter resolved it.")
+    agent: AgentSpec = Field(
+        description="The agent configuration from the manifest (secrets only by NAME)."
+    )
+    repetition: int = Field(ge=0, le=MAX_INT64, description="0-based repetition index.")
+    compute: ComputeSpec = Field(description="Where and how the trial runs (from the manifest).")
+    retry: RetrySpec = Field(
+        description="How often and how soon a transient infrastructure failure is retried."
+    )
+
+
+class TrialStarted(RunEvent):
+    """A runner began an attempt of a trial."""
+
+    type: Literal["trial_started"] = type_tag("trial_started")
+    runner_id: str = Field(description="Id of the runner process (default: <host>-<pid>).")
+    host: str = Field(description="Host name of the machine the runner runs on.")
+    attempt: int = Field(ge=1, le=MAX_INT64, description=_ATTEMPT)
+
+    def _dedup_suffix(self) -> tuple[str, ...]:
+        return ("started", str(self.attempt))
+
+
+class TrialLog(TrialEvent):
+    """A chunk of a running trial's output (logs stream)."""
+
+    type: Literal["trial_log"] = type_tag("trial_log")
+    phase: str = Field(description="agent_setup | agent | verification")
+    stream: Literal["stdout", "stderr"] = Field(description="Output stream the text came from.")
+    text: str = Field(description="The output chunk, decoded as UTF-8.")
+
+
+class TrialCompleted(RunEvent):
+    """Harbor finished a trial and wrote its result.json (which may record an error)."""
+
+    type: Literal["trial_completed"] = type_tag("trial_completed")
+    trial_dir: str = Field(description="Absolute path of the Harbor trial folder.")
+    job_dir: str = Field(description="Absolute path of the Harbor job folder.")
+    source: Literal["runner", "external"] = Field(
+        default="runner", description="'external': found by the watcher, not run by trialbus."
+    )
+    runner_host: str | None = Field(
+        default=None, description="Host of the runner that ran the trial (None: external)."
+    )
+    harbor_version: str | None = Field(
+        default=None, description="Version of Harbor that ran the trial, when known."
+    )
+    environment: str | None = Field(default=None, description="Environment type/import path.")
+    agent_label: str | None = Field(
+        default=None, description="The agent's display name in reports, when known."
+    )
+    attempt: int = Field(default=1, ge=1, le=MAX_INT64, description=_ATTEMPT)
+
+    def _dedup_suffix(self) -> tuple[str, ...]:
+        return ("completed", str(self.attempt))
+
+
+class TrialFailed(RunEvent):
+    """A trial could not produce a Harbor result (or gave up after its retries)."""
+
+    type: Literal["trial_failed"] = type_tag("trial_failed")
+    failure_class: Literal["agent", "verifier", "infrastructure", "cancelled"] = Field(
+        description="What failed, by Harbor's error policy; only infrastructure is retried."
+    )
+    error_type: str = Field(description="Exception class name ('UnknownError' when none).")
+    message: str = Field(description="The exception's message (may be empty).")
+    attempt: int = Field(ge=1, le=MAX_INT64, description=_ATTEMPT)
+    final: bool = Field(description="False: the trial will be retried; True: it gives up.")
+    trial_dir: str | None = Field(
+        default=None, description="Absolute path of the Harbor trial folder, if one was made."
+    )
+    task: TaskRef | None = Field(
+        default=None, description="The request's task, so a record can be written from this."
+    )
+    agent: AgentSpec | None = Field(
+        default=None, description="The request's agent, so a record can be written from this."
+    )
+    repetition: int | None = Field(
+        default=None, ge=0, le=MAX_INT64, description="The request's 0-based repetition index."
+    )
+    runner_host: str | None = Field(
+        default=None, description="Host of the runner that made the attempt."
+    )
+
+    def _dedup_suffix(self) -> tuple[str, ...]:
+        return ("failed", str(self.attempt), str(int(self.final)))
+
+
+class ResultImported(TrialEvent):
+    """The importer upserted a trial's record into the ledger."""
+
+    type: Literal["result_imported"] = type_tag("result_imported")
+    status: Literal["complete", "partial"] = Field(
+        description="The record's status: complete (result read in full) or partial "
+        "(something missing or malformed; the record's errors say what)."
+    )
+    scored: bool = Field(description="The record carries a valid reward.")
+    main_reward: float | None = Field(
+        default=None, description="The record's main reward (None when it has none)."
+    )
+    changed: bool = Field(description="False when the ledger already held this record.")
+
+    def dedup_id(self) -> str:
+        """Keyed by event id: every import is its own message, even of the same record."""
+        return f"{self.trial_id}:imported:{self.event_id}"
