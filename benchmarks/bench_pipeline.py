@@ -1,6 +1,6 @@
 """3. Pipeline capacity: trialbus with trials that take no time.
 
-The runner's executor is ``services.runner.instant`` (it writes a Harbor-shaped
+The runner's executor is ``benchmarks.instant_executor`` (it writes a Harbor-shaped
 result.json and returns), so everything measured is trialbus: submit, the work
 stream, the runner's bookkeeping, the events, the importer's record building and
 ledger upserts, ResultImported. Timed from the start of submit to the last
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from benchmarks import ceilings
 from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, median
+from benchmarks.instant_executor import InstantExecutor
 from benchmarks.stack import (
     INSTANT_EXECUTOR,
     BenchStack,
@@ -28,7 +29,6 @@ from schemas.events import TrialRequested, encode_event
 from schemas.record import TrialRecord
 from services.common.harbor_jobs import job_dir_for
 from services.importer.records import RecordContext, build_record
-from services.runner.instant import InstantExecutor
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import prepare
 

@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from benchmarks.harness import CpuMeter, fresh_dir, pin_process
+from benchmarks.instant_executor import EXECUTOR_SPEC
 from benchmarks.workload import Workload
 from infra.embedded import LedgerServer, NatsServer
 from infra.stack import EmbeddedStack
@@ -36,7 +37,7 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of, prepare, publish_experiment
 
-INSTANT_EXECUTOR = "services.runner.instant:from_settings"
+INSTANT_EXECUTOR = EXECUTOR_SPEC
 PREFIX = "bench"
 
 

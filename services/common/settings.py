@@ -59,15 +59,13 @@ class RunnerSettings(CommonSettings):
     ack_wait_s: float = Field(default=60.0, gt=1, description="Redelivery after silence.")
     heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval.")
     runner_id: str | None = Field(default=None, description="Default: host-pid.")
-    executor: str = Field(default="harbor", description="'harbor' or 'module:factory'.")
+    executor: str = Field(
+        default="harbor",
+        description="'harbor', or 'module:factory': a callable given these settings "
+        "that returns an Executor (loaded by import path; benchmarks use one).",
+    )
     publish_logs: bool = Field(default=True, description="Publish live trial output.")
     sandbox_dir: Path | None = Field(default=None, description="Scratch root of local sandboxes.")
-    instant_fail_with: str | None = Field(
-        default=None, description="Instant executor: fail every attempt with this exception."
-    )
-    instant_delay_s: float = Field(
-        default=0.0, ge=0, description="Trial duration of the instant (benchmark) executor."
-    )
 
 
 class ImporterSettings(CommonSettings):

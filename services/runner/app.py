@@ -1,8 +1,14 @@
-"""Composition root of a runner process."""
+"""Composition root of a runner process: connect, build the adapters, run, drain.
+
+The decisions live in services.runner.handlers (over the ports) and
+services.runner.policy (pure); the nats-py pull loop is services.runner.consumer.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 
 from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
@@ -10,14 +16,16 @@ from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
 from services.common.service import install_stop_signals, load_factory
 from services.common.settings import RunnerSettings
+from services.runner.consumer import WorkConsumer, ensure_runner_consumer
+from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
-from services.runner.worker import Runner, ensure_runner_consumer
+from services.runner.live_logs import CoreNatsLogSinks
 
 log = get_logger(__name__)
 
 
 def build_executor(settings: RunnerSettings) -> Executor:
-    """The executor named by settings: Harbor, or a 'module:factory' (benchmarks)."""
+    """The executor named by settings: Harbor, or a 'module:factory' called with them."""
     if settings.executor == "harbor":
         return HarborExecutor(settings.jobs_dir.resolve(), settings.sandbox_dir)
     executor = load_factory(settings.executor)(settings)
@@ -36,24 +44,29 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         coordinator = await NatsCoordinator.open(
             js, topo, lease_ttl_s=settings.ack_wait_s, replicas=settings.stream_replicas
         )
-        runner = Runner(
-            js,
+        host = socket.gethostname()
+        runner_id = settings.runner_id or f"{host}-{os.getpid()}"
+        handler = TrialHandler(
             JetStreamBus(js, topo),
             build_executor(settings),
-            concurrency=settings.concurrency,
+            coordinator,
+            runner_id=runner_id,
+            host=host,
+            # Three beats per ack_wait: one lost beat never lets the message expire.
             heartbeat_s=min(settings.heartbeat_s, settings.ack_wait_s / 3),
-            runner_id=settings.runner_id,
-            publish_logs=settings.publish_logs,
-            nc_publish=nc.publish,
-            coordinator=coordinator,
+            log_sinks=CoreNatsLogSinks(nc.publish, topo) if settings.publish_logs else None,
         )
-        install_stop_signals(runner.stop)
-        await runner.run()
-        log.info("runner draining", in_flight=len(runner.state.in_flight))
-        await runner.drain(drain_grace_s)
+        consumer = WorkConsumer(
+            js, topo, handler.handle, concurrency=settings.concurrency, runner_id=runner_id
+        )
+        install_stop_signals(consumer.stop)
+        await consumer.run()
+        log.info("runner draining", in_flight=len(consumer.in_flight))
+        await consumer.drain(drain_grace_s)
     finally:
         await nc.drain()
 
 
 def main() -> None:
+    """Entry point of ``python -m services.runner``."""
     asyncio.run(serve(RunnerSettings()))

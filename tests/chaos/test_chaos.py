@@ -37,7 +37,7 @@ async def test_chaos(
         nats_url=nats_url,
         ledger_url=ledger_url,
         runner_env={
-            "TRIALBUS_EXECUTOR": "services.runner.instant:from_settings",
+            "TRIALBUS_EXECUTOR": "benchmarks.instant_executor:from_settings",
             "TRIALBUS_INSTANT_DELAY_S": "1.0",
             "TRIALBUS_ACK_WAIT_S": "4",
             "TRIALBUS_HEARTBEAT_S": "1",

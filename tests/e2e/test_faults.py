@@ -23,7 +23,7 @@ from tests.e2e.faultkit import events_of, figures, submit, wait_recorded, write_
 
 pytestmark = pytest.mark.e2e
 
-INSTANT = "services.runner.instant:from_settings"
+INSTANT = "benchmarks.instant_executor:from_settings"
 
 
 def runner_env(delay_s: float, **extra: str) -> dict[str, str]:

@@ -38,7 +38,7 @@ async def test_thousand_trials_in_flight_across_two_runners(
         nats_url=nats_url,
         ledger_url=ledger_url,
         runner_env={
-            "TRIALBUS_EXECUTOR": "services.runner.instant:from_settings",
+            "TRIALBUS_EXECUTOR": "benchmarks.instant_executor:from_settings",
             "TRIALBUS_INSTANT_DELAY_S": str(DELAY_S),
         },
     )

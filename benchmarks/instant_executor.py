@@ -1,9 +1,13 @@
 """InstantExecutor: completes trials without running anything (benchmarks, load tests).
 
-It writes a small result.json shaped like Harbor's, so the importer and ledger do
-their full work; only Harbor is left out. Select it with
-``TRIALBUS_EXECUTOR=services.runner.instant:from_settings``; ``TRIALBUS_INSTANT_DELAY_S``
-makes each trial take that long (slow trials in flight without CPU cost).
+Benchmark and test support, not a production executor: it lives outside the services
+package and a runner loads it by import path,
+``TRIALBUS_EXECUTOR=benchmarks.instant_executor:from_settings``. It writes a small
+result.json shaped like Harbor's, so the importer and ledger do their full work; only
+Harbor is left out. Its own settings (``InstantSettings``) come from the environment:
+``TRIALBUS_INSTANT_DELAY_S`` makes each trial take that long (slow trials in flight
+without CPU cost); ``TRIALBUS_INSTANT_FAIL_WITH`` fails every attempt with that Harbor
+exception name (retry tests).
 """
 
 from __future__ import annotations
@@ -13,10 +17,27 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from schemas.events import TrialRequested
 from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
 from services.common.ports import ExecutionOutcome, LogSink
 from services.common.settings import RunnerSettings
+
+EXECUTOR_SPEC = "benchmarks.instant_executor:from_settings"
+"""The runner's ``executor`` setting that selects this executor."""
+
+
+class InstantSettings(BaseSettings):
+    """The instant executor's own settings (``TRIALBUS_INSTANT_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRIALBUS_INSTANT_", extra="ignore", frozen=True)
+
+    delay_s: float = Field(default=0.0, ge=0, description="How long each trial takes.")
+    fail_with: str | None = Field(
+        default=None, description="Fail every attempt with this Harbor exception name."
+    )
 
 
 class InstantExecutor:
@@ -82,9 +103,8 @@ class InstantExecutor:
 
 
 def from_settings(settings: RunnerSettings) -> InstantExecutor:
-    """Executor factory named by ``TRIALBUS_EXECUTOR``."""
+    """Executor factory named by the runner's ``executor`` setting (``EXECUTOR_SPEC``)."""
+    own = InstantSettings()
     return InstantExecutor(
-        settings.jobs_dir.resolve(),
-        delay_s=settings.instant_delay_s,
-        fail_with=settings.instant_fail_with,
+        settings.jobs_dir.resolve(), delay_s=own.delay_s, fail_with=own.fail_with
     )

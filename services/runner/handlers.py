@@ -1,0 +1,190 @@
+"""The runner's message handler: one TrialRequested in, events out, a verdict back.
+
+Written against the ports only (EventBus, Coordinator, Executor): the nats-py pull
+loop that feeds it and applies its verdicts is services.runner.consumer. For one work
+message the handler
+
+1. hands it back (nak, short random delay) while the experiment has no free
+   concurrency slot, so other experiments' trials keep flowing;
+2. counts the start (Coordinator.next_attempt) and publishes TrialStarted;
+3. runs the Executor, with a heartbeat that keeps the message and the lease alive and
+   stops the run when the experiment is cancelled;
+4. publishes what ``policy.decide`` says and returns its verdict.
+
+``handle`` never raises except CancelledError (shutdown: the consumer hands the message
+back). Every other failure becomes a verdict through ``settle_error``: poison is
+terminated, a transient error and a bug are nak'ed (a bug later), never acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from schemas.events import EventDecodeError, TrialRequested, TrialStarted, parse_event
+from services.common.errors import Settle, nak, settle_error
+from services.common.logging import get_logger
+from services.common.ports import Coordinator, EventBus, ExecutionOutcome, Executor, Lease, LogSink
+from services.runner import policy
+
+log = get_logger(__name__)
+
+KeepAlive = Callable[[], Awaitable[None]]
+"""Tells the broker the message is still being worked on (JetStream in_progress)."""
+
+LogSinks = Callable[[TrialRequested], LogSink | None]
+"""Gives the live-output sink of a trial (None: live logs are off)."""
+
+# A publish that could not be confirmed: hand the trial back, soon.
+TRANSIENT_RETRY_DELAY_S = 5.0
+# While an experiment's slots are all taken, a trial is handed back after a short
+# random delay: spread out, the waiting trials do not poll the leases in lockstep.
+SLOT_WAIT_S = (0.5, 2.0)
+
+
+def parse_work(data: bytes) -> TrialRequested:
+    """Decode a work message; anything but a valid TrialRequested is poison."""
+    event = parse_event(data)
+    if not isinstance(event, TrialRequested):
+        raise EventDecodeError(f"expected trial_requested, got {event.type}")
+    return event
+
+
+class TrialHandler:
+    """Runs the trial of one work message to a verdict (see the module docstring)."""
+
+    def __init__(
+        self,
+        bus: EventBus,
+        executor: Executor,
+        coordinator: Coordinator,
+        *,
+        runner_id: str,
+        host: str,
+        heartbeat_s: float,
+        log_sinks: LogSinks | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._bus = bus
+        self._executor = executor
+        self._coord = coordinator
+        self.runner_id = runner_id
+        self._who = policy.RunnerIdentity(host=host, harbor_version=executor.version)
+        self._heartbeat_s = heartbeat_s
+        self._log_sinks = log_sinks
+        self._rng = rng or random.Random()
+
+    async def handle(self, data: bytes, keep_alive: KeepAlive, *, subject: str = "") -> Settle:
+        """The verdict on one work message (``subject`` is only logged)."""
+        bound: Any = log.bind(subject=subject) if subject else log
+        try:
+            request = parse_work(data)
+            bound = bound.bind(trial_id=request.trial_id, experiment_id=request.experiment_id)
+            return await self._run(request, keep_alive, bound)
+        except asyncio.CancelledError:
+            bound.warning("trial handed back")
+            raise
+        except Exception as exc:  # noqa: BLE001 - settle_error decides; nothing is acked
+            verdict = settle_error(exc, transient_delay_s=TRANSIENT_RETRY_DELAY_S)
+            if verdict.reason == "poison":
+                bound.error("poison work message terminated", error=str(exc))
+            elif verdict.reason == "transient":
+                bound.warning("could not report trial; will be redelivered", error=str(exc))
+            else:
+                # A bug: JetStream redelivers the trial rather than lose it.
+                bound.exception("runner error; trial will be redelivered")
+            return verdict
+
+    async def _run(self, request: TrialRequested, keep_alive: KeepAlive, bound: Any) -> Settle:
+        coord = self._coord
+        if await coord.is_cancelled(request.experiment_id):
+            return await self._publish(policy.cancelled(request, 1, self._who.host))
+        limit = request.compute.n_concurrent_trials
+        lease = await coord.acquire(request.experiment_id, limit, self.runner_id)
+        if lease is None:
+            return nak(self._rng.uniform(*SLOT_WAIT_S), "handback")
+        try:
+            attempt = await coord.next_attempt(request.dedup_id())
+            bound = bound.bind(attempt=attempt)
+            await self._bus.publish(
+                TrialStarted(
+                    experiment_id=request.experiment_id,
+                    trial_id=request.trial_id,
+                    correlation_id=request.correlation_id,
+                    runner_id=self.runner_id,
+                    host=self._who.host,
+                    attempt=attempt,
+                    run_id=request.dedup_id(),
+                )
+            )
+            outcome = await self._execute(request, attempt, lease, keep_alive)
+            if outcome is None:
+                decision = policy.cancelled(
+                    request, attempt, self._who.host, self._trial_dir_of(request)
+                )
+                verdict = await self._publish(decision)
+                bound.info("trial cancelled")
+                return verdict
+            verdict = await self._publish(policy.decide(request, attempt, outcome, self._who))
+            bound.info("trial settled", outcome=outcome.kind, exception=outcome.exception_type)
+            return verdict
+        finally:
+            # Best effort: an unreleased lease expires with its TTL anyway.
+            with contextlib.suppress(Exception):
+                await coord.release(lease)
+
+    async def _publish(self, decision: policy.Decision) -> Settle:
+        for event in decision.events:
+            await self._bus.publish(event)
+        return decision.settle
+
+    async def _execute(
+        self, request: TrialRequested, attempt: int, lease: Lease, keep_alive: KeepAlive
+    ) -> ExecutionOutcome | None:
+        """Run the attempt with heartbeats; None when the experiment was cancelled."""
+        sink = self._log_sinks(request) if self._log_sinks is not None else None
+        run = asyncio.create_task(self._executor.run(request, attempt, sink))
+        cancelled = asyncio.Event()
+        beat = asyncio.create_task(self._heartbeat(request, lease, run, cancelled, keep_alive))
+        try:
+            return await run
+        except asyncio.CancelledError:
+            if not cancelled.is_set():
+                raise  # shutdown, not the experiment's cancellation
+            return None
+        finally:
+            beat.cancel()
+
+    async def _heartbeat(
+        self,
+        request: TrialRequested,
+        lease: Lease,
+        run: asyncio.Task[ExecutionOutcome],
+        cancelled: asyncio.Event,
+        keep_alive: KeepAlive,
+    ) -> None:
+        """Keep the message, and the experiment's slot, ours; stop a cancelled trial."""
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            try:
+                await keep_alive()
+                lease = await self._coord.renew(lease)
+                if await self._coord.is_cancelled(request.experiment_id, fresh=True):
+                    cancelled.set()
+                    run.cancel()
+                    return
+            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next tick
+                log.warning("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _trial_dir_of(self, request: TrialRequested) -> str | None:
+        # Only some executors know where a trial's folder is (HarborExecutor does);
+        # the cancelled event names it when they do.
+        locate = getattr(self._executor, "trial_dir_for", None)
+        if not callable(locate):
+            return None
+        with contextlib.suppress(Exception):
+            return str(locate(request))
+        return None

@@ -1,0 +1,141 @@
+"""The runner's decision, as a pure function: what one attempt's outcome means.
+
+Given the request, the attempt number and the ExecutionOutcome, ``decide`` says which
+events the runner publishes (TrialCompleted, or TrialFailed final or not) and how the
+work message is settled (ack, or nak with the retry backoff). No I/O happens here:
+the handler publishes ``Decision.events`` in order, then the consumer applies
+``Decision.settle``. Harbor's error policy (services.common.failures) decides which
+failures are worth another attempt; the request's ``retry`` policy bounds how many.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.events import TrialCompleted, TrialFailed, TrialRequested
+from schemas.record import FailureClass
+from services.common.errors import ACK, InternalError, Settle, nak
+from services.common.failures import classify, is_retryable
+from services.common.ports import ExecutionOutcome
+
+# Not a Harbor exception: the executor's name for "Harbor finished without writing
+# result.json". Another attempt may well produce one.
+MISSING_RESULT = "MissingResult"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Events to publish (in this order), then the verdict on the work message."""
+
+    events: tuple[TrialCompleted | TrialFailed, ...]
+    settle: Settle
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerIdentity:
+    """What the runner's events say about where a trial ran."""
+
+    host: str
+    harbor_version: str
+
+
+def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
+    """Exponential backoff before attempt ``attempt + 1``: base, 2*base, 4*base... capped."""
+    return float(min(max_s, base_s * (2 ** max(0, attempt - 1))))
+
+
+def should_retry(request: TrialRequested, attempt: int, outcome: ExecutionOutcome) -> bool:
+    """Whether another attempt is worth it and the retry policy still allows one."""
+    retryable = is_retryable(outcome.exception_type)
+    if outcome.kind == "failed":
+        retryable = retryable or outcome.exception_type == MISSING_RESULT
+    return retryable and attempt < request.retry.max_attempts
+
+
+def decide(
+    request: TrialRequested, attempt: int, outcome: ExecutionOutcome, who: RunnerIdentity
+) -> Decision:
+    """The events and the verdict for attempt ``attempt`` that ended with ``outcome``.
+
+    - retryable and attempts left: TrialFailed(final=False), nak after the backoff;
+    - completed (Harbor wrote result.json): TrialCompleted, ack;
+    - otherwise: TrialFailed(final=True), ack.
+    """
+    if should_retry(request, attempt, outcome):
+        retry = request.retry
+        delay = backoff_delay(attempt, retry.backoff_seconds, retry.max_backoff_seconds)
+        return Decision(
+            (failed_event(request, attempt, outcome, who.host, final=False),),
+            nak(delay, "retry"),
+        )
+    if outcome.kind == "completed":
+        if outcome.trial_dir is None or outcome.job_dir is None:
+            raise InternalError(
+                f"executor reported trial {request.trial_id} completed without its folders"
+            )
+        completed = TrialCompleted(
+            experiment_id=request.experiment_id,
+            trial_id=request.trial_id,
+            correlation_id=request.correlation_id,
+            trial_dir=str(outcome.trial_dir),
+            job_dir=str(outcome.job_dir),
+            runner_host=who.host,
+            harbor_version=who.harbor_version,
+            environment=request.compute.environment,
+            agent_label=request.agent.display,
+            attempt=attempt,
+            run_id=request.dedup_id(),
+        )
+        return Decision((completed,), ACK)
+    return Decision((failed_event(request, attempt, outcome, who.host, final=True),), ACK)
+
+
+def cancelled(
+    request: TrialRequested, attempt: int, host: str, trial_dir: str | None = None
+) -> Decision:
+    """The experiment was cancelled (before or during this attempt): final, ack."""
+    outcome = ExecutionOutcome(
+        kind="failed", exception_type="CancelledError", message="experiment cancelled"
+    )
+    event = failed_event(
+        request,
+        attempt,
+        outcome,
+        host,
+        final=True,
+        failure_class="cancelled",
+        trial_dir=trial_dir,
+    )
+    return Decision((event,), ACK)
+
+
+def failed_event(
+    request: TrialRequested,
+    attempt: int,
+    outcome: ExecutionOutcome,
+    host: str,
+    *,
+    final: bool,
+    failure_class: FailureClass | None = None,
+    trial_dir: str | None = None,
+) -> TrialFailed:
+    """The TrialFailed of an attempt; the failure class follows Harbor's error policy."""
+    failure = failure_class or classify(outcome.exception_type)
+    return TrialFailed(
+        experiment_id=request.experiment_id,
+        trial_id=request.trial_id,
+        correlation_id=request.correlation_id,
+        # A failed attempt with no exception at all still failed: count it against
+        # the infrastructure, never as an agent's or a verifier's result.
+        failure_class="infrastructure" if failure == "none" else failure,
+        error_type=outcome.exception_type or "UnknownError",
+        message=outcome.message or "",
+        attempt=attempt,
+        final=final,
+        trial_dir=trial_dir or (str(outcome.trial_dir) if outcome.trial_dir else None),
+        task=request.task,
+        agent=request.agent,
+        repetition=request.repetition,
+        runner_host=host,
+        run_id=request.dedup_id(),
+    )
