@@ -155,9 +155,24 @@ class ComputeSpec(_Strict):
         description="'local' (trialbus bubblewrap sandbox), a Harbor environment type "
         "(docker, daytona, ...) or 'module:Class'.",
     )
-    environment_kwargs: dict[str, Any] = Field(default_factory=dict)
-    n_concurrent_trials: int = Field(default=4, ge=1, le=10_000)
-    timeout_multiplier: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False)
+    environment_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Passed to the environment; values that look like credentials are refused.",
+    )
+    n_concurrent_trials: int = Field(
+        default=4,
+        ge=1,
+        le=10_000,
+        description="Concurrency budget of the experiment: trials running at once across "
+        "all runners.",
+    )
+    timeout_multiplier: float = Field(
+        default=1.0,
+        gt=0,
+        le=100,
+        allow_inf_nan=False,
+        description="Harbor's timeout multiplier, applied to the task's own timeouts.",
+    )
 
     @field_validator("environment_kwargs")
     @classmethod
@@ -179,9 +194,23 @@ class ComputeSpec(_Strict):
 class RetrySpec(_Strict):
     """Retries of transient infrastructure failures (agent/verifier outcomes are results)."""
 
-    max_attempts: int = Field(default=3, ge=1, le=20)
-    backoff_seconds: float = Field(default=2.0, ge=0, le=3600, allow_inf_nan=False)
-    max_backoff_seconds: float = Field(default=60.0, ge=0, le=3600, allow_inf_nan=False)
+    max_attempts: int = Field(
+        default=3, ge=1, le=20, description="Attempts per run, the first one included."
+    )
+    backoff_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Delay before the second attempt; it doubles for each later one.",
+    )
+    max_backoff_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Upper bound of the delay between attempts.",
+    )
 
 
 class ExperimentManifest(_Strict):
@@ -192,13 +221,26 @@ class ExperimentManifest(_Strict):
         description="Stable id; generated from the manifest's content when absent, so "
         "resubmitting the same manifest addresses the same experiment.",
     )
-    name: str = Field(min_length=1, max_length=200)
-    description: str | None = None
-    tasks: list[TaskSpec] = Field(min_length=1)
-    agents: list[AgentSpec] = Field(min_length=1)
-    repetitions: int = Field(default=1, ge=1, le=100)
-    compute: ComputeSpec = Field(default_factory=ComputeSpec)
-    retry: RetrySpec = Field(default_factory=RetrySpec)
+    name: str = Field(min_length=1, max_length=200, description="Name shown in reports.")
+    description: str | None = Field(default=None, description="Free text.")
+    tasks: list[TaskSpec] = Field(
+        min_length=1,
+        description="Task folders or globs relative to the manifest's folder (a plain "
+        "string is a path), or registry datasets.",
+    )
+    agents: list[AgentSpec] = Field(
+        min_length=1, description="Agent configurations; each runs every task."
+    )
+    repetitions: int = Field(
+        default=1, ge=1, le=100, description="Trials per task and agent (for pass@k, spread)."
+    )
+    compute: ComputeSpec = Field(
+        default_factory=ComputeSpec, description="Where and how the trials run."
+    )
+    retry: RetrySpec = Field(
+        default_factory=RetrySpec,
+        description="Retries of transient infrastructure failures.",
+    )
 
     @field_validator("experiment_id")
     @classmethod

@@ -17,82 +17,135 @@ class _Doc(BaseModel):
 class Provenance(_Doc):
     """Where a result came from, enough to reproduce or audit it."""
 
-    task_name: str
-    task_path: str | None = None
-    task_checksum: str | None = None
+    task_name: str = Field(description="Harbor task name (the task folder's name).")
+    task_path: str | None = Field(default=None, description="Task folder path, when known.")
+    task_checksum: str | None = Field(
+        default=None, description="Checksum of the task's files, as Harbor recorded it."
+    )
     agent_name: str = Field(description="Harbor agent name or import path.")
     agent_label: str | None = Field(default=None, description="Display name from the manifest.")
-    agent_version: str | None = None
-    model: str | None = None
+    agent_version: str | None = Field(
+        default=None, description="Agent version, as Harbor recorded it."
+    )
+    model: str | None = Field(default=None, description="Model the agent used, when known.")
     environment: str | None = Field(default=None, description="Environment type or import path.")
-    harbor_version: str | None = None
-    runner_host: str | None = None
-    source: Literal["runner", "external", "import"] = "runner"
+    harbor_version: str | None = Field(
+        default=None, description="Version of Harbor that ran the trial, when known."
+    )
+    runner_host: str | None = Field(
+        default=None, description="Host of the runner that ran the trial (None: not trialbus)."
+    )
+    source: Literal["runner", "external", "import"] = Field(
+        default="runner",
+        description="runner: run by trialbus; external: found by the watcher; import: "
+        "read from a Harbor job folder by 'trialbus import'.",
+    )
     harbor_trial_uuid: str | None = Field(default=None, description="Harbor's own trial id.")
-    job_id: str | None = None
+    job_id: str | None = Field(default=None, description="Harbor's id of the job the trial ran in.")
 
 
 class PhaseTiming(_Doc):
     """Seconds per Harbor phase (None when the phase did not run)."""
 
-    started_at: AwareDatetime | None = None
-    finished_at: AwareDatetime | None = None
-    total_s: float | None = None
-    environment_setup_s: float | None = None
-    agent_setup_s: float | None = None
-    agent_execution_s: float | None = None
-    verifier_s: float | None = None
+    started_at: AwareDatetime | None = Field(default=None, description="Trial start (UTC).")
+    finished_at: AwareDatetime | None = Field(default=None, description="Trial end (UTC).")
+    total_s: float | None = Field(default=None, description="Seconds from start to end.")
+    environment_setup_s: float | None = Field(
+        default=None, description="Seconds spent building and starting the environment."
+    )
+    agent_setup_s: float | None = Field(default=None, description="Seconds of agent setup.")
+    agent_execution_s: float | None = Field(
+        default=None, description="Seconds the agent ran on the task."
+    )
+    verifier_s: float | None = Field(default=None, description="Seconds the verifier ran.")
 
 
 class Evaluation(_Doc):
     """What the verifier said, and whether it counts."""
 
-    rewards: dict[str, float] = Field(default_factory=dict)
-    main_reward_key: str | None = None
-    main_reward: float | None = None
+    rewards: dict[str, float] = Field(
+        default_factory=dict, description="Every reward the verifier wrote, by key."
+    )
+    main_reward_key: str | None = Field(
+        default=None,
+        description="Key of the main reward: the only one, else 'reward', else the first "
+        "key in sorted order (Harbor's choice).",
+    )
+    main_reward: float | None = Field(
+        default=None, description="Value of the main reward (None when there is none)."
+    )
     reward_valid: bool = Field(
         description="True when the reward counts in a score (a valid number from the verifier)."
     )
-    failure_class: FailureClass = "none"
-    exception_type: str | None = None
-    exception_message: str | None = None
+    failure_class: FailureClass = Field(
+        default="none",
+        description="What failed, by Harbor's error policy: none, agent (the trial still "
+        "counts), verifier, infrastructure or cancelled.",
+    )
+    exception_type: str | None = Field(
+        default=None, description="Class name of the exception that decided failure_class."
+    )
+    exception_message: str | None = Field(
+        default=None, description="Its message, cut to a bounded length."
+    )
 
 
 class Usage(_Doc):
-    n_input_tokens: int | None = None
-    n_cache_tokens: int | None = None
-    n_output_tokens: int | None = None
-    cost_usd: float | None = None
+    """Tokens and cost the agent reported (summed over steps; None when not reported)."""
+
+    n_input_tokens: int | None = Field(default=None, description="Input (prompt) tokens.")
+    n_cache_tokens: int | None = Field(
+        default=None, description="Input tokens served from the provider's cache."
+    )
+    n_output_tokens: int | None = Field(default=None, description="Output tokens.")
+    cost_usd: float | None = Field(default=None, description="Cost in US dollars.")
 
 
 class Artifacts(_Doc):
-    trial_dir: str | None = None
-    job_dir: str | None = None
-    result_path: str | None = None
-    verifier_dir: str | None = None
-    agent_dir: str | None = None
+    """Where the trial's files are (paths on the host that wrote them)."""
+
+    trial_dir: str | None = Field(default=None, description="Harbor trial folder.")
+    job_dir: str | None = Field(default=None, description="Harbor job folder.")
+    result_path: str | None = Field(
+        default=None, description="The trial's result.json, if it exists."
+    )
+    verifier_dir: str | None = Field(
+        default=None, description="The verifier's output folder, if it exists."
+    )
+    agent_dir: str | None = Field(
+        default=None, description="The agent's output folder, if it exists."
+    )
 
 
 class TrialRecord(_Doc):
     """One trial's outcome in the ledger; keyed (unique) by trial_id."""
 
-    trial_id: str
-    experiment_id: str
-    repetition: int | None = None
+    trial_id: str = Field(description="The trial's deterministic id; the ledger's unique key.")
+    experiment_id: str = Field(description="Experiment the trial belongs to.")
+    repetition: int | None = Field(
+        default=None, description="0-based repetition index (None when unknown)."
+    )
     status: RecordStatus = Field(
         description="complete: Harbor's result was read in full; partial: something is "
         "missing or malformed and ``errors`` says what."
     )
-    provenance: Provenance
-    timing: PhaseTiming = Field(default_factory=PhaseTiming)
-    evaluation: Evaluation
-    usage: Usage = Field(default_factory=Usage)
-    artifacts: Artifacts = Field(default_factory=Artifacts)
+    provenance: Provenance = Field(description="Where the result came from.")
+    timing: PhaseTiming = Field(
+        default_factory=PhaseTiming, description="When the trial ran and how long each phase took."
+    )
+    evaluation: Evaluation = Field(description="The verifier's rewards and whether they count.")
+    usage: Usage = Field(default_factory=Usage, description="Tokens and cost the agent reported.")
+    artifacts: Artifacts = Field(
+        default_factory=Artifacts, description="Where the trial's files are."
+    )
     errors: list[str] = Field(default_factory=list, description="Diagnostics, one per problem.")
-    attempts: int = Field(default=1, ge=1)
+    attempts: int = Field(
+        default=1, ge=1, description="Attempts of the run that produced this record (1 first)."
+    )
 
     @property
     def scored(self) -> bool:
+        """Whether the record counts in a score (its reward is valid)."""
         return self.evaluation.reward_valid
 
     def content_key(self) -> dict[str, object]:
