@@ -1,9 +1,12 @@
-"""Composition root of the importer: a FastStream batched pull consumer."""
+"""Composition root of the importer: a FastStream batched pull consumer.
+
+Connects, builds the adapters (JetStreamBus, MongoLedger) and hands each batch to
+``services.importer.handlers.handle_batch``, whose verdicts it applies to the messages.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
@@ -11,14 +14,13 @@ from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
 
-from services.common.adapters.jetstream import JetStreamBus, ensure_streams
+from services.common.adapters.jetstream import JetStreamBus, apply_settle, ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
-from services.common.errors import LedgerUnavailable
 from services.common.logging import configure_logging, get_logger
 from services.common.ports import Ledger
 from services.common.service import keep_in_progress, raw_body
 from services.common.settings import ImporterSettings
-from services.importer.handlers import apply_plan, plan_batch
+from services.importer.handlers import Incoming, handle_batch
 
 log = get_logger(__name__)
 
@@ -48,30 +50,12 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
     )
     async def on_events(msg: NatsMessage) -> None:
         raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch
-        started = time.perf_counter()
-        try:
-            async with keep_in_progress(raws, ACK_WAIT_S / 3):
-                plan = await plan_batch([r.data for r in raws])
-                await apply_plan(plan, the_ledger, state["bus"])
-        except LedgerUnavailable as exc:
-            log.warning(
-                "ledger unavailable; batch will be redelivered", error=str(exc), n=len(raws)
+        incoming = [Incoming(r.data, r.metadata.num_delivered) for r in raws]
+        async with keep_in_progress(raws, ACK_WAIT_S / 3):
+            settles = await handle_batch(
+                incoming, the_ledger, state["bus"], transient_delay_s=settings.retry_delay_s
             )
-            await asyncio.gather(*(r.nak(delay=settings.retry_delay_s) for r in raws))
-            return
-        except Exception:
-            log.exception("import batch failed; will be redelivered", n=len(raws))
-            await asyncio.gather(*(r.nak(delay=settings.retry_delay_s) for r in raws))
-            return
-        await asyncio.gather(
-            *(raws[i].ack() for i in plan.ack), *(raws[i].term() for i in plan.term)
-        )
-        log.info(
-            "batch imported",
-            n=len(raws),
-            records=len(plan.records),
-            ms=round((time.perf_counter() - started) * 1000, 1),
-        )
+        await asyncio.gather(*(apply_settle(r, s) for r, s in zip(raws, settles, strict=True)))
 
     app = FastStream(broker)
 
@@ -93,4 +77,5 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
 
 
 def main() -> None:
+    """Run the importer with settings from the environment until SIGTERM / SIGINT."""
     asyncio.run(create_app(ImporterSettings()).run())

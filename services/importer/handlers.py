@@ -1,17 +1,32 @@
-"""The importer's message handling: a batch of events in, ledger upserts out.
+"""The importer's decisions: a batch of events in, ledger upserts and one verdict per message out.
 
-Each raw message is settled on its own: poison is terminated, a ledger outage naks
-the whole batch with a delay (nothing lost, nothing terminated), and everything else
-is acknowledged only after its record is durably in the ledger and its
-ResultImported is published.
+Written against the ports (``EventBus``, ``Ledger``) only; ``services.importer.app``
+turns nats messages into ``Incoming`` and applies the verdicts. Each message is
+settled on its own:
+
+- poison (undecodable, unknown type, newer schema version) is terminated (logged);
+- every other message is acknowledged only after its record is durably in the
+  ledger and its ResultImported is published;
+- the ledger unreachable or a publish unconfirmed (TransientError): the batch is
+  nak'ed with the retry delay (nothing lost; its poison is still terminated);
+- a bug while building ONE record (an InternalError or any exception the importer did
+  not expect) naks only that message, with the bug delay; the rest of the batch is
+  written and acknowledged. Once the message has been delivered BUG_MAX_DELIVERIES
+  times, the importer gives up on it: it writes an acknowledged partial record with
+  error_type "ImporterError" naming the exception, so the experiment still completes
+  and the cause is visible: an honest unscored record, never a lost trial, never a
+  stuck batch (``record_failure_verdict``);
+- a bug while writing or announcing the batch naks the batch with the bug delay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from schemas.events import (
     Event,
@@ -23,20 +38,32 @@ from schemas.events import (
     parse_event,
 )
 from schemas.record import TrialRecord
-from services.common.errors import LedgerUnavailable
+from services.common.errors import ACK, LedgerUnavailable, Settle, settle_error
 from services.common.logging import get_logger
 from services.common.ports import EventBus, ExperimentInfo, Ledger, UpsertOutcome
 from services.importer.records import RecordContext, build_failed_record, build_record
 
 log = get_logger(__name__)
 
+BUG_MAX_DELIVERIES: Final = 5
+"""From this delivery on, a message whose record cannot be built gets an ImporterError
+record instead of another nak (about 40 s of bug delays: long enough for a transient
+oddity to pass, short enough that an experiment does not wait on a bug for long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One consumed message: its bytes and its delivery count (1 on first delivery)."""
+
+    data: bytes
+    delivered: int = 1
+
 
 @dataclass(slots=True)
 class BatchPlan:
-    """How each message of a batch is to be settled."""
+    """What a batch writes, and how each of its messages is settled once it is written."""
 
-    ack: list[int] = field(default_factory=list)
-    term: list[int] = field(default_factory=list)
+    settles: list[Settle] = field(default_factory=list)  # one per message, in order
     records: dict[str, TrialRecord] = field(default_factory=dict)
     correlation: dict[str, str] = field(default_factory=dict)
     experiments: list[ExperimentInfo] = field(default_factory=list)
@@ -65,24 +92,46 @@ def record_for(event: TrialCompleted | TrialFailed) -> TrialRecord:
     return build_failed_record(event)
 
 
-def _safe_record_for(event: TrialCompleted | TrialFailed) -> TrialRecord:
-    """record_for, with an importer bug turned into a partial record, not a stuck batch."""
+def _try_record_for(event: TrialCompleted | TrialFailed) -> TrialRecord | Exception:
+    # A bug is returned, not raised: it must settle its own message, not the batch.
     try:
         return record_for(event)
-    except Exception as exc:
-        log.exception("record building failed", trial_id=event.trial_id)
-        failed = TrialFailed(
-            experiment_id=event.experiment_id,
-            trial_id=event.trial_id,
-            correlation_id=event.correlation_id,
-            failure_class="infrastructure",
-            error_type="ImporterError",
-            message=f"importer could not build the record: {type(exc).__name__}: {exc}",
-            attempt=event.attempt,
-            final=True,
-            trial_dir=getattr(event, "trial_dir", None),
-        )
-        return build_failed_record(failed)
+    except Exception as exc:  # noqa: BLE001 - every bug becomes a verdict (record_failure_verdict)
+        return exc
+
+
+def record_failure_verdict(
+    exc: BaseException, delivered: int, *, transient_delay_s: float
+) -> Settle:
+    """How to settle a message whose record could not be built (``exc`` was raised).
+
+    A nak leaves the trial to a later delivery: always for a TransientError, and for a
+    bug (settle_error's "bug" verdict) before the BUG_MAX_DELIVERIES-th delivery. ACK
+    means give up: the caller writes an ImporterError record and acknowledges it. A
+    message is never terminated here: its trial would be left with no record at all.
+    """
+    verdict = settle_error(exc, transient_delay_s=transient_delay_s)
+    if verdict.reason == "transient":
+        return verdict
+    if verdict.reason == "bug" and delivered < BUG_MAX_DELIVERIES:
+        return verdict
+    return ACK
+
+
+def importer_error_record(event: TrialCompleted | TrialFailed, exc: BaseException) -> TrialRecord:
+    """The partial record written when the importer gives up on a trial's record."""
+    failed = TrialFailed(
+        experiment_id=event.experiment_id,
+        trial_id=event.trial_id,
+        correlation_id=event.correlation_id,
+        failure_class="infrastructure",
+        error_type="ImporterError",
+        message=f"importer could not build the record: {type(exc).__name__}: {exc}",
+        attempt=event.attempt,
+        final=True,
+        trial_dir=getattr(event, "trial_dir", None),
+    )
+    return build_failed_record(failed)
 
 
 def _prefer(new: TrialRecord, old: TrialRecord | None) -> TrialRecord:
@@ -94,30 +143,89 @@ def _prefer(new: TrialRecord, old: TrialRecord | None) -> TrialRecord:
     return new
 
 
-async def plan_batch(payloads: Sequence[bytes]) -> BatchPlan:
-    """Decode a batch and build its records (file reads run off the event loop)."""
+async def plan_batch(messages: Sequence[Incoming], *, transient_delay_s: float) -> BatchPlan:
+    """Decode a batch, build its records, and decide each message's verdict.
+
+    File reads run off the event loop. Never raises for one message's sake.
+    """
     plan = BatchPlan()
     to_build: list[tuple[int, TrialCompleted | TrialFailed]] = []
-    for i, data in enumerate(payloads):
+    for i, message in enumerate(messages):
         try:
-            event: Event = parse_event(data)
+            event: Event = parse_event(message.data)
         except EventDecodeError as exc:
             log.error("poison event terminated", error=str(exc))
-            plan.term.append(i)
+            plan.settles.append(settle_error(exc, transient_delay_s=transient_delay_s))
             continue
-        plan.ack.append(i)
+        plan.settles.append(ACK)
         if isinstance(event, ExperimentSubmitted):
             plan.experiments.append(
                 ExperimentInfo(event.experiment_id, event.name, event.n_trials, event.manifest)
             )
         elif isinstance(event, TrialCompleted) or (isinstance(event, TrialFailed) and event.final):
             to_build.append((i, event))
-    if to_build:
-        built = await asyncio.to_thread(lambda: [_safe_record_for(ev) for _, ev in to_build])
-        for (_, ev), rec in zip(to_build, built, strict=True):
-            plan.records[rec.trial_id] = _prefer(rec, plan.records.get(rec.trial_id))
-            plan.correlation[rec.trial_id] = ev.correlation_id
+    if not to_build:
+        return plan
+    built = await asyncio.to_thread(lambda: [_try_record_for(ev) for _, ev in to_build])
+    for (i, ev), rec in zip(to_build, built, strict=True):
+        if isinstance(rec, Exception):
+            delivered = messages[i].delivered
+            verdict = record_failure_verdict(rec, delivered, transient_delay_s=transient_delay_s)
+            ids = {"experiment_id": ev.experiment_id, "trial_id": ev.trial_id}
+            if verdict.action != "ack":
+                log.error(
+                    "record building failed; message will be redelivered",
+                    **ids,
+                    delivered=delivered,
+                    delay_s=verdict.delay_s,
+                    exc_info=rec,
+                )
+                plan.settles[i] = verdict
+                continue
+            log.error(
+                "record building failed; giving up with an ImporterError record",
+                **ids,
+                delivered=delivered,
+                exc_info=rec,
+            )
+            rec = importer_error_record(ev, rec)
+        plan.records[rec.trial_id] = _prefer(rec, plan.records.get(rec.trial_id))
+        plan.correlation[rec.trial_id] = ev.correlation_id
     return plan
+
+
+def failed_batch_settles(plan: BatchPlan | None, n: int, verdict: Settle) -> list[Settle]:
+    """The verdicts of a batch whose write failed with ``verdict``: poison stays terminated."""
+    if plan is None:
+        return [verdict] * n
+    return [s if s.action == "term" else verdict for s in plan.settles]
+
+
+async def handle_batch(
+    messages: Sequence[Incoming], ledger: Ledger, bus: EventBus, *, transient_delay_s: float
+) -> list[Settle]:
+    """Import one batch; returns the verdict of each message, in order (never raises)."""
+    started = time.perf_counter()
+    plan: BatchPlan | None = None
+    try:
+        plan = await plan_batch(messages, transient_delay_s=transient_delay_s)
+        await apply_plan(plan, ledger, bus)
+    except Exception as exc:  # noqa: BLE001 - settle_error decides; nothing is acked
+        verdict = settle_error(exc, transient_delay_s=transient_delay_s)
+        if verdict.reason == "transient":
+            log.warning(
+                "ledger unavailable; batch will be redelivered", error=str(exc), n=len(messages)
+            )
+        else:
+            log.error("import batch failed; will be redelivered", n=len(messages), exc_info=exc)
+        return failed_batch_settles(plan, len(messages), verdict)
+    log.info(
+        "batch imported",
+        n=len(messages),
+        records=len(plan.records),
+        ms=round((time.perf_counter() - started) * 1000, 1),
+    )
+    return plan.settles
 
 
 async def apply_plan(plan: BatchPlan, ledger: Ledger, bus: EventBus) -> None:
@@ -178,7 +286,5 @@ async def _upsert_one_by_one(plan: BatchPlan, ledger: Ledger) -> UpsertOutcome:
             )
             plan.records[trial_id] = stub
             one = await ledger.upsert_records([stub])
-        total.inserted += one.inserted
-        total.updated += one.updated
-        total.unchanged += one.unchanged
+        total.merge(one)
     return total

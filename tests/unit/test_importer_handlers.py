@@ -1,15 +1,43 @@
-"""The importer's batch handling: a record the ledger refuses never holds its batch."""
+"""The importer's batch handling: one verdict per message.
+
+A record the ledger refuses never holds its batch; poison is terminated; a ledger
+outage naks the batch; a bug naks only its own message until BUG_MAX_DELIVERIES, then
+becomes an acknowledged ImporterError record (docstring of services.importer.handlers).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from schemas.events import Envelope, ResultImported, TrialFailed
+import pytest
+
+from schemas.events import Envelope, ResultImported, TrialCompleted, TrialFailed, encode_event
 from schemas.record import TrialRecord
 from services.common.adapters.memory import InMemoryLedger
+from services.common.errors import (
+    ACK,
+    BUG_RETRY_DELAY_S,
+    TERM,
+    InternalError,
+    LedgerUnavailable,
+    PoisonMessage,
+    Settle,
+    TransientError,
+    nak,
+)
 from services.common.ports import UpsertOutcome
-from services.importer.handlers import BatchPlan, apply_plan
-from services.importer.records import build_failed_record
+from services.importer import handlers
+from services.importer.handlers import (
+    BUG_MAX_DELIVERIES,
+    BatchPlan,
+    Incoming,
+    apply_plan,
+    failed_batch_settles,
+    handle_batch,
+    record_failure_verdict,
+)
+from services.importer.records import RecordContext, build_failed_record
 
 
 class RefusingLedger(InMemoryLedger):
@@ -28,8 +56,9 @@ class Bus:
     def __init__(self) -> None:
         self.events: list[Envelope] = []
 
-    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> None:
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
         self.events.append(event)
+        return True
 
 
 def record(trial_id: str) -> TrialRecord:
@@ -57,3 +86,157 @@ async def test_refused_record_is_replaced_and_the_rest_of_the_batch_lands() -> N
     assert any("document too large" in e for e in bad.errors)
     imported = [e for e in bus.events if isinstance(e, ResultImported)]
     assert sorted(e.trial_id for e in imported) == ["bad", "good"]
+
+
+# -- one verdict per message: poison, transient, bug --------------------------------------
+
+BUG = "buggy"
+
+
+@pytest.fixture
+def buggy_importer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make building the record of trial ``buggy`` raise, as an importer bug would."""
+    real = handlers.build_record
+
+    def build(trial_dir: Path, context: RecordContext) -> TrialRecord:
+        if context.trial_id == BUG:
+            raise KeyError("a bug")
+        return real(trial_dir, context)
+
+    monkeypatch.setattr(handlers, "build_record", build)
+
+
+def completed(trial_id: str, tmp_path: Path) -> bytes:
+    # A folder with no result.json: a real (partial) record, no Harbor fixture needed.
+    trial_dir = tmp_path / trial_id
+    return encode_event(
+        TrialCompleted(
+            experiment_id="e",
+            trial_id=trial_id,
+            trial_dir=str(trial_dir),
+            job_dir=str(tmp_path),
+            correlation_id=f"corr-{trial_id}",
+        )
+    )
+
+
+def failed(trial_id: str) -> bytes:
+    return encode_event(
+        TrialFailed(
+            experiment_id="e",
+            trial_id=trial_id,
+            failure_class="agent",
+            error_type="X",
+            message="m",
+            attempt=1,
+            final=True,
+        )
+    )
+
+
+DELAY = 2.0
+BUG_NAK = nak(max(DELAY, BUG_RETRY_DELAY_S), "bug")
+
+
+@pytest.mark.parametrize(
+    ("exc", "delivered", "expected"),
+    [
+        (KeyError("x"), 1, nak(BUG_RETRY_DELAY_S, "bug")),
+        (InternalError("x"), BUG_MAX_DELIVERIES - 1, nak(BUG_RETRY_DELAY_S, "bug")),
+        # Given up: an acknowledged ImporterError record instead of another nak.
+        (KeyError("x"), BUG_MAX_DELIVERIES, ACK),
+        (InternalError("x"), BUG_MAX_DELIVERIES + 3, ACK),
+        # Transient: nothing is decided yet, so never given up on.
+        (TransientError("x"), 1, nak(DELAY, "transient")),
+        (LedgerUnavailable("x"), 100, nak(DELAY, "transient")),
+        # Never terminated: the trial would be left without any record.
+        (PoisonMessage("x"), 1, ACK),
+    ],
+)
+def test_record_failure_verdict(exc: Exception, delivered: int, expected: Settle) -> None:
+    assert record_failure_verdict(exc, delivered, transient_delay_s=DELAY) == expected
+
+
+@pytest.mark.usefixtures("buggy_importer")
+async def test_a_bug_naks_only_its_message_and_the_rest_of_the_batch_lands(
+    tmp_path: Path,
+) -> None:
+    ledger, bus = InMemoryLedger(), Bus()
+    batch = [Incoming(failed("good")), Incoming(completed(BUG, tmp_path)), Incoming(b"{")]
+
+    settles = await handle_batch(batch, ledger, bus, transient_delay_s=DELAY)
+
+    assert settles == [ACK, BUG_NAK, TERM]
+    assert await ledger.get_record(BUG) is None
+    good = await ledger.get_record("good")
+    assert good is not None and good.status == "partial"
+    assert [e.trial_id for e in bus.events if isinstance(e, ResultImported)] == ["good"]
+
+
+@pytest.mark.usefixtures("buggy_importer")
+async def test_after_max_deliveries_a_bug_becomes_an_importer_error_record(
+    tmp_path: Path,
+) -> None:
+    ledger, bus = InMemoryLedger(), Bus()
+    batch = [
+        Incoming(completed(BUG, tmp_path), delivered=BUG_MAX_DELIVERIES),
+        Incoming(completed("fine", tmp_path), delivered=BUG_MAX_DELIVERIES),
+    ]
+
+    settles = await handle_batch(batch, ledger, bus, transient_delay_s=DELAY)
+
+    assert settles == [ACK, ACK]
+    record = await ledger.get_record(BUG)
+    assert record is not None and record.status == "partial"
+    assert not record.evaluation.reward_valid
+    assert record.evaluation.failure_class == "infrastructure"
+    assert record.evaluation.exception_type == "ImporterError"
+    assert "KeyError: 'a bug'" in (record.evaluation.exception_message or "")
+    # A record of a trial that built fine is not marked as the importer's failure.
+    fine = await ledger.get_record("fine")
+    assert fine is not None and fine.evaluation.exception_type is None
+    announced = {e.trial_id: e for e in bus.events if isinstance(e, ResultImported)}
+    assert set(announced) == {BUG, "fine"}
+    assert announced[BUG].correlation_id == f"corr-{BUG}"
+    assert announced[BUG].scored is False
+
+
+class DownLedger(InMemoryLedger):
+    """A ledger that cannot be reached."""
+
+    async def upsert_records(self, records: Sequence[TrialRecord]) -> UpsertOutcome:
+        raise LedgerUnavailable("connection refused")
+
+
+async def test_ledger_down_naks_the_batch_but_still_terminates_poison() -> None:
+    batch = [Incoming(failed("a")), Incoming(b"not json"), Incoming(failed("b"))]
+    transient = nak(DELAY, "transient")
+
+    down = await handle_batch(batch, DownLedger(), Bus(), transient_delay_s=DELAY)
+    # Negative control: the same batch against a reachable ledger is acknowledged.
+    up = await handle_batch(batch, InMemoryLedger(), Bus(), transient_delay_s=DELAY)
+
+    assert down == [transient, TERM, transient]
+    assert up == [ACK, TERM, ACK]
+
+
+class BrokenBus(Bus):
+    """A bus with a bug: publishing raises something no one expected."""
+
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
+        raise AttributeError("a bug in the bus")
+
+
+async def test_a_bug_while_announcing_naks_the_batch_with_the_bug_delay() -> None:
+    batch = [Incoming(failed("a"))]
+    assert await handle_batch(batch, InMemoryLedger(), BrokenBus(), transient_delay_s=DELAY) == [
+        BUG_NAK
+    ]
+
+
+def test_failed_batch_settles_keeps_poison_terminated() -> None:
+    verdict = nak(DELAY, "transient")
+    plan = BatchPlan(settles=[ACK, TERM, BUG_NAK])
+    assert failed_batch_settles(plan, 3, verdict) == [verdict, TERM, verdict]
+    # Without a plan (decoding itself failed), every message gets the verdict.
+    assert failed_batch_settles(None, 2, verdict) == [verdict, verdict]
