@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Concatenate
 
 import typer
 from rich.console import Console
@@ -22,6 +22,9 @@ from services.common import errors as E
 from services.common.errors import LedgerUnavailable, TransientError, UserInputError
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.common.stackfile import settings_for
+
+if TYPE_CHECKING:
+    from services.common.ports import Ledger
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 out = Console()
@@ -42,6 +45,16 @@ def _run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(E.EXIT_UNAVAILABLE) from None
     except KeyboardInterrupt:
         raise typer.Exit(E.EXIT_INTERRUPTED) from None
+
+
+def _read[**P, T](
+    query: Callable[Concatenate[Ledger, P], Awaitable[T]], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """Run a report query (services.reports.queries) against the ledger."""
+    from services.submitter.commands import read
+
+    settings = settings_for(CommonSettings)
+    return _run(lambda: read(settings, query, *args, **kwargs))
 
 
 def print_leaderboard(rows: list[dict[str, Any]], title: str) -> None:
@@ -88,9 +101,9 @@ def submit(
 @app.command()
 def status(experiment: str, json_out: JsonOpt = False) -> None:
     """Counts of an experiment's trials by state."""
-    from services.submitter.commands import experiment_status
+    from services.reports.queries import experiment_status
 
-    counts = _run(lambda: experiment_status(settings_for(CommonSettings), experiment))
+    counts = _read(experiment_status, experiment)
     if json_out:
         out.print_json(json.dumps(counts))
         return
@@ -110,9 +123,9 @@ def leaderboard(
     json_out: JsonOpt = False,
 ) -> None:
     """Per agent x model: scored / total, mean reward and pass rate with 95% CIs, pass@k."""
-    from services.submitter.commands import leaderboard_rows
+    from services.reports.queries import experiment_leaderboard
 
-    exp_id, rows = _run(lambda: leaderboard_rows(settings_for(CommonSettings), experiment))
+    exp_id, rows = _read(experiment_leaderboard, experiment)
     if json_out:
         out.print_json(json.dumps(rows))
         return
@@ -131,10 +144,10 @@ def report(
 ) -> None:
     """Leaderboard with 95% intervals, pass@k, per-key means, usage, per task, failures."""
     from services.reports.html import render_html
+    from services.reports.queries import experiment_report
     from services.reports.tables import report_renderable
-    from services.submitter.commands import experiment_report
 
-    data = _run(lambda: experiment_report(settings_for(CommonSettings), experiment))
+    data = _read(experiment_report, experiment)
     if html is not None:
         html.write_text(render_html(data), encoding="utf-8")
         err.print(f"wrote {html}", highlight=False)
@@ -159,14 +172,10 @@ def compare(
     json_out: JsonOpt = False,
 ) -> None:
     """Paired comparison on the tasks both sides scored: difference, 95% CI, McNemar."""
+    from services.reports.queries import comparison
     from services.reports.tables import comparison_renderable
-    from services.submitter.commands import compare_sides
 
-    data = _run(
-        lambda: compare_sides(
-            settings_for(CommonSettings), experiment_a, experiment_b, agent_a, agent_b
-        )
-    )
+    data = _read(comparison, experiment_a, experiment_b, agent_a, agent_b)
     if json_out:
         out.print_json(json.dumps(data))
         return

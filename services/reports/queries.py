@@ -1,7 +1,10 @@
-"""Reports read through the Ledger port: what the CLI and the HTTP API both call.
+"""The one read path: every report the CLI, the HTTP API and ``submit --wait`` show.
 
-Each function loads an experiment's records and submission metadata, then hands them
-to the pure builders (``report``, ``leaderboard``, ``compare``).
+Each function loads an experiment's records and submission metadata through the
+Ledger port, then hands them to the pure builders (``leaderboard``, ``report``,
+``compare``). Nothing else in trialbus reads records for display, so the numbers of
+``trialbus leaderboard``, ``GET /experiments/{id}/leaderboard`` and the table printed
+after ``submit --wait`` cannot differ.
 """
 
 from __future__ import annotations
@@ -10,35 +13,52 @@ import asyncio
 from typing import Any
 
 from schemas.record import TrialRecord
-from services.common.errors import UserInputError
+from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports.compare import compare, pick_side, records_of
+from services.reports.leaderboard import leaderboard, status_counts
 from services.reports.report import build_report
 
 
 async def load_experiment(
-    ledger: Ledger, experiment_id: str | None
+    ledger: Ledger, experiment_id: str | None, *, required: bool = True
 ) -> tuple[str, ExperimentInfo | None, list[TrialRecord]]:
     """(id, submission metadata, records); None picks the latest experiment.
 
-    Raises UserInputError when the experiment is unknown.
+    Raises ExperimentNotFound when the ledger knows nothing of the experiment, unless
+    ``required`` is False (a just-submitted experiment may not be recorded yet).
     """
     if experiment_id is None:
         ids = await ledger.experiment_ids()
         if not ids:
-            raise UserInputError("the ledger holds no experiment yet")
+            raise ExperimentNotFound("the ledger holds no experiment yet")
         experiment_id = ids[0]
     info = await ledger.get_experiment(experiment_id)
     records = await ledger.records_for(experiment_id)
-    if info is None and not records:
-        raise UserInputError(f"no experiment {experiment_id!r} in the ledger")
+    if required and info is None and not records:
+        raise ExperimentNotFound(f"no experiment {experiment_id!r} in the ledger")
     return experiment_id, info, records
+
+
+async def experiment_status(ledger: Ledger, experiment_id: str) -> dict[str, int]:
+    """Counts of an experiment's trials by state (``status_counts``)."""
+    _, info, records = await load_experiment(ledger, experiment_id)
+    return status_counts(records, info)
+
+
+async def experiment_leaderboard(
+    ledger: Ledger, experiment_id: str | None, *, required: bool = True
+) -> tuple[str, list[dict[str, Any]]]:
+    """(experiment id, leaderboard rows as JSON); None picks the latest experiment."""
+    exp_id, info, records = await load_experiment(ledger, experiment_id, required=required)
+    # Bootstrap intervals cost CPU time: off the event loop (the HTTP API shares it).
+    rows = await asyncio.to_thread(leaderboard, records, info)
+    return exp_id, [r.as_dict() for r in rows]
 
 
 async def experiment_report(ledger: Ledger, experiment_id: str | None) -> dict[str, Any]:
     """The full report of one experiment (``services.reports.report.build_report``)."""
     exp_id, info, records = await load_experiment(ledger, experiment_id)
-    # Bootstrap intervals cost CPU time: off the event loop (the HTTP API shares it).
     return await asyncio.to_thread(build_report, exp_id, records, info)
 
 

@@ -1,0 +1,136 @@
+"""Opening the submitter's connections: the ONE place the CLI and the HTTP app do it.
+
+``open_ledger`` gives the Ledger; ``open_nats`` gives a ``NatsSide`` (the EventBus,
+the Coordinator, and feeds of an experiment's events), with the streams declared.
+Each is an async context manager that closes what it opened. Handlers receive the
+ports, never these classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client as NatsClient
+from nats.errors import NoServersError
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_kv import NatsCoordinator
+from services.common.errors import TransientError
+from services.common.ports import Coordinator, EventBus, Ledger
+from services.common.settings import CommonSettings
+
+CLI_CONNECT_TIMEOUT_S = 10.0
+"""A command gives up on NATS after this long (exit 3); a service waits for it."""
+
+PROBE_CONNECT_TIMEOUT_S = 3.0
+"""``trialbus import`` tries NATS this long, then imports into the ledger alone."""
+
+LEASE_TTL_S = 60.0
+"""TTL of the leases bucket if the submitter is the first to create it (the runners'
+default ack_wait); the submitter itself takes no lease."""
+
+
+@dataclass(slots=True)
+class _SubscriptionFeed:
+    """EventFeed over a JetStream ordered consumer (handlers.EventFeed)."""
+
+    sub: JetStreamContext.PushSubscription
+
+    async def next_payload(self, timeout_s: float) -> bytes | None:
+        """The next message's bytes, or None after ``timeout_s``."""
+        try:
+            msg = await self.sub.next_msg(timeout=timeout_s)
+        except TimeoutError:
+            return None
+        return msg.data
+
+
+@dataclass(slots=True)
+class NatsSide:
+    """What an open NATS connection offers the submitter."""
+
+    nc: NatsClient
+    settings: CommonSettings
+    bus: EventBus
+    _coordinator: Coordinator | None = field(default=None)
+
+    async def coordinator(self) -> Coordinator:
+        """The Coordinator (KV buckets opened, created when missing, on first use)."""
+        if self._coordinator is None:
+            self._coordinator = await NatsCoordinator.open(
+                self.nc.jetstream(),
+                self.settings.topology,
+                lease_ttl_s=LEASE_TTL_S,
+                replicas=self.settings.stream_replicas,
+            )
+        return self._coordinator
+
+    @contextlib.asynccontextmanager
+    async def events_of(self, experiment_id: str) -> AsyncIterator[_SubscriptionFeed]:
+        """A feed of the experiment's events published from now on."""
+        sub = await self.nc.jetstream().subscribe(
+            self.settings.topology.event_filter("*", experiment_id),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.NEW,
+        )
+        try:
+            yield _SubscriptionFeed(sub)
+        finally:
+            with contextlib.suppress(Exception):  # closing: nothing left to lose
+                await sub.unsubscribe()
+
+
+@contextlib.asynccontextmanager
+async def open_ledger(settings: CommonSettings) -> AsyncIterator[Ledger]:
+    """The ledger (it connects lazily: an outage surfaces as LedgerUnavailable on use)."""
+    ledger = MongoLedger(settings.ledger_url, settings.ledger_db)
+    try:
+        yield ledger
+    finally:
+        await ledger.close()
+
+
+@contextlib.asynccontextmanager
+async def open_nats(
+    settings: CommonSettings, name: str, *, timeout_s: float | None = CLI_CONNECT_TIMEOUT_S
+) -> AsyncIterator[NatsSide]:
+    """Connect to NATS and declare the streams; ``timeout_s`` None waits forever.
+
+    Raises TransientError naming the URL and the fix when NATS cannot be reached.
+    """
+    try:
+        nc = await asyncio.wait_for(connect(settings.nats_servers, name), timeout=timeout_s)
+    except (NoServersError, OSError, TimeoutError) as exc:
+        raise TransientError(
+            f"cannot reach NATS at {settings.nats_url}: start the embedded stack with "
+            "`trialbus up` (or `make up`), or set NATS_URL"
+        ) from exc
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, settings.topology, settings.stream_replicas)
+        yield NatsSide(nc, settings, JetStreamBus(js, settings.topology))
+    finally:
+        # Every publish here was acknowledged by JetStream already, so closing loses
+        # nothing; drain() would wait on an ordered consumer's teardown instead.
+        await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def try_open_nats(
+    settings: CommonSettings, name: str, *, timeout_s: float = PROBE_CONNECT_TIMEOUT_S
+) -> AsyncIterator[NatsSide | None]:
+    """``open_nats``, or None when NATS cannot be reached (for work that can do without)."""
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            side: NatsSide | None = await stack.enter_async_context(
+                open_nats(settings, name, timeout_s=timeout_s)
+            )
+        except TransientError:
+            side = None
+        yield side

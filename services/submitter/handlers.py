@@ -1,0 +1,185 @@
+"""The submitter's decisions, written against the ports (no nats, no pymongo here).
+
+- ``submit``: lift an earlier cancellation, then publish the experiment (resume-aware).
+- ``submit_and_wait``: the same, then follow it until every trial is recorded, and
+  decide the exit code (README's table).
+- ``cancel``: flag an experiment cancelled.
+- ``import_job``: ledger a Harbor job folder.
+
+Reads (status, leaderboard, report, compare) are services.reports.queries: the HTTP
+API (app.py) and the CLI (commands.py) call these functions and those queries, with
+connections opened for them by connections.py.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from schemas.events import ResultImported, TrialFailed, parse_event
+from services.common import errors as E
+from services.common.ports import Coordinator, EventBus, Ledger
+from services.reports.leaderboard import status_counts
+from services.reports.queries import experiment_leaderboard, load_experiment
+from services.submitter.submit import PreparedExperiment, SubmitResult, publish_experiment
+
+# How often the ledger is read while waiting: events say when to look sooner.
+LEDGER_CHECK_INTERVAL_S = 2.0
+
+
+class EventFeed(Protocol):
+    """The events of one experiment, from the moment the feed was opened."""
+
+    async def next_payload(self, timeout_s: float) -> bytes | None:
+        """The next event's bytes, or None when none arrived within ``timeout_s``."""
+
+
+class Printer(Protocol):
+    """Where progress lines go (a rich Console)."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Print one line."""
+
+
+@dataclass(slots=True)
+class SubmitOutcome:
+    """A submission's summary (``submit --json``), exit code, and when waited for,
+    the final counts and leaderboard rows."""
+
+    summary: dict[str, Any]
+    exit_code: int
+    rows: list[dict[str, Any]] | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+async def submit(
+    prepared: PreparedExperiment, bus: EventBus, ledger: Ledger, coordinator: Coordinator
+) -> SubmitResult:
+    """Publish a prepared experiment; resubmitting lifts an earlier cancellation."""
+    await coordinator.uncancel(prepared.experiment_id)
+    return await publish_experiment(prepared, bus, ledger)
+
+
+def exit_code_for(counts: dict[str, int]) -> int:
+    """README's exit codes for ``submit --wait``: 4 timed out, 1 unscored trials, 0 ok."""
+    if counts["pending"] > 0:
+        return E.EXIT_TIMEOUT
+    return E.EXIT_OK if counts["scored"] == counts["total"] else E.EXIT_TRIALS_UNSCORED
+
+
+async def submit_and_wait(
+    prepared: PreparedExperiment,
+    bus: EventBus,
+    ledger: Ledger,
+    coordinator: Coordinator,
+    feed: EventFeed | None,
+    *,
+    timeout_s: float,
+    progress: Printer | None,
+) -> SubmitOutcome:
+    """Submit; with a ``feed`` (opened before this call, so no completion slips past),
+    follow the experiment until every trial is recorded or ``timeout_s`` passes."""
+    result = await submit(prepared, bus, ledger, coordinator)
+    summary = result.as_dict()
+    if feed is None:
+        return SubmitOutcome(summary, E.EXIT_OK)
+    counts = await follow(feed, ledger, result, timeout_s, progress)
+    summary["status"] = counts
+    # Not required: after a timeout the ledger may hold nothing of it yet (exit 4).
+    _, rows = await experiment_leaderboard(ledger, result.experiment_id, required=False)
+    summary["leaderboard"] = rows
+    return SubmitOutcome(summary, exit_code_for(counts), rows, counts)
+
+
+async def follow(
+    feed: EventFeed,
+    ledger: Ledger,
+    result: SubmitResult,
+    timeout_s: float,
+    progress: Printer | None,
+) -> dict[str, int]:
+    """Wait until every trial of this submission is recorded (or the timeout).
+
+    Trials this submission published count once their ResultImported carrying this
+    submission's correlation id arrives (a re-run replaces an older record, so the
+    ledger alone cannot tell). The others (already scored, or queued by a concurrent
+    submission) count once the ledger holds a record for them.
+    """
+    deadline = time.monotonic() + timeout_s
+    waiting = set(result.published_ids)
+    others = set(result.trial_ids) - waiting
+    last_line, next_check = "", 0.0
+    counts: dict[str, int] = {}
+    while True:
+        now = time.monotonic()
+        if now >= next_check or not waiting:
+            _, info, records = await load_experiment(ledger, result.experiment_id, required=False)
+            others -= {r.trial_id for r in records}
+            counts = status_counts(records, info)
+            counts["total"] = max(counts["total"], result.n_trials)
+            counts["pending"] = len(waiting) + len(others)
+            done = result.n_trials - counts["pending"]
+            line = f"{done}/{result.n_trials} done, {counts['scored']} scored"
+            if progress is not None and line != last_line:
+                progress.print(f"[dim]{result.experiment_id}[/dim] {line}", highlight=False)
+                last_line = line
+            next_check = now + LEDGER_CHECK_INTERVAL_S
+            if counts["pending"] <= 0 or now >= deadline:
+                return counts
+        data = await feed.next_payload(max(0.05, min(1.0, deadline - now)))
+        if data is None:
+            continue
+        try:
+            ev = parse_event(data)
+        except ValueError:
+            continue  # not ours to judge: the importer terminates poison
+        if isinstance(ev, ResultImported) and ev.correlation_id == result.correlation_id:
+            if ev.trial_id in waiting:
+                waiting.discard(ev.trial_id)
+                next_check = 0.0 if not waiting else next_check
+        elif isinstance(ev, TrialFailed) and not ev.final and progress is not None:
+            progress.print(f"  retrying {ev.trial_id}: {ev.error_type}", highlight=False)
+
+
+async def cancel(ledger: Ledger, coordinator: Coordinator, experiment_id: str) -> dict[str, Any]:
+    """Flag the experiment cancelled: runners drop its queued trials and stop running ones.
+
+    Each trial still gets a record (failure class ``cancelled``), so the experiment
+    completes with honest counts; resubmitting the manifest lifts the cancellation
+    and re-runs the cancelled trials.
+    """
+    # The ledger may not know a just-submitted experiment yet: cancel anyway.
+    info = await ledger.get_experiment(experiment_id)
+    await coordinator.cancel(experiment_id)
+    recorded = await ledger.count_records(experiment_id)
+    return {
+        "experiment_id": experiment_id,
+        "cancelled": True,
+        "known": info is not None,
+        "n_trials": info.n_trials if info else None,
+        "already_recorded": recorded,
+    }
+
+
+async def import_job(ledger: Ledger, job_dir: Path) -> dict[str, Any]:
+    """Ledger every trial folder of a Harbor job folder (idempotent); the summary."""
+    # Imported here: it loads Harbor's models, which only `trialbus import` needs.
+    from services.importer.jobdir import import_job_dir
+
+    if not job_dir.is_dir():
+        raise E.UserInputError(f"{job_dir}: not a folder (expected a Harbor job folder)")
+    await ledger.ensure_indexes()
+    s = await import_job_dir(job_dir.resolve(), ledger)
+    return {
+        "job_dir": str(s.job_dir),
+        "experiment_id": s.experiment_id,
+        "total": s.total,
+        "imported": s.imported,
+        "inserted": s.inserted,
+        "updated": s.updated,
+        "unchanged": s.unchanged,
+        "partial": s.partial,
+        "errors": [str(e) for e in s.errors],
+    }
