@@ -3,6 +3,8 @@ file, the field and the fix."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,47 @@ MAX_MANIFEST_VALUES = 100_000
 """Values a manifest may expand to: YAML aliases can repeat a small text into billions."""
 MAX_MANIFEST_DEPTH = 64
 """Nesting a manifest may have (validation, hashing and storage all recurse)."""
+MAX_MANIFEST_NODES = 100_000
+"""YAML nodes (keys and values) the text may hold; bounds the parse (pure-Python PyYAML
+composes ~20,000 nodes a second on a loaded machine; libyaml's composer is faster but
+overflows the C stack on deep nesting, so it is not used)."""
+
+
+class _ManifestLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without merge keys and with a node budget.
+
+    Merge keys (``<<``) are refused: PyYAML copies the merged pairs into every
+    mapping that uses them *before* duplicate keys collapse, so ten aliases per level
+    multiply the work by ten per level (a 600-byte manifest took 10 s and 200 MB)
+    and the post-parse value count never sees it. No manifest field needs them.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._nodes = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        node = super().compose_node(parent, index)
+        self._nodes += 1
+        if self._nodes > MAX_MANIFEST_NODES:
+            raise _TooBig(node.start_mark.line + 1 if node is not None else 0)
+        return node
+
+    def flatten_mapping(self, node: Any) -> None:
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise _MergeKey(key_node.start_mark.line + 1)
+        super().flatten_mapping(node)
+
+
+class _MergeKey(Exception):
+    def __init__(self, line: int) -> None:
+        self.line = line
+
+
+class _TooBig(Exception):
+    def __init__(self, line: int) -> None:
+        self.line = line
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -95,8 +138,19 @@ def parse_manifest_text(text: str, source: str) -> ExperimentManifest:
     """Validate YAML (or JSON, a subset of YAML) manifest text."""
     if len(text.encode()) > MAX_MANIFEST_BYTES:
         raise ManifestError(f"{source}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+    loader = _ManifestLoader(text)
     try:
-        data = yaml.safe_load(text)
+        data = loader.get_single_data()
+    except _MergeKey as exc:
+        raise ManifestError(
+            f"{source}: line {exc.line}: YAML merge keys ('<<') are not allowed in a "
+            "manifest; write the fields out (or use a plain alias '*name' for a whole value)"
+        ) from None
+    except _TooBig as exc:
+        raise ManifestError(
+            f"{source}: line {exc.line}: more than {MAX_MANIFEST_NODES} YAML nodes "
+            "(split the experiment into several manifests)"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -106,15 +160,31 @@ def parse_manifest_text(text: str, source: str) -> ExperimentManifest:
         raise ManifestError(f"{source}: not valid YAML: nested too deeply") from None
     except ValueError as exc:  # an integer beyond Python's digit limit
         raise ManifestError(f"{source}: not valid YAML: {str(exc).split(';')[0]}") from None
+    finally:
+        loader.dispose()  # type: ignore[no-untyped-call]
     return parse_manifest(data, source)
 
 
 def load_manifest(path: Path) -> ExperimentManifest:
-    """Read and validate a manifest file."""
+    """Read and validate a manifest file (a regular file of at most MAX_MANIFEST_BYTES)."""
     try:
-        text = path.read_text()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ManifestError(f"{path}: no such manifest file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ManifestError(f"{path}: not a regular file (a manifest is a YAML file)")
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        except OSError as exc:
+            raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
     return parse_manifest_text(text, str(path))
