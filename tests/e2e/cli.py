@@ -1,0 +1,85 @@
+"""The real ``trialbus`` command, pointed at one test stack.
+
+End-to-end tests drive trialbus the way a user does: through the installed console
+script, with the stack's URLs and names in the environment. The command is found next
+to the running interpreter, so the tests work from any clone location.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TRIALBUS = Path(sys.executable).with_name("trialbus")
+
+
+@dataclass(frozen=True)
+class Cli:
+    """``trialbus`` with the environment of one stack (URLs, prefix, database)."""
+
+    nats_url: str
+    ledger_url: str
+    prefix: str
+    ledger_db: str
+    stack_file: Path
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The caller's environment minus its TRIALBUS_* settings, plus this stack's."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+        env.update(
+            {
+                "NATS_URL": self.nats_url,
+                "LEDGER_URL": self.ledger_url,
+                "TRIALBUS_PREFIX": self.prefix,
+                "TRIALBUS_LEDGER_DB": self.ledger_db,
+                # Never pick up a developer's running `trialbus up`.
+                "TRIALBUS_STACK_FILE": str(self.stack_file),
+            }
+        )
+        env.update(dict(self.extra_env))
+        return env
+
+    def argv(self, *args: str) -> list[str]:
+        """The command line for ``trialbus ARGS``."""
+        if not TRIALBUS.is_file():
+            raise AssertionError(f"{TRIALBUS} is missing: install the project (make setup)")
+        return [str(TRIALBUS), *args]
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run ``trialbus ARGS`` to completion (blocking)."""
+        return subprocess.run(
+            self.argv(*args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+        )
+
+    def json(self, *args: str, timeout: float = 300, exit_code: int = 0) -> Any:
+        """``trialbus ARGS --json``: assert the exit code, return the parsed output."""
+        proc = self.run(*args, "--json", timeout=timeout)
+        assert proc.returncode == exit_code, proc.stderr[-3000:]
+        return json.loads(proc.stdout)
+
+    async def ajson(self, *args: str, limit_s: float = 300, exit_code: int = 0) -> Any:
+        """:meth:`json` without blocking the event loop (event taps keep reading)."""
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv(*args, "--json"),
+            env=self.env,
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), limit_s)
+        assert proc.returncode == exit_code, stderr.decode()[-3000:]
+        return json.loads(stdout)

@@ -1,0 +1,100 @@
+"""Stack fixtures for every end-to-end test, in one place.
+
+Each test gets its own names inside the session's servers (a topology prefix and a
+database, from tests/conftest.py) and its own data folder under ``tmp_path``, so tests
+never see each other's streams, records or job folders. Stacks and event taps a test
+opens are stopped when it ends, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.stack import EmbeddedStack
+from schemas.subjects import Topology
+from tests.e2e.cli import Cli
+from tests.e2e.events import EventTap
+
+
+@dataclass
+class Stacks:
+    """Builds this test's stacks (own data folder each) and remembers them for teardown."""
+
+    tmp_path: Path
+    topology: Topology
+    ledger_db: str
+    nats_url: str
+    ledger_url: str
+    made: list[EmbeddedStack] = field(default_factory=list)
+    taps: list[EventTap] = field(default_factory=list)
+
+    def make(self, **kw: Any) -> EmbeddedStack:
+        """An EmbeddedStack on the test's names and servers (not started); ``kw`` overrides."""
+        options: dict[str, Any] = {
+            "prefix": self.topology.prefix,
+            "ledger_db": self.ledger_db,
+            "nats_url": self.nats_url,
+            "ledger_url": self.ledger_url,
+            **kw,
+        }
+        stack = EmbeddedStack(self.tmp_path / f"stack{len(self.made)}", **options)
+        self.made.append(stack)
+        return stack
+
+    async def start(self, **kw: Any) -> EmbeddedStack:
+        """:meth:`make`, then start it (start() blocks until every service is ready)."""
+        stack = self.make(**kw)
+        await asyncio.to_thread(stack.start)
+        return stack
+
+    def cli(self, stack: EmbeddedStack, **extra_env: str) -> Cli:
+        """The ``trialbus`` command pointed at ``stack``."""
+        return Cli(
+            nats_url=stack.nats_url or "",
+            ledger_url=stack.ledger_url or "",
+            prefix=stack.prefix,
+            ledger_db=stack.ledger_db,
+            stack_file=self.tmp_path / "no-stack.json",
+            extra_env=tuple(extra_env.items()),
+        )
+
+    async def tap(self, stack: EmbeddedStack) -> EventTap:
+        """An EventTap on ``stack``'s events stream (closed at teardown)."""
+        tap = await EventTap(stack.nats_url or "", self.topology).start()
+        self.taps.append(tap)
+        return tap
+
+
+@pytest.fixture
+async def stacks(
+    tmp_path: Path, topology: Topology, ledger_db: str, nats_url: str, ledger_url: str
+) -> AsyncIterator[Stacks]:
+    """Start stacks and taps for this test; all are stopped at its end."""
+    made = Stacks(tmp_path, topology, ledger_db, nats_url, ledger_url)
+    try:
+        yield made
+    finally:
+        for tap in made.taps:
+            await tap.close()
+        for stack in made.made:
+            await asyncio.to_thread(stack.stop)
+
+
+@pytest.fixture
+def stack(stacks: Stacks) -> EmbeddedStack:
+    """One started stack with the default settings (4 trial slots, real Harbor runner)."""
+    s = stacks.make(concurrency=4)
+    s.start()  # stopped by ``stacks`` at teardown
+    return s
+
+
+@pytest.fixture
+def cli(stacks: Stacks, stack: EmbeddedStack) -> Cli:
+    """The ``trialbus`` command pointed at :func:`stack`."""
+    return stacks.cli(stack)
