@@ -17,6 +17,7 @@ from schemas.events import (
     ExperimentCompleted,
     ExperimentSubmitted,
     ResultImported,
+    RunEvent,
     TaskRef,
     TrialCompleted,
     TrialFailed,
@@ -298,3 +299,29 @@ def test_each_submission_and_import_is_its_own_message() -> None:
     ]
     assert subs[0].dedup_id() != subs[1].dedup_id()
     assert subs[0].dedup_id() == f"e:submitted:{subs[0].event_id}"
+
+
+# -- run events ------------------------------------------------------------------------
+
+
+def test_every_run_event_shares_the_run_base() -> None:
+    # The events that dedupe per run (work message) are exactly these four.
+    run_events = {type(e).__name__ for e in one_of_each() if isinstance(e, RunEvent)}
+    assert run_events == {"TrialRequested", "TrialStarted", "TrialCompleted", "TrialFailed"}
+
+
+@pytest.mark.parametrize(
+    "event", [e for e in one_of_each() if isinstance(e, RunEvent)], ids=lambda e: e.type
+)
+def test_run_dedup_ids_start_with_the_run_key(event: RunEvent) -> None:
+    assert event.run_key == event.trial_id  # first run: run_id left empty
+    resumed = event.model_copy(update={"run_id": f"{event.trial_id}:resume:7"})
+    assert resumed.run_key == f"{event.trial_id}:resume:7"
+    assert resumed.dedup_id().startswith(resumed.run_key)
+    assert resumed.dedup_id() != event.dedup_id()
+
+
+def test_run_id_is_serialized_last_and_can_be_left_out() -> None:
+    started = TrialStarted(**COMMON, trial_id="t1", runner_id="r", host="h", attempt=1)
+    assert list(started.model_dump())[-1] == "run_id"
+    assert "run_id" not in started.model_dump(exclude={"run_id"})
