@@ -31,6 +31,7 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+LatestExperiment = Annotated[str | None, typer.Argument(help="Default: the latest experiment.")]
 
 
 def _run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
@@ -117,9 +118,7 @@ def status(experiment: str, json_out: JsonOpt = False) -> None:
 
 @app.command()
 def leaderboard(
-    experiment: Annotated[
-        str | None, typer.Argument(help="Default: the latest experiment.")
-    ] = None,
+    experiment: LatestExperiment = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Per agent x model: scored / total, mean reward and pass rate with 95% CIs, pass@k."""
@@ -134,9 +133,7 @@ def leaderboard(
 
 @app.command()
 def report(
-    experiment: Annotated[
-        str | None, typer.Argument(help="Default: the latest experiment.")
-    ] = None,
+    experiment: LatestExperiment = None,
     json_out: JsonOpt = False,
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write a self-contained HTML page.")

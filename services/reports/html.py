@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Final
 
+from services.reports.formatting import cost, num, too_few, unscored, with_ci
+
 _CSS: Final = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;
 margin:24px auto;max-width:1200px;padding:0 16px}
@@ -46,23 +48,8 @@ def _e(value: object) -> str:
     return escape(str(value), quote=True)
 
 
-def _num(value: float | None, pct: bool = False) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1%}" if pct else f"{value:.3f}"
-
-
-def _ci(value: float | None, ci: Sequence[float] | None, pct: bool = False) -> str:
-    if value is None:
-        return "-"
-    text = _num(value, pct)
-    return f"{text} [{_num(ci[0], pct)}, {_num(ci[1], pct)}]" if ci else text
-
-
 def _too_few(row: dict[str, Any]) -> str:
-    if not row["n_scored"]:
-        return '<span class="few">no scored trial</span>'
-    return f'<span class="few">too few scored ({row["n_scored"]} &lt; {row["min_scored"]})</span>'
+    return f'<span class="few">{_e(too_few(row, "too few scored"))}</span>'
 
 
 def heat_colour(rate: float) -> tuple[str, str]:
@@ -84,7 +71,7 @@ def interval_svg(
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" '
-        f'role="img" aria-label="{_e(_ci(value, ci))}">',
+        f'role="img" aria-label="{_e(with_ci(value, ci))}">',
         f'<line x1="{pad}" x2="{width - pad}" y1="{h - 4}" y2="{h - 4}" stroke="#d0d7de"/>',
     ]
     for tick in (lo, (lo + hi) / 2, hi):
@@ -124,14 +111,6 @@ def outcome_svg(row: dict[str, Any], n_max: int, width: int = 160) -> str:
     return "".join(parts)
 
 
-def _cost(row: dict[str, Any]) -> str:
-    cost = (row.get("usage") or {}).get("cost_usd")
-    if not cost:
-        return "-"
-    per = cost["mean_per_scored"]
-    return f"${cost['sum']:.2f}" + (f" (${per:.3f})" if per is not None else "")
-
-
 def _scale(rows: Sequence[dict[str, Any]]) -> tuple[float, float]:
     lows = [r["mean_reward_ci"][0] for r in rows if r.get("mean_reward_ci")]
     highs = [r["mean_reward_ci"][1] for r in rows if r.get("mean_reward_ci")]
@@ -151,22 +130,20 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
         '<div class="wide"><table><tr><th>#</th><th>agent</th><th>scored / total</th>'
         "<th>trials</th>"
         "<th>unscored (cause)</th><th>mean reward [95% CI]</th>"
-        f"<th>interval ({_num(scale[0])} to {_num(scale[1])})</th>"
+        f"<th>interval ({num(scale[0])} to {num(scale[1])})</th>"
         "<th>pass rate [95% CI]</th><th>pass@k</th>"
     ]
     with_cost = any((r.get("usage") or {}).get("cost_usd") for r in rows)
     out.append("<th>cost (per scored trial)</th></tr>" if with_cost else "</tr>")
     for i, r in enumerate(rows, 1):
-        causes = ", ".join(f"{n} {_e(c)}" for c, n in r["unscored_by_cause"].items()) or "-"
-        if r["n_pending"]:
-            causes += f"; {r['n_pending']} pending"
+        causes = unscored(r, _e)
         if r["mean_reward"] is None:
             mean_cell = rate_cell = _too_few(r)
             bar = ""
         else:
-            mean_cell = _ci(r["mean_reward"], r.get("mean_reward_ci"))
+            mean_cell = with_ci(r["mean_reward"], r.get("mean_reward_ci"))
             bar = interval_svg(r["mean_reward"], r.get("mean_reward_ci"), scale)
-            rate_cell = _ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True)
+            rate_cell = with_ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True)
         pak = r.get("pass_at_k") or {}
         pak_cell = ", ".join(f"@{k}&nbsp;{v:.3f}" for k, v in pak.items()) or "-"
         out.append(
@@ -174,7 +151,7 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
             f"<td class=n>{r['n_scored']} / {r['n_trials']}</td>"
             f"<td>{outcome_svg(r, n_max)}</td><td>{causes}</td><td class=est>{mean_cell}</td>"
             f"<td>{bar}</td><td class=est>{rate_cell}</td><td>{pak_cell}</td>"
-            + (f"<td class=est>{_cost(r)}</td></tr>" if with_cost else "</tr>")
+            + (f"<td class=est>{cost(r)}</td></tr>" if with_cost else "</tr>")
         )
     out.append("</table></div>")
     legend = [(_PASSED, "passed"), (_FAILED, "scored, not passed")]

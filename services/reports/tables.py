@@ -2,41 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-
-def num(value: float | None, pct: bool = False) -> str:
-    """A number as shown: 3 decimals, or a percentage; "-" for None."""
-    if value is None:
-        return "-"
-    return f"{value:.1%}" if pct else f"{value:.3f}"
-
-
-def with_ci(value: float | None, ci: Sequence[float] | None, pct: bool = False) -> str:
-    """``value [low, high]``."""
-    if value is None:
-        return "-"
-    if ci is None:
-        return num(value, pct)
-    return f"{num(value, pct)} [{num(ci[0], pct)}, {num(ci[1], pct)}]"
-
-
-def _too_few(row: dict[str, Any]) -> str:
-    if not row["n_scored"]:
-        return "no scored trial"
-    return f"too few ({row['n_scored']} < {row['min_scored']})"
-
-
-def _causes(row: dict[str, Any]) -> str:
-    text = ", ".join(f"{n} {c}" for c, n in row["unscored_by_cause"].items()) or "-"
-    if row["n_pending"]:
-        text += f"; {row['n_pending']} pending"
-    return text
+from services.reports.formatting import cost, num, too_few, unscored, with_ci
 
 
 def _pass_at_k_brief(pass_at_k: dict[str, float]) -> str:
@@ -45,14 +18,6 @@ def _pass_at_k_brief(pass_at_k: dict[str, float]) -> str:
     ks = sorted(int(k) for k in pass_at_k)
     shown = sorted({ks[0], ks[-1]})
     return ", ".join(f"@{k} {pass_at_k[str(k)]:.3f}" for k in shown)
-
-
-def _cost(row: dict[str, Any]) -> str:
-    cost = row.get("usage", {}).get("cost_usd")
-    if not cost:
-        return "-"
-    per = cost["mean_per_scored"]
-    return f"${cost['sum']:.2f}" + (f" (${per:.3f}/scored)" if per is not None else "")
 
 
 def leaderboard_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
@@ -79,12 +44,30 @@ def leaderboard_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
             r["agent"],
             r["model"] or "-",
             f"{r['n_scored']} / {r['n_trials']}",
-            _causes(r),
-            _too_few(r) if few else with_ci(r["mean_reward"], r.get("mean_reward_ci")),
-            _too_few(r) if few else with_ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True),
+            unscored(r),
+            too_few(r) if few else with_ci(r["mean_reward"], r.get("mean_reward_ci")),
+            too_few(r) if few else with_ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True),
             _pass_at_k_brief(r.get("pass_at_k") or {}),
         ]
-        table.add_row(*cells, *([_cost(r)] if with_cost else []))
+        table.add_row(*cells, *([cost(r, "/scored")] if with_cost else []))
+    return table
+
+
+def _per_agent_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[dict[str, Any]],
+    cells: Callable[[dict[str, Any]], list[str]],
+    justify: JustifyMethod = "left",
+) -> Table:
+    """One line per leaderboard row: agent, model, then ``cells(row)`` under ``columns``."""
+    table = Table(title=title)
+    table.add_column("agent")
+    table.add_column("model")
+    for col in columns:
+        table.add_column(col, justify=justify)
+    for r in rows:
+        table.add_row(r["agent"], r["model"] or "-", *cells(r))
     return table
 
 
@@ -93,17 +76,21 @@ def pass_at_k_table(rows: Sequence[dict[str, Any]]) -> Table | None:
     ks = sorted({int(k) for r in rows for k in r.get("pass_at_k") or {}})
     if not ks:
         return None
-    table = Table(title="pass@k (unbiased estimator, mean over tasks)")
-    table.add_column("agent")
-    table.add_column("model")
-    table.add_column("tasks", justify="right")
-    for k in ks:
-        table.add_column(f"@{k}", justify="right")
-    for r in rows:
+
+    def cells(r: dict[str, Any]) -> list[str]:
         pak = r.get("pass_at_k") or {}
-        values = [num(pak.get(str(k))) for k in ks]
-        table.add_row(r["agent"], r["model"] or "-", str(r["pass_at_k_tasks"]), *values)
-    return table
+        return [str(r["pass_at_k_tasks"]), *(num(pak.get(str(k))) for k in ks)]
+
+    title = "pass@k (unbiased estimator, mean over tasks)"
+    return _per_agent_table(title, ["tasks", *(f"@{k}" for k in ks)], rows, cells, "right")
+
+
+def _key_estimate(est: dict[str, Any] | None) -> str:
+    if est is None:
+        return "-"
+    if est["value"] is None:
+        return f"too few (n={est['n']})"
+    return f"{with_ci(est['value'], est['ci'])} (n={est['n']})"
 
 
 def reward_keys_table(rows: Sequence[dict[str, Any]]) -> Table | None:
@@ -111,47 +98,36 @@ def reward_keys_table(rows: Sequence[dict[str, Any]]) -> Table | None:
     keys = sorted({k for r in rows for k in r.get("reward_keys") or {}})
     if len(keys) < 2:
         return None
-    table = Table(title="mean reward per key [95% CI] (n scored with the key)")
-    table.add_column("agent")
-    table.add_column("model")
-    for key in keys:
-        table.add_column(key)
-    for r in rows:
-        cells = []
-        for key in keys:
-            est = (r.get("reward_keys") or {}).get(key)
-            if est is None:
-                cells.append("-")
-            elif est["value"] is None:
-                cells.append(f"too few (n={est['n']})")
-            else:
-                cells.append(f"{with_ci(est['value'], est['ci'])} (n={est['n']})")
-        table.add_row(r["agent"], r["model"] or "-", *cells)
-    return table
+    return _per_agent_table(
+        "mean reward per key [95% CI] (n scored with the key)",
+        keys,
+        rows,
+        lambda r: [_key_estimate((r.get("reward_keys") or {}).get(key)) for key in keys],
+    )
+
+
+_USAGE_FIELDS = ("cost_usd", "n_input_tokens", "n_cache_tokens", "n_output_tokens")
+
+
+def _usage_cell(name: str, usage: dict[str, Any] | None) -> str:
+    if usage is None:
+        return "-"
+    fmt = "{:,.4f}" if name == "cost_usd" else "{:,.0f}"
+    mean = usage["mean_per_scored"]
+    return fmt.format(usage["sum"]) + (f" ({fmt.format(mean)})" if mean else "")
 
 
 def usage_table(rows: Sequence[dict[str, Any]]) -> Table | None:
     """Tokens and cost per agent x model, where Harbor reported them."""
-    fields = ("cost_usd", "n_input_tokens", "n_cache_tokens", "n_output_tokens")
     if not any(r.get("usage") for r in rows):
         return None
-    table = Table(title="usage: sum over recorded trials (mean per scored trial)")
-    table.add_column("agent")
-    table.add_column("model")
-    for f in fields:
-        table.add_column(f, justify="right")
-    for r in rows:
-        cells = []
-        for f in fields:
-            u = (r.get("usage") or {}).get(f)
-            if u is None:
-                cells.append("-")
-                continue
-            fmt = "{:,.4f}" if f == "cost_usd" else "{:,.0f}"
-            mean = u["mean_per_scored"]
-            cells.append(fmt.format(u["sum"]) + (f" ({fmt.format(mean)})" if mean else ""))
-        table.add_row(r["agent"], r["model"] or "-", *cells)
-    return table
+    return _per_agent_table(
+        "usage: sum over recorded trials (mean per scored trial)",
+        _USAGE_FIELDS,
+        rows,
+        lambda r: [_usage_cell(f, (r.get("usage") or {}).get(f)) for f in _USAGE_FIELDS],
+        "right",
+    )
 
 
 def task_table(report: dict[str, Any]) -> Table | None:
