@@ -1,7 +1,8 @@
-"""The watcher's decisions: is an experiment complete; which external jobs are new."""
+"""Pure helpers of the watcher: is an experiment complete; which external jobs are finished."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,9 +27,11 @@ class RecordTally:
     since: set[str] = field(default_factory=set)
 
     def may_be_complete(self, n_trials: int) -> bool:
+        """False only when the experiment certainly has fewer than ``n_trials`` records."""
         return self.counted is None or self.counted + len(self.since) >= n_trials
 
     def reset(self, counted: int) -> None:
+        """Start again from an exact count of the ledger."""
         self.counted = counted
         self.since.clear()
 
@@ -75,8 +78,6 @@ def finished_external_jobs(jobs_dir: Path) -> list[Path]:
     Harbor writes the job-level result.json at start and sets ``finished_at`` when
     the job ends; only then are all of its trials final.
     """
-    import json
-
     if not jobs_dir.is_dir():
         return []
     found = []

@@ -1,0 +1,163 @@
+"""The watcher's decisions: when an experiment is complete; which external trials to announce.
+
+Written against the ports (``EventBus``, ``Ledger``) only; ``services.watcher.app``
+feeds it batches of events and timer ticks, and applies the verdicts it returns:
+
+- poison is terminated (the importer logs it; the watcher only skips it);
+- ExperimentSubmitted and ResultImported prompt a completion check of their
+  experiment; everything else is acknowledged without work;
+- a failed check naks the batch as ``settle_error`` says (ledger unreachable: the
+  retry delay; a bug: the bug delay), its poison still terminated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Sequence
+from pathlib import Path
+
+from schemas.events import (
+    EventDecodeError,
+    ExperimentSubmitted,
+    ResultImported,
+    TrialCompleted,
+    parse_event,
+)
+from services.common.errors import ACK, Settle, settle_error
+from services.common.harbor_jobs import job_dir_for, read_marker, write_job_result
+from services.common.logging import get_logger
+from services.common.ports import EventBus, Ledger
+from services.importer.jobdir import scan_job_dir
+from services.watcher.logic import RecordTally, completion_of, finished_external_jobs
+
+log = get_logger(__name__)
+
+
+class Watcher:
+    """Publishes ExperimentCompleted; announces trials of external Harbor jobs.
+
+    Holds, per experiment not yet complete, a RecordTally of the ResultImported events
+    seen since the ledger was last counted, so most batches need no ledger query.
+    """
+
+    def __init__(self, ledger: Ledger, bus: EventBus, jobs_dir: Path) -> None:
+        self._ledger = ledger
+        self._bus = bus
+        self._jobs_dir = jobs_dir
+        self._announced_jobs: set[Path] = set()
+        self._tallies: dict[str, RecordTally] = {}
+        self._correlation: dict[str, str] = {}
+
+    async def check(
+        self,
+        experiment_id: str,
+        correlation_id: str,
+        imported: Collection[str] = (),
+        *,
+        exact: bool = False,
+    ) -> None:
+        """Publish ExperimentCompleted if every trial is recorded.
+
+        ``imported``: trial ids of the ResultImported events that prompted the check;
+        the ledger is asked only when they may complete the experiment (``exact``
+        always asks).
+        """
+        tally = self._tallies.setdefault(experiment_id, RecordTally())
+        tally.since.update(imported)
+        self._correlation[experiment_id] = correlation_id
+        if exact:
+            tally.counted = None
+        done = await completion_of(self._ledger, experiment_id, correlation_id, tally)
+        if done is None:
+            return
+        self._tallies.pop(experiment_id, None)
+        self._correlation.pop(experiment_id, None)
+        job_dir = job_dir_for(self._jobs_dir, experiment_id)
+        if read_marker(job_dir) is not None:
+            # Harbor's own job summary, so `harbor view` shows the job as finished.
+            await asyncio.to_thread(write_job_result, job_dir, experiment_id, done.n_trials)
+        await self._bus.publish(done)
+        log.info("experiment completed", experiment_id=experiment_id, n_scored=done.n_scored)
+
+    async def recheck(self) -> None:
+        """Ask the ledger about experiments with imports since their last count.
+
+        A safety net for a tally that under-counts: with several watcher processes
+        sharing the durable, each sees only part of the events.
+        """
+        for experiment_id, tally in list(self._tallies.items()):
+            if tally.since:
+                await self.check(experiment_id, self._correlation[experiment_id], exact=True)
+
+    async def scan_external(self) -> int:
+        """Announce the trials of finished Harbor jobs made outside trialbus.
+
+        Returns how many TrialCompleted were published. A job is announced once per
+        process, and a trial the ledger already holds is not announced again.
+        """
+        n = 0
+        for job in await asyncio.to_thread(finished_external_jobs, self._jobs_dir):
+            if job in self._announced_jobs:
+                continue
+            trials = await asyncio.to_thread(scan_job_dir, job)
+            if not trials:
+                self._announced_jobs.add(job)
+                continue
+            experiment_id = trials[0].experiment_id
+            await self._bus.publish(
+                ExperimentSubmitted(
+                    experiment_id=experiment_id,
+                    name=job.name,
+                    n_trials=len(trials),
+                    n_published=0,
+                    manifest={"source": "external harbor job", "job_dir": str(job), "agents": []},
+                ),
+                msg_id=f"{experiment_id}:external-submitted",
+            )
+            for t in trials:
+                if await self._ledger.get_record(t.trial_id) is not None:
+                    continue
+                await self._bus.publish(
+                    TrialCompleted(
+                        experiment_id=experiment_id,
+                        trial_id=t.trial_id,
+                        trial_dir=str(t.trial_dir),
+                        job_dir=str(job),
+                        source="external",
+                    )
+                )
+                n += 1
+            self._announced_jobs.add(job)
+            log.info("external harbor job announced", job=str(job), trials=len(trials))
+        return n
+
+
+async def handle_batch(
+    watcher: Watcher, payloads: Sequence[bytes], *, transient_delay_s: float
+) -> list[Settle]:
+    """Check the experiments a batch of events concerns; one verdict per message, in order."""
+    settles: list[Settle] = []
+    todo: dict[str, str] = {}  # experiment_id -> correlation id of its latest event
+    imported: dict[str, set[str]] = {}
+    for data in payloads:
+        try:
+            ev = parse_event(data)
+        except EventDecodeError as exc:
+            settles.append(settle_error(exc, transient_delay_s=transient_delay_s))
+            continue
+        settles.append(ACK)
+        if isinstance(ev, ExperimentSubmitted | ResultImported):
+            todo[ev.experiment_id] = ev.correlation_id
+        if isinstance(ev, ResultImported):
+            imported.setdefault(ev.experiment_id, set()).add(ev.trial_id)
+    try:
+        for experiment_id, correlation_id in todo.items():
+            await watcher.check(experiment_id, correlation_id, imported.get(experiment_id, ()))
+    except Exception as exc:  # noqa: BLE001 - settle_error decides; nothing is acked
+        verdict = settle_error(exc, transient_delay_s=transient_delay_s)
+        if verdict.reason == "transient":
+            log.warning("ledger unavailable; batch will be redelivered", error=str(exc))
+        else:
+            log.error("completion check failed; batch will be redelivered", exc_info=exc)
+        return [s if s.action == "term" else verdict for s in settles]
+    return settles

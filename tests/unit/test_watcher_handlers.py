@@ -1,0 +1,275 @@
+"""The watcher's handlers: completion checks, the re-check safety net, external job
+scans, and one verdict per message; against the in-memory ledger and a recording bus.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from schemas.events import (
+    Envelope,
+    ExperimentCompleted,
+    ExperimentSubmitted,
+    ResultImported,
+    TrialCompleted,
+    encode_event,
+)
+from schemas.subjects import Topology
+from services.common.adapters.memory import InMemoryLedger
+from services.common.errors import (
+    ACK,
+    BUG_RETRY_DELAY_S,
+    TERM,
+    LedgerUnavailable,
+    nak,
+)
+from services.common.ports import ExperimentInfo
+from services.watcher.handlers import Watcher, handle_batch
+from tests.unit.test_watcher_logic import record
+
+DELAY = 2.0
+
+
+class Bus:
+    """Records what is published; drops a repeated msg id, as JetStream's dedup does."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[Envelope, str]] = []
+        self._ids: set[str] = set()
+
+    @property
+    def topology(self) -> Topology:
+        return Topology()
+
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
+        key = msg_id or event.dedup_id()
+        if key in self._ids:
+            return False
+        self._ids.add(key)
+        self.published.append((event, key))
+        return True
+
+    async def publish_many(self, events: Sequence[Envelope]) -> list[bool]:
+        return [await self.publish(e) for e in events]
+
+    def of_type[E: Envelope](self, kind: type[E]) -> list[E]:
+        return [e for e, _ in self.published if isinstance(e, kind)]
+
+
+async def setup(
+    tmp_path: Path, n_trials: int, trial_ids: Sequence[str] = ()
+) -> tuple[InMemoryLedger, Bus, Watcher]:
+    ledger, bus = InMemoryLedger(), Bus()
+    await ledger.upsert_experiment(ExperimentInfo("exp", "Exp", n_trials, {}))
+    await ledger.upsert_records([record(t) for t in trial_ids])
+    return ledger, bus, Watcher(ledger, bus, tmp_path / "jobs")
+
+
+# -- completion ----------------------------------------------------------------------------
+
+
+async def test_completion_is_published_when_the_last_trial_is_recorded(tmp_path: Path) -> None:
+    ledger, bus, watcher = await setup(tmp_path, 2, ["a"])
+
+    await watcher.check("exp", "corr", ["a"])
+    assert bus.of_type(ExperimentCompleted) == []  # negative control: one record missing
+
+    await ledger.upsert_records([record("b", scored=False)])
+    await watcher.check("exp", "corr", ["b"])
+    [done] = bus.of_type(ExperimentCompleted)
+    assert (done.experiment_id, done.correlation_id) == ("exp", "corr")
+    assert (done.n_trials, done.n_scored, done.n_partial) == (2, 1, 1)
+
+
+async def test_a_replayed_import_after_completion_announces_the_same_completion(
+    tmp_path: Path,
+) -> None:
+    _, bus, watcher = await setup(tmp_path, 1, ["a"])
+    await watcher.check("exp", "corr", ["a"])
+    await watcher.check("exp", "corr", ["a"])
+    # Same counts, same dedup id: JetStream keeps one (the fake bus does the same).
+    assert len(bus.of_type(ExperimentCompleted)) == 1
+
+
+async def test_an_undercounting_tally_is_caught_by_the_recheck(tmp_path: Path) -> None:
+    # Two watchers share the durable: this one sees the submission and a's import,
+    # the other one b's. Both records are in the ledger.
+    ledger, bus, watcher = await setup(tmp_path, 2)
+    await watcher.check("exp", "corr")  # ExperimentSubmitted: counted 0
+    await ledger.upsert_records([record("a"), record("b")])
+    await watcher.check("exp", "corr", ["a"])  # 0 + 1 < 2: the ledger is not asked
+    assert bus.of_type(ExperimentCompleted) == []
+
+    await watcher.recheck()
+    assert len(bus.of_type(ExperimentCompleted)) == 1
+
+
+async def test_recheck_asks_only_about_experiments_with_imports_since_the_count(
+    tmp_path: Path,
+) -> None:
+    ledger, bus, watcher = await setup(tmp_path, 1)
+    await watcher.check("exp", "corr")  # counted 0, no import since
+    await ledger.upsert_records([record("a")])  # written, but its ResultImported not seen
+    await watcher.recheck()
+    assert bus.of_type(ExperimentCompleted) == []
+    await watcher.check("exp", "corr", ["a"])
+    assert len(bus.of_type(ExperimentCompleted)) == 1
+
+
+@pytest.mark.parametrize("made_by_trialbus", [True, False])
+async def test_completion_writes_harbor_job_result_for_trialbus_jobs_only(
+    tmp_path: Path, made_by_trialbus: bool
+) -> None:
+    _, bus, watcher = await setup(tmp_path, 1, ["a"])
+    job_dir = tmp_path / "jobs" / "exp"
+    job_dir.mkdir(parents=True)
+    if made_by_trialbus:
+        (job_dir / "trialbus.json").write_text(json.dumps({"experiment_id": "exp"}))
+
+    await watcher.check("exp", "corr", ["a"])
+
+    assert len(bus.of_type(ExperimentCompleted)) == 1
+    result = job_dir / "result.json"
+    assert result.is_file() is made_by_trialbus
+    if made_by_trialbus:
+        written = json.loads(result.read_text())
+        assert written["n_total_trials"] == 1 and written["finished_at"]
+
+
+# -- external Harbor jobs ------------------------------------------------------------------
+
+
+def harbor_job(jobs_dir: Path, name: str, trials: Sequence[str], *, finished: bool = True) -> Path:
+    """A job folder as `harbor run` leaves it (trial folders hold only a trial.log here)."""
+    job = jobs_dir / name
+    job.mkdir(parents=True)
+    (job / "result.json").write_text(
+        json.dumps({"finished_at": "2026-01-01T00:00:00Z" if finished else None})
+    )
+    for trial in trials:
+        (job / trial).mkdir()
+        (job / trial / "trial.log").write_text("log\n")
+    return job
+
+
+async def test_scan_announces_each_unrecorded_trial_of_a_finished_external_job_once(
+    tmp_path: Path,
+) -> None:
+    jobs = tmp_path / "jobs"
+    job = harbor_job(jobs, "My Job", ["t-1", "t-2", "t-3"])
+    harbor_job(jobs, "running", ["r-1"], finished=False)
+    marked = harbor_job(jobs, "exp-by-trialbus", ["x-1"])
+    (marked / "trialbus.json").write_text(json.dumps({"experiment_id": "exp-by-trialbus"}))
+    harbor_job(jobs, "empty", [])
+    ledger, bus = InMemoryLedger(), Bus()
+    await ledger.upsert_records([record("t-2", experiment_id="harbor-my-job")])
+    watcher = Watcher(ledger, bus, jobs)
+
+    assert await watcher.scan_external() == 2
+    [submitted] = bus.of_type(ExperimentSubmitted)
+    assert (submitted.experiment_id, submitted.n_trials) == ("harbor-my-job", 3)
+    assert submitted.manifest["job_dir"] == str(job.absolute())
+    assert "harbor-my-job:external-submitted" in {key for _, key in bus.published}
+    completed = bus.of_type(TrialCompleted)
+    assert [c.trial_id for c in completed] == ["t-1", "t-3"]  # t-2 is recorded already
+    assert {c.source for c in completed} == {"external"}
+    assert completed[0].trial_dir == str((job / "t-1").absolute())
+
+    # A second scan announces nothing: the job was announced.
+    n_published = len(bus.published)
+    assert await watcher.scan_external() == 0
+    assert len(bus.published) == n_published
+
+
+async def test_scan_picks_up_a_job_once_it_finishes(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    job = harbor_job(jobs, "later", ["t-1"], finished=False)
+    watcher = Watcher(InMemoryLedger(), bus := Bus(), jobs)
+    assert await watcher.scan_external() == 0
+    (job / "result.json").write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z"}))
+    assert await watcher.scan_external() == 1
+    assert [c.trial_id for c in bus.of_type(TrialCompleted)] == ["t-1"]
+
+
+# -- one verdict per message ---------------------------------------------------------------
+
+
+def submitted(n_trials: int, correlation_id: str = "corr") -> bytes:
+    return encode_event(
+        ExperimentSubmitted(
+            experiment_id="exp",
+            name="Exp",
+            n_trials=n_trials,
+            n_published=n_trials,
+            manifest={},
+            correlation_id=correlation_id,
+        )
+    )
+
+
+def imported(trial_id: str, correlation_id: str = "corr") -> bytes:
+    return encode_event(
+        ResultImported(
+            experiment_id="exp",
+            trial_id=trial_id,
+            correlation_id=correlation_id,
+            status="complete",
+            scored=True,
+            main_reward=1.0,
+            changed=True,
+        )
+    )
+
+
+async def test_a_batch_is_acked_poison_terminated_and_completion_published(
+    tmp_path: Path,
+) -> None:
+    _, bus, watcher = await setup(tmp_path, 2, ["a", "b"])
+    batch = [submitted(2, "c0"), imported("a", "c1"), b"\xff not json", imported("b", "c2")]
+
+    settles = await handle_batch(watcher, batch, transient_delay_s=DELAY)
+
+    assert settles == [ACK, ACK, TERM, ACK]
+    [done] = bus.of_type(ExperimentCompleted)
+    assert done.correlation_id == "c2"  # the latest event's
+
+
+class FailingLedger(InMemoryLedger):
+    """A ledger whose reads fail with ``error`` (None: a working ledger)."""
+
+    def __init__(self, error: Exception | None) -> None:
+        super().__init__()
+        self.error = error
+
+    async def get_experiment(self, experiment_id: str) -> ExperimentInfo | None:
+        if self.error is not None:
+            raise self.error
+        return await super().get_experiment(experiment_id)
+
+
+@pytest.mark.parametrize(
+    ("error", "verdict"),
+    [
+        (LedgerUnavailable("connection refused"), nak(DELAY, "transient")),
+        (RuntimeError("a bug"), nak(max(DELAY, BUG_RETRY_DELAY_S), "bug")),
+        (None, ACK),  # negative control: the same batch, a working ledger
+    ],
+)
+async def test_a_failed_check_naks_the_batch_but_terminates_its_poison(
+    tmp_path: Path, error: Exception | None, verdict: object
+) -> None:
+    watcher = Watcher(FailingLedger(error), Bus(), tmp_path / "jobs")
+    batch = [imported("a"), b"{}", imported("b")]
+    assert await handle_batch(watcher, batch, transient_delay_s=DELAY) == [verdict, TERM, verdict]
+
+
+async def test_events_that_need_no_check_are_acked_without_asking_the_ledger(
+    tmp_path: Path,
+) -> None:
+    watcher = Watcher(FailingLedger(RuntimeError("must not be asked")), Bus(), tmp_path)
+    event = TrialCompleted(experiment_id="exp", trial_id="a", trial_dir="/x", job_dir="/")
+    assert await handle_batch(watcher, [encode_event(event)], transient_delay_s=DELAY) == [ACK]
