@@ -1,0 +1,252 @@
+"""The submitter's decisions (services.submitter.handlers) against the in-memory fakes:
+submit lifts a cancellation, --wait counts only this submission's results and picks
+the README's exit code, cancel reports what the ledger knew."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from schemas.events import (
+    ExperimentSubmitted,
+    ResultImported,
+    TrialFailed,
+    TrialRequested,
+    encode_event,
+)
+from schemas.manifest import ExperimentManifest
+from schemas.record import Evaluation, FailureClass, Provenance, TrialRecord
+from services.common import errors as E
+from services.common.adapters.memory import InMemoryCoordinator, InMemoryLedger, RecordingBus
+from services.common.ports import ExperimentInfo
+from services.reports.queries import load_experiment
+from services.submitter import handlers
+from services.submitter.submit import PreparedExperiment, prepare
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = REPO / "examples" / "tasks"
+
+
+class QueueFeed:
+    """An EventFeed the test fills; it waits like a subscription when empty."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def put(self, *events: ResultImported | TrialFailed) -> None:
+        for event in events:
+            self.queue.put_nowait(encode_event(event))
+
+    async def next_payload(self, timeout_s: float) -> bytes | None:
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout_s)
+        except TimeoutError:
+            return None
+
+
+class Lines:
+    """A Printer that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def print(self, *objects: object, **_kwargs: object) -> None:
+        self.lines.append(" ".join(str(o) for o in objects))
+
+
+def _prepared(repetitions: int = 2) -> PreparedExperiment:
+    manifest = ExperimentManifest.model_validate(
+        {
+            "name": "unit",
+            "tasks": ["hello-file"],
+            "agents": [{"name": "oracle"}],
+            "repetitions": repetitions,
+        }
+    )
+    return prepare(manifest, TASKS)
+
+
+def _record(
+    prepared: PreparedExperiment, i: int, reward: float | None, failure: FailureClass = "none"
+) -> TrialRecord:
+    return TrialRecord(
+        trial_id=prepared.trials[i].trial_id,
+        experiment_id=prepared.experiment_id,
+        status="complete",
+        provenance=Provenance(task_name="hello-file", agent_name="oracle"),
+        evaluation=Evaluation(
+            rewards={} if reward is None else {"reward": reward},
+            main_reward_key=None if reward is None else "reward",
+            main_reward=reward,
+            reward_valid=reward is not None,
+            failure_class=failure,
+        ),
+    )
+
+
+def _imported(prepared: PreparedExperiment, i: int, correlation_id: str) -> ResultImported:
+    return ResultImported(
+        experiment_id=prepared.experiment_id,
+        trial_id=prepared.trials[i].trial_id,
+        correlation_id=correlation_id,
+        status="complete",
+        scored=True,
+        changed=True,
+    )
+
+
+async def test_submit_lifts_an_earlier_cancellation_and_publishes_every_trial() -> None:
+    prepared = _prepared()
+    bus, ledger = RecordingBus(), InMemoryLedger()
+    coordinator = InMemoryCoordinator(lease_ttl_s=60)
+    await coordinator.cancel(prepared.experiment_id)
+    assert await coordinator.is_cancelled(prepared.experiment_id)  # the control: it was set
+
+    result = await handlers.submit(prepared, bus, ledger, coordinator)
+
+    assert not await coordinator.is_cancelled(prepared.experiment_id)
+    assert [e.experiment_id for e in bus.of_type(ExperimentSubmitted)] == [prepared.experiment_id]
+    assert [t.trial_id for t in bus.of_type(TrialRequested)] == result.published_ids
+    assert result.n_published == len(prepared.trials) == 2
+
+
+async def test_resubmitting_skips_scored_trials() -> None:
+    prepared = _prepared()
+    bus, ledger = RecordingBus(), InMemoryLedger()
+    await ledger.upsert_records([_record(prepared, 0, 1.0), _record(prepared, 1, None, "verifier")])
+
+    result = await handlers.submit(prepared, bus, ledger, InMemoryCoordinator(lease_ttl_s=60))
+
+    assert result.n_already_scored == 1
+    assert [t.trial_id for t in bus.of_type(TrialRequested)] == [prepared.trials[1].trial_id]
+
+
+@pytest.mark.parametrize(
+    ("counts", "code"),
+    [
+        ({"pending": 0, "scored": 4, "total": 4}, E.EXIT_OK),
+        ({"pending": 0, "scored": 3, "total": 4}, E.EXIT_TRIALS_UNSCORED),
+        ({"pending": 1, "scored": 3, "total": 4}, E.EXIT_TIMEOUT),
+        ({"pending": 1, "scored": 0, "total": 4}, E.EXIT_TIMEOUT),
+    ],
+)
+def test_exit_codes_follow_the_readme(counts: dict[str, int], code: int) -> None:
+    assert handlers.exit_code_for(counts) == code
+
+
+async def test_wait_counts_only_this_submissions_results() -> None:
+    prepared = _prepared()
+    ledger, feed, progress = InMemoryLedger(), QueueFeed(), Lines()
+    # Unscored records of an earlier run: they are re-run, and the ledger already holding
+    # a record proves nothing; only this submission's announcements count.
+    await ledger.upsert_records([_record(prepared, i, None, "verifier") for i in range(2)])
+    first = prepared.trials[0].trial_id
+    feed.put(
+        _imported(prepared, 0, "someone-else"),
+        TrialFailed(
+            experiment_id=prepared.experiment_id,
+            trial_id=first,
+            correlation_id=prepared.correlation_id,
+            failure_class="infrastructure",
+            error_type="EnvironmentStartTimeoutError",
+            message="",
+            attempt=1,
+            final=False,
+        ),
+        _imported(prepared, 0, prepared.correlation_id),
+        _imported(prepared, 1, prepared.correlation_id),
+    )
+
+    outcome = await handlers.submit_and_wait(
+        prepared,
+        RecordingBus(),
+        ledger,
+        InMemoryCoordinator(lease_ttl_s=60),
+        feed,
+        timeout_s=10,
+        progress=progress,
+    )
+
+    assert outcome.counts["pending"] == 0
+    assert outcome.exit_code == E.EXIT_TRIALS_UNSCORED  # both records are unscored
+    assert outcome.summary["status"] == outcome.counts
+    assert [r["n_trials"] for r in outcome.summary["leaderboard"]] == [2]
+    assert f"  retrying {first}: EnvironmentStartTimeoutError" in progress.lines
+
+
+async def test_wait_times_out_on_results_of_another_submission() -> None:
+    """The negative control of the test above: the same records, foreign announcements."""
+    prepared = _prepared()
+    ledger, feed = InMemoryLedger(), QueueFeed()
+    await ledger.upsert_records([_record(prepared, i, None, "verifier") for i in range(2)])
+    feed.put(_imported(prepared, 0, "someone-else"), _imported(prepared, 1, "someone-else"))
+
+    outcome = await handlers.submit_and_wait(
+        prepared,
+        RecordingBus(),
+        ledger,
+        InMemoryCoordinator(lease_ttl_s=60),
+        feed,
+        timeout_s=0.3,
+        progress=None,
+    )
+
+    assert outcome.counts["pending"] == 2
+    assert outcome.exit_code == E.EXIT_TIMEOUT
+
+
+async def test_a_timeout_before_anything_is_recorded_is_exit_4_not_unknown() -> None:
+    prepared = _prepared()
+    ledger = InMemoryLedger()
+
+    outcome = await handlers.submit_and_wait(
+        prepared,
+        RecordingBus(),
+        ledger,
+        InMemoryCoordinator(lease_ttl_s=60),
+        QueueFeed(),
+        timeout_s=0.2,
+        progress=None,
+    )
+
+    assert (outcome.exit_code, outcome.rows) == (E.EXIT_TIMEOUT, [])
+    with pytest.raises(E.ExperimentNotFound):  # what a required read would have said
+        await load_experiment(ledger, prepared.experiment_id)
+
+
+async def test_without_a_feed_submit_does_not_wait() -> None:
+    outcome = await handlers.submit_and_wait(
+        _prepared(),
+        RecordingBus(),
+        InMemoryLedger(),
+        InMemoryCoordinator(lease_ttl_s=60),
+        None,
+        timeout_s=0,
+        progress=None,
+    )
+    assert (outcome.exit_code, outcome.rows, outcome.counts) == (E.EXIT_OK, None, {})
+    assert "status" not in outcome.summary
+
+
+async def test_cancel_flags_the_experiment_and_says_what_the_ledger_knew() -> None:
+    prepared = _prepared()
+    ledger = InMemoryLedger()
+    coordinator = InMemoryCoordinator(lease_ttl_s=60)
+
+    unknown = await handlers.cancel(ledger, coordinator, "not-submitted-yet")
+    assert unknown["known"] is False and unknown["n_trials"] is None
+    assert await coordinator.is_cancelled("not-submitted-yet")
+
+    await ledger.upsert_experiment(ExperimentInfo(prepared.experiment_id, "unit", 2, {}))
+    await ledger.upsert_records([_record(prepared, 0, 1.0)])
+    known = await handlers.cancel(ledger, coordinator, prepared.experiment_id)
+    assert (known["known"], known["n_trials"], known["already_recorded"]) == (True, 2, 1)
+    assert await coordinator.is_cancelled(prepared.experiment_id)
+
+
+async def test_importing_something_that_is_not_a_folder_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-job"
+    with pytest.raises(E.UserInputError, match="no-such-job: not a folder"):
+        await handlers.import_job(InMemoryLedger(), missing)
