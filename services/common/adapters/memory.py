@@ -3,23 +3,36 @@
 InMemoryLedger has MongoLedger's exact semantics: both apply the rules kept with the
 port (``services.common.ports``: content hash, which record wins, batch collapse), and
 the contract suite in tests/integration/test_ledger_contract.py runs against both.
+InMemoryCoordinator has NatsCoordinator's (tests/integration/test_coordinator_contract.py);
+RecordingBus dedups by msg id like JetStream.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Sequence
-from typing import Any
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+from schemas.events import Envelope, encode_event, parse_event
 from schemas.record import TrialRecord
+from schemas.subjects import Topology
 from services.common.ports import (
     ExperimentInfo,
+    Lease,
     UpsertOutcome,
     collapse_batch,
     keeps_stored,
     record_content_hash,
 )
+
+E = TypeVar("E", bound=Envelope)
+
+# NatsCoordinator.MAX_PROBES (services.common.adapters.nats_kv); a unit test keeps
+# them equal without this module importing nats.
+MAX_PROBES = 64
 
 
 class InMemoryLedger:
@@ -100,3 +113,130 @@ class InMemoryLedger:
     async def close(self) -> None:
         """Mark closed (tests may assert it); the data stays readable."""
         self.closed = True
+
+
+class RecordingBus:
+    """An EventBus that keeps what it is given, deduplicating by msg id like JetStream.
+
+    Each event goes through the wire encoding (encode, then parse) before it is
+    recorded, so an event that could not be published cannot be recorded either.
+    JetStream forgets msg ids after the stream's duplicate window; this fake never does.
+    ``fail_next`` holds exceptions the next publishes raise, in order (a TransientError
+    plays a publish JetStream did not confirm).
+    """
+
+    def __init__(self, topology: Topology | None = None) -> None:
+        self._topology = topology or Topology()
+        self._ids: set[str] = set()
+        self.published: list[Envelope] = []
+        self.duplicates: list[str] = []
+        self.fail_next: list[BaseException] = []
+
+    @property
+    def topology(self) -> Topology:
+        """Stream and subject names (unused by the fake, present for the port)."""
+        return self._topology
+
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
+        """Record ``event`` unless its msg id was seen; False for a duplicate."""
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        wire = parse_event(encode_event(event))
+        key = msg_id or event.dedup_id()
+        if key in self._ids:
+            self.duplicates.append(key)
+            return False
+        self._ids.add(key)
+        self.published.append(wire)
+        return True
+
+    async def publish_many(self, events: Sequence[Envelope]) -> list[bool]:
+        """Publish each event in order; per event, whether it was new."""
+        return [await self.publish(event) for event in events]
+
+    def of_type(self, kind: type[E]) -> list[E]:
+        """The recorded events of one class, in publish order."""
+        return [e for e in self.published if isinstance(e, kind)]
+
+
+class InMemoryCoordinator:
+    """A Coordinator with NatsCoordinator's semantics, on a clock the test drives.
+
+    Like the KV bucket, a lease is a key ``<experiment>.<slot>`` that lives
+    ``lease_ttl_s`` after its last write; ``renew`` rewrites it unconditionally and
+    ``release`` purges it, whoever holds it now. Slots are probed from a random start,
+    at most ``MAX_PROBES`` of them. ``is_cancelled`` is always fresh (the real adapter
+    may answer from a one-second cache unless asked for ``fresh``).
+    """
+
+    def __init__(
+        self,
+        *,
+        lease_ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._ttl = lease_ttl_s
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._revisions = itertools.count(1)
+        # key -> (holder, revision, written_at)
+        self._leases: dict[str, tuple[str, int, float]] = {}
+        self._cancelled: set[str] = set()
+        self._attempts: dict[str, int] = {}
+
+    def _live(self, key: str) -> tuple[str, int, float] | None:
+        entry = self._leases.get(key)
+        if entry is not None and self._clock() - entry[2] >= self._ttl:
+            del self._leases[key]
+            return None
+        return entry
+
+    def holders(self, experiment_id: str) -> list[str]:
+        """Holders of the experiment's live leases (for assertions)."""
+        prefix = f"{experiment_id}."
+        return [
+            entry[0]
+            for key in sorted(self._leases)
+            if key.startswith(prefix) and (entry := self._live(key)) is not None
+        ]
+
+    async def acquire(self, experiment_id: str, limit: int, holder: str) -> Lease | None:
+        """Take a free slot of the experiment, or None when none is found."""
+        start = self._rng.randrange(limit)
+        for step in range(min(limit, MAX_PROBES)):
+            key = f"{experiment_id}.{(start + step) % limit}"
+            if self._live(key) is not None:
+                continue
+            revision = next(self._revisions)
+            self._leases[key] = (holder, revision, self._clock())
+            return Lease(key, revision)
+        return None
+
+    async def renew(self, lease: Lease) -> Lease:
+        """Rewrite the lease's key (a KV put): its TTL starts again."""
+        holder = entry[0] if (entry := self._live(lease.key)) is not None else "renewed"
+        revision = next(self._revisions)
+        self._leases[lease.key] = (holder, revision, self._clock())
+        return Lease(lease.key, revision)
+
+    async def release(self, lease: Lease) -> None:
+        """Purge the lease's key (a missing one is not an error)."""
+        self._leases.pop(lease.key, None)
+
+    async def cancel(self, experiment_id: str) -> None:
+        """Flag the experiment cancelled."""
+        self._cancelled.add(experiment_id)
+
+    async def uncancel(self, experiment_id: str) -> None:
+        """Lift a cancellation."""
+        self._cancelled.discard(experiment_id)
+
+    async def is_cancelled(self, experiment_id: str, *, fresh: bool = False) -> bool:
+        """Whether the experiment is cancelled (always fresh here)."""
+        return experiment_id in self._cancelled
+
+    async def next_attempt(self, run_id: str) -> int:
+        """Count one more start of ``run_id`` and return the new count (1 first)."""
+        self._attempts[run_id] = self._attempts.get(run_id, 0) + 1
+        return self._attempts[run_id]

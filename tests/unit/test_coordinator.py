@@ -1,0 +1,138 @@
+"""The Coordinator contract: leases with a limit and a TTL, attempt counters, cancel flags.
+
+``CoordinatorContract`` holds the assertions; each adapter gets a subclass that
+provides a ``world``. Here it runs against InMemoryCoordinator on a hand-driven clock;
+tests/integration/test_coordinator_contract.py runs the same class against
+NatsCoordinator on a real nats-server. Every invariant has its negative control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+
+from services.common.adapters import nats_kv
+from services.common.adapters.memory import MAX_PROBES, InMemoryCoordinator
+from services.common.ports import Coordinator, Lease
+
+
+@dataclass
+class World:
+    """Two runners' views of one shared coordination store.
+
+    ``advance(seconds)`` lets time pass; ``expired(lease)`` returns once the lease's
+    TTL has run out in the store (the real server expires keys on its own clock).
+    """
+
+    a: Coordinator
+    b: Coordinator
+    ttl_s: float
+    advance: Callable[[float], Awaitable[None]]
+    expired: Callable[[Lease], Awaitable[None]]
+
+
+class CoordinatorContract:
+    """Assertions every Coordinator adapter must pass (subclasses provide ``world``)."""
+
+    async def test_the_limit_holds_across_runners(self, world: World) -> None:
+        takers = [world.a, world.b] * 5
+        leases = await asyncio.gather(*(c.acquire("exp", 3, f"r{i}") for i, c in enumerate(takers)))
+        held = [lease for lease in leases if lease is not None]
+        assert len(held) == 3
+        assert len({lease.key for lease in held}) == 3
+        assert await world.b.acquire("exp", 3, "late") is None
+        # Negative control: releasing one slot lets exactly one more trial in.
+        await world.a.release(held[0])
+        assert await world.b.acquire("exp", 3, "late") is not None
+        assert await world.a.acquire("exp", 3, "later") is None
+
+    async def test_limits_are_per_experiment(self, world: World) -> None:
+        assert await world.a.acquire("exp-1", 1, "r1") is not None
+        assert await world.a.acquire("exp-1", 1, "r2") is None
+        # Negative control: a full experiment leaves another one's slots alone.
+        assert await world.b.acquire("exp-2", 1, "r2") is not None
+
+    async def test_an_expired_lease_frees_its_slot(self, world: World) -> None:
+        lease = await world.a.acquire("exp", 1, "dead-runner")
+        assert lease is not None
+        # Negative control: while the TTL runs, the slot stays taken.
+        await world.advance(world.ttl_s / 4)
+        assert await world.b.acquire("exp", 1, "r2") is None
+        await world.expired(lease)
+        assert await world.b.acquire("exp", 1, "r2") is not None
+
+    async def test_renewing_keeps_a_lease_past_its_ttl(self, world: World) -> None:
+        lease = await world.a.acquire("exp", 1, "r1")
+        assert lease is not None
+        await world.advance(world.ttl_s * 0.6)
+        renewed = await world.a.renew(lease)
+        assert renewed.key == lease.key and renewed.revision > lease.revision
+        await world.advance(world.ttl_s * 0.6)  # past the first write's TTL
+        assert await world.b.acquire("exp", 1, "r2") is None
+        # Negative control: unrenewed, the same lease expires.
+        await world.expired(renewed)
+        assert await world.b.acquire("exp", 1, "r2") is not None
+
+    async def test_releasing_twice_or_after_expiry_is_harmless(self, world: World) -> None:
+        lease = await world.a.acquire("exp", 1, "r1")
+        assert lease is not None
+        await world.a.release(lease)
+        await world.a.release(lease)
+        again = await world.b.acquire("exp", 1, "r2")
+        assert again is not None and again.key == lease.key
+
+    async def test_attempts_count_starts_per_run_across_runners(self, world: World) -> None:
+        counts = await asyncio.gather(
+            *(c.next_attempt("t1:resume:1") for c in [world.a, world.b] * 4)
+        )
+        assert sorted(counts) == list(range(1, 9))
+        # Negative control: another run (a resumed re-run, a new trial) starts at 1.
+        assert await world.b.next_attempt("t1") == 1
+        assert await world.a.next_attempt("t2") == 1
+        assert await world.a.next_attempt("t1") == 2
+
+    async def test_cancel_is_seen_by_every_runner_and_can_be_lifted(self, world: World) -> None:
+        # Negative control: nothing is cancelled until someone cancels it.
+        assert not await world.b.is_cancelled("exp", fresh=True)
+        await world.a.cancel("exp")
+        assert await world.a.is_cancelled("exp")
+        assert await world.b.is_cancelled("exp", fresh=True)
+        assert not await world.b.is_cancelled("exp-other", fresh=True)
+        await world.a.uncancel("exp")
+        assert not await world.a.is_cancelled("exp")
+        assert not await world.b.is_cancelled("exp", fresh=True)
+        await world.b.uncancel("never-cancelled")
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TestInMemoryCoordinator(CoordinatorContract):
+    """The contract against the fake, on a hand-driven clock."""
+
+    @pytest.fixture
+    def world(self) -> World:
+        clock = Clock()
+        shared = InMemoryCoordinator(lease_ttl_s=60.0, clock=clock)
+
+        async def advance(seconds: float) -> None:
+            clock.now += seconds
+
+        async def expired(lease: Lease) -> None:
+            clock.now += 60.0
+
+        return World(shared, shared, 60.0, advance, expired)
+
+
+def test_the_fake_probes_as_many_slots_as_the_real_adapter() -> None:
+    assert nats_kv.MAX_PROBES == MAX_PROBES

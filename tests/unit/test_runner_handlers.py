@@ -1,0 +1,284 @@
+"""The runner's handler against the in-memory fakes: events published, verdicts, leases.
+
+Each test drives ``TrialHandler.handle`` with a real encoded work message, a
+RecordingBus, an InMemoryCoordinator and a scripted executor, and checks what a
+JetStream consumer would see: the events on the bus and the verdict on the message.
+Tests wait on events (the executor running, the handler's result), never on sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from schemas.events import (
+    ExperimentSubmitted,
+    TrialCompleted,
+    TrialFailed,
+    TrialRequested,
+    TrialStarted,
+    encode_event,
+)
+from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
+from services.common.errors import ACK, TERM, Settle, TransientError
+from services.common.ports import ExecutionOutcome, LogSink
+from services.runner.handlers import SLOT_WAIT_S, TrialHandler
+from tests.unit.runner_support import ScriptedExecutor, completed, failed, make_request
+
+RETRYABLE = "EnvironmentStartTimeoutError"
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class KeepAlive:
+    """Counts in_progress() calls; ``beat`` is set after each."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.beat = asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.count += 1
+        self.beat.set()
+
+    async def beats(self, n: int) -> None:
+        while self.count < n:
+            self.beat.clear()
+            await self.beat.wait()
+
+
+class World:
+    """One runner's handler over shared fakes."""
+
+    def __init__(
+        self, executor: ScriptedExecutor, *, heartbeat_s: float = 30.0, ttl_s: float = 60.0
+    ) -> None:
+        self.clock = Clock()
+        self.bus = RecordingBus()
+        self.coord = InMemoryCoordinator(lease_ttl_s=ttl_s, clock=self.clock)
+        self.executor = executor
+        self.sinks: list[TrialRequested] = []
+        self.handler = TrialHandler(
+            self.bus,
+            executor,
+            self.coord,
+            runner_id="runner-1",
+            host="node-a",
+            heartbeat_s=heartbeat_s,
+            log_sinks=self._sink_for,
+            rng=random.Random(7),
+        )
+        self.keep_alive = KeepAlive()
+
+    def _sink_for(self, request: TrialRequested) -> LogSink:
+        self.sinks.append(request)
+
+        async def sink(phase: str, stream: str, text: str) -> None:
+            return None
+
+        return sink
+
+    async def handle(self, request: TrialRequested | bytes) -> Settle:
+        data = request if isinstance(request, bytes) else encode_event(request)
+        return await self.handler.handle(data, self.keep_alive, subject="p.work.exp-1")
+
+
+def kinds(bus: RecordingBus) -> list[str]:
+    return [getattr(e, "type") for e in bus.published]  # noqa: B009 - Envelope has no tag
+
+
+async def test_a_trial_runs_reports_and_is_acked(tmp_path: Path) -> None:
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    req = make_request()
+    assert await world.handle(req) == ACK
+    assert kinds(world.bus) == ["trial_started", "trial_completed"]
+    started, done = world.bus.published
+    assert isinstance(started, TrialStarted) and isinstance(done, TrialCompleted)
+    assert (started.attempt, started.runner_id, started.host) == (1, "runner-1", "node-a")
+    assert (done.attempt, done.harbor_version, done.run_id) == (1, "9.9.9", req.dedup_id())
+    # The live-log sink was built for this trial and handed to the executor.
+    assert world.sinks == [req]
+    assert world.executor.calls[0][2] is not None
+    # The slot is free again once the trial is settled.
+    assert world.coord.holders(req.experiment_id) == []
+
+
+async def test_without_a_free_slot_the_trial_is_handed_back_unstarted(tmp_path: Path) -> None:
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    req = make_request(limit=1)
+    other = await world.coord.acquire(req.experiment_id, 1, "runner-2")
+    assert other is not None
+    verdict = await world.handle(req)
+    assert verdict.action == "nak" and verdict.reason == "handback"
+    assert SLOT_WAIT_S[0] <= verdict.delay_s <= SLOT_WAIT_S[1]
+    assert world.bus.published == [] and world.executor.calls == []
+    # Negative control: once the slot is free the same message runs, as attempt 1
+    # (the hand-back did not count as an attempt).
+    await world.coord.release(other)
+    assert await world.handle(req) == ACK
+    assert [e.attempt for e in world.bus.of_type(TrialStarted)] == [1]
+
+
+async def test_another_experiments_slots_do_not_block(tmp_path: Path) -> None:
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    assert await world.coord.acquire("exp-other", 1, "runner-2") is not None
+    assert await world.handle(make_request(limit=1)) == ACK
+
+
+async def test_retries_count_attempts_until_the_policy_gives_up() -> None:
+    world = World(ScriptedExecutor(lambda r, a: failed(RETRYABLE)))
+    req = make_request(max_attempts=3, backoff_s=1.0)
+    verdicts = [await world.handle(req) for _ in range(3)]
+    assert [(v.action, v.delay_s) for v in verdicts] == [("nak", 1.0), ("nak", 2.0), ("ack", 0.0)]
+    failures = world.bus.of_type(TrialFailed)
+    assert [(f.attempt, f.final) for f in failures] == [(1, False), (2, False), (3, True)]
+    assert [a for _, a, _ in world.executor.calls] == [1, 2, 3]
+    # Negative control: a result that needs no retry is final on the first attempt.
+    clean = World(ScriptedExecutor(lambda r, a: failed("AgentTimeoutError")))
+    assert await clean.handle(req) == ACK
+    assert [(f.attempt, f.final) for f in clean.bus.of_type(TrialFailed)] == [(1, True)]
+
+
+async def test_a_cancelled_experiment_is_not_started() -> None:
+    world = World(ScriptedExecutor(lambda r, a: failed(None)))
+    req = make_request()
+    await world.coord.cancel(req.experiment_id)
+    assert await world.handle(req) == ACK
+    assert kinds(world.bus) == ["trial_failed"]
+    (event,) = world.bus.of_type(TrialFailed)
+    assert (event.failure_class, event.attempt, event.final) == ("cancelled", 1, True)
+    assert world.executor.calls == []
+    # Negative control: lifted, the trial runs.
+    await world.coord.uncancel(req.experiment_id)
+    await world.handle(req)
+    assert len(world.executor.calls) == 1
+
+
+async def test_cancellation_stops_a_running_trial(tmp_path: Path) -> None:
+    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+    world = World(executor, heartbeat_s=0.01)
+    req = make_request()
+    task = asyncio.create_task(world.handle(req))
+    await executor.running.wait()
+    await world.keep_alive.beats(1)
+    # Negative control: heartbeats alone do not stop the trial.
+    assert not task.done() and not executor.was_cancelled
+    await world.coord.cancel(req.experiment_id)
+    assert await asyncio.wait_for(task, 10) == ACK
+    assert executor.was_cancelled
+    assert kinds(world.bus) == ["trial_started", "trial_failed"]
+    (event,) = world.bus.of_type(TrialFailed)
+    assert (event.failure_class, event.attempt) == ("cancelled", 1)
+    assert world.coord.holders(req.experiment_id) == []
+
+
+async def test_heartbeats_keep_the_lease_past_its_ttl(tmp_path: Path) -> None:
+    async def held_after_ttl(heartbeat_s: float) -> list[str]:
+        executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+        world = World(executor, heartbeat_s=heartbeat_s, ttl_s=60.0)
+        req = make_request()
+        task = asyncio.create_task(world.handle(req))
+        await executor.running.wait()
+        world.clock.now += 50  # a beat now renews the lease at t+50
+        if heartbeat_s < 1:
+            await world.keep_alive.beats(2)  # the second beat follows a renew
+        world.clock.now += 50  # t+100: past the TTL of the lease taken at t
+        holders = world.coord.holders(req.experiment_id)
+        executor.release.set()
+        assert await asyncio.wait_for(task, 10) == ACK
+        return holders
+
+    assert await held_after_ttl(heartbeat_s=0.01) == ["runner-1"]
+    # Negative control: without a heartbeat the same lease has expired.
+    assert await held_after_ttl(heartbeat_s=3600) == []
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not json",
+        b'{"type": "trial_requested"}',
+        encode_event(
+            ExperimentSubmitted(experiment_id="e", name="n", n_trials=1, n_published=1, manifest={})
+        ),
+    ],
+)
+async def test_poison_is_terminated_without_side_effects(data: bytes) -> None:
+    world = World(ScriptedExecutor(lambda r, a: failed(None)))
+    assert await world.handle(data) == TERM
+    assert world.bus.published == [] and world.executor.calls == []
+
+
+async def test_an_unconfirmed_publish_hands_the_trial_back_soon(tmp_path: Path) -> None:
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    req = make_request()
+    world.bus.fail_next = [TransientError("no ack from JetStream")]
+    verdict = await world.handle(req)
+    assert (verdict.action, verdict.reason, verdict.delay_s) == ("nak", "transient", 5.0)
+    assert world.coord.holders(req.experiment_id) == []
+    # Negative control: the redelivery succeeds, as attempt 2.
+    assert await world.handle(req) == ACK
+    assert [e.attempt for e in world.bus.of_type(TrialCompleted)] == [2]
+
+
+async def test_a_bug_is_redelivered_later_never_acked() -> None:
+    def crash(request: TrialRequested, attempt: int) -> ExecutionOutcome:
+        raise RuntimeError("executor bug")
+
+    world = World(ScriptedExecutor(crash))
+    req = make_request()
+    verdict = await world.handle(req)
+    assert (verdict.action, verdict.reason, verdict.delay_s) == ("nak", "bug", 10.0)
+    assert kinds(world.bus) == ["trial_started"]
+    assert world.coord.holders(req.experiment_id) == []
+
+
+async def test_shutdown_cancels_the_handler_and_frees_the_slot(tmp_path: Path) -> None:
+    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+    world = World(executor)
+    req = make_request()
+    task = asyncio.create_task(world.handle(req))
+    await executor.running.wait()
+    # Negative control: while running, the trial holds its slot.
+    assert world.coord.holders(req.experiment_id) == ["runner-1"]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert executor.was_cancelled
+    # Nothing final was reported: the consumer hands the message back.
+    assert kinds(world.bus) == ["trial_started"]
+    assert world.coord.holders(req.experiment_id) == []
+
+
+async def test_the_recording_bus_dedups_by_msg_id_like_jetstream() -> None:
+    bus = RecordingBus()
+    req = make_request()
+    first = TrialStarted(
+        experiment_id=req.experiment_id,
+        trial_id=req.trial_id,
+        runner_id="r",
+        host="h",
+        attempt=1,
+        run_id=req.dedup_id(),
+    )
+    replay = first.model_copy(update={"event_id": "another-event-id"})
+    assert await bus.publish(first) is True
+    # A re-sent report of the same attempt (new event id, same natural key) is dropped.
+    assert await bus.publish(replay) is False
+    assert bus.published == [first] and bus.duplicates == [first.dedup_id()]
+    # Negative control: the next attempt is a new message; an explicit msg id wins.
+    second = first.model_copy(update={"attempt": 2})
+    assert await bus.publish_many([second, replay]) == [True, False]
+    assert await bus.publish(replay, msg_id="explicit") is True
+    assert len(bus.published) == 3

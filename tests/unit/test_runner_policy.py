@@ -1,0 +1,137 @@
+"""The runner's pure decision: outcome + attempt + retry policy -> events and a verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schemas.events import TrialCompleted, TrialFailed
+from services.common.errors import ACK, InternalError, Settle
+from services.common.ports import ExecutionOutcome
+from services.runner.policy import (
+    Decision,
+    RunnerIdentity,
+    backoff_delay,
+    cancelled,
+    decide,
+)
+from tests.unit.runner_support import completed, failed, make_request
+
+WHO = RunnerIdentity(host="node-a", harbor_version="0.25.0")
+RETRYABLE = "EnvironmentStartTimeoutError"  # Harbor: sandbox failed, retry may help
+NOT_RETRYABLE = "AgentTimeoutError"  # Harbor: the agent's own result, final
+
+
+def only(decision: Decision) -> TrialCompleted | TrialFailed:
+    assert len(decision.events) == 1, decision.events
+    return decision.events[0]
+
+
+def test_a_clean_completion_is_published_and_acked(tmp_path: Path) -> None:
+    req = make_request()
+    decision = decide(req, 1, completed(tmp_path), WHO)
+    event = only(decision)
+    assert isinstance(event, TrialCompleted)
+    assert decision.settle == ACK
+    assert (event.trial_id, event.attempt, event.run_id) == (req.trial_id, 1, req.dedup_id())
+    assert (event.runner_host, event.harbor_version) == ("node-a", "0.25.0")
+    assert event.trial_dir == str(tmp_path / "job" / req.trial_id)
+    assert event.agent_label == req.agent.display
+
+
+@pytest.mark.parametrize("outcome_kind", ["completed", "failed"])
+def test_a_retryable_error_with_attempts_left_is_retried_after_the_backoff(
+    tmp_path: Path, outcome_kind: str
+) -> None:
+    req = make_request(max_attempts=3, backoff_s=2.0)
+    outcome = (
+        completed(tmp_path, error=RETRYABLE) if outcome_kind == "completed" else failed(RETRYABLE)
+    )
+    first = decide(req, 1, outcome, WHO)
+    second = decide(req, 2, outcome, WHO)
+    for decision, delay in ((first, 2.0), (second, 4.0)):
+        event = only(decision)
+        assert isinstance(event, TrialFailed)
+        assert event.final is False
+        assert event.failure_class == "infrastructure"
+        assert decision.settle == Settle("nak", delay, "retry")
+    # Negative control: the last allowed attempt is final and acknowledged.
+    last = decide(req, 3, outcome, WHO)
+    assert last.settle == ACK
+    if outcome_kind == "completed":
+        # Harbor wrote a result (recording the error): it is what gets imported.
+        assert isinstance(only(last), TrialCompleted)
+    else:
+        event = only(last)
+        assert isinstance(event, TrialFailed) and event.final is True
+
+
+def test_a_missing_result_is_retried_like_an_infrastructure_error() -> None:
+    req = make_request(max_attempts=2)
+    decision = decide(req, 1, failed("MissingResult"), WHO)
+    assert decision.settle.action == "nak"
+    assert decide(req, 2, failed("MissingResult"), WHO).settle == ACK
+
+
+def test_a_non_retryable_error_is_final_at_once(tmp_path: Path) -> None:
+    req = make_request(max_attempts=5)
+    failure = decide(req, 1, failed(NOT_RETRYABLE), WHO)
+    event = only(failure)
+    assert isinstance(event, TrialFailed)
+    assert event.final is True and event.failure_class == "agent"
+    assert failure.settle == ACK
+    # A completed trial whose agent timed out is a result, not a retry.
+    result = decide(req, 1, completed(tmp_path, error=NOT_RETRYABLE), WHO)
+    assert isinstance(only(result), TrialCompleted)
+    assert result.settle == ACK
+
+
+def test_a_failure_without_an_exception_counts_against_the_infrastructure() -> None:
+    event = only(decide(make_request(), 1, failed(None), WHO))
+    assert isinstance(event, TrialFailed)
+    assert (event.failure_class, event.error_type, event.final) == (
+        "infrastructure",
+        "UnknownError",
+        True,
+    )
+
+
+def test_each_attempt_has_its_own_dedup_id(tmp_path: Path) -> None:
+    req = make_request(max_attempts=3)
+    ids = {only(decide(req, n, failed(RETRYABLE), WHO)).dedup_id() for n in (1, 2, 3)}
+    assert len(ids) == 3
+    # Negative control: the same attempt decided twice (a redelivered report) dedups.
+    again = only(decide(req, 2, failed(RETRYABLE), WHO)).dedup_id()
+    assert again in ids
+
+
+def test_a_completion_without_its_folders_is_a_bug_not_a_result() -> None:
+    with pytest.raises(InternalError, match="without its folders"):
+        decide(make_request(), 1, ExecutionOutcome(kind="completed"), WHO)
+
+
+def test_a_cancelled_trial_is_final_and_acked() -> None:
+    req = make_request()
+    decision = cancelled(req, 2, "node-a", trial_dir="/jobs/j/t")
+    event = only(decision)
+    assert isinstance(event, TrialFailed)
+    assert (event.failure_class, event.error_type, event.final) == (
+        "cancelled",
+        "CancelledError",
+        True,
+    )
+    assert (event.attempt, event.trial_dir, event.runner_host) == (2, "/jobs/j/t", "node-a")
+    assert decision.settle == ACK
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected"), [(0, 2.0), (1, 2.0), (2, 4.0), (3, 8.0), (4, 10.0), (20, 10.0)]
+)
+def test_backoff_doubles_and_is_capped(attempt: int, expected: float) -> None:
+    assert backoff_delay(attempt, 2.0, 10.0) == expected
+
+
+def test_a_zero_backoff_hands_back_without_delay(tmp_path: Path) -> None:
+    decision = decide(make_request(backoff_s=0.0), 1, failed(RETRYABLE), WHO)
+    assert decision.settle == Settle("nak", 0.0, "retry")
