@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 MARKER = "trialbus.json"
+"""The job-level file that marks a job folder as made by trialbus."""
 _JOB_NAMESPACE = uuid.UUID("6f1c3c52-8a43-4c1e-9a57-9f1d7c6b2f10")
 
 
 def job_dir_for(jobs_root: Path, experiment_id: str) -> Path:
+    """The (absolute) job folder of an experiment under ``jobs_root``."""
     return (jobs_root / experiment_id).resolve()
 
 

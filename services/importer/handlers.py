@@ -228,6 +228,21 @@ async def handle_batch(
     return plan.settles
 
 
+def result_imported(
+    record: TrialRecord, outcome: UpsertOutcome, correlation_id: str = ""
+) -> ResultImported:
+    """The announcement of a record just written (also used by ``trialbus import``)."""
+    return ResultImported(
+        experiment_id=record.experiment_id,
+        trial_id=record.trial_id,
+        correlation_id=correlation_id,
+        status=record.status,
+        scored=record.evaluation.reward_valid,
+        main_reward=record.evaluation.main_reward,
+        changed=outcome.changed(record.trial_id),
+    )
+
+
 async def apply_plan(plan: BatchPlan, ledger: Ledger, bus: EventBus) -> None:
     """Write the batch to the ledger, then announce each record.
 
@@ -245,15 +260,7 @@ async def apply_plan(plan: BatchPlan, ledger: Ledger, bus: EventBus) -> None:
         log.exception("batch write refused; writing records one by one")
         outcome = await _upsert_one_by_one(plan, ledger)
     events = [
-        ResultImported(
-            experiment_id=rec.experiment_id,
-            trial_id=rec.trial_id,
-            correlation_id=plan.correlation.get(rec.trial_id, ""),
-            status=rec.status,
-            scored=rec.evaluation.reward_valid,
-            main_reward=rec.evaluation.main_reward,
-            changed=outcome.changed(rec.trial_id),
-        )
+        result_imported(rec, outcome, plan.correlation.get(rec.trial_id, ""))
         for rec in plan.records.values()
     ]
     # All at once: awaited one after the other, each acknowledged publish is a round

@@ -13,6 +13,10 @@ Importing is idempotent: what the folder cannot tell (repetition, agent label, r
 host, ...) is taken from the ledger's existing record of the same trial, so importing
 an unchanged folder again, or importing a folder the runners already reported,
 rewrites nothing.
+
+Given an EventBus, an import is announced like any other: one ResultImported per
+record written (``changed`` False when the ledger already held it), published after
+the ledger write of its batch, as the importer service does.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from typing import Final
 from schemas.ids import slug
 from schemas.record import TrialRecord
 from services.common.errors import UserInputError
-from services.common.ports import Ledger
+from services.common.harbor_jobs import MARKER
+from services.common.ports import EventBus, Ledger
+from services.importer.handlers import result_imported
 from services.importer.records import RecordContext, RecordSource, build_record
 
-MARKER: Final = "trialbus.json"
 _TRIAL_FILES: Final = ("result.json", "config.json", "trial.log")
 _MAX_MARKER_BYTES: Final = 1024 * 1024
 
@@ -170,11 +175,16 @@ def _start_build(
     return asyncio.ensure_future(asyncio.to_thread(_build_all, chunks[index], known))
 
 
-async def import_job_dir(job_dir: Path, ledger: Ledger, batch_size: int = 500) -> ImportSummary:
+async def import_job_dir(
+    job_dir: Path, ledger: Ledger, batch_size: int = 500, *, bus: EventBus | None = None
+) -> ImportSummary:
     """Import every trial folder of ``job_dir``; a malformed trial never stops the others.
 
-    Raises JobDirError when the folder itself is unusable, and LedgerUnavailable when
-    the ledger cannot be reached (re-running the import is always safe).
+    With ``bus``, each record written is announced with a ResultImported once its
+    batch is in the ledger. Raises JobDirError when the folder itself is unusable,
+    LedgerUnavailable when the ledger cannot be reached, and TransientError when a
+    publish is not confirmed (re-running the import is always safe: it rewrites
+    nothing and announces every record again, unchanged).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -193,6 +203,8 @@ async def import_job_dir(job_dir: Path, ledger: Ledger, batch_size: int = 500) -
             records = await building
             building = _start_build(chunks, index + 1, known)
             outcome = await ledger.upsert_records(records)
+            if bus is not None:
+                await bus.publish_many([result_imported(r, outcome) for r in records])
             summary.total += len(records)
             summary.inserted += len(outcome.inserted)
             summary.updated += len(outcome.updated)

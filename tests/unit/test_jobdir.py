@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from schemas.events import Envelope, ResultImported
+from schemas.record import TrialRecord
+from schemas.subjects import Topology
 from services.common.adapters.memory import InMemoryLedger
+from services.common.errors import LedgerUnavailable
+from services.common.ports import UpsertOutcome
 from services.importer.jobdir import (
     JobDirError,
     import_job_dir,
@@ -182,3 +188,60 @@ async def test_empty_job_folder(tmp_path: Path) -> None:
 async def test_batch_size_must_be_positive(job_dir: Path) -> None:
     with pytest.raises(ValueError, match="batch_size"):
         await import_job_dir(job_dir, InMemoryLedger(), batch_size=0)
+
+
+# -- announcing a CLI import (ResultImported, as the importer service does) ----------------
+
+
+class Bus:
+    """Records what is published (the EventBus calls import_job_dir makes)."""
+
+    def __init__(self) -> None:
+        self.events: list[Envelope] = []
+
+    @property
+    def topology(self) -> Topology:
+        return Topology()
+
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
+        self.events.append(event)
+        return True
+
+    async def publish_many(self, events: Sequence[Envelope]) -> list[bool]:
+        return [await self.publish(e) for e in events]
+
+
+async def test_an_import_with_a_bus_announces_every_record_it_writes(job_dir: Path) -> None:
+    ledger, bus = InMemoryLedger(), Bus()
+
+    await import_job_dir(job_dir, ledger, batch_size=3, bus=bus)
+
+    announced = {e.trial_id: e for e in bus.events if isinstance(e, ResultImported)}
+    assert len(bus.events) == len(announced) == 8  # one each, nothing else
+    for record in await ledger.records_for("harbor-my-job-2026-01-02"):
+        event = announced[record.trial_id]
+        assert event.experiment_id == record.experiment_id
+        assert event.status == record.status
+        assert event.scored is record.evaluation.reward_valid
+        assert event.main_reward == record.evaluation.main_reward
+        assert event.changed
+    assert announced["hello-file__oracle"].scored and announced["hello-file__oracle"].main_reward
+    assert not announced["hello-file__garbage"].scored
+
+    # Importing again announces every record again, as unchanged.
+    again = Bus()
+    await import_job_dir(job_dir, ledger, bus=again)
+    assert len(again.events) == 8
+    assert not any(e.changed for e in again.events if isinstance(e, ResultImported))
+
+
+class DownLedger(InMemoryLedger):
+    async def upsert_records(self, records: Sequence[TrialRecord]) -> UpsertOutcome:
+        raise LedgerUnavailable("connection refused")
+
+
+async def test_nothing_is_announced_before_it_is_in_the_ledger(job_dir: Path) -> None:
+    bus = Bus()
+    with pytest.raises(LedgerUnavailable):
+        await import_job_dir(job_dir, DownLedger(), bus=bus)
+    assert bus.events == []
