@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import Envelope, ResultImported, TrialCompleted, TrialFailed, encode_event
+from schemas.events import ResultImported, TrialCompleted, TrialFailed, encode_event
 from schemas.record import TrialRecord
-from services.common.adapters.memory import InMemoryLedger
+from services.common.adapters.memory import InMemoryLedger, RecordingBus
 from services.common.errors import (
     ACK,
     BUG_RETRY_DELAY_S,
@@ -52,15 +52,6 @@ class RefusingLedger(InMemoryLedger):
         return await super().upsert_records(records)
 
 
-class Bus:
-    def __init__(self) -> None:
-        self.events: list[Envelope] = []
-
-    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
-        self.events.append(event)
-        return True
-
-
 def record(trial_id: str) -> TrialRecord:
     return build_failed_record(
         TrialFailed(
@@ -76,7 +67,7 @@ def record(trial_id: str) -> TrialRecord:
 
 
 async def test_refused_record_is_replaced_and_the_rest_of_the_batch_lands() -> None:
-    ledger, bus = RefusingLedger(), Bus()
+    ledger, bus = RefusingLedger(), RecordingBus()
     plan = BatchPlan(records={"good": record("good"), "bad": record("bad")})
     await apply_plan(plan, ledger, bus)
     good, bad = await ledger.get_record("good"), await ledger.get_record("bad")
@@ -84,7 +75,7 @@ async def test_refused_record_is_replaced_and_the_rest_of_the_batch_lands() -> N
     assert bad is not None and bad.status == "partial"
     assert bad.evaluation.exception_type == "LedgerRefusedRecord"
     assert any("document too large" in e for e in bad.errors)
-    imported = [e for e in bus.events if isinstance(e, ResultImported)]
+    imported = bus.of_type(ResultImported)
     assert sorted(e.trial_id for e in imported) == ["bad", "good"]
 
 
@@ -161,7 +152,7 @@ def test_record_failure_verdict(exc: Exception, delivered: int, expected: Settle
 async def test_a_bug_naks_only_its_message_and_the_rest_of_the_batch_lands(
     tmp_path: Path,
 ) -> None:
-    ledger, bus = InMemoryLedger(), Bus()
+    ledger, bus = InMemoryLedger(), RecordingBus()
     batch = [Incoming(failed("good")), Incoming(completed(BUG, tmp_path)), Incoming(b"{")]
 
     settles = await handle_batch(batch, ledger, bus, transient_delay_s=DELAY)
@@ -170,14 +161,14 @@ async def test_a_bug_naks_only_its_message_and_the_rest_of_the_batch_lands(
     assert await ledger.get_record(BUG) is None
     good = await ledger.get_record("good")
     assert good is not None and good.status == "partial"
-    assert [e.trial_id for e in bus.events if isinstance(e, ResultImported)] == ["good"]
+    assert [e.trial_id for e in bus.of_type(ResultImported)] == ["good"]
 
 
 @pytest.mark.usefixtures("buggy_importer")
 async def test_after_max_deliveries_a_bug_becomes_an_importer_error_record(
     tmp_path: Path,
 ) -> None:
-    ledger, bus = InMemoryLedger(), Bus()
+    ledger, bus = InMemoryLedger(), RecordingBus()
     batch = [
         Incoming(completed(BUG, tmp_path), delivered=BUG_MAX_DELIVERIES),
         Incoming(completed("fine", tmp_path), delivered=BUG_MAX_DELIVERIES),
@@ -195,7 +186,7 @@ async def test_after_max_deliveries_a_bug_becomes_an_importer_error_record(
     # A record of a trial that built fine is not marked as the importer's failure.
     fine = await ledger.get_record("fine")
     assert fine is not None and fine.evaluation.exception_type is None
-    announced = {e.trial_id: e for e in bus.events if isinstance(e, ResultImported)}
+    announced = {e.trial_id: e for e in bus.of_type(ResultImported)}
     assert set(announced) == {BUG, "fine"}
     assert announced[BUG].correlation_id == f"corr-{BUG}"
     assert announced[BUG].scored is False
@@ -212,25 +203,22 @@ async def test_ledger_down_naks_the_batch_but_still_terminates_poison() -> None:
     batch = [Incoming(failed("a")), Incoming(b"not json"), Incoming(failed("b"))]
     transient = nak(DELAY, "transient")
 
-    down = await handle_batch(batch, DownLedger(), Bus(), transient_delay_s=DELAY)
+    down = await handle_batch(batch, DownLedger(), RecordingBus(), transient_delay_s=DELAY)
     # Negative control: the same batch against a reachable ledger is acknowledged.
-    up = await handle_batch(batch, InMemoryLedger(), Bus(), transient_delay_s=DELAY)
+    up = await handle_batch(batch, InMemoryLedger(), RecordingBus(), transient_delay_s=DELAY)
 
     assert down == [transient, TERM, transient]
     assert up == [ACK, TERM, ACK]
 
 
-class BrokenBus(Bus):
-    """A bus with a bug: publishing raises something no one expected."""
-
-    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
-        raise AttributeError("a bug in the bus")
-
-
-async def test_a_bug_while_announcing_naks_the_batch_with_the_bug_delay() -> None:
+async def test_a_failed_announcement_naks_the_batch_as_settle_error_says() -> None:
+    bus, unconfirmed = RecordingBus(), RecordingBus()
+    bus.fail_next.append(AttributeError("a bug in the bus"))
+    unconfirmed.fail_next.append(TransientError("publish not confirmed"))
     batch = [Incoming(failed("a"))]
-    assert await handle_batch(batch, InMemoryLedger(), BrokenBus(), transient_delay_s=DELAY) == [
-        BUG_NAK
+    assert await handle_batch(batch, InMemoryLedger(), bus, transient_delay_s=DELAY) == [BUG_NAK]
+    assert await handle_batch(batch, InMemoryLedger(), unconfirmed, transient_delay_s=DELAY) == [
+        nak(DELAY, "transient")
     ]
 
 

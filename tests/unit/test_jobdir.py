@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import Envelope, ResultImported
+from schemas.events import ResultImported
 from schemas.record import TrialRecord
-from schemas.subjects import Topology
-from services.common.adapters.memory import InMemoryLedger
+from services.common.adapters.memory import InMemoryLedger, RecordingBus
 from services.common.errors import LedgerUnavailable
 from services.common.ports import UpsertOutcome
 from services.importer.jobdir import (
@@ -193,31 +192,13 @@ async def test_batch_size_must_be_positive(job_dir: Path) -> None:
 # -- announcing a CLI import (ResultImported, as the importer service does) ----------------
 
 
-class Bus:
-    """Records what is published (the EventBus calls import_job_dir makes)."""
-
-    def __init__(self) -> None:
-        self.events: list[Envelope] = []
-
-    @property
-    def topology(self) -> Topology:
-        return Topology()
-
-    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
-        self.events.append(event)
-        return True
-
-    async def publish_many(self, events: Sequence[Envelope]) -> list[bool]:
-        return [await self.publish(e) for e in events]
-
-
 async def test_an_import_with_a_bus_announces_every_record_it_writes(job_dir: Path) -> None:
-    ledger, bus = InMemoryLedger(), Bus()
+    ledger, bus = InMemoryLedger(), RecordingBus()
 
     await import_job_dir(job_dir, ledger, batch_size=3, bus=bus)
 
-    announced = {e.trial_id: e for e in bus.events if isinstance(e, ResultImported)}
-    assert len(bus.events) == len(announced) == 8  # one each, nothing else
+    announced = {e.trial_id: e for e in bus.published if isinstance(e, ResultImported)}
+    assert len(bus.published) == len(announced) == 8  # one each, nothing else
     for record in await ledger.records_for("harbor-my-job-2026-01-02"):
         event = announced[record.trial_id]
         assert event.experiment_id == record.experiment_id
@@ -229,10 +210,10 @@ async def test_an_import_with_a_bus_announces_every_record_it_writes(job_dir: Pa
     assert not announced["hello-file__garbage"].scored
 
     # Importing again announces every record again, as unchanged.
-    again = Bus()
+    again = RecordingBus()
     await import_job_dir(job_dir, ledger, bus=again)
-    assert len(again.events) == 8
-    assert not any(e.changed for e in again.events if isinstance(e, ResultImported))
+    assert len(again.published) == 8
+    assert not any(e.changed for e in again.published if isinstance(e, ResultImported))
 
 
 class DownLedger(InMemoryLedger):
@@ -241,7 +222,7 @@ class DownLedger(InMemoryLedger):
 
 
 async def test_nothing_is_announced_before_it_is_in_the_ledger(job_dir: Path) -> None:
-    bus = Bus()
+    bus = RecordingBus()
     with pytest.raises(LedgerUnavailable):
         await import_job_dir(job_dir, DownLedger(), bus=bus)
-    assert bus.events == []
+    assert bus.published == []

@@ -11,15 +11,13 @@ from pathlib import Path
 import pytest
 
 from schemas.events import (
-    Envelope,
     ExperimentCompleted,
     ExperimentSubmitted,
     ResultImported,
     TrialCompleted,
     encode_event,
 )
-from schemas.subjects import Topology
-from services.common.adapters.memory import InMemoryLedger
+from services.common.adapters.memory import InMemoryLedger, RecordingBus
 from services.common.errors import (
     ACK,
     BUG_RETRY_DELAY_S,
@@ -34,36 +32,10 @@ from tests.unit.test_watcher_logic import record
 DELAY = 2.0
 
 
-class Bus:
-    """Records what is published; drops a repeated msg id, as JetStream's dedup does."""
-
-    def __init__(self) -> None:
-        self.published: list[tuple[Envelope, str]] = []
-        self._ids: set[str] = set()
-
-    @property
-    def topology(self) -> Topology:
-        return Topology()
-
-    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
-        key = msg_id or event.dedup_id()
-        if key in self._ids:
-            return False
-        self._ids.add(key)
-        self.published.append((event, key))
-        return True
-
-    async def publish_many(self, events: Sequence[Envelope]) -> list[bool]:
-        return [await self.publish(e) for e in events]
-
-    def of_type[E: Envelope](self, kind: type[E]) -> list[E]:
-        return [e for e, _ in self.published if isinstance(e, kind)]
-
-
 async def setup(
     tmp_path: Path, n_trials: int, trial_ids: Sequence[str] = ()
-) -> tuple[InMemoryLedger, Bus, Watcher]:
-    ledger, bus = InMemoryLedger(), Bus()
+) -> tuple[InMemoryLedger, RecordingBus, Watcher]:
+    ledger, bus = InMemoryLedger(), RecordingBus()
     await ledger.upsert_experiment(ExperimentInfo("exp", "Exp", n_trials, {}))
     await ledger.upsert_records([record(t) for t in trial_ids])
     return ledger, bus, Watcher(ledger, bus, tmp_path / "jobs")
@@ -165,7 +137,7 @@ async def test_scan_announces_each_unrecorded_trial_of_a_finished_external_job_o
     marked = harbor_job(jobs, "exp-by-trialbus", ["x-1"])
     (marked / "trialbus.json").write_text(json.dumps({"experiment_id": "exp-by-trialbus"}))
     harbor_job(jobs, "empty", [])
-    ledger, bus = InMemoryLedger(), Bus()
+    ledger, bus = InMemoryLedger(), RecordingBus()
     await ledger.upsert_records([record("t-2", experiment_id="harbor-my-job")])
     watcher = Watcher(ledger, bus, jobs)
 
@@ -173,7 +145,6 @@ async def test_scan_announces_each_unrecorded_trial_of_a_finished_external_job_o
     [submitted] = bus.of_type(ExperimentSubmitted)
     assert (submitted.experiment_id, submitted.n_trials) == ("harbor-my-job", 3)
     assert submitted.manifest["job_dir"] == str(job.absolute())
-    assert "harbor-my-job:external-submitted" in {key for _, key in bus.published}
     completed = bus.of_type(TrialCompleted)
     assert [c.trial_id for c in completed] == ["t-1", "t-3"]  # t-2 is recorded already
     assert {c.source for c in completed} == {"external"}
@@ -183,12 +154,16 @@ async def test_scan_announces_each_unrecorded_trial_of_a_finished_external_job_o
     n_published = len(bus.published)
     assert await watcher.scan_external() == 0
     assert len(bus.published) == n_published
+    # A restarted watcher announces the job again, but with the same dedup ids.
+    assert await Watcher(ledger, bus, jobs).scan_external() == 2
+    assert len(bus.published) == n_published
+    assert "harbor-my-job:external-submitted" in bus.duplicates
 
 
 async def test_scan_picks_up_a_job_once_it_finishes(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
     job = harbor_job(jobs, "later", ["t-1"], finished=False)
-    watcher = Watcher(InMemoryLedger(), bus := Bus(), jobs)
+    watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs)
     assert await watcher.scan_external() == 0
     (job / "result.json").write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z"}))
     assert await watcher.scan_external() == 1
@@ -262,7 +237,7 @@ class FailingLedger(InMemoryLedger):
 async def test_a_failed_check_naks_the_batch_but_terminates_its_poison(
     tmp_path: Path, error: Exception | None, verdict: object
 ) -> None:
-    watcher = Watcher(FailingLedger(error), Bus(), tmp_path / "jobs")
+    watcher = Watcher(FailingLedger(error), RecordingBus(), tmp_path / "jobs")
     batch = [imported("a"), b"{}", imported("b")]
     assert await handle_batch(watcher, batch, transient_delay_s=DELAY) == [verdict, TERM, verdict]
 
@@ -270,6 +245,6 @@ async def test_a_failed_check_naks_the_batch_but_terminates_its_poison(
 async def test_events_that_need_no_check_are_acked_without_asking_the_ledger(
     tmp_path: Path,
 ) -> None:
-    watcher = Watcher(FailingLedger(RuntimeError("must not be asked")), Bus(), tmp_path)
+    watcher = Watcher(FailingLedger(RuntimeError("must not be asked")), RecordingBus(), tmp_path)
     event = TrialCompleted(experiment_id="exp", trial_id="a", trial_dir="/x", job_dir="/")
     assert await handle_batch(watcher, [encode_event(event)], transient_delay_s=DELAY) == [ACK]
