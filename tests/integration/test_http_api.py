@@ -4,7 +4,11 @@ manifest of the corpus refused with a 422 that names the field (never a 500)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -14,7 +18,10 @@ import nats
 import pytest
 from fastapi import FastAPI
 
+from schemas.record import Evaluation, Provenance, TrialRecord
 from schemas.subjects import Topology
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.ports import ExperimentInfo
 from services.common.settings import SubmitterSettings
 from services.submitter.app import create_app
 from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
@@ -204,3 +211,92 @@ async def test_bad_json_bodies_are_client_errors(
         )
     assert response.status_code == status, response.text
     assert fragment in response.text
+
+
+def _records(experiment_id: str) -> list[TrialRecord]:
+    """Two agents, three tasks, one unscored trial: enough for every figure to show."""
+    out = []
+    for agent, reward in (("oracle", 1.0), ("nop", 0.0)):
+        for task in ("hello-file", "count-words", "multi-metric"):
+            for rep in range(2):
+                out.append(
+                    TrialRecord(
+                        trial_id=f"{experiment_id}-{agent}-{task}-{rep}",
+                        experiment_id=experiment_id,
+                        status="complete",
+                        provenance=Provenance(task_name=task, agent_name=agent),
+                        evaluation=Evaluation(
+                            rewards={"reward": reward},
+                            main_reward_key="reward",
+                            main_reward=reward,
+                            reward_valid=True,
+                        ),
+                    )
+                )
+    out[-1] = out[-1].model_copy(
+        update={"evaluation": Evaluation(failure_class="verifier", reward_valid=False)}
+    )
+    return out
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+
+
+async def test_the_cli_and_the_http_api_read_the_same_numbers(
+    client: Client, nats_url: str, ledger_url: str, ledger_db: str, tmp_path: Path
+) -> None:
+    experiment_id = "one-read-path"
+    ledger = MongoLedger(ledger_url, ledger_db)
+    try:
+        await ledger.ensure_indexes()
+        await ledger.upsert_records(_records(experiment_id))
+        await ledger.upsert_experiment(ExperimentInfo(experiment_id, "one read path", 13, {}))
+    finally:
+        await ledger.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env.update(
+        NATS_URL=nats_url,
+        LEDGER_URL=ledger_url,
+        TRIALBUS_LEDGER_DB=ledger_db,
+        TRIALBUS_STACK_FILE=str(tmp_path / "no-stack.json"),
+    )
+    page = tmp_path / "report.html"
+    status, board, report, unknown = await asyncio.gather(
+        *(
+            asyncio.to_thread(_cli, env, *args)
+            for args in (
+                ("status", experiment_id, "--json"),
+                ("leaderboard", experiment_id, "--json"),
+                ("report", experiment_id, "--json", "--html", str(page)),
+                ("status", "no-such-experiment", "--json"),
+            )
+        )
+    )
+    async with client() as api:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        base = f"/experiments/{experiment_id}"
+        http = {p: await api.get(base + p, headers=auth) for p in ("/status", "/leaderboard")}
+        http_report = await api.get(base + "/report", headers=auth)
+        http_page = await api.get(base + "/report.html", headers=auth)
+        missing = await api.get("/experiments/no-such-experiment/status", headers=auth)
+
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout) == http["/status"].json()
+    assert http["/status"].json()["pending"] == 1  # 13 submitted, 12 recorded
+    assert json.loads(board.stdout) == http["/leaderboard"].json()
+    assert [r["agent"] for r in http["/leaderboard"].json()] == ["oracle", "nop"]
+    assert json.loads(report.stdout) == http_report.json()
+    assert page.read_text(encoding="utf-8") == http_page.text
+    # An unknown experiment: exit 2 on the command line, 404 over HTTP, same words.
+    assert unknown.returncode == 2
+    assert "no experiment 'no-such-experiment' in the ledger" in unknown.stderr
+    assert missing.status_code == 404
+    assert missing.json() == {"detail": "no experiment 'no-such-experiment' in the ledger"}
