@@ -51,6 +51,34 @@ class Topology:
     def logs_stream(self) -> str:
         return f"{self._stream_base}_LOGS"
 
+    # -- key-value and object store buckets ----------------------------------------
+    # NATS names a bucket's backing stream KV_<bucket> / OBJ_<bucket>; permissions
+    # (one NATS user per role) are granted per bucket, so every name is spelled here.
+    @property
+    def leases_bucket(self) -> str:
+        """KV: experiment concurrency leases (TTL = the runners' ack_wait)."""
+        return f"{self._stream_base}_LEASES"
+
+    @property
+    def control_bucket(self) -> str:
+        """KV: cancel flags and attempt counters."""
+        return f"{self._stream_base}_CONTROL"
+
+    @property
+    def runners_bucket(self) -> str:
+        """KV: one heartbeat record per runner process (pool, capabilities), with a TTL."""
+        return f"{self._stream_base}_RUNNERS"
+
+    @property
+    def tasks_bucket(self) -> str:
+        """Object store: task archives, named by the task's content checksum."""
+        return f"{self._stream_base}_TASKS"
+
+    @property
+    def results_bucket(self) -> str:
+        """Object store: finished trial folders, named by run."""
+        return f"{self._stream_base}_RESULTS"
+
     # -- subjects ----------------------------------------------------------------
     def work_subject(self, experiment_id: str) -> str:
         """Subject of one experiment's TrialRequested messages."""

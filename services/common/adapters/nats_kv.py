@@ -46,9 +46,8 @@ class NatsCoordinator:
         cls, js: JetStreamContext, topology: Topology, *, lease_ttl_s: float, replicas: int = 1
     ) -> NatsCoordinator:
         """Open (creating when missing) the two buckets."""
-        base = topology.work_stream.removesuffix("_WORK")
-        leases = await _bucket(js, f"{base}_LEASES", ttl=lease_ttl_s, replicas=replicas)
-        control = await _bucket(js, f"{base}_CONTROL", ttl=None, replicas=replicas)
+        leases = await _bucket(js, topology.leases_bucket, ttl=lease_ttl_s, replicas=replicas)
+        control = await _bucket(js, topology.control_bucket, ttl=None, replicas=replicas)
         return cls(leases, control)
 
     # -- concurrency -------------------------------------------------------------------
