@@ -107,7 +107,11 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
     (etc / "resolv.conf").write_text("nameserver 10.0.2.3\n")
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n")
     spec = SandboxSpec(
-        state_dir=dest / "state", overlays=overlays, binds=binds, network=req.network
+        state_dir=dest / "state",
+        overlays=overlays,
+        binds=binds,
+        network=req.network,
+        helpers_root=dest.parent / ".exec-helpers",
     )
     sandbox = Sandbox(spec, logger)
     log_path = dest / "build.log"

@@ -302,6 +302,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             hostname=_HOSTNAME,
             cgroup=cgroup,
             memory_rlimit_mb=memory if cgroup is None and memory else None,
+            helpers_root=self._cache.root / ".exec-helpers",
         )
 
     async def stop(self, delete: bool) -> None:

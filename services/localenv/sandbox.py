@@ -26,6 +26,10 @@ NAT to the outside (the host's loopback stays unreachable); otherwise only ``lo`
 Files are read and written from the host through ``/proc/<pid>/root`` (the
 sandbox's own view, overlays included), resolving symbolic links inside the
 sandbox so a link can never point a transfer at a host file.
+
+What runs with privilege while entering is fixed by the host, never by the trial
+(``entry``): absolute host helpers with a clean environment, and ``setpriv`` with its
+loader and libraries from a read-only folder bound at ``/.trialbus-exec``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from services.localenv.entry import (
+    HELPER_ENV,
+    HELPERS_TARGET,
+    HOST_PATH,
+    PRELOAD_FILE,
+    ExecHelpers,
+    env_loader,
+    env_memfd,
+    host_tool,
+    prepare_helpers,
+)
 from services.localenv.errors import ExecTimeoutError, LocalEnvironmentError, SandboxStartError
 from services.localenv.limits import TrialCgroup
 from services.localenv.procs import (
@@ -114,6 +129,10 @@ class SandboxSpec:
     hostname: str = "trial"
     cgroup: TrialCgroup | None = None
     memory_rlimit_mb: int | None = None
+    pids_rlimit: int | None = None
+    """Fallback when no pids cgroup exists (``prlimit --nproc``; host uid 0 is exempt)."""
+    helpers_root: Path | None = None
+    """Where the read-only exec helpers are prepared (default: ``state_dir``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,15 +149,10 @@ def _fstab_escape(field: str) -> str:
     return "".join(f"\\{ord(c):03o}" if c in " \t\\" else c for c in field)
 
 
-def _tool(name: str) -> str:
-    """Absolute path of a host program (the command's own PATH is the trial's)."""
-    return shutil.which(name) or name
-
-
 def missing_host_tools(network: bool) -> list[str]:
     """Host programs the sandbox needs that are not installed."""
     needed = [BWRAP, *HOST_TOOLS, *([SLIRP4NETNS] if network else [])]
-    return [t for t in needed if shutil.which(t) is None]
+    return [t for t in needed if shutil.which(t, path=HOST_PATH) is None]
 
 
 def resolve_in_root(root: Path, path: str) -> Path:
@@ -190,6 +204,7 @@ class Sandbox:
         self._pid: int | None = None
         self._execs: set[asyncio.subprocess.Process] = set()
         self._drains: set[asyncio.Task[None]] = set()
+        self._helpers: ExecHelpers | None = None
 
     @property
     def running(self) -> bool:
@@ -216,11 +231,15 @@ class Sandbox:
             for d in (ov.upper, ov.work, mounts / str(i)):
                 d.mkdir(parents=True, exist_ok=True)
         log_path = spec.state_dir / "sandbox.log"
+        self._helpers = await asyncio.to_thread(
+            prepare_helpers, spec.helpers_root or spec.state_dir / "helpers"
+        )
         pipes = HelperPipes()
         try:
             with log_path.open("ab") as log:
                 self._proc = await asyncio.create_subprocess_exec(
                     *self._launch_argv(pipes, mounts),
+                    env=dict(HELPER_ENV),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
@@ -258,7 +277,7 @@ class Sandbox:
             )
         fstab.write_text("".join(lines))
         bwrap = [
-            BWRAP,
+            host_tool(BWRAP),
             "--die-with-parent",
             "--unshare-pid",
             "--unshare-ipc",
@@ -282,7 +301,14 @@ class Sandbox:
         for name in READ_ONLY_PROC:
             if os.path.exists(f"/proc/{name}"):
                 bwrap += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
-        unique = {b.target: b for b in spec.binds}.values()  # the last bind per target wins
+        helpers = self._helpers
+        assert helpers is not None, "prepared in start()"
+        binds = [
+            *spec.binds,
+            Bind(helpers.host_dir, HELPERS_TARGET, read_only=True),
+            Bind(helpers.empty_file, PRELOAD_FILE, read_only=True),
+        ]
+        unique = {b.target: b for b in binds}.values()  # the last bind per target wins
         for b in sorted(unique, key=lambda b: len(PurePosixPath(b.target).parts)):
             bwrap += ["--ro-bind" if b.read_only else "--bind", str(b.source), b.target]
         bwrap += ["--chdir", "/", "--info-fd", str(pipes.info_w)]
@@ -291,14 +317,14 @@ class Sandbox:
         init = f"echo up >/dev/fd/{pipes.up_w}; exec sleep infinity </dev/null >/dev/null 2>&1"
         bwrap += ["--", "/bin/sh", "-c", init]
         # Stage 2 runs once the id map is written: a fresh exec gives root's capabilities.
-        mount = shlex.join(["mount", "-n", "-a", "-T", str(fstab)])
+        mount = shlex.join([host_tool("mount"), "-n", "-a", "-T", str(fstab)])
         stage2 = f"set -e\n{mount}\nexec {shlex.join(bwrap)}"
         stage1 = (
             f"echo >/dev/fd/{pipes.ready_w}; read -r _ </dev/fd/{pipes.go_r}; "
             f"exec /bin/sh -c {shlex.quote(stage2)}"
         )
         argv = [
-            "unshare",
+            host_tool("unshare"),
             "--user",
             "--mount",
             "--propagation",
@@ -329,7 +355,7 @@ class Sandbox:
         exit_r, exit_w = os.pipe()
         try:
             self._slirp = await asyncio.create_subprocess_exec(
-                SLIRP4NETNS,
+                host_tool(SLIRP4NETNS),
                 "--configure",
                 "--mtu=65520",
                 "--disable-host-loopback",
@@ -341,6 +367,7 @@ class Sandbox:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
                 pass_fds=(ready_w, exit_r),
+                env=dict(HELPER_ENV),
             )
             os.close(ready_w)
             ready_w = -1
@@ -353,27 +380,37 @@ class Sandbox:
                         os.close(fd)
 
     # -- exec ----------------------------------------------------------------------------
-    def exec_argv(self, argv: Sequence[str], *, cwd: str, uid: int, gid: int) -> list[str]:
-        """The host command that runs ``argv`` inside the sandbox (environment passed apart).
+    def exec_argv(
+        self, argv: Sequence[str], *, cwd: str, uid: int, gid: int, env_fd: int
+    ) -> list[str]:
+        """The host command that runs ``argv`` inside the sandbox.
 
-        ``setpriv`` bounds the capabilities to Docker's default set, ``nsenter`` joins
-        the sandbox's namespaces, root directory and working folder as the user.
+        ``nsenter`` joins the sandbox's namespaces, root directory and working folder
+        as the user, ``setpriv`` (from the read-only helpers) bounds the capabilities
+        to Docker's default set, then the trial's bash exports the environment read
+        from ``env_fd`` and execs ``argv`` (see ``entry``).
         """
-        if self._pid is None:
+        if self._pid is None or self._helpers is None:
             raise LocalEnvironmentError("exec on a sandbox that is not running")
         spec = self.spec
         out = list(spec.cgroup.join_command()) if spec.cgroup is not None else []
-        out += [_tool("nsenter"), "-t", str(self._pid), "-U", "-m", "-p", "-n", "-u", "-i"]
+        out += [host_tool("nsenter"), "-t", str(self._pid), "-U", "-m", "-p", "-n", "-u", "-i"]
         out += ["--root", f"--wdns={cwd}", "-S", str(uid), "-G", str(gid), "--"]
         if uid == 0 and os.geteuid() == 0:
             # Joining a user namespace grants every capability in it (setns resets the
             # bounding set), so the bound is applied inside, by the sandbox's setpriv.
             # (Other users hold no capabilities; as non-root runner, root is not uid 0.)
             caps = ",".join(f"+{c}" for c in DOCKER_CAPS)
-            out += ["setpriv", f"--bounding-set=-all,{caps}", "--"]
+            out += [*self._helpers.privileged("setpriv"), f"--bounding-set=-all,{caps}", "--"]
+        # Run after the bound: the trial's own prlimit and bash may be anything.
+        rlimits = []
         if spec.memory_rlimit_mb is not None:
-            out += ["prlimit", f"--data={spec.memory_rlimit_mb * 1024 * 1024}", "--"]
-        return [*out, *argv]
+            rlimits.append(f"--data={spec.memory_rlimit_mb * 1024 * 1024}")
+        if spec.pids_rlimit is not None:
+            rlimits.append(f"--nproc={spec.pids_rlimit}")
+        if rlimits:
+            out += ["prlimit", *rlimits, "--"]
+        return [*out, *env_loader(env_fd), *argv]
 
     async def exec(
         self,
@@ -387,14 +424,19 @@ class Sandbox:
         on_output: OutputSink | None = None,
     ) -> ExecOutcome:
         """Run ``argv`` in the sandbox; on timeout kill its process group and raise."""
-        proc = await asyncio.create_subprocess_exec(
-            *self.exec_argv(argv, cwd=cwd, uid=uid, gid=gid),
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
+        env_fd = env_memfd(env)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.exec_argv(argv, cwd=cwd, uid=uid, gid=gid, env_fd=env_fd),
+                env=dict(HELPER_ENV),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(env_fd,),
+            )
+        finally:
+            os.close(env_fd)
         self._execs.add(proc)
         out, err = OutputCapture(on_output), OutputCapture(on_output)
         pumps = [
