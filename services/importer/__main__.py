@@ -1,3 +1,5 @@
+"""python -m services.importer: run the importer service."""
+
 from services.importer.app import main
 
 main()
