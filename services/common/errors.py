@@ -6,6 +6,8 @@
     │   └── ExperimentNotFound  the ledger knows no such experiment (HTTP 404)
     ├── TransientError        try again later: the message is nak'ed with a delay
     │   └── LedgerUnavailable the ledger cannot be reached
+    │   └── ObjectMissing     a referenced object is not (or not yet) in its bucket
+    ├── ObjectCorrupt         a fetched object does not match its reference's sha256
     ├── PoisonMessage         can never succeed: the message is terminated (logged)
     │   (schemas.events.EventDecodeError is treated as one: schemas has no service code)
     └── InternalError         an invariant of trialbus itself broke (a bug)
@@ -48,6 +50,14 @@ class TransientError(TrialbusError):
 
 class LedgerUnavailable(TransientError):
     """The ledger could not be reached; the caller should retry later."""
+
+
+class ObjectMissing(TransientError):
+    """A referenced object is not in its bucket (yet, or any more: retention)."""
+
+
+class ObjectCorrupt(TrialbusError):
+    """Fetched bytes do not match the reference's size or sha256 (never used as is)."""
 
 
 class PoisonMessage(TrialbusError):

@@ -4,6 +4,7 @@
     Ledger       TrialRecords and experiment metadata, keyed by trial_id
     Coordinator  what runners share: concurrency leases, attempt counters, cancel flags
     Executor     runs one attempt of a trial
+    ObjectStore  named blobs (task archives, trial folders) that any machine can fetch
 
 Handlers are typed against these Protocols only; nats, pymongo and Harbor never appear
 in a handler. The ledger's shared rules (content hash, which record wins, batch
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from schemas.events import Envelope, TrialRequested
+from schemas.objects import ObjectRef
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
 
@@ -222,3 +224,31 @@ class Executor(Protocol):
         self, request: TrialRequested, attempt: int, on_log: LogSink | None
     ) -> ExecutionOutcome:
         """Run one attempt of a trial to the end (cancellation stops it)."""
+
+
+# -- ObjectStore -------------------------------------------------------------------------
+
+
+class ObjectStore(Protocol):
+    """Named blobs in one bucket (a JetStream object store), verified by sha256.
+
+    Task archives are named by the task's content checksum, trial folders by run; so a
+    put of a name that exists with the same sha256 is a no-op, and readers verify what
+    they fetch against the ObjectRef an event carried.
+    """
+
+    @property
+    def bucket(self) -> str:
+        """The bucket's name (as ObjectRef.bucket)."""
+
+    async def put(self, name: str, data: bytes) -> ObjectRef:
+        """Store ``data`` under ``name`` (replacing it) and return its reference."""
+
+    async def get(self, ref: ObjectRef) -> bytes:
+        """The object's bytes; raises ObjectMissing or ObjectCorrupt (sha256/size differ)."""
+
+    async def info(self, name: str) -> ObjectRef | None:
+        """The stored object's reference, or None when there is none."""
+
+    async def delete(self, name: str) -> None:
+        """Remove an object (a missing one is not an error)."""
