@@ -3,13 +3,18 @@
 Tests isolate themselves inside the shared servers by name, not by server: each test
 gets its own topology prefix (so its own streams, subjects and durables) and its own
 database name. Starting servers per test would cost ~1.5 s each for the ledger.
+
+Under ``CI=true`` a skipped test is a failed test: a missing nats-server or ledger
+binary, bubblewrap, or root privilege means part of trialbus went untested, and the
+summary line must say so. The one exception is a test marked ``docker`` (it needs a
+Docker engine, which no machine here has; testcontainers tests skip cleanly).
 """
 
 from __future__ import annotations
 
+import os
 import secrets
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -21,32 +26,63 @@ from infra.embedded import (
 )
 from schemas.subjects import Topology
 
+IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+"""True when the suite runs in CI, where every prerequisite must be present."""
 
-def _require_binary(name: str, package: str) -> None:
-    # Skip only when the executable is truly absent; any other startup failure is a
-    # real error and must fail the tests loudly.
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "docker: needs a Docker engine (the only skip allowed under CI=true)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    # A hook rather than a rule in each file: it also catches skipif markers and
+    # skips added later, so no test can drop out of a CI run silently.
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if IN_CI and report.skipped and item.get_closest_marker("docker") is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (
+            f"CI=true: skipping is a failure here (only tests marked 'docker' may skip): {reason}"
+        )
+
+
+def skip_unless(missing: str | None) -> None:
+    """Skip the test (a failure under CI=true) when ``missing`` names something absent."""
+    if missing:
+        if IN_CI:
+            pytest.fail(f"CI=true: {missing}", pytrace=False)
+        pytest.skip(missing)
+
+
+def _session_server[S: (NatsServer, LedgerServer)](
+    cls: type[S], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[S]:
+    # Only a truly absent executable may skip; any other startup failure is a real
+    # error and must fail the tests loudly.
     try:
-        find_binary(name, package)
+        find_binary(cls.binary_name, cls.package)
     except BinaryNotFoundError as exc:
-        pytest.skip(str(exc))
+        skip_unless(str(exc))
+    with cls(tmp_path_factory.mktemp(cls.binary_name)) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     """A nats-server with JetStream (file storage in a session temp dir)."""
-    _require_binary(NatsServer.binary_name, NatsServer.package)
-    data_dir: Path = tmp_path_factory.mktemp("nats")
-    with NatsServer(data_dir) as server:
-        yield server
+    yield from _session_server(NatsServer, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def ledger_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerServer]:
     """A SecantusDB MongoDB-wire server (storage in a session temp dir)."""
-    _require_binary(LedgerServer.binary_name, LedgerServer.package)
-    data_dir: Path = tmp_path_factory.mktemp("ledger")
-    with LedgerServer(data_dir) as server:
-        yield server
+    yield from _session_server(LedgerServer, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

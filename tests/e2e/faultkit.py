@@ -1,35 +1,43 @@
-"""Helpers for fault-injection tests: manifests, submission, waiting, figures.
+"""Helpers for fault-injection tests: manifests, submission, and the verdict.
 
-Figures are computed from what the system itself recorded: the ledger (records per
-trial) and the events stream (TrialStarted per run), never from the test's own
-bookkeeping.
+Trials run on the instant (benchmark) executor with a delay, so each test controls
+timing without Harbor's cost. Submission goes through the real ``trialbus`` command;
+the verdict (tests/e2e/ledger_check.py) comes from what the system itself recorded,
+the events stream and the ledger, never from the test's own bookkeeping.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nats
 import yaml
-from nats.js.api import DeliverPolicy
 
-from schemas.events import TrialStarted, parse_event
-from schemas.record import TrialRecord
+from benchmarks.instant_executor import EXECUTOR_SPEC as INSTANT_EXECUTOR
+from infra.stack import EmbeddedStack
+from schemas.ids import trial_id_for
+from schemas.manifest import ExperimentManifest, TaskPath
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import JetStreamBus, ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
-from services.common.adapters.nats_kv import NatsCoordinator
-from services.submitter.manifest_io import parse_manifest
-from services.submitter.submit import SubmitResult, prepare, publish_experiment
+from tests.e2e.cli import ROOT, Cli
+from tests.e2e.events import read_events
+from tests.e2e.ledger_check import LedgerCheck, check_ledger
 
-ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "examples" / "tasks" / "hello-file"
+
+
+def instant_runner_env(delay_s: float, **extra: str) -> dict[str, str]:
+    """Runner settings for the instant executor; short ack_wait so a killed runner's
+    trials come back quickly."""
+    return {
+        "TRIALBUS_EXECUTOR": INSTANT_EXECUTOR,  # completes trials without Harbor
+        "TRIALBUS_INSTANT_DELAY_S": str(delay_s),
+        "TRIALBUS_ACK_WAIT_S": "4",
+        "TRIALBUS_HEARTBEAT_S": "1",
+        **extra,
+    }
 
 
 def write_manifest(
@@ -60,116 +68,73 @@ def write_manifest(
     return path
 
 
-async def submit(
-    nats_url: str, ledger_url: str, db: str, topo: Topology, manifest: Path
-) -> SubmitResult:
-    """Submit a manifest the way `trialbus submit` does."""
-    prepared = prepare(
-        parse_manifest(yaml.safe_load(manifest.read_text()), str(manifest)), manifest.parent
+@dataclass(frozen=True)
+class Submitted:
+    """An experiment as the CLI submitted it, and the trial ids it must end with."""
+
+    experiment_id: str
+    trial_ids: frozenset[str]
+    n_published: int
+
+
+def expected_trial_ids(manifest_path: Path, experiment_id: str) -> frozenset[str]:
+    """The trial ids a manifest of task folders expands to (schemas/ids.py, the contract).
+
+    Computed independently of the submitter, so a trial it failed to publish shows up
+    as missing instead of silently shrinking the expectation.
+    """
+    manifest = ExperimentManifest.model_validate(yaml.safe_load(manifest_path.read_text()))
+    tasks = [Path(t.path).name for t in manifest.tasks if isinstance(t, TaskPath)]
+    return frozenset(
+        trial_id_for(experiment_id, task, a.agent_ref, a.model, a.kwargs, rep)
+        for a in manifest.agents
+        for task in tasks
+        for rep in range(manifest.repetitions)
     )
-    nc = await nats.connect(nats_url)
-    ledger = MongoLedger(ledger_url, db)
-    try:
-        js = nc.jetstream()
-        await ensure_streams(js, topo)
-        coord = await NatsCoordinator.open(js, topo, lease_ttl_s=60)
-        await coord.uncancel(prepared.experiment_id)
-        return await publish_experiment(prepared, JetStreamBus(js, topo), ledger)
-    finally:
-        await ledger.close()
-        await nc.close()
 
 
-async def records(ledger_url: str, db: str, experiment_id: str) -> list[TrialRecord]:
-    ledger = MongoLedger(ledger_url, db, server_selection_timeout_ms=2000)
+async def submit(cli: Cli, manifest: Path) -> Submitted:
+    """``trialbus submit MANIFEST --json`` (no wait)."""
+    summary = await cli.ajson("submit", str(manifest))
+    ids = expected_trial_ids(manifest, summary["experiment_id"])
+    assert summary["n_trials"] == len(ids), summary
+    return Submitted(summary["experiment_id"], ids, summary["n_published"])
+
+
+async def ledger_records(stack: EmbeddedStack, experiment_id: str) -> list[Any]:
+    """The experiment's records, read through the ledger adapter."""
+    ledger = MongoLedger(stack.ledger_url or "", stack.ledger_db)
     try:
         return await ledger.records_for(experiment_id)
     finally:
         await ledger.close()
 
 
-async def wait_recorded(
-    ledger_url: str, db: str, experiment_id: str, n: int, timeout_s: float
-) -> tuple[list[TrialRecord], float]:
-    """Poll the ledger until it holds ``n`` records (returns them and the time taken)."""
-    t0 = time.monotonic()
-    recs: list[TrialRecord] = []
-    while time.monotonic() - t0 < timeout_s:
-        try:
-            recs = await records(ledger_url, db, experiment_id)
-        except Exception:  # noqa: BLE001 - the ledger may be down on purpose
-            recs = []
-        if len(recs) >= n:
-            return recs, time.monotonic() - t0
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"only {len(recs)} of {n} trials recorded after {timeout_s:.0f}s")
-
-
-async def events_of(nats_url: str, topo: Topology) -> list[Any]:
-    """Every event in the test's events stream, in order."""
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        info = await js.stream_info(topo.events_stream)
-        total = info.state.messages
-        sub = await js.subscribe(
-            topo.events_wildcard, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
-        )
-        out = []
-        for _ in range(total):
-            msg = await sub.next_msg(timeout=10)
-            out.append(parse_event(msg.data))
-        await sub.unsubscribe()
-        return out
-    finally:
-        await nc.close()
-
-
-@dataclass
-class Figures:
-    """What a fault test reports."""
-
-    name: str
-    submitted: int
-    ledgered: int
-    duplicates: int
-    missing: int
-    rerun: int
-    recovery_s: float | None = None
-
-    def line(self) -> str:
-        rec = f" recovery_s={self.recovery_s:.1f}" if self.recovery_s is not None else ""
-        return (
-            f"fault: {self.name} submitted={self.submitted} ledgered={self.ledgered} "
-            f"duplicates={self.duplicates} missing={self.missing} reruns={self.rerun}{rec}"
-        )
-
-
-async def figures(
+async def judge(
     name: str,
-    result: SubmitResult,
-    recs: list[TrialRecord],
-    nats_url: str,
-    topo: Topology,
+    stack: EmbeddedStack,
+    submitted: Submitted,
+    *,
     recovery_s: float | None = None,
-) -> Figures:
-    """submitted / ledgered / duplicates (records or runs beyond one) / missing."""
-    ids = Counter(r.trial_id for r in recs)
-    starts = Counter(
-        e.trial_id for e in await events_of(nats_url, topo) if isinstance(e, TrialStarted)
+    nats_url: str | None = None,
+) -> LedgerCheck:
+    """Check the experiment (events read afresh + ledger), print and keep its figures.
+
+    The ``fault:`` line is what docs/reliability.md quotes.
+    """
+    topo = Topology(stack.prefix)
+    events = await read_events(nats_url or stack.nats_url or "", topo)
+    records = await ledger_records(stack, submitted.experiment_id)
+    check = check_ledger(submitted.experiment_id, set(submitted.trial_ids), events, records)
+    rec = f" recovery_s={recovery_s:.1f}" if recovery_s is not None else ""
+    print(
+        f"fault: {name} submitted={check.submitted} ledgered={check.ledgered} "
+        f"duplicates={check.duplicates} stale={check.stale} missing={check.missing} "
+        f"unexpected={check.unexpected} reruns={check.reruns}{rec}"
     )
-    fig = Figures(
-        name=name,
-        submitted=result.n_trials,
-        ledgered=len(ids),
-        duplicates=sum(n - 1 for n in ids.values()),
-        missing=len(set(result.trial_ids) - set(ids)),
-        rerun=sum(n - 1 for n in starts.values()),
-        recovery_s=recovery_s,
-    )
-    print(fig.line())
-    results = ROOT / ".trialbus" / "reliability.jsonl"
-    results.parent.mkdir(exist_ok=True)
-    with results.open("a") as fh:
-        fh.write(json.dumps(fig.__dict__) + "\n")
-    return fig
+    figures = ROOT / ".trialbus" / "reliability.jsonl"
+    figures.parent.mkdir(exist_ok=True)
+    with figures.open("a") as fh:
+        row = {k: v for k, v in check.__dict__.items() if k != "problems"}
+        fh.write(json.dumps({"name": name, **row, "recovery_s": recovery_s}) + "\n")
+    return check

@@ -1,406 +1,304 @@
-"""Faults against real processes: every submitted trial ends with exactly one record.
+"""Faults against real processes: every submitted trial ends with exactly one result.
 
-Trials run on the instant (benchmark) executor with a delay, so each test controls
-timing without Harbor's cost; the services, nats-server and the ledger are real
-processes, and runners/importers are killed with SIGKILL where it says so.
+The services, nats-server and the ledger are real processes; runners and importers
+are SIGKILLed where it says so. No fault is injected after a fixed sleep: each test
+waits for the event that proves the fault lands where it says (a trial running on the
+victim, a batch in the importer's hands, trials still to finish), and checks after
+recovery that it did. The verdict is tests/e2e/ledger_check.py's (events + ledger).
 """
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from infra.embedded import LedgerServer, NatsCluster, NatsServer
 from infra.stack import EmbeddedStack
-from schemas.events import TrialStarted
+from schemas.events import Event, ResultImported, TrialCompleted, TrialFailed, TrialStarted
 from schemas.subjects import Topology
-from tests.e2e.faultkit import events_of, figures, submit, wait_recorded, write_manifest
+from tests.e2e.conftest import Stacks
+from tests.e2e.events import EventTap
+from tests.e2e.faultkit import (
+    instant_runner_env,
+    judge,
+    ledger_records,
+    submit,
+    write_manifest,
+)
+from tests.e2e.ledger_check import LedgerCheck
 
 pytestmark = pytest.mark.e2e
 
-INSTANT = "benchmarks.instant_executor:from_settings"
+
+def running_on(runner_id: str) -> Callable[[Sequence[Event]], TrialStarted | None]:
+    """Condition: a trial started on ``runner_id`` whose run has not ended yet."""
+
+    def cond(events: Sequence[Event]) -> TrialStarted | None:
+        ended = {
+            e.run_id or e.trial_id
+            for e in events
+            if isinstance(e, TrialCompleted) or (isinstance(e, TrialFailed) and e.final)
+        }
+        for e in events:
+            if (
+                isinstance(e, TrialStarted)
+                and e.runner_id == runner_id
+                and (e.run_id or e.trial_id) not in ended
+            ):
+                return e
+        return None
+
+    return cond
 
 
-def runner_env(delay_s: float, **extra: str) -> dict[str, str]:
-    return {
-        "TRIALBUS_EXECUTOR": INSTANT,
-        "TRIALBUS_INSTANT_DELAY_S": str(delay_s),
-        "TRIALBUS_ACK_WAIT_S": "4",
-        "TRIALBUS_HEARTBEAT_S": "1",
-        **extra,
-    }
+def count(events: Sequence[Event], kind: type[Event]) -> int:
+    return sum(1 for e in events if isinstance(e, kind))
 
 
-@pytest.fixture
-def make_stack(tmp_path: Path, topology: Topology, ledger_db: str) -> Iterator[list[EmbeddedStack]]:
-    stacks: list[EmbeddedStack] = []
-    yield stacks
-    for s in stacks:
-        s.stop()
+def imported_some(events: Sequence[Event]) -> bool:
+    """Condition: the importer has written at least one record (the pipeline flows)."""
+    return any(isinstance(e, ResultImported) for e in events)
 
 
-async def new_stack(
-    stacks: list[EmbeddedStack], tmp_path: Path, topology: Topology, ledger_db: str, **kw: object
-) -> EmbeddedStack:
-    s = EmbeddedStack(
-        tmp_path / f"stack{len(stacks)}",
-        prefix=topology.prefix,
-        ledger_db=ledger_db,
-        **kw,  # type: ignore[arg-type]
-    )
-    stacks.append(s)
-    await asyncio.to_thread(s.start)  # start() waits for readiness with its own loop
-    return s
-
-
-async def _started_on(nats_url: str, topo: Topology, runner_id: str) -> bool:
-    return any(
-        isinstance(e, TrialStarted) and e.runner_id == runner_id
-        for e in await events_of(nats_url, topo)
-    )
-
-
-async def test_runner_killed_mid_trial_is_redelivered(
-    make_stack: list[EmbeddedStack],
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
-) -> None:
-    stack = await new_stack(
-        make_stack,
-        tmp_path,
-        topology,
-        ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        n_runners=2,
-        concurrency=4,
-        runner_env=runner_env(3.0),
-    )
-    manifest = write_manifest(tmp_path, 12, concurrency=8)
-    result = await submit(nats_url, ledger_url, ledger_db, topology, manifest)
-    deadline = time.monotonic() + 20
-    while not await _started_on(nats_url, topology, "runner-0"):
-        assert time.monotonic() < deadline, "runner-0 never started a trial"
-        await asyncio.sleep(0.1)
+async def test_runner_killed_mid_trial_is_redelivered(stacks: Stacks, tmp_path: Path) -> None:
+    stack = await stacks.start(n_runners=2, concurrency=4, runner_env=instant_runner_env(3.0))
+    tap = await stacks.tap(stack)
+    sub = await submit(stacks.cli(stack), write_manifest(tmp_path, 12, concurrency=8))
+    victim = await tap.eventually(running_on("runner-0"), "a trial running on runner-0", 30)
     killed_at = time.monotonic()
     stack.services["runner-0"].kill()
-    recs, _ = await wait_recorded(ledger_url, ledger_db, result.experiment_id, 12, 90)
-    fig = await figures(
-        "runner SIGKILL mid-trial", result, recs, nats_url, topology, time.monotonic() - killed_at
+    await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 90)
+    check = await judge(
+        "runner SIGKILL mid-trial", stack, sub, recovery_s=time.monotonic() - killed_at
     )
-    assert (fig.ledgered, fig.duplicates, fig.missing) == (12, 0, 0)
-    assert fig.rerun >= 1  # the killed runner's trials ran again elsewhere
-    assert all(r.evaluation.reward_valid for r in recs)
+    assert check.ok, check.explain()
+    # The fault landed mid-trial: the victim's trial ran again, on the other runner.
+    again = [
+        e
+        for e in tap.events
+        if isinstance(e, TrialStarted) and e.trial_id == victim.trial_id and e.attempt > 1
+    ]
+    assert again and {e.runner_id for e in again} == {"runner-1"}, again
+    assert check.reruns >= 1
 
 
 async def test_importer_killed_mid_batch_imports_exactly_once(
-    make_stack: list[EmbeddedStack],
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
+    stacks: Stacks, tmp_path: Path, topology: Topology
 ) -> None:
-    stack = await new_stack(
-        make_stack,
-        tmp_path,
-        topology,
-        ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
+    stack = await stacks.start(
         n_runners=1,
-        concurrency=50,
-        runner_env=runner_env(0.0),
+        concurrency=20,
+        runner_env=instant_runner_env(2.0),  # ~10 trials/s: the importer always has work
         extra_env={"TRIALBUS_BATCH_SIZE": "20"},
     )
-    manifest = write_manifest(tmp_path, 300)
-    result = await submit(nats_url, ledger_url, ledger_db, topology, manifest)
+    tap = await stacks.tap(stack)
+    sub = await submit(stacks.cli(stack), write_manifest(tmp_path, 300))
     importer = stack.services["importer"]
-    for _ in range(3):  # kill it three times while it works, restart each time
-        await asyncio.sleep(0.4)
+
+    async def ack_pending() -> int:
+        info = await tap.js.consumer_info(topology.events_stream, topology.importer_durable)
+        return int(info.num_ack_pending)
+
+    async def ack_pending_now() -> bool:
+        return await ack_pending() > 0
+
+    landed = 0
+    while landed < 3:
+        mark = tap.mark()
+
+        def batch_in_flight(events: Sequence[Event], mark: int = mark) -> Awaitable[bool] | bool:
+            # This importer process has written a record, and holds delivered,
+            # unacknowledged events right now.
+            return imported_some(events[mark:]) and ack_pending_now()
+
+        await tap.eventually(batch_in_flight, "the importer holding a batch", 60)
         importer.kill()
+        # A dead process acknowledges nothing: what is still pending was in its hands.
+        if await ack_pending() > 0:
+            landed += 1
         importer.start()
-    recs, took = await wait_recorded(ledger_url, ledger_db, result.experiment_id, 300, 120)
-    fig = await figures("importer SIGKILL x3 mid-batch", result, recs, nats_url, topology, took)
-    assert (fig.ledgered, fig.duplicates, fig.missing) == (300, 0, 0)
+        assert len(tap.imported(sub.experiment_id)) < len(sub.trial_ids), "faults came too late"
+    took = await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 120)
+    check = await judge("importer SIGKILL x3 mid-batch", stack, sub, recovery_s=took)
+    assert check.ok, check.explain()
+    assert check.ledgered == 300
 
 
-async def test_nats_restart_keeps_everything(
-    make_stack: list[EmbeddedStack],
+async def survives_mid_run(
+    stacks: Stacks,
+    stack: EmbeddedStack,
     tmp_path: Path,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
-) -> None:
+    name: str,
+    fault: Callable[[EventTap], Awaitable[None]],
+    *,
+    judge_url: str | None = None,
+) -> LedgerCheck:
+    """60 one-second trials; ``fault`` strikes once records flow and trials remain.
+
+    Recovery is timed from the end of ``fault``; afterwards the run must be judged
+    clean, and trials must have finished after the fault began (it landed mid-run).
+    """
+    tap = await stacks.tap(stack)
+    sub = await submit(stacks.cli(stack), write_manifest(tmp_path, 60, concurrency=10))
+    await tap.eventually(imported_some, "a first record imported", 60)
+    mark = tap.mark()
+    await fault(tap)
+    over_at = time.monotonic()
+    await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 120)
+    check = await judge(name, stack, sub, recovery_s=time.monotonic() - over_at, nats_url=judge_url)
+    assert check.ok, check.explain()
+    assert count(tap.since(mark), TrialCompleted) > 0, "the fault came after the work"
+    return check
+
+
+async def test_nats_restart_keeps_everything(stacks: Stacks, tmp_path: Path) -> None:
     with NatsServer(tmp_path / "own-nats") as nats_server:
-        stack = await new_stack(
-            make_stack,
-            tmp_path,
-            topology,
-            ledger_db,
-            nats_url=nats_server.url,
-            ledger_url=ledger_url,
-            n_runners=1,
-            concurrency=10,
-            runner_env=runner_env(0.5),
+        stack = await stacks.start(
+            nats_url=nats_server.url, concurrency=10, runner_env=instant_runner_env(1.0)
         )
-        manifest = write_manifest(tmp_path, 60, concurrency=10)
-        result = await submit(nats_server.url, ledger_url, ledger_db, topology, manifest)
-        await asyncio.sleep(1.0)
-        nats_server.stop()  # SIGTERM; file storage kept
-        restarted_at = time.monotonic()
-        nats_server.start()
-        recs, _ = await wait_recorded(ledger_url, ledger_db, result.experiment_id, 60, 120)
-        fig = await figures(
-            "nats-server restart mid-run",
-            result,
-            recs,
-            nats_server.url,
-            topology,
-            time.monotonic() - restarted_at,
-        )
-        assert (fig.ledgered, fig.duplicates, fig.missing) == (60, 0, 0)
+
+        async def restart(_tap: EventTap) -> None:
+            nats_server.stop()  # SIGTERM; file storage kept
+            nats_server.start()
+
+        await survives_mid_run(stacks, stack, tmp_path, "nats-server restart mid-run", restart)
         assert all(s.alive for s in stack.services.values())
 
 
-async def test_ledger_outage_is_waited_out(
-    make_stack: list[EmbeddedStack],
-    tmp_path: Path,
-    nats_url: str,
-    topology: Topology,
-    ledger_db: str,
-) -> None:
+async def test_ledger_outage_is_waited_out(stacks: Stacks, tmp_path: Path) -> None:
     ledger = LedgerServer(tmp_path / "own-ledger").start()
     try:
-        stack = await new_stack(
-            make_stack,
-            tmp_path,
-            topology,
-            ledger_db,
-            nats_url=nats_url,
-            ledger_url=ledger.url,
-            n_runners=1,
-            concurrency=20,
-            runner_env=runner_env(0.2),
+        stack = await stacks.start(
+            ledger_url=ledger.url, concurrency=10, runner_env=instant_runner_env(1.0)
         )
-        manifest = write_manifest(tmp_path, 100, concurrency=20)
-        result = await submit(nats_url, ledger.url, ledger_db, topology, manifest)
-        await asyncio.sleep(0.5)
-        ledger.stop()
-        await asyncio.sleep(5)  # the outage: trials keep finishing, nothing can be written
-        back_at = time.monotonic()
-        ledger.start()
-        recs, _ = await wait_recorded(ledger.url, ledger_db, result.experiment_id, 100, 120)
-        fig = await figures(
-            "ledger down 5 s mid-run", result, recs, nats_url, topology, time.monotonic() - back_at
+
+        async def outage(tap: EventTap) -> None:
+            # The outage lasts until every trial has finished: none of the results
+            # that could not be written meanwhile may be lost.
+            ledger.stop()
+            await tap.eventually(
+                lambda evs: count(evs, TrialCompleted) >= 60, "all trials finished", 120
+            )
+            ledger.start()
+
+        await survives_mid_run(
+            stacks, stack, tmp_path, "ledger down until every trial finished", outage
         )
-        assert (fig.ledgered, fig.duplicates, fig.missing) == (100, 0, 0)
         assert stack.services["importer"].alive
     finally:
         ledger.stop()
 
 
-async def test_cluster_node_killed_mid_experiment(
-    make_stack: list[EmbeddedStack],
-    tmp_path: Path,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
-) -> None:
+async def test_cluster_node_killed_mid_experiment(stacks: Stacks, tmp_path: Path) -> None:
     with NatsCluster(tmp_path / "cluster") as cluster:
-        urls = ",".join(cluster.urls)
-        await new_stack(
-            make_stack,
-            tmp_path,
-            topology,
-            ledger_db,
-            nats_url=urls,
-            ledger_url=ledger_url,
-            n_runners=1,
+        stack = await stacks.start(
+            nats_url=",".join(cluster.urls),
             concurrency=10,
-            runner_env=runner_env(0.3),
+            runner_env=instant_runner_env(1.0),
             extra_env={"TRIALBUS_STREAM_REPLICAS": "3"},
         )
-        manifest = write_manifest(tmp_path, 60, concurrency=10)
-        result = await submit(cluster.urls[1], ledger_url, ledger_db, topology, manifest)
-        await asyncio.sleep(1.0)
-        cluster.kill(0)
-        killed_at = time.monotonic()
-        recs, _ = await wait_recorded(ledger_url, ledger_db, result.experiment_id, 60, 120)
-        fig = await figures(
+
+        async def kill_node(_tap: EventTap) -> None:
+            cluster.kill(0)
+
+        await survives_mid_run(
+            stacks,
+            stack,
+            tmp_path,
             "NATS cluster node SIGKILL",
-            result,
-            recs,
-            cluster.urls[1],
-            topology,
-            time.monotonic() - killed_at,
+            kill_node,
+            judge_url=",".join(cluster.urls[1:]),
         )
-        assert (fig.ledgered, fig.duplicates, fig.missing) == (60, 0, 0)
 
 
 async def test_concurrency_limit_holds_across_runners_and_cancel(
-    make_stack: list[EmbeddedStack],
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
+    stacks: Stacks, tmp_path: Path
 ) -> None:
-    await new_stack(
-        make_stack,
-        tmp_path,
-        topology,
-        ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        n_runners=2,
-        concurrency=8,
-        runner_env=runner_env(1.0),
-    )
-    limited = await submit(
-        nats_url,
-        ledger_url,
-        ledger_db,
-        topology,
-        write_manifest(tmp_path, 12, name="limited", concurrency=3),
-    )
-    other = await submit(
-        nats_url,
-        ledger_url,
-        ledger_db,
-        topology,
-        write_manifest(tmp_path, 10, name="other", concurrency=10),
-    )
+    stack = await stacks.start(n_runners=2, concurrency=8, runner_env=instant_runner_env(1.0))
+    tap = await stacks.tap(stack)
+    cli = stacks.cli(stack)
+    limited = await submit(cli, write_manifest(tmp_path, 12, name="limited", concurrency=3))
+    other = await submit(cli, write_manifest(tmp_path, 10, name="other", concurrency=10))
     # The other experiment is not held up by the limited one.
-    _, other_took = await wait_recorded(ledger_url, ledger_db, other.experiment_id, 10, 60)
-    recs, _ = await wait_recorded(ledger_url, ledger_db, limited.experiment_id, 12, 90)
-    spans = sorted((r.timing.started_at, r.timing.finished_at) for r in recs if r.timing.started_at)
-    peak = max(
-        sum(1 for s, f in spans if s is not None and f is not None and s <= t < f)
-        for t, _ in spans
-        if t is not None
-    )
+    other_took = await tap.all_imported(other.experiment_id, set(other.trial_ids), 60)
+    await tap.all_imported(limited.experiment_id, set(limited.trial_ids), 90)
+    check = await judge("concurrency limit 3 across 2 runners", stack, limited)
+    assert check.ok, check.explain()
+    assert (await judge("the other experiment", stack, other)).ok
+    recs = await ledger_records(stack, limited.experiment_id)
+    spans = [
+        (r.timing.started_at, r.timing.finished_at)
+        for r in recs
+        if r.timing.started_at and r.timing.finished_at
+    ]
+    assert len(spans) == 12
+    peak = max(sum(1 for s, f in spans if s <= t < f) for t, _ in spans)
     assert peak <= 3, f"{peak} trials of the limited experiment ran at once"
+    assert peak >= 2  # negative control: the limit, not chance, kept it at 3
     assert other_took < 10
-    await figures("concurrency limit 3 across 2 runners", limited, recs, nats_url, topology)
 
 
-async def test_retry_exhaustion_becomes_a_partial_record(
-    make_stack: list[EmbeddedStack],
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
-) -> None:
-    await new_stack(
-        make_stack,
-        tmp_path,
-        topology,
-        ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        n_runners=1,
+async def test_retry_exhaustion_becomes_a_partial_record(stacks: Stacks, tmp_path: Path) -> None:
+    stack = await stacks.start(
         concurrency=4,
-        runner_env=runner_env(0.0, TRIALBUS_INSTANT_FAIL_WITH="EnvironmentStartTimeoutError"),
+        runner_env=instant_runner_env(
+            0.0, TRIALBUS_INSTANT_FAIL_WITH="EnvironmentStartTimeoutError"
+        ),
     )
-    result = await submit(
-        nats_url,
-        ledger_url,
-        ledger_db,
-        topology,
-        write_manifest(tmp_path, 4, max_attempts=3, backoff_s=0.1),
+    tap = await stacks.tap(stack)
+    sub = await submit(
+        stacks.cli(stack), write_manifest(tmp_path, 4, max_attempts=3, backoff_s=0.1)
     )
-    recs, _ = await wait_recorded(ledger_url, ledger_db, result.experiment_id, 4, 60)
-    for rec in recs:
+    await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 60)
+    check = await judge("retries exhausted", stack, sub)
+    assert check.ok, check.explain()
+    for rec in await ledger_records(stack, sub.experiment_id):
         assert rec.status == "partial"
         assert rec.evaluation.failure_class == "infrastructure"
         assert not rec.evaluation.reward_valid
         assert rec.attempts == 3
         assert any("EnvironmentStartTimeoutError" in e for e in rec.errors)
-    starts = [e for e in await events_of(nats_url, topology) if isinstance(e, TrialStarted)]
-    assert len(starts) == 12  # 4 trials x 3 attempts, then the dead-letter record
+    assert count(tap.events, TrialStarted) == 12  # 4 trials x 3 attempts, then dead-letter
 
 
-async def test_cancel_drops_queued_and_stops_running(
-    make_stack: list[EmbeddedStack],
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
-) -> None:
-    from services.common.settings import CommonSettings
-    from services.submitter.commands import cancel_experiment
-
-    await new_stack(
-        make_stack,
-        tmp_path,
-        topology,
-        ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        n_runners=1,
-        concurrency=4,
-        runner_env=runner_env(30.0),
-    )
-    result = await submit(
-        nats_url, ledger_url, ledger_db, topology, write_manifest(tmp_path, 20, concurrency=2)
-    )
-    deadline = time.monotonic() + 20
-    while not await _started_on(nats_url, topology, "runner-0"):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
-    settings = CommonSettings(
-        nats_url=nats_url, ledger_url=ledger_url, ledger_db=ledger_db, prefix=topology.prefix
-    )
-    await cancel_experiment(settings, result.experiment_id)
-    recs, took = await wait_recorded(ledger_url, ledger_db, result.experiment_id, 20, 30)
+async def test_cancel_drops_queued_and_stops_running(stacks: Stacks, tmp_path: Path) -> None:
+    stack = await stacks.start(concurrency=4, runner_env=instant_runner_env(30.0))
+    tap = await stacks.tap(stack)
+    cli = stacks.cli(stack)
+    sub = await submit(cli, write_manifest(tmp_path, 20, concurrency=2))
+    await tap.eventually(running_on("runner-0"), "a trial running on runner-0", 30)
+    t0 = time.monotonic()
+    await cli.ajson("cancel", sub.experiment_id)
+    await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 30)
+    took = time.monotonic() - t0
     assert took < 15  # nobody waited for the 30 s trials
+    check = await judge("cancel 20 trials (2 running)", stack, sub, recovery_s=took)
+    assert check.ok, check.explain()
+    recs = await ledger_records(stack, sub.experiment_id)
     assert {r.evaluation.failure_class for r in recs} == {"cancelled"}
     assert not any(r.evaluation.reward_valid for r in recs)
-    await figures("cancel 20 trials (2 running)", result, recs, nats_url, topology, took)
 
 
-async def test_runner_drains_on_sigterm(
-    make_stack: list[EmbeddedStack],
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
-) -> None:
-    stack = await new_stack(
-        make_stack,
-        tmp_path,
-        topology,
-        ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        n_runners=1,
-        concurrency=3,
-        runner_env=runner_env(2.0),
-    )
-    result = await submit(
-        nats_url, ledger_url, ledger_db, topology, write_manifest(tmp_path, 9, concurrency=9)
-    )
-    deadline = time.monotonic() + 20
-    while not await _started_on(nats_url, topology, "runner-0"):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+async def test_runner_drains_on_sigterm(stacks: Stacks, tmp_path: Path) -> None:
+    stack = await stacks.start(concurrency=3, runner_env=instant_runner_env(2.0))
+    tap: EventTap = await stacks.tap(stack)
+    sub = await submit(stacks.cli(stack), write_manifest(tmp_path, 9, concurrency=9))
+    in_flight = await tap.eventually(running_on("runner-0"), "a trial running on runner-0", 30)
     runner = stack.services["runner-0"]
     runner.signal(signal.SIGTERM)
     assert runner.proc is not None
-    assert await asyncio.to_thread(runner.proc.wait, 30) == 0  # drained and exited cleanly
-    await asyncio.to_thread(stack.add_runner)
-    recs, _ = await wait_recorded(ledger_url, ledger_db, result.experiment_id, 9, 60)
-    fig = await figures("runner SIGTERM drain", result, recs, nats_url, topology)
-    assert (fig.ledgered, fig.duplicates, fig.missing, fig.rerun) == (9, 0, 0, 0)
+    assert runner.proc.wait(30) == 0  # drained and exited cleanly
+    stack.add_runner()
+    await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 60)
+    check = await judge("runner SIGTERM drain", stack, sub)
+    assert check.ok, check.explain()
+    assert check.reruns == 0
+    # The trial in flight at SIGTERM was finished by the draining runner itself.
+    done = [
+        e for e in tap.events if isinstance(e, TrialCompleted) and e.trial_id == in_flight.trial_id
+    ]
+    assert [e.attempt for e in done] == [in_flight.attempt]

@@ -12,36 +12,19 @@ given a mean of 3/9 instead of 3/6.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from infra.stack import EmbeddedStack
-from schemas.subjects import Topology
+from tests.e2e.cli import ROOT, Cli
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "tasks"
 ESTIMATES = ("mean_reward", "pass_rate", "mean_reward_ci", "pass_rate_ci", "pass_at_k")
-
-
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "services", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
 
 
 def _tasks(root: Path) -> None:
@@ -71,53 +54,15 @@ def _manifest(path: Path, name: str, tasks: list[str]) -> Path:
     return path
 
 
-@pytest.fixture
-def stack(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
-) -> Iterator[EmbeddedStack]:
-    with EmbeddedStack(
-        tmp_path / "stack",
-        concurrency=4,
-        prefix=topology.prefix,
-        ledger_db=ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-    ) as s:
-        yield s
-
-
-@pytest.fixture
-def env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    e.update(
-        {
-            "NATS_URL": stack.nats_url or "",
-            "LEDGER_URL": stack.ledger_url or "",
-            "TRIALBUS_PREFIX": stack.prefix,
-            "TRIALBUS_LEDGER_DB": stack.ledger_db,
-            "TRIALBUS_STACK_FILE": str(tmp_path / "no-stack.json"),
-        }
-    )
-    return e
-
-
-def _submit(env: dict[str, str], manifest: Path, expected_exit: int) -> str:
-    proc = cli(env, "submit", str(manifest), "--wait", "--json")
-    assert proc.returncode == expected_exit, proc.stderr
-    summary = json.loads(proc.stdout)
+def _submit(cli: Cli, manifest: Path, expected_exit: int) -> str:
+    summary = cli.json("submit", str(manifest), "--wait", exit_code=expected_exit)
     assert summary["status"]["pending"] == 0
     experiment_id: str = summary["experiment_id"]
     return experiment_id
 
 
-def _json(env: dict[str, str], *args: str) -> Any:
-    proc = cli(env, *args, "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
 def test_infrastructure_failures_grow_the_denominator_not_the_mean(
-    stack: EmbeddedStack, env: dict[str, str], tmp_path: Path
+    stack: EmbeddedStack, cli: Cli, tmp_path: Path
 ) -> None:
     _tasks(tmp_path / "tasks")
     clean = _manifest(tmp_path / "clean.json", "clean", ["tasks/hello-file", "tasks/wrong-answer"])
@@ -126,11 +71,11 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
         "mixed",
         ["tasks/hello-file", "tasks/wrong-answer", "tasks/needs-compose"],
     )
-    exp_clean = _submit(env, clean, expected_exit=0)
-    exp_mixed = _submit(env, mixed, expected_exit=1)  # unscored trials: exit 1
+    exp_clean = _submit(cli, clean, expected_exit=0)
+    exp_mixed = _submit(cli, mixed, expected_exit=1)  # unscored trials: exit 1
 
-    [c] = _json(env, "leaderboard", exp_clean)
-    [m] = _json(env, "leaderboard", exp_mixed)
+    [c] = cli.json("leaderboard", exp_clean)
+    [m] = cli.json("leaderboard", exp_mixed)
     assert (c["n_trials"], c["n_scored"], c["unscored_by_cause"]) == (6, 6, {})
     assert (m["n_trials"], m["n_scored"], m["unscored_by_cause"]) == (9, 6, {"infrastructure": 3})
     assert (c["mean_reward"], c["pass_rate"], c["too_few"]) == (0.5, 0.5, False)
@@ -140,7 +85,7 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
 
     # The full report: the failure is shown with its cause, and not scored.
     html = tmp_path / "mixed.html"
-    report = _json(env, "report", exp_mixed, "--html", str(html))
+    report = cli.json("report", exp_mixed, "--html", str(html))
     assert report["leaderboard"] == [m]
     [failure] = report["failures"]
     assert failure["exception_type"] == "UnsupportedEnvironmentError"
@@ -156,7 +101,7 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
     assert "UnsupportedEnvironmentError" in page and "6 / 9" in page
 
     # The paired comparison of the two runs: the same tasks, the same outcomes.
-    cmp = _json(env, "compare", exp_clean, exp_mixed)
+    cmp = cli.json("compare", exp_clean, exp_mixed)
     assert cmp["n_paired_tasks"] == 2 and cmp["tasks_only_b_scored"] == []
     assert cmp["mean_reward"]["a"] == cmp["mean_reward"]["b"] == 0.5
     assert cmp["mcnemar"] == {"only_a": 0, "only_b": 0, "p_value": 1.0}

@@ -14,9 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +22,10 @@ import pytest
 import yaml
 
 from infra.stack import EmbeddedStack
-from schemas.subjects import Topology
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.localenv.images import resolve_base
 from services.localenv.sandbox import missing_host_tools
+from tests.e2e.cli import ROOT, Cli
+from tests.e2e.faultkit import ledger_records
 
 pytestmark = [
     pytest.mark.e2e,
@@ -37,11 +35,21 @@ pytestmark = [
     ),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "tests" / "fixtures" / "tasks"
 SCORED = ("dockerfile-replay", "uvx-verifier", "fixed-port", "escape-attempt")
 PROBE = "trialbus-escape-probe"
-PROBE_DIRS = ("/usr/bin", "/usr/local/lib", "/etc", "/var/lib", "/opt", "/root", "/work/main")
+PROBE_DIRS = ("/usr/bin", "/usr/local/lib", "/etc", "/var/lib", "/opt", "/root", str(ROOT))
+CHECKOUT = "@CHECKOUT@"
+"""Placeholder in the escape-attempt task for this clone's folder (filled in at test time)."""
+
+
+def copy_tasks(dest: Path) -> Path:
+    """The fixture tasks, with the escape probe aimed at this checkout, wherever it is."""
+    shutil.copytree(TASKS, dest, ignore=shutil.ignore_patterns("conftest.py", "__pycache__"))
+    for path in (dest / "escape-attempt").rglob("*"):
+        if path.is_file() and CHECKOUT.encode() in path.read_bytes():
+            path.write_text(path.read_text().replace(CHECKOUT, str(ROOT)))
+    return dest
 
 
 def host_snapshot() -> dict[str, Any]:
@@ -67,17 +75,6 @@ def host_snapshot() -> dict[str, Any]:
     }
 
 
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "services", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-
-
 def servers_left() -> list[str]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -91,30 +88,15 @@ def servers_left() -> list[str]:
     return found
 
 
-@pytest.fixture
-def stack(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
-) -> Iterator[EmbeddedStack]:
-    s = EmbeddedStack(
-        tmp_path / "stack",
-        concurrency=4,
-        prefix=topology.prefix,
-        ledger_db=ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-    )
-    with s:
-        yield s
-
-
-async def test_local_tasks_end_to_end(stack: EmbeddedStack, tmp_path: Path) -> None:
+async def test_local_tasks_end_to_end(stack: EmbeddedStack, cli: Cli, tmp_path: Path) -> None:
     before = host_snapshot()
+    tasks = copy_tasks(tmp_path / "tasks")
     manifest = tmp_path / "local-tasks.yaml"
     manifest.write_text(
         yaml.safe_dump(
             {
                 "name": "local-environment-tasks",
-                "tasks": [str(TASKS / name) for name in (*SCORED, "failing-run")],
+                "tasks": [str(tasks / name) for name in (*SCORED, "failing-run")],
                 "agents": [{"name": "oracle"}, {"name": "nop"}],
                 "repetitions": 2,
                 "compute": {
@@ -126,27 +108,13 @@ async def test_local_tasks_end_to_end(stack: EmbeddedStack, tmp_path: Path) -> N
             }
         )
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        {
-            "NATS_URL": stack.nats_url or "",
-            "LEDGER_URL": stack.ledger_url or "",
-            "TRIALBUS_PREFIX": stack.prefix,
-            "TRIALBUS_LEDGER_DB": stack.ledger_db,
-            "TRIALBUS_STACK_FILE": str(tmp_path / "no-stack.json"),
-        }
-    )
-    proc = cli(env, "submit", str(manifest), "--wait", "--json")
+    proc = cli.run("submit", str(manifest), "--wait", "--json", timeout=600)
     # The failing build leaves unscored trials: exit code 1, as for any unscored trial.
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["n_trials"] == 20 and summary["status"]["recorded"] == 20
 
-    ledger = MongoLedger(stack.ledger_url or "", stack.ledger_db)
-    try:
-        records = await ledger.records_for(summary["experiment_id"])
-    finally:
-        await ledger.close()
+    records = await ledger_records(stack, summary["experiment_id"])
     outcomes: dict[tuple[str, str], list[Any]] = {}
     for rec in records:
         key = (rec.provenance.task_name, rec.provenance.agent_name)

@@ -4,73 +4,22 @@ Harbor trials in the local (bubblewrap) environment, driven by the real CLI."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from infra.stack import EmbeddedStack
-from schemas.subjects import Topology
-from services.common.adapters.mongo_ledger import MongoLedger
+from tests.e2e.cli import ROOT, Cli
+from tests.e2e.faultkit import Submitted, expected_trial_ids, judge, ledger_records
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "examples" / "experiment.yaml"
 
 
-def cli(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "services", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
-
-
-@pytest.fixture
-def stack(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
-) -> Iterator[EmbeddedStack]:
-    s = EmbeddedStack(
-        tmp_path / "stack",
-        concurrency=4,
-        prefix=topology.prefix,
-        ledger_db=ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-    )
-    with s:
-        yield s
-
-
-@pytest.fixture
-def env(stack: EmbeddedStack, tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    e.update(
-        {
-            "NATS_URL": stack.nats_url or "",
-            "LEDGER_URL": stack.ledger_url or "",
-            "TRIALBUS_PREFIX": stack.prefix,
-            "TRIALBUS_LEDGER_DB": stack.ledger_db,
-            "TRIALBUS_STACK_FILE": str(tmp_path / "no-stack.json"),
-        }
-    )
-    return e
-
-
 async def _records(stack: EmbeddedStack, experiment_id: str) -> dict[str, Any]:
-    ledger = MongoLedger(stack.ledger_url or "", stack.ledger_db)
-    try:
-        return {r.trial_id: r for r in await ledger.records_for(experiment_id)}
-    finally:
-        await ledger.close()
+    return {r.trial_id: r for r in await ledger_records(stack, experiment_id)}
 
 
 def _diff(a: Any, b: Any, path: str = "") -> list[str]:
@@ -103,9 +52,9 @@ EXPECTED: dict[tuple[str, str], tuple[float | None, str, dict[str, float]]] = {
 }
 
 
-async def test_example_experiment_end_to_end(stack: EmbeddedStack, env: dict[str, str]) -> None:
+async def test_example_experiment_end_to_end(stack: EmbeddedStack, cli: Cli) -> None:
     # 1. Submit and wait. Unscored trials (the broken verifier) make the exit code 1.
-    first = cli(env, "submit", str(MANIFEST), "--wait", "--json")
+    first = cli.run("submit", str(MANIFEST), "--wait", "--json")
     assert first.returncode == 1, first.stderr
     summary = json.loads(first.stdout)
     exp = summary["experiment_id"]
@@ -134,7 +83,7 @@ async def test_example_experiment_end_to_end(stack: EmbeddedStack, env: dict[str
     assert {r.evaluation.exception_type for r in broken} == {"RewardFileNotFoundError"}
 
     # 3. The leaderboard: infrastructure/verifier failures shown, never scored as zeros.
-    board = cli(env, "leaderboard", exp, "--json")
+    board = cli.run("leaderboard", exp, "--json")
     assert board.returncode == 0, board.stderr
     rows = {r["agent"]: r for r in json.loads(board.stdout)}
     for agent, mean in (("oracle", 1.0), ("nop", 0.0)):
@@ -146,11 +95,11 @@ async def test_example_experiment_end_to_end(stack: EmbeddedStack, env: dict[str
             mean,
         )
         assert row["unscored_by_cause"] == {"verifier": 3}
-    status = json.loads(cli(env, "status", exp, "--json").stdout)
+    status = json.loads(cli.run("status", exp, "--json").stdout)
     assert status["total"] == 24 and status["scored"] == 18 and status["pending"] == 0
 
     # 4. Resubmitting re-runs only the unscored trials; no new trial appears.
-    again = cli(env, "submit", str(MANIFEST), "--wait", "--json")
+    again = cli.run("submit", str(MANIFEST), "--wait", "--json")
     again_summary = json.loads(again.stdout)
     assert again_summary["experiment_id"] == exp
     assert again_summary["n_already_scored"] == 18
@@ -164,7 +113,7 @@ async def test_example_experiment_end_to_end(stack: EmbeddedStack, env: dict[str
     # 5. Importing the job folder again changes nothing.
     job_dir = stack.jobs_dir / exp
     assert json.loads((job_dir / "result.json").read_text())["n_total_trials"] == 24
-    imported = cli(env, "import", str(job_dir), "--json")
+    imported = cli.run("import", str(job_dir), "--json")
     assert imported.returncode == 0, imported.stderr
     counts = json.loads(imported.stdout)
     reimported = await _records(stack, exp)
@@ -176,11 +125,17 @@ async def test_example_experiment_end_to_end(stack: EmbeddedStack, env: dict[str
     assert changed == {}
     assert (counts["total"], counts["imported"], counts["unchanged"]) == (24, 0, 24)
 
+    # 6. Judged from the events and the ledger: one accepted result per run, each
+    # record the last run's (the resumed trials' second run included).
+    submitted = Submitted(exp, expected_trial_ids(MANIFEST, exp), 24)
+    check = await judge("pipeline: submit, resume, re-import", stack, submitted)
+    assert check.ok, check.explain()
 
-def test_bad_manifest_is_refused_naming_the_field(env: dict[str, str], tmp_path: Path) -> None:
+
+def test_bad_manifest_is_refused_naming_the_field(cli: Cli, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(MANIFEST.read_text().replace("repetitions: 3", "repetitions: 0\nrepeats: 2"))
-    proc = cli(env, "submit", str(bad), "--json")
+    proc = cli.run("submit", str(bad), "--json")
     assert proc.returncode == 2
     assert f"{bad}: repetitions: Input should be greater than or equal to 1" in proc.stderr
     assert f"{bad}: repeats: unknown field" in proc.stderr

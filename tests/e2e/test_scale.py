@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from infra.stack import EmbeddedStack
-from schemas.events import TrialStarted
-from schemas.subjects import Topology
-from tests.e2e.faultkit import events_of, figures, submit, wait_recorded, write_manifest
+from schemas.events import Event, TrialStarted
+from tests.e2e.conftest import Stacks
+from tests.e2e.faultkit import instant_runner_env, judge, submit, write_manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -26,52 +25,35 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-async def test_thousand_trials_in_flight_across_two_runners(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
-) -> None:
-    stack = EmbeddedStack(
-        tmp_path / "stack",
-        n_runners=2,
-        concurrency=N // 2,
-        prefix=topology.prefix,
-        ledger_db=ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        runner_env={
-            "TRIALBUS_EXECUTOR": "benchmarks.instant_executor:from_settings",
-            "TRIALBUS_INSTANT_DELAY_S": str(DELAY_S),
-        },
+async def test_thousand_trials_in_flight_across_two_runners(stacks: Stacks, tmp_path: Path) -> None:
+    env = instant_runner_env(DELAY_S)
+    # The default ack_wait: 1,000 slow trials must not need the fault tests' short one.
+    for key in ("TRIALBUS_ACK_WAIT_S", "TRIALBUS_HEARTBEAT_S"):
+        env.pop(key)
+    stack = await stacks.start(n_runners=2, concurrency=N // 2, runner_env=env)
+    tap = await stacks.tap(stack)
+    runners = [stack.services[f"runner-{i}"] for i in range(2)]
+    pids = [r.proc.pid for r in runners if r.proc is not None]
+    base = [rss_kib(p) for p in pids]
+    t0 = time.monotonic()
+    sub = await submit(stacks.cli(stack), write_manifest(tmp_path, N, concurrency=N))
+
+    def all_started(events: Sequence[Event]) -> list[TrialStarted]:
+        started = [e for e in events if isinstance(e, TrialStarted)]
+        return started if len(started) >= N else []
+
+    # Every trial must be running at once: all started well before the first can end.
+    started = await tap.eventually(all_started, f"{N} trials started", DELAY_S - 5)
+    all_started_s = time.monotonic() - t0
+    peak = [rss_kib(p) for p in pids]
+    per_trial_kib = (sum(peak) - sum(base)) / N
+    by_runner = {r: sum(1 for e in started if e.runner_id == r) for r in ("runner-0", "runner-1")}
+    took = await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 180)
+    check = await judge("1000 in flight, 2 runners", stack, sub, recovery_s=took)
+    print(
+        f"scale: in_flight={N} all_started_s={all_started_s:.1f} "
+        f"rss_per_in_flight_trial_kib={per_trial_kib:.0f} split={by_runner}"
     )
-    await asyncio.to_thread(stack.start)
-    try:
-        runners = [stack.services[f"runner-{i}"] for i in range(2)]
-        pids = [r.proc.pid for r in runners if r.proc is not None]
-        base = [rss_kib(p) for p in pids]
-        result = await submit(
-            nats_url, ledger_url, ledger_db, topology, write_manifest(tmp_path, N, concurrency=N)
-        )
-        t0 = time.monotonic()
-        while True:
-            started = [
-                e for e in await events_of(nats_url, topology) if isinstance(e, TrialStarted)
-            ]
-            if len(started) >= N:
-                break
-            assert time.monotonic() - t0 < DELAY_S - 5, f"only {len(started)} started"
-            await asyncio.sleep(1.0)
-        all_started_s = time.monotonic() - t0
-        peak = [rss_kib(p) for p in pids]
-        per_trial_kib = (sum(peak) - sum(base)) / N
-        by_runner = {
-            r: sum(1 for e in started if e.runner_id == r) for r in ("runner-0", "runner-1")
-        }
-        recs, took = await wait_recorded(ledger_url, ledger_db, result.experiment_id, N, 180)
-        fig = await figures("1000 in flight, 2 runners", result, recs, nats_url, topology, took)
-        print(
-            f"scale: in_flight={N} all_started_s={all_started_s:.1f} "
-            f"rss_per_in_flight_trial_kib={per_trial_kib:.0f} split={by_runner}"
-        )
-        assert (fig.ledgered, fig.duplicates, fig.missing, fig.rerun) == (N, 0, 0, 0)
-        assert min(by_runner.values()) > 0
-    finally:
-        await asyncio.to_thread(stack.stop)
+    assert check.ok, check.explain()
+    assert check.reruns == 0
+    assert min(by_runner.values()) > 0

@@ -25,8 +25,7 @@ import json
 import os
 import secrets
 import shutil
-import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -38,12 +37,12 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from infra.stack import EmbeddedStack
 from schemas.subjects import Topology
+from tests.e2e.cli import ROOT
+from tests.e2e.conftest import Stacks
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 HELLO = ROOT / "examples" / "tasks" / "hello-file"
 SECRET_ENV = "PLANTED_API_KEY"
 
@@ -151,30 +150,6 @@ def _secret_task(dest: Path, secret: str) -> Path:
     return dest
 
 
-@pytest.fixture
-def stack(
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
-    secret: str,
-) -> Iterator[EmbeddedStack]:
-    s = EmbeddedStack(
-        tmp_path / "stack",
-        concurrency=2,
-        prefix=topology.prefix,
-        ledger_db=ledger_db,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        runner_env={SECRET_ENV: secret},
-    )
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
 # -- the test ----------------------------------------------------------------------------------
 
 
@@ -204,7 +179,7 @@ async def test_positive_controls_find_a_planted_secret(
 
 
 async def test_secret_reaches_the_agent_and_nothing_else(
-    stack: EmbeddedStack,
+    stacks: Stacks,
     tmp_path: Path,
     nats_url: str,
     ledger_url: str,
@@ -212,6 +187,7 @@ async def test_secret_reaches_the_agent_and_nothing_else(
     ledger_db: str,
     secret: str,
 ) -> None:
+    stack = stacks.make(concurrency=2, runner_env={SECRET_ENV: secret})
     probe = _secret_task(tmp_path / "tasks" / "secret-probe", secret)
     manifest = tmp_path / "manifest.yaml"
     manifest.write_text(
@@ -221,21 +197,15 @@ async def test_secret_reaches_the_agent_and_nothing_else(
         f"  - name: oracle\n    api_key_env: [{SECRET_ENV}]\n"
         "compute: {environment: local}\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    cli = stacks.cli(stack)
+    env = cli.env
     env.pop(SECRET_ENV, None)  # only the runners know it
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_LEDGER_DB=ledger_db,
-        TRIALBUS_STACK_FILE=str(tmp_path / "no-stack.json"),
-    )
 
     # Blocking calls run in threads: the capture's subscription must keep reading.
     async with captured(nats_url) as seen:
         await asyncio.to_thread(stack.start)
         proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "services", "submit", str(manifest), "--wait", "--json"),
+            *cli.argv("submit", str(manifest), "--wait", "--json"),
             env=env,
             cwd=ROOT,
             stdout=asyncio.subprocess.PIPE,
