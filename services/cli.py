@@ -211,6 +211,8 @@ def import_(job_dir: Path, json_out: JsonOpt = False) -> None:
         f"{summary['unchanged']} unchanged, {summary['partial']} partial",
         highlight=False,
     )
+    if not summary["announced"]:
+        err.print("NATS unreachable: recorded in the ledger without ResultImported events")
     for line in summary.get("errors", [])[:20]:
         err.print(f"  {line}", highlight=False)
 

@@ -17,7 +17,7 @@ from services.common.errors import ManifestError
 from services.common.ports import Ledger
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.submitter import handlers
-from services.submitter.connections import open_ledger, open_nats
+from services.submitter.connections import open_ledger, open_nats, try_open_nats
 from services.submitter.handlers import EventFeed, Printer, SubmitOutcome
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import PreparedExperiment, prepare
@@ -70,9 +70,14 @@ async def cancel_experiment(settings: CommonSettings, experiment_id: str) -> dic
 
 
 async def import_job(settings: CommonSettings, job_dir: Path) -> dict[str, Any]:
-    """``trialbus import`` (see handlers.import_job)."""
-    async with open_ledger(settings) as ledger:
-        return await handlers.import_job(ledger, job_dir)
+    """``trialbus import`` (see handlers.import_job): announced when NATS is reachable,
+    ledgered alone when it is not."""
+    handlers.check_job_dir(job_dir)  # before the NATS probe, which may take seconds
+    async with (
+        open_ledger(settings) as ledger,
+        try_open_nats(settings, "trialbus-import") as nats,
+    ):
+        return await handlers.import_job(ledger, nats.bus if nats else None, job_dir)
 
 
 async def read[**P, T](

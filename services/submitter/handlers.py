@@ -4,7 +4,7 @@
 - ``submit_and_wait``: the same, then follow it until every trial is recorded, and
   decide the exit code (README's table).
 - ``cancel``: flag an experiment cancelled.
-- ``import_job``: ledger a Harbor job folder.
+- ``import_job``: ledger a Harbor job folder, announcing it when a bus is given.
 
 Reads (status, leaderboard, report, compare) are services.reports.queries: the HTTP
 API (app.py) and the CLI (commands.py) call these functions and those queries, with
@@ -163,15 +163,25 @@ async def cancel(ledger: Ledger, coordinator: Coordinator, experiment_id: str) -
     }
 
 
-async def import_job(ledger: Ledger, job_dir: Path) -> dict[str, Any]:
-    """Ledger every trial folder of a Harbor job folder (idempotent); the summary."""
+def check_job_dir(job_dir: Path) -> None:
+    """Refuse what is not a folder, naming it as given (before anything connects)."""
+    if not job_dir.is_dir():
+        raise E.UserInputError(f"{job_dir}: not a folder (expected a Harbor job folder)")
+
+
+async def import_job(ledger: Ledger, bus: EventBus | None, job_dir: Path) -> dict[str, Any]:
+    """Ledger every trial folder of a Harbor job folder (idempotent); the summary.
+
+    With a ``bus``, every record written is announced with a ResultImported, as the
+    importer service announces its own (``announced`` in the summary); without one
+    (NATS unreachable) the records are only ledgered.
+    """
     # Imported here: it loads Harbor's models, which only `trialbus import` needs.
     from services.importer.jobdir import import_job_dir
 
-    if not job_dir.is_dir():
-        raise E.UserInputError(f"{job_dir}: not a folder (expected a Harbor job folder)")
+    check_job_dir(job_dir)
     await ledger.ensure_indexes()
-    s = await import_job_dir(job_dir.resolve(), ledger)
+    s = await import_job_dir(job_dir.resolve(), ledger, bus=bus)
     return {
         "job_dir": str(s.job_dir),
         "experiment_id": s.experiment_id,
@@ -181,5 +191,6 @@ async def import_job(ledger: Ledger, job_dir: Path) -> dict[str, Any]:
         "updated": s.updated,
         "unchanged": s.unchanged,
         "partial": s.partial,
+        "announced": bus is not None,
         "errors": [str(e) for e in s.errors],
     }

@@ -249,4 +249,4 @@ async def test_cancel_flags_the_experiment_and_says_what_the_ledger_knew() -> No
 async def test_importing_something_that_is_not_a_folder_names_it(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-job"
     with pytest.raises(E.UserInputError, match="no-such-job: not a folder"):
-        await handlers.import_job(InMemoryLedger(), missing)
+        await handlers.import_job(InMemoryLedger(), RecordingBus(), missing)

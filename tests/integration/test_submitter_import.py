@@ -1,0 +1,103 @@
+"""``trialbus import`` against the real nats-server and ledger: with NATS reachable it
+announces every record it writes (ResultImported, like the importer service); with
+NATS unreachable it still ledgers them and says it announced nothing."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import nats
+import pytest
+
+from schemas.events import ResultImported, parse_event
+from schemas.subjects import Topology
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.settings import CommonSettings
+from services.submitter.commands import import_job
+
+pytestmark = pytest.mark.integration
+
+TRIALS = ("trial-a", "trial-b")
+
+
+def _job(tmp_path: Path, name: str) -> Path:
+    """A job folder of unfinished trials (a trial.log each): partial records, no Harbor run."""
+    job = tmp_path / name
+    for trial in TRIALS:
+        (job / trial).mkdir(parents=True)
+        (job / trial / "trial.log").write_text("started\n")
+    return job
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+async def _announced(nats_url: str, topology: Topology, experiment_id: str) -> list[str]:
+    """trial_ids of the ResultImported events the stream holds for the experiment."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        subject = topology.event_subject("result_imported", experiment_id)
+        info = await js.stream_info(topology.events_stream, subjects_filter=subject)
+        n = sum((info.state.subjects or {}).values())
+        if n == 0:
+            return []
+        sub = await js.subscribe(subject, ordered_consumer=True)
+        trial_ids = []
+        for _ in range(n):
+            event = parse_event((await sub.next_msg(timeout=10)).data)
+            assert isinstance(event, ResultImported)
+            trial_ids.append(event.trial_id)
+        return sorted(trial_ids)
+    finally:
+        await nc.close()
+
+
+async def _ledgered(ledger_url: str, ledger_db: str, experiment_id: str) -> list[str]:
+    ledger = MongoLedger(ledger_url, ledger_db)
+    try:
+        return sorted(r.trial_id for r in await ledger.records_for(experiment_id))
+    finally:
+        await ledger.close()
+
+
+async def test_import_announces_its_records_when_nats_is_reachable(
+    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
+) -> None:
+    settings = CommonSettings(
+        nats_url=nats_url, ledger_url=ledger_url, ledger_db=ledger_db, prefix=topology.prefix
+    )
+    summary = await import_job(settings, _job(tmp_path, "by-hand"))
+
+    assert (summary["announced"], summary["total"], summary["partial"]) == (True, 2, 2)
+    experiment_id = summary["experiment_id"]
+    assert await _ledgered(ledger_url, ledger_db, experiment_id) == list(TRIALS)
+    assert await _announced(nats_url, topology, experiment_id) == list(TRIALS)
+
+
+async def test_import_without_nats_ledgers_and_says_it_announced_nothing(
+    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
+) -> None:
+    settings = CommonSettings(
+        nats_url=f"nats://127.0.0.1:{_closed_port()}",
+        ledger_url=ledger_url,
+        ledger_db=ledger_db,
+        prefix=topology.prefix,
+    )
+    summary = await import_job(settings, _job(tmp_path, "offline"))
+
+    assert (summary["announced"], summary["total"]) == (False, 2)
+    experiment_id = summary["experiment_id"]
+    assert await _ledgered(ledger_url, ledger_db, experiment_id) == list(TRIALS)
+    # The control: the real server holds no announcement of it (no stream was even made).
+    nc = await nats.connect(nats_url)
+    try:
+        streams = [s.config.name for s in await nc.jetstream().streams_info()]
+    finally:
+        await nc.close()
+    assert topology.events_stream not in streams
