@@ -32,6 +32,7 @@ from services.localenv.dockerfile import BuildPlan, CopyStep, WorkdirStep
 from services.localenv.errors import DockerfileBuildError, LocalEnvironmentError
 from services.localenv.images import BaseImage
 from services.localenv.layers import FS_TOPS, HOST_TOPS, ImageConfig
+from services.localenv.masks import mask_host_secrets
 from services.localenv.sandbox import Bind, Overlay, Sandbox, SandboxSpec
 from services.localenv.tools import seed_home
 from services.localenv.users import lookup_group, lookup_user
@@ -104,6 +105,8 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
         Overlay(f"/{top}", (Path(f"/{top}"),), fs / top, dest / "work" / top) for top in HOST_TOPS
     ]
     etc = fs / "etc"
+    # Before any step runs: a RUN step must not read the host's secrets either.
+    masked = mask_host_secrets(fs)
     (etc / "resolv.conf").write_text("nameserver 10.0.2.3\n")
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n")
     spec = SandboxSpec(
@@ -117,6 +120,7 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
     log_path = dest / "build.log"
     with log_path.open("w") as stream:
         log = _Log(stream)
+        log.write(f"#0 host secrets masked: {', '.join(masked) or 'none found'}\n")
         await sandbox.start()
         try:
             await _replay(req, sandbox, log, log_path)

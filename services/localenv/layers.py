@@ -32,7 +32,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-LAYER_FORMAT = 1
+from services.localenv import masks
+
+LAYER_FORMAT = 2
+"""2: host secrets masked in every layer (services.localenv.masks)."""
 HOST_TOPS = ("usr", "etc", "var")
 FS_TOPS = ("root", *HOST_TOPS)
 _LOCK_POLL_S = 0.1
@@ -82,6 +85,7 @@ def host_fingerprint() -> str:
             st = os.stat(name)
             parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
     parts.append(f"euid0:{os.geteuid() == 0}")
+    parts.append(f"masks:{masks.fingerprint()}")
     return ";".join(parts)
 
 
