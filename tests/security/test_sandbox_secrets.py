@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from tests.security.conftest import UBUNTU, needs_sandbox
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _with_planted_host_secrets(tmp_path: Path, commands: list[str]) -> tuple[str, list[list[str]]]:
+def _with_planted_host_secrets(tmp_path: Path, commands: list[str]) -> tuple[str, list[Any]]:
     """Run ``commands`` in a trial whose host /etc holds a known password hash and key.
 
     A copy of /etc with the secrets planted is bound over /etc as a whole (overlayfs
