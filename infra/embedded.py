@@ -47,6 +47,7 @@ __all__ = [
     "NatsCluster",
     "NatsServer",
     "ServerStartupError",
+    "die_with_parent_hook",
     "find_binary",
     "free_port",
 ]
@@ -111,7 +112,7 @@ def _prctl() -> Callable[..., int]:
     return prctl
 
 
-def _die_with_parent_hook() -> Callable[[], None] | None:
+def die_with_parent_hook() -> Callable[[], None] | None:
     """A preexec_fn asking the kernel to SIGKILL the child when its parent dies.
 
     PDEATHSIG fires when the *thread* that forked exits, not the process: only the
@@ -283,7 +284,7 @@ class _ManagedProcess:
         binary = self._binary or find_binary(self.binary_name, self.package)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        preexec = _die_with_parent_hook()
+        preexec = die_with_parent_hook()
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 self._command(binary),

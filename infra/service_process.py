@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.embedded import die_with_parent_hook
+
 __all__ = ["ServiceProcess"]
 
 
@@ -41,6 +43,9 @@ class ServiceProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                # Like the servers: a stack killed outright takes its services along,
+                # instead of leaving them reconnecting forever to a NATS that is gone.
+                preexec_fn=die_with_parent_hook(),
             )
         self._reaped = False
 

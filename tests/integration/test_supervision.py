@@ -292,3 +292,21 @@ def test_a_child_that_keeps_dying_stops_the_stack_with_a_clear_message(up: Up) -
     assert up.proc.wait(timeout=90) == 3  # EXIT_UNAVAILABLE, and no hang
     assert not up.stack_file.exists()
     assert [p for p in others if _stat(p) is not None] == []  # nothing left behind
+
+
+def test_a_stack_killed_outright_takes_every_child_along(up: Up) -> None:
+    pids = {name: up.pid_of(name) for name in CHILDREN}
+    assert all(_alive(p) for p in pids.values())  # negative control of the check below
+    up.proc.kill()  # SIGKILL: no chance to stop anything in order
+    up.proc.wait()
+    eventually(
+        lambda: not [n for n, p in pids.items() if _alive(p)],
+        30,
+        f"children of a killed stack to exit: {pids}",
+    )
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for init to reap it counts as gone)."""
+    st = _stat(pid)
+    return st is not None and st[1] != "Z"
