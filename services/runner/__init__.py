@@ -1,0 +1,17 @@
+"""The runner: takes TrialRequested work and runs each trial with an Executor.
+
+    app.py              composition root: connect, JetStreamBus, NatsCoordinator, the
+                        executor named by settings, the handler and the pull loop
+    handlers.py         the decisions, against the EventBus, Coordinator and Executor
+                        ports: slot lease, attempt count, TrialStarted, heartbeat and
+                        cancellation, then publish and return one verdict per message
+    policy.py           pure: outcome + attempt + retry policy -> events and verdict
+    consumer.py         nats-py adapter: the slot-bound pull loop, in_progress()
+                        keep-alive, verdicts applied, hand back on drain
+    live_logs.py        core-NATS adapter of the live-output LogSink (best effort)
+    harbor_executor.py  the Executor over Harbor's Python API
+    __main__.py         `python -m services.runner`
+
+Benchmarks and fault tests select benchmarks.instant_executor by import path; it is
+not part of this package.
+"""

@@ -1,3 +1,5 @@
+"""python -m services.runner: run a runner process."""
+
 from services.runner.app import main
 
 main()

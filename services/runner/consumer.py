@@ -21,6 +21,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from schemas.subjects import Topology
+from services.common.adapters.jetstream import apply_settle
 from services.common.errors import Settle, settle_error
 from services.common.logging import get_logger
 from services.runner.handlers import TRANSIENT_RETRY_DELAY_S, KeepAlive
@@ -60,13 +61,15 @@ async def ensure_runner_consumer(
 
 
 async def apply_verdict(msg: Msg, verdict: Settle) -> None:
-    """Settle ``msg`` as the handler decided (an ack waits for the server's reply)."""
+    """Settle ``msg`` as the handler decided; the runner's ack waits for the server.
+
+    A trial's ack ends minutes of work: waiting for the server's reply turns a lost
+    ack into a logged error here (and a nak) rather than a silent re-run after ack_wait.
+    """
     if verdict.action == "ack":
         await msg.ack_sync()
-    elif verdict.action == "term":
-        await msg.term()
     else:
-        await msg.nak(delay=verdict.delay_s)
+        await apply_settle(msg, verdict)
 
 
 class WorkConsumer:
