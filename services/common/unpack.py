@@ -1,0 +1,306 @@
+"""Safe unpacking of .tar.gz archives: a security boundary (the HTTP API accepts uploads).
+
+Every refusal is an ArchiveError (a UserInputError: HTTP 4xx, CLI exit 2) naming the
+entry and the rule:
+
+- names: relative, no ``..`` component, each entry once (a leading ``./`` is accepted);
+- types: regular files and folders; symbolic links only where allowed (task archives),
+  and only when they resolve, on the unpacked tree, to a regular file inside it
+  (checked with ``realpath`` after every entry is written, so chains of links cannot
+  escape either; links to folders are refused: they can form cycles); no hard links
+  (packing writes contents, never hard links), devices, FIFOs or sparse files; no
+  entry written through a link or below a file;
+- limits (ArchiveLimits): entries, bytes per file, total bytes, and the expansion ratio
+  of the decompressed stream to the compressed bytes (compression bombs), counted on
+  the bytes actually decompressed, not on what headers claim, in bounded reads;
+- atomicity: entries go to a temporary folder next to the destination, renamed into
+  place only when everything passed (and, for tasks, the checksum matched).
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import io
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.errors import UserInputError
+from services.submitter.resolve import task_checksum
+
+MiB = 1024 * 1024
+_CHUNK = MiB
+
+
+class ArchiveError(UserInputError):
+    """An archive (or a folder to pack) breaks a rule; the message names entry and rule."""
+
+    def __init__(self, message: str, *, entry: str | None = None, limit: int | None = None):
+        super().__init__(message)
+        self.entry = entry
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveLimits:
+    """Bounds on what one archive may unpack to."""
+
+    max_entries: int = 20_000
+    max_file_bytes: int = 256 * MiB
+    max_total_bytes: int = 512 * MiB
+    max_ratio: int = 200
+    """Decompressed tar bytes per compressed byte; checked once past ``ratio_floor``."""
+    ratio_floor: int = MiB
+    """Below this many decompressed bytes no ratio is enforced (tiny archives of small
+    text files legitimately compress 50-100x because tar pads every entry to 512 bytes)."""
+
+
+TASK_LIMITS = ArchiveLimits()
+# Trial archives come from trialbus's own runners (verified by sha256) and agent logs
+# can be very repetitive: the total bounds their expansion, so the ratio is no limit
+# (gzip cannot exceed ~1032x).
+TRIAL_LIMITS = ArchiveLimits(
+    max_entries=20_000, max_file_bytes=128 * MiB, max_total_bytes=128 * MiB, max_ratio=2000
+)
+
+
+def file_mode(mode: int) -> int:
+    """0755 when the owner may execute, else 0644 (the only modes archives carry)."""
+    return 0o755 if mode & stat.S_IXUSR else 0o644
+
+
+class Budget:
+    """Counts decompressed bytes as they are read and enforces the stream-level limits."""
+
+    def __init__(self, compressed: int, limits: ArchiveLimits) -> None:
+        self.compressed = max(compressed, 1)
+        self.limits = limits
+        # Headers and padding on top of the files' bytes: generous, it only bounds memory.
+        self.stream_limit = limits.max_total_bytes + (limits.max_entries + 16) * 4096
+        self.read = 0
+        self.entry = "(archive headers)"
+
+    def check_ratio(self, expanded: int, what: str) -> None:
+        """Refuse when ``expanded`` bytes from the compressed size exceed the ratio."""
+        limit = self.limits.max_ratio
+        if expanded > self.limits.ratio_floor and expanded > limit * self.compressed:
+            raise ArchiveError(
+                f"{what}: entry {self.entry!r}: expands more than {limit}x its compressed "
+                f"size (ratio limit {limit}; a compression bomb?)",
+                entry=self.entry,
+                limit=limit,
+            )
+
+    def count(self, n: int, what: str) -> None:
+        self.read += n
+        self.check_ratio(self.read, what)
+        if self.read > self.stream_limit:
+            raise ArchiveError(
+                f"{what}: entry {self.entry!r}: the archive expands past "
+                f"{self.stream_limit} bytes (total limit {self.limits.max_total_bytes})",
+                entry=self.entry,
+                limit=self.limits.max_total_bytes,
+            )
+
+
+class _BoundedReader(io.RawIOBase):
+    """The decompressed stream, read in bounded chunks so no single read() balloons."""
+
+    def __init__(self, data: bytes, budget: Budget, what: str) -> None:
+        self._gz = gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb")
+        self._budget = budget
+        self._what = what
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        want = size if size >= 0 else self._budget.stream_limit + 1
+        parts: list[bytes] = []
+        while want > 0:
+            chunk = self._gz.read(min(want, _CHUNK))
+            if not chunk:
+                break
+            self._budget.count(len(chunk), self._what)
+            parts.append(chunk)
+            want -= len(chunk)
+        return b"".join(parts)
+
+
+def _clean_name(raw: str, what: str) -> str | None:
+    """The entry's relative path, None for the archive root ('.'), or ArchiveError."""
+    if raw.startswith("/"):
+        raise ArchiveError(
+            f"{what}: entry {raw!r}: absolute path; entries must be relative", entry=raw
+        )
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ArchiveError(f"{what}: entry {raw!r}: '..' in the path leaves the folder", entry=raw)
+    return "/".join(parts) or None
+
+
+def refuse(what: str, name: str, reason: str, limit: int | None = None) -> ArchiveError:
+    """An ArchiveError naming ``what`` (the archive or folder), the entry and the rule."""
+    return ArchiveError(f"{what}: entry {name!r}: {reason}", entry=name, limit=limit)
+
+
+def _extract(data: bytes, into: Path, limits: ArchiveLimits, allow_links: bool, what: str) -> None:
+    budget = Budget(len(data), limits)
+    kinds: dict[str, str] = {}
+    links: list[tuple[str, str]] = []
+    total = 0
+    try:
+        with tarfile.open(fileobj=_BoundedReader(data, budget, what), mode="r|") as tar:
+            for member in tar:
+                name = _clean_name(member.name, what)
+                if name is None:
+                    continue  # './' of `tar -C dir .`
+                budget.entry = name
+                # A folder may be named again (implied by an earlier entry's path first).
+                if name in kinds and not (member.isdir() and kinds[name] == "dir"):
+                    raise refuse(what, name, "appears twice in the archive")
+                if len(kinds) + 1 > limits.max_entries:
+                    raise refuse(what, name, "too many entries", limits.max_entries)
+                parent = name.rpartition("/")[0]
+                prefix = ""
+                for part in parent.split("/") if parent else []:
+                    prefix = f"{prefix}/{part}" if prefix else part
+                    kind = kinds.setdefault(prefix, "dir")
+                    if kind != "dir":
+                        raise refuse(what, name, f"lies below {prefix!r}, a {kind}")
+                    (into / prefix).mkdir(mode=0o755, exist_ok=True)
+                if member.isdir():
+                    (into / name).mkdir(mode=0o755, exist_ok=True)
+                    kinds[name] = "dir"
+                elif member.isreg() and not member.issparse():
+                    if member.size > limits.max_file_bytes:
+                        raise refuse(
+                            what,
+                            name,
+                            f"{member.size} bytes, over the per-file limit",
+                            limits.max_file_bytes,
+                        )
+                    total += member.size
+                    if total > limits.max_total_bytes:
+                        raise refuse(
+                            what,
+                            name,
+                            "the files add up past the total limit",
+                            limits.max_total_bytes,
+                        )
+                    kinds[name] = "file"
+                    source = tar.extractfile(member)
+                    assert source is not None  # a regular member always has a file object
+                    fd = os.open(
+                        into / name,
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                        file_mode(member.mode),
+                    )
+                    with os.fdopen(fd, "wb") as out:
+                        shutil.copyfileobj(source, out, _CHUNK)
+                elif member.issym():
+                    if not allow_links:
+                        raise refuse(what, name, "symbolic links are not accepted in this archive")
+                    if not member.linkname or member.linkname.startswith("/"):
+                        raise refuse(
+                            what, name, f"link to {member.linkname!r}: targets must be relative"
+                        )
+                    kinds[name] = "link"
+                    links.append((name, member.linkname))
+                elif member.islnk():
+                    raise refuse(
+                        what,
+                        name,
+                        f"hard link to {member.linkname!r}: store the file's contents instead",
+                    )
+                else:
+                    kind = "sparse file" if member.issparse() else _member_kind(member)
+                    raise refuse(
+                        what, name, f"a {kind}: only files, folders and links are accepted"
+                    )
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, ValueError) as exc:
+        raise refuse(what, budget.entry, f"not a valid .tar.gz ({exc})") from None
+    except OSError as exc:
+        if exc.errno in (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL, errno.ELOOP, errno.EEXIST):
+            raise refuse(what, budget.entry, f"cannot be created: {exc.strerror}") from None
+        raise
+    # Links last, then judged on the finished tree: realpath follows chains of links
+    # exactly as a reader would, which a lexical check of each target cannot. Only links
+    # to files: a link to a folder can form a cycle that copying tools follow forever.
+    for name, target in links:
+        os.symlink(target, into / name)
+    for name, target in links:
+        real = os.path.realpath(into / name)
+        if not real.startswith(f"{into}/") or not os.path.isfile(real):
+            raise refuse(
+                what, name, f"link to {target!r} does not resolve to a file inside the folder"
+            )
+
+
+def _member_kind(member: tarfile.TarInfo) -> str:
+    if member.ischr():
+        return "character device"
+    if member.isblk():
+        return "block device"
+    if member.isfifo():
+        return "FIFO"
+    return f"member of type {member.type!r}"
+
+
+def unpack(
+    data: bytes,
+    dest: Path,
+    limits: ArchiveLimits = TASK_LIMITS,
+    *,
+    expected_checksum: str | None = None,
+    allow_links: bool = True,
+    what: str = "task archive",
+) -> Path:
+    """Unpack ``data`` safely into the new folder ``dest`` (atomically) and return it.
+
+    Entries are written to a temporary folder next to ``dest``; it is renamed to
+    ``dest`` only once every rule passed and, when ``expected_checksum`` is given,
+    ``task_checksum`` of the result equals it. On any refusal nothing is left behind.
+    Raises ArchiveError (see the module docstring); FileExistsError if ``dest`` exists.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    tmp = tmp.resolve()
+    try:
+        tmp.chmod(0o755)
+        _extract(data, tmp, limits, allow_links, what)
+        if expected_checksum is not None:
+            actual = task_checksum(tmp)
+            if actual != expected_checksum:
+                raise ArchiveError(
+                    f"{what}: its files have checksum {actual}, not the expected "
+                    f"{expected_checksum}: the archive is not the task it claims to be"
+                )
+        try:
+            os.rename(tmp, dest)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise FileExistsError(errno.EEXIST, "destination exists", str(dest)) from None
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def unpack_task(
+    data: bytes, dest: Path, checksum: str, limits: ArchiveLimits = TASK_LIMITS
+) -> Path:
+    """Unpack a task archive into ``dest``, verifying it is the task ``checksum`` names."""
+    return unpack(data, dest, limits, expected_checksum=checksum)
+
+
+def unpack_trial(data: bytes, dest: Path, limits: ArchiveLimits = TRIAL_LIMITS) -> Path:
+    """Unpack a trial archive into ``dest`` (no links: pack_trial never writes any)."""
+    return unpack(data, dest, limits, allow_links=False, what="trial archive")
