@@ -48,14 +48,27 @@ def _run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(E.EXIT_INTERRUPTED) from None
 
 
+def _call[**P, T](
+    op: Callable[Concatenate[CommonSettings, P], Awaitable[T]],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """Run one of services.submitter.commands with the settings (stack file filled in)."""
+    settings = settings_for(CommonSettings)
+    return _run(lambda: op(settings, *args, **kwargs))
+
+
 def _read[**P, T](
-    query: Callable[Concatenate[Ledger, P], Awaitable[T]], *args: P.args, **kwargs: P.kwargs
+    query: Callable[Concatenate[Ledger, P], Awaitable[T]],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
 ) -> T:
     """Run a report query (services.reports.queries) against the ledger."""
     from services.submitter.commands import read
 
-    settings = settings_for(CommonSettings)
-    return _run(lambda: read(settings, query, *args, **kwargs))
+    return _call(read, query, *args, **kwargs)
 
 
 def print_leaderboard(rows: list[dict[str, Any]], title: str) -> None:
@@ -184,7 +197,7 @@ def cancel(experiment: str, json_out: JsonOpt = False) -> None:
     """Cancel an experiment: queued trials are dropped, running ones stopped."""
     from services.submitter.commands import cancel_experiment
 
-    result = _run(lambda: cancel_experiment(settings_for(CommonSettings), experiment))
+    result = _call(cancel_experiment, experiment)
     if json_out:
         out.print_json(json.dumps(result))
         return
@@ -202,7 +215,7 @@ def import_(job_dir: Path, json_out: JsonOpt = False) -> None:
     """Import a Harbor job folder into the ledger (idempotent)."""
     from services.submitter.commands import import_job
 
-    summary = _run(lambda: import_job(settings_for(CommonSettings), job_dir))
+    summary = _call(import_job, job_dir)
     if json_out:
         out.print_json(json.dumps(summary))
         return

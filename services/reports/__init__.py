@@ -5,6 +5,8 @@
 - ``leaderboard``: rows per agent x model, and status counts.
 - ``report``: the full report (leaderboard, per-task matrix, failure causes).
 - ``compare``: the paired comparison of two agents.
-- ``tables`` / ``html``: renderings for the CLI and as a self-contained page.
-- ``queries``: the same, read through the Ledger port (CLI and HTTP API).
+- ``tables`` / ``html``: renderings for the CLI and as a self-contained page, with
+  numbers written by ``formatting`` (one way to show a figure).
+- ``queries``: the one read path: each report loaded through the Ledger port, called
+  by the CLI, the HTTP API and ``submit --wait`` alike.
 """

@@ -1,0 +1,16 @@
+"""The submitter: takes experiments in (HTTP API and the ``trialbus`` CLI) and
+publishes their trials; reads reports back through services.reports.queries.
+
+    app.py          composition root of the HTTP API (FastAPI): connections opened in
+                    its lifespan, routes mounted
+    routes.py       the HTTP routes: translate a request, call a handler or a query
+    commands.py     the CLI's operations: open connections, call a handler or a query
+    connections.py  the ONE place connections are opened (NATS: bus, coordinator,
+                    event feeds; the ledger), for the app and for each CLI command
+    handlers.py     the decisions, against the ports: submit (uncancel + publish),
+                    wait and its exit code, cancel, import of a job folder
+    submit.py       expanding a manifest into trials, and publishing them (resume)
+    resolve.py      task entries to Harbor task folders on disk
+    manifest_io.py  reading a manifest (YAML or JSON) with errors that name the field
+    __main__.py     ``python -m services.submitter`` (the HTTP API)
+"""

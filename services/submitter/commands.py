@@ -83,6 +83,7 @@ async def import_job(settings: CommonSettings, job_dir: Path) -> dict[str, Any]:
 async def read[**P, T](
     settings: CommonSettings,
     query: Callable[Concatenate[Ledger, P], Awaitable[T]],
+    /,
     *args: P.args,
     **kwargs: P.kwargs,
 ) -> T:
