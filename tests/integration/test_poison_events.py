@@ -14,21 +14,29 @@ Then: every trial has exactly one record (complete for the good ones, partial wi
 the expected diagnostics for the bad ones), each poison message was terminated once
 (nothing pending, nothing unacknowledged, no batch retried), and the importer is still
 running. A message over the server's 1 MiB max_payload is refused at publish time.
+
+A second test runs the importer's app in this process (its lifespan, without signal
+handlers) with an importer bug planted for one trial: that message is nak'ed and
+redelivered by the real server, the rest of its batch is written at once, and on
+its BUG_MAX_DELIVERIES-th delivery it becomes an acknowledged ImporterError record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
+import structlog
+from faststream import TestApp
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -38,6 +46,13 @@ from schemas.events import TrialCompleted, encode_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.errors import BUG_RETRY_DELAY_S
+from services.common.logging import NOISY_LIBRARIES
+from services.common.settings import ImporterSettings
+from services.importer import handlers
+from services.importer.app import create_app
+from services.importer.handlers import BUG_MAX_DELIVERIES
+from services.importer.records import RecordContext
 from tests import harbor_fixtures
 from tests.bad_inputs.corpus import Case, cases, event_bytes, materialize_result
 from tests.harbor_fixtures import HarborTrials
@@ -210,3 +225,98 @@ def _assert_diagnosed(record: TrialRecord, case: Case) -> None:
     assert record.status == case.spec.get("status", "partial"), (case.id, record.errors)
     for fragment in case.expect:
         assert any(fragment in line for line in record.errors), (case.id, record.errors)
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """The in-process app configures logging for its process: undo it for later tests."""
+    root = logging.getLogger()
+    handlers_before, level_before = list(root.handlers), root.level
+    structlog_before = structlog.get_config()
+    libraries = {name: logging.getLogger(name).level for name in NOISY_LIBRARIES}
+    yield
+    root.handlers[:] = handlers_before
+    root.setLevel(level_before)
+    structlog.configure(**structlog_before)
+    for name, level in libraries.items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.usefixtures("restore_logging")
+async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_batch(
+    harbor_trials: HarborTrials,
+    nats_url: str,
+    ledger_url: str,
+    topology: Topology,
+    ledger_db: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    attempts: list[str] = []
+    real_build = handlers.build_record
+
+    def build(trial_dir: Path, context: RecordContext) -> TrialRecord:
+        attempts.append(context.trial_id)
+        if context.trial_id == "bug-1":
+            raise KeyError("planted importer bug")
+        return real_build(trial_dir, context)
+
+    monkeypatch.setattr(handlers, "build_record", build)
+    settings = ImporterSettings(
+        nats_url=nats_url, ledger_url=ledger_url, prefix=topology.prefix, ledger_db=ledger_db
+    )
+    good_dir = harbor_trials.copy("oracle", tmp_path, "good-1")
+    subject = topology.event_subject("trial_completed", EXPERIMENT)
+    deadline = time.monotonic() + TIMEOUT_S + BUG_MAX_DELIVERIES * BUG_RETRY_DELAY_S
+
+    async def until(what: str, check: Callable[[], Awaitable[bool]]) -> None:
+        while not await check():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.1)
+
+    ledger = MongoLedger(ledger_url, ledger_db)
+    async with TestApp(create_app(settings)):
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            for trial_id, trial_dir in (("bug-1", tmp_path / "bug-1"), ("good-1", good_dir)):
+                await js.publish(subject, _completed(trial_id, trial_dir))
+
+            async def recorded(trial_id: str) -> bool:
+                return await ledger.get_record(trial_id) is not None
+
+            await until("the good trial's record", lambda: recorded("good-1"))
+            # Written on the bug's first delivery: the bug did not hold it back.
+            assert attempts.count("bug-1") == 1
+            assert await ledger.get_record("bug-1") is None
+
+            await until("the ImporterError record", lambda: recorded("bug-1"))
+
+            async def settled() -> bool:
+                info = await js.consumer_info(topology.events_stream, topology.importer_durable)
+                return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+
+            await until("every message settled", settled)
+        finally:
+            await nc.close()
+            await ledger.close()
+
+    # One build per delivery: nak'ed BUG_MAX_DELIVERIES - 1 times, then given up on.
+    assert attempts.count("bug-1") == BUG_MAX_DELIVERIES
+    assert attempts.count("good-1") == 1
+    bug = await _get(ledger_url, ledger_db, "bug-1")
+    assert bug.status == "partial" and not bug.evaluation.reward_valid
+    assert bug.evaluation.exception_type == "ImporterError"
+    assert "KeyError: 'planted importer bug'" in (bug.evaluation.exception_message or "")
+    good = await _get(ledger_url, ledger_db, "good-1")
+    assert good.status == "complete" and good.evaluation.reward_valid
+
+
+async def _get(ledger_url: str, ledger_db: str, trial_id: str) -> TrialRecord:
+    ledger = MongoLedger(ledger_url, ledger_db)
+    try:
+        record = await ledger.get_record(trial_id)
+    finally:
+        await ledger.close()
+    assert record is not None, trial_id
+    return record
