@@ -12,7 +12,10 @@ upper), with network, as Docker builds have. Steps:
   WORKDIR, as the current USER; a non-zero exit ends the build with
   ``DockerfileBuildError`` carrying the log's tail.
 
-Every step is written to the build log (``#N`` headers, output, duration).
+Every step is written to the build log (``#N`` headers, output, duration), up to
+``MAX_BUILD_LOG_BYTES``; only its last lines are kept in memory. The whole build has
+a deadline (the task's ``build_timeout_sec``) and runs in a cgroup with a process
+limit (and a memory limit when asked), like every trial.
 """
 
 from __future__ import annotations
@@ -21,17 +24,21 @@ import asyncio
 import logging
 import os
 import shutil
+import stat
 import tarfile
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from services.localenv.dockerfile import BuildPlan, CopyStep, WorkdirStep
-from services.localenv.errors import DockerfileBuildError, LocalEnvironmentError
+from services.localenv.errors import DockerfileBuildError, ExecTimeoutError, LocalEnvironmentError
+from services.localenv.hostio import copy_file, copy_tree
 from services.localenv.images import BaseImage
 from services.localenv.layers import FS_TOPS, HOST_TOPS, ImageConfig
+from services.localenv.limits import TrialCgroup
 from services.localenv.masks import mask_host_secrets
 from services.localenv.sandbox import Bind, Overlay, Sandbox, SandboxSpec
 from services.localenv.tools import seed_home
@@ -54,6 +61,8 @@ HARBOR_MOUNTS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
 # Files Docker provides per container, never part of an image.
 RUNTIME_ETC_FILES = ("resolv.conf", "hosts", "hostname")
 _TAIL_LINES = 25
+MAX_BUILD_LOG_BYTES = 16 * 1024 * 1024
+"""The build log on disk stops here (a step printing without end cannot fill the disk)."""
 
 
 @dataclass(slots=True)
@@ -68,20 +77,33 @@ class BuildRequest:
     seed_uv_home: bool
     empty_dir: Path
     network: bool = True
+    timeout_sec: float | None = None
+    """Deadline of the whole build (Harbor's ``build_timeout_sec``); None: none."""
+    pids_limit: int | None = None
+    memory_mb: int | None = None
 
 
 class _Log:
-    def __init__(self, stream: TextIO) -> None:
+    """The build log: written to disk up to a size, its last lines kept in memory."""
+
+    def __init__(self, stream: TextIO, limit: int = MAX_BUILD_LOG_BYTES) -> None:
         self._stream = stream
-        self.lines: list[str] = []
+        self._left = limit
+        self.lines: deque[str] = deque(maxlen=_TAIL_LINES)
 
     def write(self, text: str) -> None:
-        self._stream.write(text)
-        self._stream.flush()
-        self.lines.extend(text.splitlines())
+        if self._left > 0:
+            data = text[: self._left]
+            self._left -= len(data)
+            if self._left <= 0:
+                data += "\n[trialbus: build log truncated here]\n"
+            self._stream.write(data)
+            self._stream.flush()
+        # Long lines count once per 500 characters of the tail, not whole.
+        self.lines.extend(line[:500] for line in text.splitlines()[-_TAIL_LINES:])
 
     def tail(self) -> str:
-        return "\n".join(self.lines[-_TAIL_LINES:])
+        return "\n".join(self.lines)
 
 
 async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> ImageConfig:
@@ -109,11 +131,17 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
     masked = mask_host_secrets(fs)
     (etc / "resolv.conf").write_text("nameserver 10.0.2.3\n")
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n")
+    cgroup = TrialCgroup.create(
+        dest.name, cpus=None, memory_mb=req.memory_mb, pids=req.pids_limit, logger=logger
+    )
     spec = SandboxSpec(
         state_dir=dest / "state",
         overlays=overlays,
         binds=binds,
         network=req.network,
+        cgroup=cgroup,
+        memory_rlimit_mb=req.memory_mb if cgroup is None else None,
+        pids_rlimit=req.pids_limit if cgroup is None or not cgroup.pids_limited else None,
         helpers_root=dest.parent / ".exec-helpers",
     )
     sandbox = Sandbox(spec, logger)
@@ -122,8 +150,9 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
         log = _Log(stream)
         log.write(f"#0 host secrets masked: {', '.join(masked) or 'none found'}\n")
         await sandbox.start()
+        deadline = time.monotonic() + req.timeout_sec if req.timeout_sec else None
         try:
-            await _replay(req, sandbox, log, log_path)
+            await _replay(req, sandbox, log, log_path, deadline)
         finally:
             await sandbox.stop()
     for name in RUNTIME_ETC_FILES:
@@ -141,7 +170,9 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
     )
 
 
-async def _replay(req: BuildRequest, sandbox: Sandbox, log: _Log, log_path: Path) -> None:
+async def _replay(
+    req: BuildRequest, sandbox: Sandbox, log: _Log, log_path: Path, deadline: float | None
+) -> None:
     plan = req.plan
     total = len(plan.steps) + 1
     log.write(f"#1 [1/{total}] FROM {req.base.describe()}\n")
@@ -159,6 +190,7 @@ async def _replay(req: BuildRequest, sandbox: Sandbox, log: _Log, log_path: Path
             user=None,
             label=f"FROM {plan.base} (Python {py.version} at /usr/local)",
             line=plan.base_line,
+            deadline=deadline,
         )
     log.write("#1 DONE\n")
     for n, step in enumerate(plan.steps, start=2):
@@ -188,6 +220,7 @@ async def _replay(req: BuildRequest, sandbox: Sandbox, log: _Log, log_path: Path
                 user=step.user,
                 label=step.text,
                 line=step.line,
+                deadline=deadline,
             )
         log.write(f"#{n} DONE {time.monotonic() - started:.1f}s\n")
 
@@ -203,6 +236,7 @@ async def _run(
     user: str | None,
     label: str,
     line: int,
+    deadline: float | None,
 ) -> None:
     uid, gid, home = lookup_user(sandbox.root, user) if user else (0, 0, "/root")
     env = {"HOME": home, **env}
@@ -210,7 +244,19 @@ async def _run(
     async def sink(text: str, _stream: str) -> None:
         log.write(text)
 
-    result = await sandbox.exec(argv, env=env, cwd=workdir, uid=uid, gid=gid, on_output=sink)
+    left = max(deadline - time.monotonic(), 0.001) if deadline is not None else None
+    try:
+        result = await sandbox.exec(
+            argv, env=env, cwd=workdir, uid=uid, gid=gid, on_output=sink, timeout_sec=left
+        )
+    except ExecTimeoutError:
+        log.write("ERROR: the build's time limit was reached\n")
+        raise DockerfileBuildError(
+            f"Dockerfile:{line}: {label[:200]} was stopped: the environment build exceeded "
+            f"its time limit (build_timeout_sec in task.toml; full log: {log_path}). "
+            f"Last lines of the build log:\n{log.tail()}",
+            log_path,
+        ) from None
     if result.return_code != 0:
         log.write(f"ERROR: exit code {result.return_code}\n")
         raise DockerfileBuildError(
@@ -257,6 +303,9 @@ def _copy(step: CopyStep, context: Path, sandbox: Sandbox) -> None:
                     raise LocalEnvironmentError(f"{pattern}: not found in the build context {ctx}")
                 matches = [src]
             for src in matches:
+                # A glob walks through linked folders: the match must lie in the context.
+                if not Path(os.path.realpath(src.parent)).is_relative_to(ctx):
+                    raise LocalEnvironmentError(f"{src} is outside the build context")
                 written += _copy_one(src, step, sandbox)
     for path in written:
         for p in [path, *(path.rglob("*") if path.is_dir() and not path.is_symlink() else [])]:
@@ -267,21 +316,21 @@ def _copy(step: CopyStep, context: Path, sandbox: Sandbox) -> None:
 
 
 def _copy_one(src: Path, step: CopyStep, sandbox: Sandbox) -> list[Path]:
+    """Copy one context entry; a link is copied as a link (never read through), FIFOs
+    and devices are refused, each file is bounded (``hostio``)."""
     dest = sandbox.resolve(step.dest)
-    if step.add and src.is_file() and tarfile.is_tarfile(src):
+    kind = os.lstat(src).st_mode
+    if step.add and stat.S_ISREG(kind) and tarfile.is_tarfile(src):
         dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(src) as tar:
             tar.extractall(dest, filter="tar")
         return [dest]
-    if src.is_dir():
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
-        return [dest / child.name for child in src.iterdir()]
+    if stat.S_ISDIR(kind):
+        return copy_tree(src, dest)
     if step.dest_is_dir or dest.is_dir():
         dest.mkdir(parents=True, exist_ok=True)
         dest = dest / src.name
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(src, dest, follow_symlinks=False)
+    copy_file(src, dest)
     return [dest]
 
 

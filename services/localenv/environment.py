@@ -26,13 +26,16 @@ folders), ``cache_dir`` (built layers; default ``<scratch_dir>/.layers``),
 ``keep_sandbox``, ``base_images`` (extra FROM mappings), ``python_interpreters``
 (version -> interpreter path), ``build_args`` (Dockerfile ARG values),
 ``test_tools`` (lend uv/uvx and host Pythons; default true), ``ca_env`` (point
-SSL_CERT_FILE and friends at the host's CA bundle; default true).
+SSL_CERT_FILE and friends at the host's CA bundle; default true), ``pids_limit``
+(processes per trial and per build, default 4096), ``build_memory_mb`` (memory of a
+Dockerfile build; default none).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import shutil
 import tempfile
 import uuid
@@ -56,6 +59,7 @@ from services.localenv.errors import (
     SandboxStartError,
     UnsupportedEnvironmentError,
 )
+from services.localenv.hostio import copy_file, copy_tree, private_dir, sweep_bound_folder
 from services.localenv.images import BaseImage, host_interpreters, resolve_base
 from services.localenv.layers import (
     HOST_TOPS,
@@ -92,6 +96,8 @@ CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 CA_ENV_NAMES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
 _COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 _HOSTNAME = "trial"
+DEFAULT_PIDS_LIMIT = 4096
+"""Processes (threads included) one trial or build may hold: a fork bomb stops there."""
 
 
 class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships no types
@@ -109,6 +115,10 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         self._build_args: dict[str, str] = dict(kwargs.pop("build_args", None) or {})
         self._lend_tools = bool(kwargs.pop("test_tools", True))
         self._ca_env = bool(kwargs.pop("ca_env", True))
+        pids = int(kwargs.pop("pids_limit", DEFAULT_PIDS_LIMIT) or 0)
+        self._pids_limit = pids if pids > 0 else None
+        build_memory = kwargs.pop("build_memory_mb", None)
+        self._build_memory_mb = int(build_memory) if build_memory else None
         # Bind Harbor's log folders straight into the sandbox: no copies back and forth.
         kwargs.setdefault("auto_mounting", True)
         super().__init__(*args, **kwargs)
@@ -198,6 +208,9 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             seed_uv_home=self._toolbox is not None,
             empty_dir=self._empty_dir(),
             network=needs_network,
+            timeout_sec=self.task_env_config.build_timeout_sec,
+            pids_limit=self._pids_limit,
+            memory_mb=self._build_memory_mb,
         )
 
         async def build(tmp: Path) -> ImageConfig:
@@ -240,6 +253,10 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             raise LocalEnvironmentError(
                 "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
             )
+        # Trial and layer files are root's, setuid bits included: no other host user
+        # may reach them (the overlays' folders cannot be mounted nosuid on the host).
+        for folder in (self._scratch, self._cache.root):
+            await asyncio.to_thread(private_dir, folder)
         plan = self._plan()
         base = resolve_base(
             plan.base,
@@ -260,6 +277,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
 
     def _trial_spec(self, layer: Layer) -> SandboxSpec:
         root = self._root
+        private_dir(root)
         overlays = [Overlay("/", (layer.fs("root"),), root / "upper/root", root / "work/root")]
         overlays += [
             Overlay(
@@ -293,7 +311,9 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             binds.append(Bind(Path(prefix), prefix, read_only=True))
         cpus = self._resource_limit_value("cpu", auto_mode=ResourceMode.LIMIT)
         memory = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
-        cgroup = TrialCgroup.create(root.name, cpus=cpus, memory_mb=memory, logger=self.logger)
+        cgroup = TrialCgroup.create(
+            root.name, cpus=cpus, memory_mb=memory, pids=self._pids_limit, logger=self.logger
+        )
         return SandboxSpec(
             state_dir=root / "state",
             overlays=overlays,
@@ -302,6 +322,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             hostname=_HOSTNAME,
             cgroup=cgroup,
             memory_rlimit_mb=memory if cgroup is None and memory else None,
+            pids_rlimit=self._pids_limit if cgroup is None or not cgroup.pids_limited else None,
             helpers_root=self._cache.root / ".exec-helpers",
         )
 
@@ -319,26 +340,26 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             raise LocalEnvironmentError("file transfer before start() or after stop()")
         return self._sandbox.resolve(sandbox_path)
 
+    # Transfers go through ``hostio``: links are copied as links (an uploaded task
+    # folder cannot pull host files in; a downloaded one cannot point host readers
+    # at host files), FIFOs and devices are refused, each file is bounded.
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         dest = self._path(target_path)
-        await asyncio.to_thread(_copy_file, Path(source_path), dest)
+        await asyncio.to_thread(copy_file, Path(source_path), dest)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         dest = self._path(target_dir)
-        await asyncio.to_thread(shutil.copytree, Path(source_dir), dest, dirs_exist_ok=True)
+        await asyncio.to_thread(copy_tree, Path(source_dir), dest)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         src = self._path(source_path)
-        await asyncio.to_thread(_copy_file, src, Path(target_path))
+        await asyncio.to_thread(copy_file, src, Path(target_path), allow_link=False)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         src = self._path(source_dir)
         if not src.is_dir():
             raise FileNotFoundError(f"{source_dir} does not exist in the sandbox")
-        # symlinks=True: a link inside the trial must never make us read a host file.
-        await asyncio.to_thread(
-            shutil.copytree, src, Path(target_dir), symlinks=True, dirs_exist_ok=True
-        )
+        await asyncio.to_thread(_download_tree, src, Path(target_dir), self.logger)
 
     # -- exec --------------------------------------------------------------------------
     def _default_env(self, home: str) -> dict[str, str]:
@@ -388,11 +409,21 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             timeout_sec=timeout_sec,
             on_output=self._output_callback(),
         )
+        # Harbor reads these host folders next (rewards, agent logs): a link planted
+        # there must not make it read a host file. (A background process of the trial
+        # may still race this; see docs/security.md.)
+        await asyncio.to_thread(self._sweep_bound_folders)
         return ExecResult(
             stdout=result.stdout or None,
             stderr=result.stderr or None,
             return_code=result.return_code,
         )
+
+    def _sweep_bound_folders(self) -> None:
+        for m in self._mounts:
+            if m["type"] == "bind" and not m.get("read_only"):
+                for change in sweep_bound_folder(Path(m["source"])):
+                    self.logger.warning("local environment: %s", change)
 
 
 @functools.lru_cache(maxsize=16)
@@ -401,6 +432,7 @@ def _toolbox(cache_root: Path, interpreters: tuple[tuple[str, str], ...]) -> Too
     return Toolbox.prepare(cache_root, host_interpreters(dict(interpreters)))
 
 
-def _copy_file(src: Path, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(src, dest)
+def _download_tree(src: Path, dest: Path, logger: logging.Logger) -> None:
+    copy_tree(src, dest)
+    for change in sweep_bound_folder(dest):
+        logger.warning("local environment: downloaded %s", change)

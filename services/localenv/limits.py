@@ -1,11 +1,15 @@
-"""CPU and memory limits for one sandbox: a cgroup when the host lets us make one.
+"""CPU, memory and process-count limits for one sandbox: a cgroup when the host allows.
 
 ``TrialCgroup.create`` makes a cgroup for a trial under the runner's own cgroup
 (so the trial stays inside whatever limits the runner itself has) and sets:
 
-- cgroup v2: ``memory.max``, ``memory.swap.max = 0`` and ``cpu.max``;
-- cgroup v1: ``memory.limit_in_bytes`` (and ``memsw`` when present) and
-  ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``.
+- cgroup v2: ``memory.max``, ``memory.swap.max = 0``, ``cpu.max`` and ``pids.max``;
+- cgroup v1: ``memory.limit_in_bytes`` (and ``memsw`` when present),
+  ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` and ``pids.max``.
+
+The process count is best effort: without a pids controller the other limits still
+apply and ``pids_limited`` is False (the sandbox then falls back to ``prlimit
+--nproc``, which binds a non-root runner's trials only: the kernel exempts host uid 0).
 
 Every process of the sandbox is started inside it (``join_command``), so the
 limits cover the whole trial, background processes included. When no cgroup can
@@ -34,6 +38,7 @@ class TrialCgroup:
     """The cgroup folder(s) of one trial (one on v2, one per controller on v1)."""
 
     dirs: list[Path]
+    pids_limited: bool = False
 
     @classmethod
     def create(
@@ -45,18 +50,19 @@ class TrialCgroup:
         logger: logging.Logger,
         root: Path = CGROUP_ROOT,
         membership: str | None = None,
+        pids: int | None = None,
     ) -> TrialCgroup | None:
         """Make and configure the trial's cgroup; None when the host does not allow it.
 
         ``membership`` is this process's /proc/self/cgroup (read when not given).
         """
-        if cpus is None and memory_mb is None:
+        if cpus is None and memory_mb is None and pids is None:
             return None
         try:
             own = membership if membership is not None else _SELF_CGROUP.read_text()
             if (root / "cgroup.controllers").is_file():
-                return _create_v2(root, own, name, cpus, memory_mb)
-            return _create_v1(root, own, name, cpus, memory_mb)
+                return _create_v2(root, own, name, cpus, memory_mb, pids)
+            return _create_v1(root, own, name, cpus, memory_mb, pids)
         except OSError as exc:
             logger.warning(
                 "local environment: no cgroup for %s (%s); CPU not limited, memory "
@@ -105,7 +111,12 @@ def _own_path(membership: str, controller: str) -> str:
 
 
 def _create_v2(
-    root: Path, membership: str, name: str, cpus: float | None, memory_mb: int | None
+    root: Path,
+    membership: str,
+    name: str,
+    cpus: float | None,
+    memory_mb: int | None,
+    pids: int | None,
 ) -> TrialCgroup:
     own = root / _own_path(membership, "").lstrip("/")
     parent = own / "trialbus"
@@ -116,6 +127,8 @@ def _create_v2(
     missing = [c for c in wanted if c not in available]
     if missing:
         raise OSError(f"cgroup v2 controllers not delegated here: {', '.join(missing)}")
+    if pids is not None and "pids" in available:
+        wanted.append("pids")
     enabled = set((parent / "cgroup.subtree_control").read_text().split())
     for c in wanted:
         if c not in enabled:
@@ -128,13 +141,21 @@ def _create_v2(
             (d / "memory.swap.max").write_text("0")
     if cpus is not None:
         (d / "cpu.max").write_text(f"{int(cpus * _CFS_PERIOD_US)} {_CFS_PERIOD_US}")
-    return TrialCgroup([d])
+    if "pids" in wanted:
+        (d / "pids.max").write_text(str(pids))
+    return TrialCgroup([d], pids_limited="pids" in wanted)
 
 
 def _create_v1(
-    root: Path, membership: str, name: str, cpus: float | None, memory_mb: int | None
+    root: Path,
+    membership: str,
+    name: str,
+    cpus: float | None,
+    memory_mb: int | None,
+    pids: int | None,
 ) -> TrialCgroup:
     dirs: list[Path] = []
+    pids_limited = False
     try:
         if memory_mb is not None:
             d = root / "memory" / _own_path(membership, "memory").lstrip("/") / f"trialbus-{name}"
@@ -150,7 +171,27 @@ def _create_v1(
             dirs.append(d)
             (d / "cpu.cfs_period_us").write_text(str(_CFS_PERIOD_US))
             (d / "cpu.cfs_quota_us").write_text(str(int(cpus * _CFS_PERIOD_US)))
+        if pids is not None and (root / "pids").is_dir():
+            pids_limited = _pids_v1(root, membership, name, pids, dirs)
     except OSError:
         TrialCgroup(dirs).remove(0)
         raise
-    return TrialCgroup(dirs)
+    if not dirs:
+        raise OSError("no cgroup v1 controller to use")
+    return TrialCgroup(dirs, pids_limited=pids_limited)
+
+
+def _pids_v1(root: Path, membership: str, name: str, pids: int, dirs: list[Path]) -> bool:
+    """Add a v1 pids cgroup to ``dirs``; False (and nothing added) when it cannot be made."""
+    try:
+        d = root / "pids" / _own_path(membership, "pids").lstrip("/") / f"trialbus-{name}"
+        d.mkdir()
+    except OSError:
+        return False
+    try:
+        (d / "pids.max").write_text(str(pids))
+    except OSError:
+        TrialCgroup([d]).remove(0)
+        return False
+    dirs.append(d)
+    return True

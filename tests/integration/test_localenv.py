@@ -221,9 +221,13 @@ async def test_transfers_cannot_follow_links_to_the_host(
         await sh(env, "ln -s /etc /app/hostetc && ln -s /etc/hostname /app/hostname-link")
         await env.upload_file(local, f"/app/hostetc/{name}")
         assert await sh(env, f"cat /etc/{name}") == "payload"
+        await sh(env, "ln -s inside.txt /app/ok-link && echo in > /app/inside.txt")
         out = tmp_path / "download"
         await env.download_dir("/app", out)
-        assert (out / "hostetc").is_symlink() and os.readlink(out / "hostetc") == "/etc"
+        # Links out of the downloaded folder are dropped (a host reader would follow
+        # them to host files); links that stay inside are kept.
+        assert not os.path.lexists(out / "hostetc") and not os.path.lexists(out / "hostname-link")
+        assert (out / "ok-link").is_symlink() and (out / "ok-link").read_text() == "in\n"
     assert not Path(f"/etc/{name}").exists()
 
 
