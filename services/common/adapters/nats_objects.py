@@ -1,0 +1,196 @@
+"""NatsObjectStore: the ObjectStore port over a JetStream object store bucket.
+
+nats-py splits an object into 128 KiB chunks on subject ``$O.<bucket>.C.<nuid>`` and
+keeps its metadata (size, ``SHA-256=<urlsafe base64>`` digest) on ``$O.<bucket>.M.<name>``
+of the stream ``OBJ_<bucket>``. Beyond the library this adapter:
+
+- turns the digest into the hex sha256 of ObjectRef, and skips a put whose name already
+  holds the same bytes (task archives are named by checksum: uploaded once);
+- verifies every get against the caller's reference (size and sha256): ObjectCorrupt,
+  as is the library's own DigestMismatchError (a damaged chunk);
+- maps a missing object to ObjectMissing, timeouts and an unreachable server to
+  TransientError, a full bucket (``max_bytes``, discard new) to TransientError naming
+  the setting;
+- creates the bucket, when asked, with file storage, its replicas, ``max_bytes`` and a
+  TTL (retention); an existing bucket is used as it is (one owner configures it).
+
+Reads go through ``writeinto`` (a BytesIO): without it nats-py grows a bytes object
+chunk by chunk, quadratic in the object's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import io
+from dataclasses import dataclass
+
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import ObjectInfo, ObjectStoreConfig, StorageType
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    DigestMismatchError,
+    ObjectNotFoundError,
+    ServiceUnavailableError,
+)
+from nats.js.object_store import ObjectStore as JsObjectStore
+
+from schemas.objects import ObjectRef
+from services.common.errors import InternalError, ObjectCorrupt, ObjectMissing, TransientError
+
+_UNAVAILABLE = (NatsTimeoutError, NoRespondersError, ConnectionClosedError, TimeoutError)
+# JetStream's error codes for a stream at its max_bytes (discard=new: 10077, "maximum
+# bytes exceeded") and for a server out of JetStream storage (10047).
+_STORE_FULL = (10077, 10047)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSettings:
+    """How a bucket is created when missing (retention and size are settings)."""
+
+    max_bytes: int | None = None
+    """Bucket size limit in bytes (None: unlimited); a put past it is refused."""
+    ttl_s: float | None = None
+    """Objects older than this are removed by the server (None: kept)."""
+    replicas: int = 1
+    description: str | None = None
+
+
+class NatsObjectStore:
+    """The ObjectStore port over one JetStream object store bucket."""
+
+    def __init__(self, store: JsObjectStore, bucket: str, *, timeout_s: float = 60.0) -> None:
+        self._store = store
+        self._bucket = bucket
+        self._timeout_s = timeout_s
+
+    @classmethod
+    async def open(
+        cls,
+        js: JetStreamContext,
+        bucket: str,
+        *,
+        create: BucketSettings | None = None,
+        timeout_s: float = 60.0,
+    ) -> NatsObjectStore:
+        """Open ``bucket``; create it with ``create`` when missing (else TransientError)."""
+        try:
+            try:
+                store = await js.object_store(bucket)
+            except BucketNotFoundError:
+                if create is None:
+                    raise TransientError(
+                        f"object store bucket {bucket} does not exist (yet): the service "
+                        "that owns it creates it on start"
+                    ) from None
+                config = ObjectStoreConfig(
+                    bucket=bucket,
+                    description=create.description,
+                    ttl=create.ttl_s,
+                    max_bytes=create.max_bytes,
+                    storage=StorageType.FILE,
+                    replicas=create.replicas,
+                )
+                store = await js.create_object_store(bucket, config=config)
+        except _UNAVAILABLE as exc:
+            raise TransientError(f"object store bucket {bucket}: {type(exc).__name__}") from exc
+        return cls(store, bucket, timeout_s=timeout_s)
+
+    @property
+    def bucket(self) -> str:
+        """The bucket's name (as ObjectRef.bucket)."""
+        return self._bucket
+
+    def _ref(self, info: ObjectInfo) -> ObjectRef:
+        digest = (info.digest or "").partition("=")[2]
+        return ObjectRef(
+            bucket=self._bucket,
+            name=info.name,
+            size=info.size or 0,
+            sha256=base64.urlsafe_b64decode(digest).hex()
+            if digest
+            else hashlib.sha256().hexdigest(),
+        )
+
+    async def put(self, name: str, data: bytes) -> ObjectRef:
+        """Store ``data`` under ``name`` (replacing it) and return its reference.
+
+        Not wrapped in a timeout: each chunk's publish has the JetStream timeout, and on
+        an error nats-py purges the chunks it wrote (a cancellation would leak them).
+        """
+        sha = hashlib.sha256(data).hexdigest()
+        try:
+            ObjectRef(bucket=self._bucket, name=name, size=len(data), sha256=sha)
+        except ValueError as exc:
+            raise InternalError(f"invalid object name {name!r}: {exc}") from None
+        existing = await self.info(name)
+        if existing is not None and existing.sha256 == sha and existing.size == len(data):
+            return existing
+        try:
+            info = await self._store.put(name, data)
+        except _UNAVAILABLE as exc:
+            raise TransientError(
+                f"{self._bucket}/{name}: upload not confirmed: {type(exc).__name__}"
+            ) from exc
+        except APIError as exc:
+            if exc.err_code in _STORE_FULL:
+                raise TransientError(
+                    f"object store bucket {self._bucket} is full ({exc.description}): {name} "
+                    f"({len(data)} bytes) not stored; raise the bucket's size setting or "
+                    "shorten its retention"
+                ) from exc
+            if isinstance(exc, ServiceUnavailableError):
+                raise TransientError(f"{self._bucket}/{name}: {exc.description}") from exc
+            raise
+        ref = self._ref(info)
+        if ref.sha256 != sha:
+            raise ObjectCorrupt(f"{self._bucket}/{name}: stored digest differs from the data")
+        return ref
+
+    async def get(self, ref: ObjectRef) -> bytes:
+        """The object's bytes; raises ObjectMissing or ObjectCorrupt (sha256/size differ)."""
+        if ref.bucket != self._bucket:
+            raise InternalError(f"reference to bucket {ref.bucket} given to bucket {self._bucket}")
+        where = f"{ref.bucket}/{ref.name}"
+        buffer = io.BytesIO()
+        try:
+            await asyncio.wait_for(self._store.get(ref.name, writeinto=buffer), self._timeout_s)
+        except ObjectNotFoundError:
+            raise ObjectMissing(
+                f"{where}: no such object (never stored, deleted or expired)"
+            ) from None
+        except DigestMismatchError:
+            raise ObjectCorrupt(
+                f"{where}: stored chunks do not match the object's digest"
+            ) from None
+        except _UNAVAILABLE as exc:
+            raise TransientError(f"{where}: download failed: {type(exc).__name__}") from exc
+        data = buffer.getvalue()
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise ObjectCorrupt(
+                f"{where}: fetched {len(data)} bytes that do not match the reference "
+                f"({ref.size} bytes, sha256 {ref.sha256[:12]}...)"
+            )
+        return data
+
+    async def info(self, name: str) -> ObjectRef | None:
+        """The stored object's reference, or None when there is none."""
+        try:
+            return self._ref(await self._store.get_info(name))
+        except ObjectNotFoundError:
+            return None
+        except _UNAVAILABLE as exc:
+            raise TransientError(f"{self._bucket}/{name}: {type(exc).__name__}") from exc
+
+    async def delete(self, name: str) -> None:
+        """Remove an object (a missing one is not an error)."""
+        try:
+            with contextlib.suppress(ObjectNotFoundError):
+                await self._store.delete(name)
+        except _UNAVAILABLE as exc:
+            raise TransientError(f"{self._bucket}/{name}: {type(exc).__name__}") from exc
