@@ -35,6 +35,11 @@ def read_text(path: Path, label: str, errors: list[str]) -> str | None:
     except OSError as exc:
         errors.append(f"{label}: unreadable: {exc.strerror or exc}")
         return None
+    except ValueError as exc:
+        # A path the OS cannot name (a NUL byte, from an event's trial_dir): the
+        # system call refuses it before any file is looked for.
+        errors.append(f"{label}: unreadable: invalid path ({exc})")
+        return None
     if size > MAX_FILE_BYTES or len(raw) > MAX_FILE_BYTES:
         errors.append(
             f"{label}: {max(size, len(raw))} bytes exceeds the "

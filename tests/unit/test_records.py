@@ -269,6 +269,15 @@ def test_unreadable_result(harbor_trials: HarborTrials, tmp_path: Path) -> None:
     assert record.artifacts.result_path is None
 
 
+def test_a_trial_path_the_os_cannot_name_is_a_diagnostic(tmp_path: Path) -> None:
+    # A TrialCompleted may carry any string as trial_dir, NUL bytes included.
+    record = build_record(tmp_path / "bad\x00name", CTX)
+
+    assert record.errors[0] == "result.json: unreadable: invalid path (embedded null byte)"
+    assert all(e.endswith(": unreadable: invalid path (embedded null byte)") for e in record.errors)
+    assert record.status == "partial" and not record.evaluation.reward_valid
+
+
 def test_broken_config_json_is_reported_when_it_is_needed(
     harbor_trials: HarborTrials, tmp_path: Path
 ) -> None:
