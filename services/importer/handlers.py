@@ -39,7 +39,7 @@ from schemas.events import (
 )
 from schemas.record import TrialRecord
 from services.common.errors import ACK, LedgerUnavailable, Settle, settle_error
-from services.common.logging import get_logger
+from services.common.logging import bound_event, get_logger
 from services.common.ports import EventBus, ExperimentInfo, Ledger, UpsertOutcome
 from services.importer.records import RecordContext, build_failed_record, build_record
 
@@ -171,23 +171,18 @@ async def plan_batch(messages: Sequence[Incoming], *, transient_delay_s: float) 
         if isinstance(rec, Exception):
             delivered = messages[i].delivered
             verdict = record_failure_verdict(rec, delivered, transient_delay_s=transient_delay_s)
-            ids = {"experiment_id": ev.experiment_id, "trial_id": ev.trial_id}
-            if verdict.action != "ack":
+            with bound_event(ev, delivered=delivered):
+                if verdict.action != "ack":
+                    log.error(
+                        "record building failed; message will be redelivered",
+                        delay_s=verdict.delay_s,
+                        exc_info=rec,
+                    )
+                    plan.settles[i] = verdict
+                    continue
                 log.error(
-                    "record building failed; message will be redelivered",
-                    **ids,
-                    delivered=delivered,
-                    delay_s=verdict.delay_s,
-                    exc_info=rec,
+                    "record building failed; giving up with an ImporterError record", exc_info=rec
                 )
-                plan.settles[i] = verdict
-                continue
-            log.error(
-                "record building failed; giving up with an ImporterError record",
-                **ids,
-                delivered=delivered,
-                exc_info=rec,
-            )
             rec = importer_error_record(ev, rec)
         plan.records[rec.trial_id] = _prefer(rec, plan.records.get(rec.trial_id))
         plan.correlation[rec.trial_id] = ev.correlation_id

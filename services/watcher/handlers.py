@@ -25,7 +25,7 @@ from schemas.events import (
 )
 from services.common.errors import ACK, Settle, settle_error
 from services.common.harbor_jobs import job_dir_for, read_marker, write_job_result
-from services.common.logging import get_logger
+from services.common.logging import bound_event, get_logger
 from services.common.ports import EventBus, Ledger
 from services.importer.jobdir import scan_job_dir
 from services.watcher.logic import RecordTally, completion_of, finished_external_jobs
@@ -137,7 +137,7 @@ async def handle_batch(
 ) -> list[Settle]:
     """Check the experiments a batch of events concerns; one verdict per message, in order."""
     settles: list[Settle] = []
-    todo: dict[str, str] = {}  # experiment_id -> correlation id of its latest event
+    todo: dict[str, ExperimentSubmitted | ResultImported] = {}  # the latest per experiment
     imported: dict[str, set[str]] = {}
     for data in payloads:
         try:
@@ -147,12 +147,15 @@ async def handle_batch(
             continue
         settles.append(ACK)
         if isinstance(ev, ExperimentSubmitted | ResultImported):
-            todo[ev.experiment_id] = ev.correlation_id
+            todo[ev.experiment_id] = ev
         if isinstance(ev, ResultImported):
             imported.setdefault(ev.experiment_id, set()).add(ev.trial_id)
     try:
-        for experiment_id, correlation_id in todo.items():
-            await watcher.check(experiment_id, correlation_id, imported.get(experiment_id, ()))
+        for experiment_id, ev in todo.items():
+            with bound_event(ev):
+                await watcher.check(
+                    experiment_id, ev.correlation_id, imported.get(experiment_id, ())
+                )
     except Exception as exc:  # noqa: BLE001 - settle_error decides; nothing is acked
         verdict = settle_error(exc, transient_delay_s=transient_delay_s)
         if verdict.reason == "transient":
