@@ -1,0 +1,115 @@
+"""Everything a trialbus installation keeps in JetStream, created once by the admin role.
+
+With per-role NATS users (infra.nats_auth) only ``admin`` may create streams, buckets
+and consumers. The services still call ``ensure_streams`` / ``NatsCoordinator.open`` /
+``ensure_runner_consumer`` / FastStream's durable subscribe, but against objects that
+already exist those only look (STREAM.INFO, CONSUMER.INFO), which their roles may do.
+So ``trialbus up`` (or a compose init step) runs :func:`provision` as admin before
+starting any service.
+"""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    ObjectStoreConfig,
+    StorageType,
+)
+from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from schemas.subjects import Topology
+from services.common.adapters.jetstream import ensure_streams
+from services.common.logging import get_logger
+from services.runner.consumer import ensure_runner_consumer
+
+log = get_logger(__name__)
+
+EVENTS_ACK_WAIT_S = 10.0
+"""ack_wait of the importer's and watcher's durables (their apps' ACK_WAIT_S)."""
+
+
+def events_durable_configs(topology: Topology) -> list[ConsumerConfig]:
+    """The importer's and watcher's durables on the events stream.
+
+    Mirrors the ``ConsumerConfig`` their FastStream subscribers pass (services/importer
+    and services/watcher app.py): FastStream binds to an existing durable without
+    updating it, so these values are the ones in force.
+    """
+    return [
+        _events_durable(topology, topology.importer_durable, max_ack_pending=50_000),
+        _events_durable(topology, topology.watcher_durable, max_ack_pending=None),
+    ]
+
+
+def _events_durable(
+    topology: Topology, durable: str, *, max_ack_pending: int | None
+) -> ConsumerConfig:
+    return ConsumerConfig(
+        name=durable,
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subject=topology.event_filter(),
+        ack_wait=EVENTS_ACK_WAIT_S,
+        max_deliver=-1,
+        max_ack_pending=max_ack_pending,
+    )
+
+
+async def provision(
+    js: JetStreamContext,
+    topology: Topology,
+    *,
+    lease_ttl_s: float,
+    runner_ack_wait_s: float,
+    runners_ttl_s: float | None = None,
+    replicas: int = 1,
+) -> None:
+    """Create the streams, buckets and durables that are missing; leave the rest alone.
+
+    ``lease_ttl_s`` and ``runner_ack_wait_s`` are the runners' ``ack_wait_s`` (a lease
+    lives as long as an unacknowledged trial); ``runners_ttl_s`` (default: the lease
+    TTL) is how long a silent runner's registry record stays.
+    """
+    await ensure_streams(js, topology, replicas)
+    for bucket, ttl in (
+        (topology.leases_bucket, lease_ttl_s),
+        (topology.control_bucket, None),
+        (topology.runners_bucket, runners_ttl_s if runners_ttl_s is not None else lease_ttl_s),
+    ):
+        try:
+            await js.key_value(bucket)
+        except BucketNotFoundError:
+            # direct: reads are $JS.API.DIRECT.GET.KV_<b>.$KV.<b>.<key>, so a role's
+            # read right could be narrowed to some keys.
+            await js.create_key_value(
+                KeyValueConfig(
+                    bucket=bucket,
+                    history=1,
+                    ttl=ttl,
+                    storage=StorageType.FILE,
+                    replicas=replicas,
+                    direct=True,
+                )
+            )
+            log.info("bucket created", bucket=bucket)
+    for bucket in (topology.tasks_bucket, topology.results_bucket):
+        try:
+            await js.object_store(bucket)
+        except BucketNotFoundError:
+            await js.create_object_store(
+                bucket, ObjectStoreConfig(storage=StorageType.FILE, replicas=replicas)
+            )
+            log.info("object store created", bucket=bucket)
+    await ensure_runner_consumer(js, topology, runner_ack_wait_s)
+    for config in events_durable_configs(topology):
+        assert config.durable_name is not None
+        try:
+            await js.consumer_info(topology.events_stream, config.durable_name)
+        except NotFoundError:
+            await js.add_consumer(topology.events_stream, config)
+            log.info("consumer created", durable=config.durable_name)

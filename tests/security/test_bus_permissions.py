@@ -1,0 +1,541 @@
+"""The bus boundary, proven against a real nats-server running the generated config.
+
+One nats-server per module, configured with infra.nats_auth's include; the admin role
+provisions the streams, buckets and durables (infra.nats_provision). Each test then
+acts as one role and checks both sides: the operation the role needs succeeds, and an
+operation it must not do is refused by the server (the ``Permissions Violation`` the
+server reports, or a JetStream API error). Every denial has a negative control: the
+same operation succeeds for the role that owns it, so a denial is never just a broken
+setup. Tests isolate themselves by experiment id inside the shared streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import stat
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from faststream.middlewares import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats.annotations import NatsMessage
+from nats.aio.client import Client as NatsClient
+from nats.errors import Error as NatsError
+from nats.js.api import INBOX_PREFIX, ConsumerConfig, DeliverPolicy, StreamConfig
+
+from infra.embedded import BinaryNotFoundError, NatsServer, find_binary
+from infra.nats_auth import (
+    ROLES,
+    AuthFiles,
+    CredentialsError,
+    connect_as,
+    include_directive,
+    load_credentials,
+    role_permissions,
+    write_auth,
+)
+from infra.nats_provision import provision
+from schemas.subjects import Topology
+from services.common.adapters.jetstream import ensure_streams
+from services.common.adapters.nats_kv import NatsCoordinator
+from services.runner.consumer import ensure_runner_consumer
+from tests.conftest import skip_unless
+
+pytestmark = pytest.mark.integration
+
+TOPO = Topology("trialbus")
+ACK_WAIT_S = 30.0
+DENIAL_WAIT_S = 5.0
+"""How long a denial may take to be reported (it is an event; this is only a bound)."""
+
+
+@dataclass(slots=True)
+class Bus:
+    """The running server and the generated files."""
+
+    url: str
+    files: AuthFiles
+
+
+@pytest.fixture(scope="module")
+def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
+    try:
+        find_binary(NatsServer.binary_name, NatsServer.package)
+    except BinaryNotFoundError as exc:
+        skip_unless(str(exc))
+    root = tmp_path_factory.mktemp("bus-auth")
+    files = write_auth(root / "auth", TOPO)
+    data = root / "nats"
+    data.mkdir()
+    config = include_directive(data / "nats-server.conf", files.server_config)
+    with NatsServer(data, config=config) as server:
+        asyncio.run(_provision(server.url, files))
+        yield Bus(server.url, files)
+
+
+async def _provision(url: str, files: AuthFiles) -> None:
+    nc = await connect_as([url], load_credentials(files.credentials["admin"]), name="admin")
+    try:
+        await provision(nc.jetstream(), TOPO, lease_ttl_s=ACK_WAIT_S, runner_ack_wait_s=ACK_WAIT_S)
+    finally:
+        await nc.close()
+
+
+@dataclass(slots=True)
+class Role:
+    """A connection as one role, collecting the errors the server reports to it."""
+
+    name: str
+    nc: NatsClient
+    errors: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+
+    @property
+    def js(self) -> Any:
+        return self.nc.jetstream(timeout=2.0)
+
+    async def denied(
+        self, operation: Awaitable[Any], kind: str, subject: str, wait_s: float = DENIAL_WAIT_S
+    ) -> None:
+        """Run ``operation`` and wait for the server to refuse ``kind`` to ``subject``.
+
+        ``kind`` is ``Publish`` or ``Subscription``; ``subject`` may end with ``*`` to
+        match a prefix. The operation itself then fails or hangs (a refused request gets
+        no reply), so it is cancelled once the refusal is in.
+        """
+        task = asyncio.ensure_future(operation)
+        seen: list[str] = []
+        try:
+            expected = f"permissions violation for {kind} to ".lower()
+            while True:
+                try:
+                    err = await asyncio.wait_for(self.errors.get(), wait_s)
+                except TimeoutError:
+                    outcome = repr(task.exception()) if task.done() else "still running"
+                    pytest.fail(
+                        f"{self.name}: no refusal of {kind} to {subject}; server said "
+                        f"{seen or 'nothing'}; the operation: {outcome}"
+                    )
+                seen.append(err)
+                text = err.lower()
+                if expected not in text:
+                    continue
+                got = text.split(expected, 1)[1].strip("'\" ")
+                want = subject.lower()
+                if got == want or (want.endswith("*") and got.startswith(want[:-1])):
+                    return
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+@pytest.fixture
+async def roles(bus: Bus) -> AsyncIterator[dict[str, Role]]:
+    """One connection per role, all closed at the end."""
+    out: dict[str, Role] = {}
+    for role in ROLES:
+        queue: asyncio.Queue[str] = asyncio.Queue()
+
+        async def on_error(exc: Exception, queue: asyncio.Queue[str] = queue) -> None:
+            await queue.put(str(exc))
+
+        cred = load_credentials(bus.files.credentials[role])
+        nc = await connect_as([bus.url], cred, name=f"test-{role}", error_cb=on_error)
+        out[role] = Role(role, nc, queue)
+    try:
+        yield out
+    finally:
+        for r in out.values():
+            await r.nc.close()
+
+
+def _exp() -> str:
+    return f"exp-{uuid.uuid4().hex[:10]}"
+
+
+async def _stream_messages(admin: Role, stream: str) -> int:
+    info = await admin.js.stream_info(stream)
+    return int(info.state.messages)
+
+
+# -- authentication -------------------------------------------------------------------
+async def test_anonymous_and_wrong_password_are_refused(bus: Bus) -> None:
+    for options in ({}, {"user": TOPO.prefix + "-runner", "password": "not-the-password"}):
+        with pytest.raises((NatsError, OSError)) as info:
+            await nats.connect(bus.url, allow_reconnect=False, max_reconnect_attempts=0, **options)
+        assert (
+            "authorization" in str(info.value).lower() or "no servers" in str(info.value).lower()
+        ), info.value
+    # Negative control: the role's own file connects.
+    cred = load_credentials(bus.files.credentials["runner"])
+    nc = await connect_as([bus.url], cred, name="control", allow_reconnect=False)
+    assert nc.is_connected
+    await nc.close()
+
+
+async def test_credentials_never_travel_in_urls(bus: Bus) -> None:
+    cred = load_credentials(bus.files.credentials["runner"])
+    with pytest.raises(CredentialsError, match="user info"):
+        await connect_as([bus.url.replace("://", "://u:p@")], cred, name="x")
+    assert cred.password not in repr(cred)
+
+
+# -- runner ---------------------------------------------------------------------------
+async def test_runner_takes_work_only_through_its_durable(roles: dict[str, Role]) -> None:
+    submitter, runner, admin = roles["submitter"], roles["runner"], roles["admin"]
+    exp = _exp()
+    # The runner's start-up calls only look (the objects exist): they must pass.
+    await ensure_streams(runner.js, TOPO)
+    await ensure_runner_consumer(runner.js, TOPO, ACK_WAIT_S)
+    ack = await submitter.js.publish(TOPO.work_subject(exp), b'{"w": 1}')
+    assert ack.stream == TOPO.work_stream
+    psub = await runner.js.pull_subscribe_bind(TOPO.runner_durable, stream=TOPO.work_stream)
+    seen = []
+    while TOPO.work_subject(exp) not in seen:
+        for msg in await psub.fetch(batch=10, timeout=5):
+            seen.append(msg.subject)
+            await msg.ack_sync()
+    # It may not publish work, nor let the submitter's role take work.
+    before = await _stream_messages(admin, TOPO.work_stream)
+    await runner.denied(
+        runner.js.publish(TOPO.work_subject(exp), b"{}"), "Publish", TOPO.work_subject(exp)
+    )
+    assert await _stream_messages(admin, TOPO.work_stream) == before
+    next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{TOPO.work_stream}.{TOPO.runner_durable}"
+    fetcher = await submitter.js.pull_subscribe_bind(TOPO.runner_durable, stream=TOPO.work_stream)
+    await submitter.denied(fetcher.fetch(batch=1, timeout=2), "Publish", next_subject)
+
+
+async def test_runner_publishes_run_events_but_no_experiment_events(
+    roles: dict[str, Role],
+) -> None:
+    runner, watcher, submitter = roles["runner"], roles["watcher"], roles["submitter"]
+    exp = _exp()
+    for kind in ("trial_started", "trial_completed", "trial_failed"):
+        ack = await runner.js.publish(TOPO.event_subject(kind, exp), b"{}")
+        assert ack.stream == TOPO.events_stream
+    await runner.nc.publish(TOPO.log_subject(exp, "t1"), b"{}")  # core publish, like live_logs
+    await runner.nc.flush()
+    for kind, owner in (
+        ("experiment_submitted", submitter),
+        ("experiment_completed", watcher),
+        ("result_imported", roles["importer"]),
+    ):
+        subject = TOPO.event_subject(kind, exp)
+        await runner.denied(runner.js.publish(subject, b"{}"), "Publish", subject)
+        assert (await owner.js.publish(subject, b"{}")).stream == TOPO.events_stream
+
+
+async def test_only_admin_touches_stream_and_consumer_configuration(
+    roles: dict[str, Role],
+) -> None:
+    admin = roles["admin"]
+    api = "$JS.API"
+    for name in ("runner", "submitter", "importer", "watcher", "subscriber"):
+        role = roles[name]
+        await role.denied(
+            role.js.add_stream(StreamConfig(name="TRIALBUS_EVIL", subjects=["evil.>"])),
+            "Publish",
+            f"{api}.STREAM.CREATE.TRIALBUS_EVIL",
+        )
+        await role.denied(
+            role.js.delete_stream(TOPO.work_stream), "Publish", f"{api}.STREAM.DELETE.*"
+        )
+        await role.denied(
+            role.js.purge_stream(TOPO.events_stream), "Publish", f"{api}.STREAM.PURGE.*"
+        )
+        await role.denied(
+            role.js.add_consumer(TOPO.events_stream, ConsumerConfig(durable_name="evil")),
+            "Publish",
+            f"{api}.CONSUMER.DURABLE.CREATE.{TOPO.events_stream}.evil",
+        )
+    # Not even its own durable may the runner redefine (e.g. a longer ack_wait).
+    runner = roles["runner"]
+    await runner.denied(
+        runner.js.add_consumer(
+            TOPO.work_stream, ConsumerConfig(durable_name=TOPO.runner_durable, ack_wait=1)
+        ),
+        "Publish",
+        f"{api}.CONSUMER.DURABLE.CREATE.{TOPO.work_stream}.{TOPO.runner_durable}",
+    )
+    assert await _stream_messages(admin, TOPO.work_stream) >= 0  # still there
+    # Negative controls: the admin may do each of these on its installation...
+    await admin.js.purge_stream(TOPO.logs_stream)
+    probe = await admin.js.add_consumer(
+        TOPO.events_stream, ConsumerConfig(durable_name="trialbus-probe")
+    )
+    assert await admin.js.delete_consumer(TOPO.events_stream, probe.name)
+    # ...and on nothing else: another installation's names are out of its reach.
+    await admin.denied(
+        admin.js.add_stream(StreamConfig(name="OTHER_WORK", subjects=["other.work.>"])),
+        "Publish",
+        f"{api}.STREAM.CREATE.OTHER_WORK",
+    )
+
+
+async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
+    runner, submitter = roles["runner"], roles["submitter"]
+    exp = _exp()
+    coord = await NatsCoordinator.open(runner.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    lease = await coord.acquire(exp, 2, "runner-1")
+    assert lease is not None
+    await coord.renew(lease)
+    await coord.release(lease)
+    assert await coord.next_attempt(f"{exp}:t:0") == 1
+    assert await coord.next_attempt(f"{exp}:t:0") == 2
+    assert not await coord.is_cancelled(exp, fresh=True)
+    # A runner cannot cancel anyone's work; the submitter can, and the runner sees it.
+    cancel_key = f"$KV.{TOPO.control_bucket}.cancel.{exp}"
+    await runner.denied(coord.cancel(exp), "Publish", cancel_key)
+    sub_coord = await NatsCoordinator.open(submitter.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    await sub_coord.cancel(exp)
+    assert await coord.is_cancelled(exp, fresh=True)
+    # The submitter, in turn, holds no leases and counts no attempts.
+    await submitter.denied(
+        sub_coord.acquire(exp, 1, "x"), "Publish", f"$KV.{TOPO.leases_bucket}.{exp}.0"
+    )
+    await submitter.denied(
+        sub_coord.next_attempt(f"{exp}:t:1"),
+        "Publish",
+        f"$JS.API.DIRECT.GET.KV_{TOPO.control_bucket}.$KV.{TOPO.control_bucket}.runs.*",
+    )
+
+
+# -- objects: task archives and results ---------------------------------------------------
+async def test_task_archives_and_results(roles: dict[str, Role]) -> None:
+    submitter, runner, importer = roles["submitter"], roles["runner"], roles["importer"]
+    name = f"sha256-{uuid.uuid4().hex}"
+    tasks = await submitter.js.object_store(TOPO.tasks_bucket)
+    await tasks.put(name, b"task archive")
+    got = await (await runner.js.object_store(TOPO.tasks_bucket)).get(name)
+    assert got.data == b"task archive"
+    # A runner cannot replace a task; nor can the importer write a result.
+    runner_tasks = await runner.js.object_store(TOPO.tasks_bucket)
+    await runner.denied(runner_tasks.put(name, b"evil"), "Publish", f"$O.{TOPO.tasks_bucket}.C.*")
+    assert (await runner_tasks.get(name)).data == b"task archive"
+    await (await runner.js.object_store(TOPO.results_bucket)).put(f"run-{name}", b"result")
+    results = await importer.js.object_store(TOPO.results_bucket)
+    assert (await results.get(f"run-{name}")).data == b"result"
+    await importer.denied(
+        results.put(f"run-{name}", b"forged"), "Publish", f"$O.{TOPO.results_bucket}.C.*"
+    )
+    # A subscriber reads neither.
+    subscriber = roles["subscriber"]
+    await subscriber.denied(
+        subscriber.js.object_store(TOPO.tasks_bucket),
+        "Publish",
+        f"$JS.API.STREAM.INFO.OBJ_{TOPO.tasks_bucket}",
+    )
+
+
+# -- importer and watcher -------------------------------------------------------------
+async def test_importer_and_watcher_consume_through_their_own_durable(
+    roles: dict[str, Role],
+) -> None:
+    importer, watcher = roles["importer"], roles["watcher"]
+    exp = _exp()
+    await roles["runner"].js.publish(TOPO.event_subject("trial_completed", exp), b"{}")
+    for role, durable in ((importer, TOPO.importer_durable), (watcher, TOPO.watcher_durable)):
+        psub = await role.js.pull_subscribe_bind(durable, stream=TOPO.events_stream)
+        msgs = await psub.fetch(batch=1, timeout=5)
+        await msgs[0].ack_sync()
+    # Each may not use the other's durable.
+    for role, other in ((importer, TOPO.watcher_durable), (watcher, TOPO.importer_durable)):
+        psub = await role.js.pull_subscribe_bind(other, stream=TOPO.events_stream)
+        await role.denied(
+            psub.fetch(batch=1, timeout=2),
+            "Publish",
+            f"$JS.API.CONSUMER.MSG.NEXT.{TOPO.events_stream}.{other}",
+        )
+    # The importer announces imports; it cannot forge a run's outcome or an experiment.
+    assert (await importer.js.publish(TOPO.event_subject("result_imported", exp), b"{}")).seq
+    for kind in ("trial_completed", "experiment_completed"):
+        subject = TOPO.event_subject(kind, exp)
+        await importer.denied(importer.js.publish(subject, b"{}"), "Publish", subject)
+        assert (await watcher.js.publish(subject, b"{}")).seq  # the watcher may
+    subject = TOPO.event_subject("result_imported", exp)
+    await watcher.denied(watcher.js.publish(subject, b"{}"), "Publish", subject)
+    await watcher.denied(
+        watcher.js.publish(TOPO.work_subject(exp), b"{}"), "Publish", TOPO.work_subject(exp)
+    )
+
+
+# -- subscriber -----------------------------------------------------------------------
+async def test_subscriber_reads_events_and_logs_and_nothing_else(
+    roles: dict[str, Role],
+) -> None:
+    subscriber, watcher = roles["subscriber"], roles["watcher"]
+    exp = _exp()
+    feed = await subscriber.js.subscribe(
+        TOPO.event_filter("*", exp), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+    )
+    subject = TOPO.event_subject("experiment_completed", exp)
+    await watcher.js.publish(subject, b'{"n": 1}')
+    assert (await feed.next_msg(timeout=5)).subject == subject
+    logs = await subscriber.js.subscribe(
+        TOPO.log_subject(exp, ">"), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+    )
+    await roles["runner"].nc.publish(TOPO.log_subject(exp, "t1"), b"line")
+    assert (await logs.next_msg(timeout=5)).data == b"line"
+    # Publishing anything is refused.
+    for target in (subject, TOPO.log_subject(exp, "t1"), TOPO.work_subject(exp)):
+        await subscriber.denied(subscriber.js.publish(target, b"{}"), "Publish", target)
+    # A durable, by either API subject: the named one is not granted, and the
+    # ephemeral one refuses a durable name (a JetStream API error, not a timeout).
+    await subscriber.denied(
+        subscriber.js.add_consumer(TOPO.events_stream, ConsumerConfig(durable_name="ci")),
+        "Publish",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{TOPO.events_stream}.ci",
+    )
+    request = {"stream_name": TOPO.events_stream, "config": {"durable_name": "ci"}}
+    reply = await subscriber.nc.request(
+        f"$JS.API.CONSUMER.CREATE.{TOPO.events_stream}", json.dumps(request).encode(), 2
+    )
+    assert json.loads(reply.data)["error"]["err_code"] == 10020, reply.data
+    # Reading other streams or buckets, or core subscriptions past the consumers.
+    await subscriber.denied(
+        subscriber.js.subscribe(TOPO.work_subject(exp), ordered_consumer=True),
+        "Publish",
+        f"$JS.API.CONSUMER.CREATE.{TOPO.work_stream}",
+    )
+    await subscriber.denied(
+        subscriber.js.key_value(TOPO.control_bucket),
+        "Publish",
+        f"$JS.API.STREAM.INFO.KV_{TOPO.control_bucket}",
+    )
+    await subscriber.denied(
+        subscriber.nc.subscribe(TOPO.events_wildcard), "Subscription", TOPO.events_wildcard
+    )
+
+
+async def test_no_role_reads_another_roles_replies(roles: dict[str, Role]) -> None:
+    runner = roles["runner"]
+    # Pulled work and KV answers arrive on inboxes: only the role's own is open to it.
+    for subject in ("_INBOX.>", f"_INBOX.{TOPO.prefix}.submitter.>", "_INBOX.x"):
+        await runner.denied(runner.nc.subscribe(subject), "Subscription", subject)
+    # Negative control: its own inbox is open (every request's reply lands there), and a
+    # subscription there draws no refusal before a later round trip completes.
+    await runner.nc.subscribe(f"_INBOX.{TOPO.prefix}.runner.probe")
+    assert (await runner.js.stream_info(TOPO.work_stream)).config.name == TOPO.work_stream
+    await runner.nc.flush()
+    assert runner.errors.empty(), runner.errors.get_nowait()
+
+
+async def test_pushing_a_consumer_into_the_work_subject_injects_nothing(
+    roles: dict[str, Role],
+) -> None:
+    """Ephemeral consumers choose their deliver subject; JetStream does not store those
+    deliveries in another stream, so reading rights do not become publishing rights."""
+    subscriber, admin = roles["subscriber"], roles["admin"]
+    exp = _exp()
+    before = await _stream_messages(admin, TOPO.work_stream)
+    spy = await admin.nc.subscribe(f"{TOPO.prefix}.spy.{exp}")
+    for target in (TOPO.work_subject(exp), f"{TOPO.prefix}.spy.{exp}"):
+        request = {
+            "stream_name": TOPO.events_stream,
+            "config": {"deliver_subject": target, "ack_policy": "none"},
+        }
+        reply = await subscriber.nc.request(
+            f"$JS.API.CONSUMER.CREATE.{TOPO.events_stream}", json.dumps(request).encode(), 2
+        )
+        assert "error" not in json.loads(reply.data), reply.data
+    await roles["watcher"].js.publish(TOPO.event_subject("experiment_completed", exp), b"{}")
+    # The control consumer delivers (so the other one would have, had it been stored)...
+    await spy.next_msg(timeout=5)
+    # ...and the work stream has not grown.
+    assert await _stream_messages(admin, TOPO.work_stream) == before
+
+
+async def test_the_denial_check_fails_when_the_server_allows(roles: dict[str, Role]) -> None:
+    """Negative control of ``Role.denied`` itself: an allowed publish is no denial."""
+    runner = roles["runner"]
+    subject = TOPO.event_subject("trial_started", _exp())
+    with pytest.raises(pytest.fail.Exception, match="no refusal"):
+        await runner.denied(runner.js.publish(subject, b"{}"), "Publish", subject, wait_s=1.0)
+
+
+async def test_faststream_subscriber_binds_as_importer(bus: Bus, roles: dict[str, Role]) -> None:
+    """How the importer and watcher apps must subscribe: FastStream's pull subscriber
+    brings its own inbox prefix (``_INBOX.``), which the role may not use, unless given
+    the role's."""
+    cred = load_credentials(bus.files.credentials["importer"])
+    exp = _exp()
+    subject = TOPO.event_subject("trial_completed", exp)
+    # FastStream's default first (the refusal), then the role's own (the control).
+    for inbox in (INBOX_PREFIX, cred.subscription_inbox_prefix):
+        errors: asyncio.Queue[str] = asyncio.Queue()
+        seen = asyncio.Event()
+
+        async def on_error(exc: Exception, errors: asyncio.Queue[str] = errors) -> None:
+            await errors.put(str(exc))
+
+        broker = NatsBroker([bus.url], logger=None, error_cb=on_error, **cred.broker_options())
+
+        broker.subscriber(
+            TOPO.event_filter(),
+            stream=JStream(TOPO.events_stream, declare=False),
+            durable=TOPO.importer_durable,
+            pull_sub=PullSub(batch_size=50, timeout=0.2, batch=True),
+            ack_policy=AckPolicy.MANUAL,
+            inbox_prefix=inbox,
+        )(_acking_handler(subject, seen))
+        try:
+            await broker.start()
+            if inbox == INBOX_PREFIX:
+                err = await asyncio.wait_for(errors.get(), DENIAL_WAIT_S)
+                assert 'permissions violation for subscription to "_inbox.' in err.lower()
+                continue
+            await roles["runner"].js.publish(subject, b"{}")
+            await asyncio.wait_for(seen.wait(), 10)
+            assert errors.empty(), errors.get_nowait()
+        finally:
+            await broker.stop()
+
+
+def _acking_handler(subject: str, seen: asyncio.Event) -> Any:
+    """A batch handler that acks everything and sets ``seen`` on ``subject``."""
+
+    async def on_events(msg: NatsMessage) -> None:
+        for raw in msg.raw_message:  # type: ignore[attr-defined]  # a batch
+            await raw.ack()
+            if raw.subject == subject:
+                seen.set()
+
+    return on_events
+
+
+# -- the generated files -------------------------------------------------------------
+def test_files_are_private_and_credentials_survive_regeneration(tmp_path: Path) -> None:
+    files = write_auth(tmp_path / "auth", TOPO)
+    assert stat.S_IMODE(os.stat(files.folder).st_mode) == 0o700
+    for path in (files.server_config, *files.credentials.values()):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    before = {r: load_credentials(p).password for r, p in files.credentials.items()}
+    again = write_auth(tmp_path / "auth", TOPO)
+    assert {r: load_credentials(p).password for r, p in again.credentials.items()} == before
+    rotated = write_auth(tmp_path / "auth", TOPO, rotate=True)
+    after = {r: load_credentials(p).password for r, p in rotated.credentials.items()}
+    assert all(after[r] != before[r] for r in ROLES)
+    # A credentials file others can read is refused, naming the fix.
+    os.chmod(files.credentials["runner"], 0o644)
+    with pytest.raises(CredentialsError, match="chmod 600"):
+        load_credentials(files.credentials["runner"])
+
+
+def test_permission_lists_are_exact_for_the_work_boundary() -> None:
+    """The lists a reviewer reads: who may publish work and who may consume it."""
+    work_publishers = [r for r in ROLES if TOPO.work_wildcard in role_permissions(TOPO, r).publish]
+    assert work_publishers == ["submitter"]
+    next_work = f"$JS.API.CONSUMER.MSG.NEXT.{TOPO.work_stream}.{TOPO.runner_durable}"
+    assert [r for r in ROLES if next_work in role_permissions(TOPO, r).publish] == ["runner"]
+    for role in ROLES:
+        subs = role_permissions(TOPO, role).subscribe
+        assert "_INBOX.>" not in subs and ">" not in subs, role
