@@ -1,0 +1,7 @@
+"""Test helpers shipped with the suite (not fakes of trialbus code).
+
+model_stub.py       an OpenAI-compatible model server on a loopback port, scripted
+                    per model name, for end-to-end tests of real LLM agents offline
+probe_agent.py      a Harbor agent that reports and then changes process-wide state,
+                    for the per-trial isolation tests
+"""
