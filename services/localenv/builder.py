@@ -40,7 +40,8 @@ from services.localenv.images import BaseImage
 from services.localenv.layers import FS_TOPS, HOST_TOPS, ImageConfig
 from services.localenv.limits import TrialCgroup
 from services.localenv.masks import mask_host_secrets
-from services.localenv.sandbox import Bind, Overlay, Sandbox, SandboxSpec
+from services.localenv.sandbox import Sandbox
+from services.localenv.spec import Bind, Overlay, SandboxSpec
 from services.localenv.tools import seed_home
 from services.localenv.users import lookup_group, lookup_user
 

@@ -71,14 +71,8 @@ from services.localenv.layers import (
     remove_tree,
 )
 from services.localenv.limits import TrialCgroup
-from services.localenv.sandbox import (
-    BWRAP,
-    Bind,
-    Overlay,
-    Sandbox,
-    SandboxSpec,
-    missing_host_tools,
-)
+from services.localenv.sandbox import Sandbox
+from services.localenv.spec import BWRAP, Bind, Overlay, SandboxSpec, missing_host_tools
 from services.localenv.tools import TOOLS_BIN, Toolbox
 from services.localenv.users import lookup_user
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.localenv.images import Interpreter
-from services.localenv.sandbox import Bind
+from services.localenv.spec import Bind
 
 TOOLS_DIR = "/opt/trialbus"
 TOOLS_BIN = f"{TOOLS_DIR}/bin"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.localenv.errors import LocalEnvironmentError
-from services.localenv.sandbox import resolve_in_root
+from services.localenv.spec import resolve_in_root
 
 
 def _entries(root: Path, name: str) -> list[list[str]]:
