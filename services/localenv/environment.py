@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import shutil
 import tempfile
 import uuid
@@ -339,7 +340,11 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
     # at host files), FIFOs and devices are refused, each file is bounded.
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         dest = self._path(target_path)
-        await asyncio.to_thread(copy_file, Path(source_path), dest)
+        # A single file named by Harbor or an agent's configuration (the operator's
+        # side, e.g. a linked auth.json) is followed, as before; task folders go
+        # through upload_dir, where links stay links.
+        source = Path(os.path.realpath(source_path))
+        await asyncio.to_thread(copy_file, source, dest)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         dest = self._path(target_dir)
