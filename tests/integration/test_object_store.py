@@ -142,11 +142,15 @@ class TestNatsObjectStore(ObjectStoreContract):
             )
 
         async def tamper(name: str) -> None:
-            # Damage what the server holds: one more chunk on the object's chunk
-            # subject, as a corrupted store would return; the metadata is unchanged.
+            # Damage what the server holds, as a corrupted store would: the first chunk
+            # is replaced by garbage at the end; the metadata (digest) is unchanged.
             js = clients[0].jetstream()
             info = await (await js.object_store(bucket)).get_info(name)
-            await js.publish(f"$O.{bucket}.C.{info.nuid}", b"garbage")
+            subject = f"$O.{bucket}.C.{info.nuid}"
+            first = await js.get_msg(f"OBJ_{bucket}", seq=1, subject=subject, next=True)
+            assert first.seq is not None
+            await js.delete_msg(f"OBJ_{bucket}", first.seq)
+            await js.publish(subject, b"garbage")
 
         yield World(open_, tamper)
         for nc in clients:
@@ -160,6 +164,26 @@ class TestNatsObjectStore(ObjectStoreContract):
         try:
             status = await (await nc.jetstream().object_store(topology.tasks_bucket)).status()
             assert status.ttl == 3600 and status.stream_info.config.max_bytes == 1_000_000
+        finally:
+            await nc.close()
+
+    async def test_reads_leave_no_consumers(
+        self, world: World, nats_url: str, topology: Topology
+    ) -> None:
+        # nats-py's own get leaves an ordered consumer per read; about 1000 of them in
+        # their inactivity window and every further read fails. The adapter's reads
+        # must leave none.
+        store = await world.open(None)
+        ref = await store.put("often-read", os.urandom(200_000))
+        for _ in range(20):
+            assert await store.get(ref) == await store.get(ref)
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            stream = f"OBJ_{topology.tasks_bucket}"
+            assert (await js.stream_info(stream)).state.consumer_count == 0
+            await (await js.object_store(topology.tasks_bucket)).get("often-read")
+            assert (await js.stream_info(stream)).state.consumer_count == 1  # the control
         finally:
             await nc.close()
 

@@ -6,16 +6,15 @@ of the stream ``OBJ_<bucket>``. Beyond the library this adapter:
 
 - turns the digest into the hex sha256 of ObjectRef, and skips a put whose name already
   holds the same bytes (task archives are named by checksum: uploaded once);
-- verifies every get against the caller's reference (size and sha256): ObjectCorrupt,
-  as is the library's own DigestMismatchError (a damaged chunk);
+- reads an object's chunks with direct gets (no consumer per read: nats-py's ordered
+  consumers outlive the read, and ~1000 reads in a few seconds hit the stream's
+  consumer limit), and verifies the bytes against the caller's reference (size and
+  sha256): ObjectCorrupt whether the chunks were damaged or the name re-used;
 - maps a missing object to ObjectMissing, timeouts and an unreachable server to
   TransientError, a full bucket (``max_bytes``, discard new) to TransientError naming
   the setting;
 - creates the bucket, when asked, with file storage, its replicas, ``max_bytes`` and a
   TTL (retention); an existing bucket is used as it is (one owner configures it).
-
-Reads go through ``writeinto`` (a BytesIO): without it nats-py grows a bytes object
-chunk by chunk, quadratic in the object's size.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import asyncio
 import base64
 import contextlib
 import hashlib
-import io
 from dataclasses import dataclass
 
 from nats.errors import ConnectionClosedError, NoRespondersError
@@ -34,7 +32,7 @@ from nats.js.api import ObjectInfo, ObjectStoreConfig, StorageType
 from nats.js.errors import (
     APIError,
     BucketNotFoundError,
-    DigestMismatchError,
+    NotFoundError,
     ObjectNotFoundError,
     ServiceUnavailableError,
 )
@@ -64,9 +62,13 @@ class BucketSettings:
 class NatsObjectStore:
     """The ObjectStore port over one JetStream object store bucket."""
 
-    def __init__(self, store: JsObjectStore, bucket: str, *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, js: JetStreamContext, store: JsObjectStore, bucket: str, *, timeout_s: float = 60.0
+    ) -> None:
+        self._js = js
         self._store = store
         self._bucket = bucket
+        self._stream = f"OBJ_{bucket}"
         self._timeout_s = timeout_s
 
     @classmethod
@@ -99,7 +101,7 @@ class NatsObjectStore:
                 store = await js.create_object_store(bucket, config=config)
         except _UNAVAILABLE as exc:
             raise TransientError(f"object store bucket {bucket}: {type(exc).__name__}") from exc
-        return cls(store, bucket, timeout_s=timeout_s)
+        return cls(js, store, bucket, timeout_s=timeout_s)
 
     @property
     def bucket(self) -> str:
@@ -157,26 +159,45 @@ class NatsObjectStore:
         if ref.bucket != self._bucket:
             raise InternalError(f"reference to bucket {ref.bucket} given to bucket {self._bucket}")
         where = f"{ref.bucket}/{ref.name}"
-        buffer = io.BytesIO()
         try:
-            await asyncio.wait_for(self._store.get(ref.name, writeinto=buffer), self._timeout_s)
+            info = await self._store.get_info(ref.name)
+            data = await asyncio.wait_for(self._chunks(info, where), self._timeout_s)
         except ObjectNotFoundError:
             raise ObjectMissing(
                 f"{where}: no such object (never stored, deleted or expired)"
             ) from None
-        except DigestMismatchError:
-            raise ObjectCorrupt(
-                f"{where}: stored chunks do not match the object's digest"
-            ) from None
         except _UNAVAILABLE as exc:
             raise TransientError(f"{where}: download failed: {type(exc).__name__}") from exc
-        data = buffer.getvalue()
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+            stored = self._ref(info)
+            damaged = len(data) != stored.size or hashlib.sha256(data).hexdigest() != stored.sha256
             raise ObjectCorrupt(
-                f"{where}: fetched {len(data)} bytes that do not match the reference "
-                f"({ref.size} bytes, sha256 {ref.sha256[:12]}...)"
+                f"{where}: "
+                + ("stored chunks do not match the object's digest" if damaged else "replaced")
+                + f"; fetched {len(data)} bytes, the reference names {ref.size} bytes "
+                f"with sha256 {ref.sha256[:12]}..."
             )
         return data
+
+    async def _chunks(self, info: ObjectInfo, where: str) -> bytes:
+        # Chunk by chunk with direct gets: nats-py's own get subscribes an ordered
+        # consumer per object, and those linger after use, so about a thousand gets
+        # within their inactivity window exhaust the stream's consumer limit.
+        subject = f"$O.{self._bucket}.C.{info.nuid}"
+        parts: list[bytes] = []
+        seq = 1
+        for _ in range(info.chunks or 0):
+            try:
+                msg = await self._js.get_msg(
+                    self._stream, seq=seq, subject=subject, next=True, direct=True
+                )
+            except NotFoundError:
+                raise ObjectMissing(
+                    f"{where}: its data is gone (retention expired or purged)"
+                ) from None
+            parts.append(msg.data or b"")
+            seq = (msg.seq or seq) + 1
+        return b"".join(parts)
 
     async def info(self, name: str) -> ObjectRef | None:
         """The stored object's reference, or None when there is none."""
