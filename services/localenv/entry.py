@@ -41,6 +41,7 @@ HELPERS_TARGET = "/.trialbus-exec"
 PRELOAD_FILE = "/etc/ld.so.preload"
 _PRIVILEGED = ("setpriv",)
 _HELPERS: dict[Path, ExecHelpers] = {}
+_LDD: dict[tuple[Path, int, int], list[Path]] = {}
 
 
 def host_tool(name: str) -> str:
@@ -113,6 +114,14 @@ def prepare_helpers(root: Path) -> ExecHelpers:
 
 def _shared_objects(binary: Path) -> list[Path]:
     """The shared objects ``binary`` loads (its loader included), as ldd reports them."""
+    st = binary.stat()
+    key = (binary, st.st_size, st.st_mtime_ns)
+    if key not in _LDD:
+        _LDD[key] = _ldd(binary)
+    return _LDD[key]
+
+
+def _ldd(binary: Path) -> list[Path]:
     try:
         out = subprocess.run(
             [host_tool("ldd"), str(binary)],
@@ -137,8 +146,10 @@ def env_loader(fd: int) -> list[str]:
     """argv prefix: export the NUL-separated ``NAME=value`` pairs read from ``fd``, then
     exec the rest. It is the trial's own bash, run after the capability bound, so
     replacing it gains nothing. Names bash cannot export (``a.b``) are dropped."""
+    # Start from nothing: the helpers' own variables (and the PWD bash exports) must
+    # not show through where the command's environment does not set them.
     script = (
-        "unset SHLVL OLDPWD; "
+        f"unset SHLVL OLDPWD PWD {' '.join(HELPER_ENV)}; "
         f'while IFS= read -r -d "" kv; do export -- "$kv" 2>/dev/null; done <&{fd}; '
         f'exec {fd}<&-; exec "$@"'
     )
