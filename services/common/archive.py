@@ -144,7 +144,11 @@ class _Writer:
     def __init__(self) -> None:
         self.buffer = io.BytesIO()
         # mtime=0 and no file name: the gzip header must not vary between packings.
-        self._gz = gzip.GzipFile(fileobj=self.buffer, mode="wb", mtime=0, filename="")
+        # Level 6: level 9 (gzip's default here) took 3.5x the time for 0.02% smaller
+        # output on a 1 MB trial folder.
+        self._gz = gzip.GzipFile(
+            fileobj=self.buffer, mode="wb", compresslevel=6, mtime=0, filename=""
+        )
         # Closed in finish(); a context manager cannot span the caller's loop.
         self.tar = tarfile.open(fileobj=self._gz, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
 
