@@ -1,32 +1,16 @@
-"""Per-role NATS users for one trialbus installation: permissions, files, connecting.
+"""Per-role NATS users for one trialbus installation: files and connecting.
 
-Every process talks to NATS as one of six roles, each a NATS user whose publish and
-subscribe permissions name exactly the subjects its code sends to (the JetStream API
-is reached by publishing requests to ``$JS.API.*`` subjects, so API rights are
-publish rights too). Everything is derived from a :class:`~schemas.subjects.Topology`:
+Every process talks to NATS as one of six roles (infra.nats_permissions says what each
+may do). ``write_auth`` writes, into one folder of mode 0700, the nats-server config
+include (an ``authorization`` block with one user per role and its allow lists) and
+one credentials file per role, all mode 0600; ``load_credentials`` reads a role's file
+and ``connect_as`` connects with it.
 
-- ``admin`` owns the installation's streams, buckets and durable consumers: the only
-  role that may create, update, delete or purge them (scoped to this installation's
-  names, so two installations sharing a cluster cannot touch each other's).
-- ``submitter`` publishes work and ExperimentSubmitted, follows events, sets cancel
-  flags, uploads task archives and reads the runner registry.
-- ``runner`` consumes work through the shared durable only, publishes its run events
-  and live logs, uses the leases / attempt-counter / runner keys, reads tasks and
-  writes results. No work, no experiment events, no cancel flags, no stream config.
-- ``importer`` / ``watcher`` consume events through their own durable and publish
-  ResultImported / ExperimentCompleted (+ the watcher's external announcements).
-- ``subscriber`` (CI, dashboards) reads events and logs through ephemeral consumers.
-
-Replies (JetStream acks, API answers, pulled messages) reach a client on its inbox.
-Each role gets its own inbox prefix and may subscribe only there: with the default
-``_INBOX.>`` any user could subscribe to every other client's replies, pulled work
-messages included.
-
-Authentication is user/password: random passwords, kept in files of mode 0600 (the
-server config include and one credentials file per role), handed to nats-py as
+Authentication is user/password: random 256-bit passwords, handed to nats-py as
 connect arguments, never in URLs or on command lines. The server config holds them in
-plain text (nats-server accepts bcrypt hashes too, but no bcrypt library is installed
-here); it lives beside the credentials files with the same owner and mode.
+plain text (nats-server also accepts bcrypt hashes, but no bcrypt library is installed
+here); it lives beside the credentials files with the same owner and mode, so it
+exposes nothing those files do not.
 """
 
 from __future__ import annotations
@@ -45,27 +29,15 @@ import nats
 from faststream.nats import NatsUserPassword
 from nats.aio.client import Client as NatsClient
 
+from infra.nats_permissions import ROLES, check_role, inbox_prefix, role_permissions, user_name
 from schemas.subjects import Topology
-
-ROLES = ("admin", "submitter", "runner", "importer", "watcher", "subscriber")
-"""Every role, in the order they are written into the server config."""
 
 AUTH_CONF = "auth.conf"
 """Name of the server config include written by :func:`write_auth`."""
 
-API = "$JS.API"
-
 
 class CredentialsError(RuntimeError):
     """A credentials file is missing, malformed or readable by others (names the fix)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Permissions:
-    """Subjects a role may publish to and subscribe to (allow lists; all else is denied)."""
-
-    publish: tuple[str, ...]
-    subscribe: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,181 +68,6 @@ class RoleCredentials:
         subscriptions, overriding the connection's, which this role may not use.
         """
         return f"{self.inbox_prefix}.".encode()
-
-
-def user_name(topology: Topology, role: str) -> str:
-    """NATS user name of ``role`` (prefixed: installations may share a cluster)."""
-    _check_role(role)
-    return f"{topology.prefix}-{role}"
-
-
-def inbox_prefix(topology: Topology, role: str) -> str:
-    """The only inbox ``role`` may subscribe to (its replies arrive there)."""
-    _check_role(role)
-    return f"_INBOX.{topology.prefix}.{role}"
-
-
-def kv_stream(bucket: str) -> str:
-    """Backing stream of a KV bucket (NATS naming)."""
-    return f"KV_{bucket}"
-
-
-def obj_stream(bucket: str) -> str:
-    """Backing stream of an object store bucket (NATS naming)."""
-    return f"OBJ_{bucket}"
-
-
-def all_streams(topology: Topology) -> tuple[str, ...]:
-    """Every stream of the installation, buckets' backing streams included."""
-    t = topology
-    return (
-        t.work_stream,
-        t.events_stream,
-        t.logs_stream,
-        kv_stream(t.leases_bucket),
-        kv_stream(t.control_bucket),
-        kv_stream(t.runners_bucket),
-        obj_stream(t.tasks_bucket),
-        obj_stream(t.results_bucket),
-    )
-
-
-# -- building blocks: what one nats-py call sends -----------------------------------------
-def _info(*streams: str) -> list[str]:
-    # js.stream_info / key_value / object_store (ensure_streams opens all three streams).
-    return [f"{API}.STREAM.INFO.{s}" for s in streams]
-
-
-def _durable(stream: str, durable: str) -> list[str]:
-    # consumer_info (before binding), fetch (MSG.NEXT), and ack/nak/term/in_progress,
-    # which are publishes to the delivered message's reply subject $JS.ACK.<s>.<c>.<...>.
-    return [
-        f"{API}.CONSUMER.INFO.{stream}.{durable}",
-        f"{API}.CONSUMER.MSG.NEXT.{stream}.{durable}",
-        f"$JS.ACK.{stream}.{durable}.>",
-    ]
-
-
-def _follow(stream: str) -> list[str]:
-    # js.subscribe(ordered_consumer=True): finds the stream by subject (STREAM.NAMES,
-    # a list of names), then creates an ephemeral push consumer on the legacy subject
-    # (no name in it), which the server refuses for a durable config; flow control
-    # asks the client to answer on $JS.FC.<stream>.>.
-    return [f"{API}.STREAM.NAMES", f"{API}.CONSUMER.CREATE.{stream}", f"$JS.FC.{stream}.>"]
-
-
-def _kv_read(bucket: str) -> list[str]:
-    # kv.get: a direct get ($JS.API.DIRECT.GET.KV_b.$KV.b.<key>) when the bucket allows
-    # it, else STREAM.MSG.GET. kv.create also reads after a conflict.
-    s = kv_stream(bucket)
-    return [f"{API}.DIRECT.GET.{s}", f"{API}.DIRECT.GET.{s}.>", f"{API}.STREAM.MSG.GET.{s}"]
-
-
-def _kv_write(bucket: str, keys: str = ">") -> list[str]:
-    # kv.put / create / update / delete / purge all publish to $KV.<bucket>.<key>.
-    return [f"$KV.{bucket}.{keys}"]
-
-
-def _obj_read(bucket: str) -> list[str]:
-    # object_store.get: the meta by STREAM.MSG.GET (last by subject), then the chunks
-    # through an ordered consumer.
-    s = obj_stream(bucket)
-    return [f"{API}.STREAM.MSG.GET.{s}", *_follow(s)]
-
-
-def _obj_write(bucket: str) -> list[str]:
-    # object_store.put: looks for an existing object (STREAM.MSG.GET), publishes chunks
-    # and meta to $O.<bucket>.>. Not granted: the STREAM.PURGE put sends when it
-    # replaces an object or fails midway (a purge can empty the whole bucket).
-    return [f"{API}.STREAM.MSG.GET.{obj_stream(bucket)}", f"$O.{bucket}.>"]
-
-
-def _events(topology: Topology, *types: str) -> list[str]:
-    return [f"{topology.prefix}.events.{t}.>" for t in types]
-
-
-def role_permissions(topology: Topology, role: str) -> Permissions:
-    """The exact allow lists of ``role`` for ``topology``."""
-    _check_role(role)
-    t = topology
-    w, e, lg = t.work_stream, t.events_stream, t.logs_stream
-    pub: list[str]
-    if role == "admin":
-        pub = [f"{API}.INFO", f"{API}.STREAM.NAMES", f"{API}.STREAM.LIST"]
-        for s in all_streams(t):
-            pub += [
-                f"{API}.STREAM.*.{s}",  # CREATE UPDATE DELETE PURGE INFO ...
-                f"{API}.STREAM.*.*.{s}",  # MSG.GET MSG.DELETE LEADER.STEPDOWN ...
-                f"{API}.CONSUMER.*.{s}",  # legacy ephemeral CREATE, LIST, NAMES
-                f"{API}.CONSUMER.*.{s}.>",  # CREATE (named) INFO DELETE ...
-                f"{API}.CONSUMER.*.*.{s}.>",  # DURABLE.CREATE MSG.NEXT ...
-                f"{API}.DIRECT.GET.{s}",
-                f"{API}.DIRECT.GET.{s}.>",
-                f"$JS.ACK.{s}.>",
-                f"$JS.FC.{s}.>",
-            ]
-        for b in (t.leases_bucket, t.control_bucket, t.runners_bucket):
-            pub += _kv_write(b)
-        pub += [f"$O.{t.tasks_bucket}.>", f"$O.{t.results_bucket}.>", f"{t.prefix}.>"]
-        sub = [f"{t.prefix}.>"]
-    elif role == "submitter":
-        pub = [
-            t.work_wildcard,
-            *_events(t, "experiment_submitted"),
-            *_info(w, e, lg, kv_stream(t.leases_bucket), kv_stream(t.control_bucket)),
-            *_info(kv_stream(t.runners_bucket), obj_stream(t.tasks_bucket)),
-            *_follow(e),
-            *_kv_write(t.control_bucket, "cancel.>"),
-            *_kv_read(t.runners_bucket),
-            *_obj_write(t.tasks_bucket),
-        ]
-        sub = []
-    elif role == "runner":
-        pub = [
-            *_events(t, "trial_started", "trial_completed", "trial_failed"),
-            t.logs_wildcard,
-            *_info(w, e, lg, *(kv_stream(b) for b in _runner_kv(t))),
-            *_info(obj_stream(t.tasks_bucket), obj_stream(t.results_bucket)),
-            *_durable(w, t.runner_durable),
-            *_kv_write(t.leases_bucket),
-            *_kv_read(t.leases_bucket),
-            *_kv_write(t.control_bucket, "runs.>"),
-            *_kv_read(t.control_bucket),
-            *_kv_write(t.runners_bucket),
-            *_kv_read(t.runners_bucket),
-            *_obj_read(t.tasks_bucket),
-            *_obj_write(t.results_bucket),
-        ]
-        sub = []
-    elif role == "importer":
-        pub = [
-            *_events(t, "result_imported"),
-            *_info(w, e, lg, obj_stream(t.results_bucket)),
-            *_durable(e, t.importer_durable),
-            *_obj_read(t.results_bucket),
-        ]
-        sub = []
-    elif role == "watcher":
-        pub = [
-            *_events(t, "experiment_completed", "experiment_submitted", "trial_completed"),
-            *_info(w, e, lg),
-            *_durable(e, t.watcher_durable),
-        ]
-        sub = []
-    else:  # subscriber
-        pub = [*_info(e, lg), *_follow(e), *_follow(lg)]
-        sub = []
-    sub.append(f"{inbox_prefix(t, role)}.>")
-    return Permissions(tuple(dict.fromkeys(pub)), tuple(dict.fromkeys(sub)))
-
-
-def _runner_kv(topology: Topology) -> tuple[str, ...]:
-    return (topology.leases_bucket, topology.control_bucket, topology.runners_bucket)
-
-
-def _check_role(role: str) -> None:
-    if role not in ROLES:
-        raise ValueError(f"unknown NATS role {role!r}; expected one of {', '.join(ROLES)}")
 
 
 # -- files ----------------------------------------------------------------------------
@@ -326,7 +123,7 @@ def include_directive(main_config: Path, server_config: Path) -> str:
 
 def credentials_path(folder: Path, role: str) -> Path:
     """File of ``role``'s credentials inside an auth folder."""
-    _check_role(role)
+    check_role(role)
     return folder / f"{role}.json"
 
 
@@ -386,7 +183,7 @@ def load_credentials(path: Path) -> RoleCredentials:
             f"NATS credentials {path} are malformed ({type(exc).__name__}: missing or bad "
             "field); regenerate them (trialbus up rewrites a missing file)"
         ) from None  # the message must not quote the file: it holds the password
-    _check_role(cred.role)
+    check_role(cred.role)
     return cred
 
 
