@@ -188,6 +188,11 @@ def test_headers_cannot_smuggle_bytes_past_the_limits(dest: Path) -> None:
     assert not dest.exists()
 
 
+def test_name_the_file_system_cannot_hold(dest: Path) -> None:
+    name = "d/" + "a" * 300  # one component over the 255-byte limit
+    refused(archive(entry(name)), dest, name)
+
+
 def test_not_a_tar_gz(dest: Path) -> None:
     for junk in (
         b"not gzip at all",
