@@ -540,3 +540,16 @@ def test_permission_lists_are_exact_for_the_work_boundary() -> None:
     for role in ROLES:
         subs = role_permissions(TOPO, role).subscribe
         assert "_INBOX.>" not in subs and ">" not in subs, role
+
+
+def test_provisioned_event_durables_match_the_apps() -> None:
+    """FastStream binds to the admin's durable without updating it, so the admin's
+    ack_wait is the one in force: it must be the apps' own."""
+    from infra.nats_provision import EVENTS_ACK_WAIT_S, events_durable_configs
+    from services.importer.app import ACK_WAIT_S as IMPORTER_ACK_WAIT_S
+    from services.watcher.app import ACK_WAIT_S as WATCHER_ACK_WAIT_S
+
+    assert EVENTS_ACK_WAIT_S == IMPORTER_ACK_WAIT_S == WATCHER_ACK_WAIT_S
+    names = [c.durable_name for c in events_durable_configs(TOPO)]
+    assert names == [TOPO.importer_durable, TOPO.watcher_durable]
+    assert {c.filter_subject for c in events_durable_configs(TOPO)} == {TOPO.event_filter()}
