@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -207,3 +208,32 @@ def test_no_limits_no_cgroup(tmp_path: Path) -> None:
 def test_environment_errors_are_infrastructure(name: str, retryable: bool) -> None:
     assert classify(name) == "infrastructure"
     assert is_retryable(name) is retryable
+
+
+def test_pids_limit_is_best_effort(tmp_path: Path) -> None:
+    log = logging.getLogger("t")
+    v1 = tmp_path / "v1"
+    for ctrl in ("memory", "pids"):
+        (v1 / ctrl / "runner").mkdir(parents=True)
+    membership = "5:memory:/runner\n8:pids:/runner\n0::/\n"
+    cg = TrialCgroup.create(
+        "p1", cpus=None, memory_mb=None, pids=64, logger=log, root=v1, membership=membership
+    )
+    assert cg is not None and cg.pids_limited
+    assert (v1 / "pids" / "runner" / "trialbus-p1" / "pids.max").read_text() == "64"
+    # Without a pids hierarchy the other limits still apply, and the caller is told.
+    shutil.rmtree(v1 / "pids")
+    cg = TrialCgroup.create(
+        "p2", cpus=None, memory_mb=32, pids=64, logger=log, root=v1, membership=membership
+    )
+    assert cg is not None and not cg.pids_limited and len(cg.dirs) == 1
+    v2 = tmp_path / "v2"
+    (v2 / "svc" / "trialbus").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("memory pids")
+    (v2 / "svc" / "trialbus" / "cgroup.controllers").write_text("memory pids")
+    (v2 / "svc" / "trialbus" / "cgroup.subtree_control").write_text("")
+    cg = TrialCgroup.create(
+        "p3", cpus=None, memory_mb=None, pids=100, logger=log, root=v2, membership="0::/svc\n"
+    )
+    assert cg is not None and cg.pids_limited
+    assert (cg.dirs[0] / "pids.max").read_text() == "100"
