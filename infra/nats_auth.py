@@ -141,15 +141,17 @@ def write_auth(folder: Path, topology: Topology, *, rotate: bool = False) -> Aut
     for role in ROLES:
         path = credentials_path(folder, role)
         existing = None if rotate or not path.exists() else load_credentials(path)
-        if existing is not None and existing.user != user_name(topology, role):
-            existing = None  # another prefix: these are not this installation's
-        cred = existing or RoleCredentials(
+        user = user_name(topology, role)
+        # Only the password is kept: the rest follows this code and the topology (a
+        # file from another prefix is not this installation's and is replaced).
+        keep = existing is not None and existing.user == user
+        cred = RoleCredentials(
             role=role,
-            user=user_name(topology, role),
-            password=secrets.token_urlsafe(32),
+            user=user,
+            password=existing.password if existing is not None and keep else _new_password(),
             inbox_prefix=inbox_prefix(topology, role),
         )
-        if existing is None:
+        if cred != existing:
             record = {k: getattr(cred, k) for k in ("role", "user", "password", "inbox_prefix")}
             _write_private(path, json.dumps(record, indent=2) + "\n")
         creds[role], paths[role] = cred, path
@@ -158,8 +160,15 @@ def write_auth(folder: Path, topology: Topology, *, rotate: bool = False) -> Aut
     return AuthFiles(folder, server_config, paths)
 
 
-def load_credentials(path: Path) -> RoleCredentials:
-    """Read a role's credentials file; refuses one that group or others can read."""
+def _new_password() -> str:
+    return secrets.token_urlsafe(32)  # 256 random bits, in [A-Za-z0-9_-]
+
+
+def load_credentials(path: Path, role: str | None = None) -> RoleCredentials:
+    """Read a role's credentials file; refuses one that group or others can read.
+
+    With ``role``, also refuses another role's file (a service handed the wrong one).
+    """
     try:
         mode = path.stat().st_mode
         text = path.read_text(encoding="utf-8")
@@ -183,7 +192,11 @@ def load_credentials(path: Path) -> RoleCredentials:
             f"NATS credentials {path} are malformed ({type(exc).__name__}: missing or bad "
             "field); regenerate them (trialbus up rewrites a missing file)"
         ) from None  # the message must not quote the file: it holds the password
-    check_role(cred.role)
+    if cred.role not in ROLES or (role is not None and cred.role != role):
+        raise CredentialsError(
+            f"NATS credentials {path} are for role {cred.role!r}, expected "
+            f"{role or 'one of ' + ', '.join(ROLES)!r}"
+        )
     return cred
 
 

@@ -146,7 +146,7 @@ async def roles(bus: Bus) -> AsyncIterator[dict[str, Role]]:
         async def on_error(exc: Exception, queue: asyncio.Queue[str] = queue) -> None:
             await queue.put(str(exc))
 
-        cred = load_credentials(bus.files.credentials[role])
+        cred = load_credentials(bus.files.credentials[role], role)
         nc = await connect_as([bus.url], cred, name=f"test-{role}", error_cb=on_error)
         out[role] = Role(role, nc, queue)
     try:
@@ -525,7 +525,11 @@ def test_files_are_private_and_credentials_survive_regeneration(tmp_path: Path) 
     rotated = write_auth(tmp_path / "auth", TOPO, rotate=True)
     after = {r: load_credentials(p).password for r, p in rotated.credentials.items()}
     assert all(after[r] != before[r] for r in ROLES)
-    # A credentials file others can read is refused, naming the fix.
+    # Another role's file is refused (a service handed the wrong one)...
+    with pytest.raises(CredentialsError, match="expected 'submitter'"):
+        load_credentials(files.credentials["runner"], role="submitter")
+    assert load_credentials(files.credentials["runner"], role="runner").role == "runner"
+    # ...and so is a credentials file others can read, naming the fix.
     os.chmod(files.credentials["runner"], 0o644)
     with pytest.raises(CredentialsError, match="chmod 600"):
         load_credentials(files.credentials["runner"])
