@@ -185,6 +185,31 @@ async def test_credentials_never_travel_in_urls(bus: Bus) -> None:
     assert cred.password not in repr(cred)
 
 
+async def test_each_service_start_up_check_passes_as_its_role(roles: dict[str, Role]) -> None:
+    """Every service calls ensure_streams at start: against provisioned streams it only
+    looks, which each service role may do (and it would fail loudly if it tried more)."""
+    for name in ("submitter", "runner", "importer", "watcher"):
+        await ensure_streams(roles[name].js, TOPO)
+        await roles[name].nc.flush()
+        assert roles[name].errors.empty(), (name, roles[name].errors.get_nowait())
+    # Negative control: the subscriber is no service and may not look at the work stream.
+    subscriber = roles["subscriber"]
+    await subscriber.denied(
+        ensure_streams(subscriber.js, TOPO),
+        "Publish",
+        f"$JS.API.STREAM.INFO.{TOPO.work_stream}",
+    )
+
+
+async def test_submitter_cannot_forge_outcomes(roles: dict[str, Role]) -> None:
+    submitter = roles["submitter"]
+    exp = _exp()
+    for kind, owner in (("trial_completed", "runner"), ("result_imported", "importer")):
+        subject = TOPO.event_subject(kind, exp)
+        await submitter.denied(submitter.js.publish(subject, b"{}"), "Publish", subject)
+        assert (await roles[owner].js.publish(subject, b"{}")).stream == TOPO.events_stream
+
+
 # -- runner ---------------------------------------------------------------------------
 async def test_runner_takes_work_only_through_its_durable(roles: dict[str, Role]) -> None:
     submitter, runner, admin = roles["submitter"], roles["runner"], roles["admin"]
