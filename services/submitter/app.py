@@ -39,7 +39,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
         title="trialbus",
         version="0.1.0",
         lifespan=lifespan,
-        exception_handlers=ERROR_HANDLERS,  # type: ignore[arg-type]
+        exception_handlers=ERROR_HANDLERS,
     )
     app.include_router(build_router(settings))
     return app

@@ -12,13 +12,13 @@ it when it is set.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from services.common.errors import (
     ExperimentNotFound,
@@ -52,16 +52,19 @@ def _ports(request: Request) -> Ports:
 PortsDep = Annotated[Ports, Depends(_ports)]
 
 
-def _answer(status: int, key: str) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+ErrorHandler = Callable[[Request, Any], Coroutine[Any, Any, Response]]
+
+
+def _answer(status: int, key: str) -> ErrorHandler:
     """An exception handler answering ``{key: message}`` with ``status``."""
 
-    async def handler(_request: Request, exc: Exception) -> JSONResponse:
+    async def handler(_request: Request, exc: Exception) -> Response:
         return JSONResponse({key: str(exc)}, status_code=status)
 
     return handler
 
 
-ERROR_HANDLERS = {
+ERROR_HANDLERS: dict[int | type[Exception], ErrorHandler] = {
     UserInputError: _answer(422, "error"),
     ExperimentNotFound: _answer(404, "detail"),
     LedgerUnavailable: _answer(503, "error"),
