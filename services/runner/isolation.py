@@ -1,0 +1,117 @@
+"""Runs each trial in a fresh process forked from a clean, pre-imported forkserver.
+
+Why a process per trial (see services.runner.trial_process): a trial can change state
+that belongs to the whole process (litellm's price table, os.environ, the working
+directory, logging, imported agent modules), and a long-lived runner would carry it
+into the next experiment's trials. Isolation by construction beats resetting a list of
+known globals: nothing a trial changes survives it, including state nobody listed.
+
+Why a forkserver (``multiprocessing``'s): a fresh interpreter per trial would import
+Harbor, litellm and the agent again, seconds of CPU per trial. The forkserver imports
+them once (services.runner.forkserver_preload) and forks a child per trial in
+milliseconds. The runner's own process never imports them, so its event loop is never
+blocked by Harbor's synchronous start-up; starting the forkserver (which waits for the
+preload) and each child happen in a worker thread.
+
+The child reports over a one-way pipe: ("log", phase, stream, text) as output comes,
+then ("outcome", fields) or ("cancelled", None). A reader thread per trial hands the
+messages to the event loop. Cancelling ``run`` sends SIGUSR1 (the child cancels the
+trial, so Harbor stops its environment), waits ``cancel_grace_s``, then SIGKILLs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from multiprocessing import forkserver
+from multiprocessing.connection import Connection
+from typing import Any
+
+from services.runner.trial_process import Outcome, TrialJob, child_main, failed
+
+PRELOAD = ("services.runner.forkserver_preload",)
+CANCEL_GRACE_S = 20.0
+
+OnLog = Callable[[str, str, str], Awaitable[None]]
+
+
+def _pump(conn: Connection, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
+    """Reader thread: every message from the child, then None at end of pipe."""
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            loop.call_soon_threadsafe(queue.put_nowait, message)
+    finally:
+        conn.close()
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+
+class TrialProcesses:
+    """Starts trial processes from one forkserver per runner (see the module docstring)."""
+
+    def __init__(self, cancel_grace_s: float = CANCEL_GRACE_S) -> None:
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(list(PRELOAD))
+        self._cancel_grace_s = cancel_grace_s
+
+    async def warm_up(self) -> None:
+        """Start the forkserver and wait for its preload, off the event loop."""
+        await asyncio.to_thread(forkserver.ensure_running)
+
+    async def run(self, job: TrialJob, on_log: OnLog | None) -> Outcome:
+        """Run ``job`` in a new process to its outcome (cancellation stops the process)."""
+        recv_conn, send_conn = self._ctx.Pipe(duplex=False)
+        proc = self._ctx.Process(
+            target=child_main, args=(job, send_conn), name="trialbus-trial", daemon=False
+        )
+        try:
+            # Blocking: the first start waits for the forkserver's preload.
+            await asyncio.to_thread(proc.start)
+        finally:
+            send_conn.close()  # the child holds its own copy; EOF then means it is gone
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        threading.Thread(
+            target=_pump, args=(recv_conn, loop, queue), name="trial-pipe", daemon=True
+        ).start()
+        outcome: Outcome | None = None
+        try:
+            while (message := await queue.get()) is not None:
+                kind = message[0]
+                if kind == "log" and on_log is not None:
+                    await on_log(message[1], message[2], message[3])
+                elif kind == "outcome":
+                    outcome = message[1]
+            await asyncio.to_thread(proc.join)
+        except asyncio.CancelledError:
+            await self._stop(proc)
+            raise
+        finally:
+            if proc.exitcode is None:  # an error above: never leave a trial running
+                proc.kill()
+        if outcome is None:
+            return failed(
+                "TrialProcessDied",
+                f"the trial's process exited with status {proc.exitcode} before reporting",
+            )
+        return outcome
+
+    async def _stop(self, proc: Any) -> None:
+        """Ask the child to cancel its trial; SIGKILL it after the grace period."""
+        with contextlib.suppress(ProcessLookupError, TypeError):
+            os.kill(proc.pid, signal.SIGUSR1)
+        try:
+            await asyncio.to_thread(proc.join, self._cancel_grace_s)
+        finally:
+            if proc.exitcode is None:
+                proc.kill()
+                await asyncio.to_thread(proc.join, 5.0)

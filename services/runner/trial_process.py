@@ -1,0 +1,186 @@
+"""One trial in its own process: the Harbor side of HarborExecutor (runs in the child).
+
+A runner lives for days and runs trials of many experiments; Harbor and the agents it
+loads were written for ``harbor run``, one process per job. What a trial changes in its
+process stays there: prices registered in litellm's model table (terminus-2's
+``model_info``), ``os.environ``, the working directory, logging configuration, agent
+modules imported or patched. So every attempt runs in a fresh child forked from a
+clean, pre-imported parent (services.runner.isolation), and is gone when it ends.
+
+This module is what the child executes: build Harbor's TrialConfig, run the Trial,
+stream its live output and then its outcome back over a pipe. The runner sends
+SIGUSR1 to stop it (the experiment was cancelled, or the runner is shutting down).
+SIGTERM and SIGINT are ignored: the stack signals the runner's whole process group,
+and a draining runner lets running trials finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from schemas.events import TrialRequested
+from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
+
+_PR_SET_PDEATHSIG = 1
+
+
+class MissingSecretError(RuntimeError):
+    """The runner lacks an environment variable an agent needs (configuration error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrialJob:
+    """What the child needs to run one attempt (pickled to it)."""
+
+    request_json: str
+    attempt: int
+    jobs_root: str
+    sandbox_dir: str | None
+    live_logs: bool
+
+
+Outcome = dict[str, Any]
+"""ExecutionOutcome's fields as plain data (kind, trial_dir, job_dir, exception_type,
+message): what crosses the pipe."""
+
+
+def failed(exception_type: str, message: str, **dirs: str | None) -> Outcome:
+    """A ``failed`` outcome."""
+    return {"kind": "failed", "exception_type": exception_type, "message": message, **dirs}
+
+
+def trial_config(req: TrialRequested, job_dir: Path, sandbox_dir: str | None) -> Any:
+    """Harbor's TrialConfig for one request (the agent's secrets stay templates)."""
+    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+
+    missing = [n for n in req.agent.api_key_env if n not in os.environ]
+    if missing:
+        raise MissingSecretError(
+            f"runner has no environment variable {', '.join(missing)} "
+            f"(listed in api_key_env of agent {req.agent.display!r})"
+        )
+    compute = req.compute
+    env_kwargs = dict(compute.environment_kwargs)
+    if compute.environment_import_path and sandbox_dir is not None:
+        env_kwargs.setdefault("scratch_dir", sandbox_dir)
+    return TrialConfig(
+        task=TaskConfig(path=Path(req.task.path)),
+        trial_name=req.trial_id,
+        trials_dir=job_dir,
+        timeout_multiplier=compute.timeout_multiplier,
+        agent=AgentConfig(
+            name=req.agent.name,
+            import_path=req.agent.import_path,
+            model_name=req.agent.model,
+            kwargs=dict(req.agent.kwargs),
+            # Templates, not values: Harbor resolves ${NAME} from the runner's
+            # environment when the agent starts, so no secret enters a config,
+            # an event, a record or a log.
+            env={n: f"${{{n}}}" for n in req.agent.api_key_env},
+        ),
+        environment=EnvironmentConfig(
+            type=compute.environment_type,
+            import_path=compute.environment_import_path,
+            kwargs=env_kwargs,
+        ),
+        job_id=job_uuid(req.experiment_id),
+    )
+
+
+def job_config(req: TrialRequested, job_dir: Path) -> dict[str, Any]:
+    """The job-level config written once per experiment (what `harbor view` shows)."""
+    return {
+        "job_name": req.experiment_id,
+        "jobs_dir": str(job_dir.parent),
+        "n_concurrent_trials": req.compute.n_concurrent_trials,
+        "timeout_multiplier": req.compute.timeout_multiplier,
+        "environment": {
+            "type": req.compute.environment_type,
+            "import_path": req.compute.environment_import_path,
+            "kwargs": req.compute.environment_kwargs,
+        },
+    }
+
+
+async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
+    """Run one attempt with Harbor; live output goes to ``conn`` as it comes."""
+    from harbor.trial.hooks import LogEntry
+    from harbor.trial.trial import Trial
+
+    request = TrialRequested.model_validate_json(job.request_json)
+    job_dir = job_dir_for(Path(job.jobs_root), request.experiment_id)
+    ensure_job_dir(
+        job_dir,
+        experiment_id=request.experiment_id,
+        name=request.experiment_id,
+        job_config=job_config(request, job_dir),
+    )
+    trial_dir = job_dir / request.trial_id
+    if trial_dir.exists():
+        # A previous attempt (crashed runner, or a retry) left its folder: keep it
+        # for diagnosis, out of the way of Harbor and `harbor view`.
+        attempts_dir = job_dir / ".attempts"
+        attempts_dir.mkdir(exist_ok=True)
+        shutil.move(trial_dir, attempts_dir / f"{request.trial_id}.{job.attempt - 1}")
+    try:
+        trial = await Trial.create(trial_config(request, job_dir, job.sandbox_dir))
+    except Exception as exc:  # noqa: BLE001 - every cause becomes a TrialFailed
+        message = str(exc)[:2000] or type(exc).__name__
+        return failed(type(exc).__name__, message, job_dir=str(job_dir))
+    if job.live_logs:
+
+        async def forward(entry: LogEntry) -> None:
+            conn.send(("log", entry.phase, entry.stream, entry.text))
+
+        trial.add_log_callback(forward)
+    result = await trial.run()
+    exc_info = result.exception_info
+    if not (trial_dir / "result.json").is_file():
+        return failed(
+            exc_info.exception_type if exc_info else "MissingResult",
+            "Harbor finished without writing result.json",
+            trial_dir=str(trial_dir),
+            job_dir=str(job_dir),
+        )
+    return {
+        "kind": "completed",
+        "trial_dir": str(trial_dir),
+        "job_dir": str(job_dir),
+        "exception_type": exc_info.exception_type if exc_info else None,
+        "message": exc_info.exception_message[:2000] if exc_info else None,
+    }
+
+
+async def _main(job: TrialJob, conn: Connection) -> Outcome | None:
+    """The trial, stopped by SIGUSR1 (None then: the runner asked for it)."""
+    task = asyncio.create_task(run_trial(job, conn))
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return None
+
+
+def child_main(job: TrialJob, conn: Connection) -> None:
+    """Entry point of the trial's process (a fork of the runner's forkserver)."""
+    # Killed with the forkserver, which lives exactly as long as the runner.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        outcome = asyncio.run(_main(job, conn))
+        conn.send(("cancelled", None) if outcome is None else ("outcome", outcome))
+    except BaseException as exc:  # noqa: BLE001 - reported to the runner, then exit
+        conn.send(("outcome", failed(type(exc).__name__, str(exc)[:2000] or type(exc).__name__)))
+    finally:
+        conn.close()
