@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,9 @@ def busy_runners(events: Sequence[Event]) -> list[str]:
     )
 
 
-def grown_by(mark: int, n: int) -> Callable[[Sequence[Event]], bool]:
-    """Condition: ``n`` events arrived after position ``mark``."""
-    return lambda events: len(events) - mark >= n
+def grown_by(mark: int, n: int, done: Callable[[], bool]) -> Callable[[Sequence[Event]], bool]:
+    """Condition: ``n`` events arrived after position ``mark`` (or the work is done)."""
+    return lambda events: len(events) - mark >= n or done()
 
 
 async def test_chaos(stacks: Stacks, tmp_path: Path) -> None:
@@ -63,19 +64,28 @@ async def test_chaos(stacks: Stacks, tmp_path: Path) -> None:
     tap = await stacks.tap(stack)
     sub = await submit(stacks.cli(stack), write_manifest(tmp_path, N, concurrency=40))
     kills = restarts = 0
+    kill_log: list[str] = []  # to place a failure's events among the kills
     t0 = time.monotonic()
-    while time.monotonic() - t0 < CHAOS_S and len(tap.imported(sub.experiment_id)) < N:
+
+    def done() -> bool:
+        return len(tap.imported(sub.experiment_id)) >= N
+
+    while time.monotonic() - t0 < CHAOS_S and not done():
         mark, gap = tap.mark(), rng.randint(10, 80)
-        await tap.eventually(grown_by(mark, gap), f"{gap} more events", 60)
+        await tap.eventually(grown_by(mark, gap, done), f"{gap} more events", 60)
+        if done():
+            break
         busy = busy_runners(tap.events)
         if busy:
             victim = stack.services[rng.choice(busy)]
             victim.kill()
+            kill_log.append(f"{datetime.now(UTC):%H:%M:%S.%f} SIGKILL {victim.name}")
             kills += 1
             victim.start()
         if rng.random() < 0.5:
             importer = stack.services["importer"]
             importer.kill()
+            kill_log.append(f"{datetime.now(UTC):%H:%M:%S.%f} SIGKILL importer")
             importer.start()
             restarts += 1
     took = await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 300)
@@ -91,4 +101,4 @@ async def test_chaos(stacks: Stacks, tmp_path: Path) -> None:
     RESULT.parent.mkdir(exist_ok=True)
     RESULT.write_text(line + "\n")
     assert kills >= 10, f"only {kills} runner kills: the chaos did not reach the work"
-    assert check.ok, check.explain()
+    assert check.ok, check.explain() + "\nkills:\n" + "\n".join(kill_log)

@@ -78,9 +78,11 @@ def _final_outcomes(events: Iterable[Event]) -> list[Outcome]:
     ]
 
 
-def _describe(outcome: Outcome) -> str:
+def _describe(outcome: Outcome, start: TrialStarted | None) -> str:
+    """``completed@2 runner-1 12:00:01.250-12:00:02.300``: what ended, who ran it, when."""
     kind = "completed" if isinstance(outcome, TrialCompleted) else "failed(final)"
-    return f"{kind}@{outcome.attempt}"
+    who = f" {start.runner_id} {start.occurred_at:%H:%M:%S.%f}"[:-3] if start else ""
+    return f"{kind}@{outcome.attempt}{who}-{outcome.occurred_at:%H:%M:%S.%f}"[:-3]
 
 
 def check_ledger(
@@ -108,7 +110,7 @@ def check_ledger(
     for run, outcomes in by_run.items():
         if len(outcomes) > 1:
             duplicates += len(outcomes) - 1
-            seen = ", ".join(_describe(o) for o in outcomes)
+            seen = ", ".join(_describe(o, starts.get((run, o.attempt))) for o in outcomes)
             problems.append(f"duplicate: run {run} ended {len(outcomes)} times ({seen})")
 
     # A record changed at most once per run of its trial.
