@@ -17,10 +17,14 @@ import os
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
 
 MARKER = "trialbus.json"
 """The job-level file that marks a job folder as made by trialbus."""
+MAX_MARKER_BYTES: Final = 1024 * 1024
+"""A larger marker is refused unread: trialbus writes about a hundred bytes."""
 _JOB_NAMESPACE = uuid.UUID("6f1c3c52-8a43-4c1e-9a57-9f1d7c6b2f10")
 
 
@@ -65,9 +69,12 @@ def ensure_job_dir(
 
 def read_marker(job_dir: Path) -> dict[str, Any] | None:
     """The trialbus marker of a job folder, or None for jobs made outside trialbus."""
+    got = read_inside(job_dir, MARKER, MAX_MARKER_BYTES)
+    if isinstance(got, Unread):
+        return None
     try:
-        data = json.loads((job_dir / MARKER).read_text())
-    except (OSError, ValueError):
+        data = json.loads(got)
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -85,12 +92,15 @@ def write_job_result(job_dir: Path, experiment_id: str, n_total_trials: int) -> 
 
     results: list[TrialResult] = []
     for trial in sorted(p for p in job_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        path = trial / "result.json"
-        if path.is_file():
-            try:
-                results.append(TrialResult.model_validate_json(path.read_text()))
-            except ValueError:
-                continue  # the ledger records it as partial; Harbor's stats skip it
+        # Relative to the job folder: a trial folder or result.json that is a link,
+        # a FIFO or oversized is skipped like an invalid one (folder_reads).
+        got = read_inside(job_dir, f"{trial.name}/result.json", MAX_FILE_BYTES)
+        if isinstance(got, Unread):
+            continue
+        try:
+            results.append(TrialResult.model_validate_json(got))
+        except ValueError:
+            continue  # the ledger records it as partial; Harbor's stats skip it
     stats = JobStats.from_trial_results(results, n_total_trials=n_total_trials)
     by_key: dict[str, list[dict[str, float | int] | None]] = {}
     for r in results:

@@ -31,13 +31,13 @@ from typing import Final
 from schemas.ids import slug
 from schemas.record import TrialRecord
 from services.common.errors import UserInputError
-from services.common.harbor_jobs import MARKER
+from services.common.folder_reads import Unread, read_inside
+from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES
 from services.common.ports import EventBus, Ledger
 from services.importer.handlers import result_imported
 from services.importer.records import RecordContext, RecordSource, build_record
 
 _TRIAL_FILES: Final = ("result.json", "config.json", "trial.log")
-_MAX_MARKER_BYTES: Final = 1024 * 1024
 
 
 class JobDirError(UserInputError, ValueError):
@@ -92,13 +92,17 @@ def experiment_id_for_job(job_dir: Path) -> tuple[str, bool]:
     id would file the trials under the wrong experiment.
     """
     marker = job_dir / MARKER
-    if not marker.exists():
+    got = read_inside(job_dir, MARKER, MAX_MARKER_BYTES)
+    if isinstance(got, Unread) and got.missing:
         return f"harbor-{slug(job_dir.name)}", False
+    if isinstance(got, Unread):
+        raise JobDirError(
+            f"{marker}: {got.reason}; replace it with a regular file or delete it to "
+            "import the folder as a plain Harbor job"
+        )
     try:
-        if marker.stat().st_size > _MAX_MARKER_BYTES:
-            raise JobDirError(f"{marker}: larger than 1 MiB; this is not a trialbus marker")
-        data = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(got.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deeply
         raise JobDirError(
             f"{marker}: unreadable ({exc}); fix it or delete it to import the folder as a "
             "plain Harbor job"

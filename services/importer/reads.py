@@ -1,55 +1,40 @@
 """Bounded, never-raising reads of the files in a Harbor trial folder.
 
 A trial folder is written by an agent, a verifier and Harbor, any of which may be
-broken or hostile: every read here is size-limited, refuses FIFOs and devices, and
-turns every problem into one diagnostic line (naming the file) instead of raising.
+broken or hostile: every read here stays inside the trial folder (no symbolic link is
+followed), is size-limited, refuses FIFOs and devices, and turns every problem into
+one diagnostic line (naming the file and why) instead of raising.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-MAX_FILE_BYTES: Final = 16 * 1024 * 1024
-"""Files larger than this are refused (with a diagnostic) instead of read."""
+from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
+
+__all__ = ["MAX_FILE_BYTES", "get_path", "nonempty_str", "parse_object", "read_text", "short"]
 
 
-def read_text(path: Path, label: str, errors: list[str]) -> str | None:
-    """The file's text, or None with a diagnostic (a missing file adds none)."""
-    try:
-        mode = path.stat().st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            # Opening a FIFO waits forever for a writer; a device never ends.
-            errors.append(f"{label}: not a regular file (FIFO, device or socket); not read")
-            return None
-        with path.open("rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            # Read at most one byte past the limit: the file may grow after fstat.
-            raw = b"" if size > MAX_FILE_BYTES else fh.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        errors.append(f"{label}: unreadable: {exc.strerror or exc}")
-        return None
-    except ValueError as exc:
-        # A path the OS cannot name (a NUL byte, from an event's trial_dir): the
-        # system call refuses it before any file is looked for.
-        errors.append(f"{label}: unreadable: invalid path ({exc})")
-        return None
-    if size > MAX_FILE_BYTES or len(raw) > MAX_FILE_BYTES:
-        errors.append(
-            f"{label}: {max(size, len(raw))} bytes exceeds the "
-            f"{MAX_FILE_BYTES // (1024 * 1024)} MiB limit; not read"
-        )
+def read_text(trial_dir: Path, name: str, errors: list[str]) -> str | None:
+    """The text of ``trial_dir/name``, or None with a diagnostic (a missing file adds none).
+
+    ``name`` is the file's path in the trial folder ("verifier/reward.txt") and starts
+    its diagnostic. The file is read with services.common.folder_reads: never through
+    a symbolic link (the file's or a folder's on the way), never a FIFO or device,
+    at most MAX_FILE_BYTES.
+    """
+    got = read_inside(trial_dir, name, MAX_FILE_BYTES)
+    if isinstance(got, Unread):
+        if not got.missing:
+            errors.append(f"{name}: {got.reason}")
         return None
     try:
-        return raw.decode("utf-8")
+        return got.decode("utf-8")
     except UnicodeDecodeError as exc:
-        errors.append(f"{label}: not UTF-8 text (invalid byte at offset {exc.start})")
+        errors.append(f"{name}: not UTF-8 text (invalid byte at offset {exc.start})")
         return None
 
 

@@ -200,7 +200,7 @@ def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
         trial_dir / "agent",
     )
     read = read_trial(trial_dir, errors)
-    evaluation = evaluate(read, verifier_dir, errors)
+    evaluation = evaluate(read, trial_dir, errors)
     usage = _usage(read.result, errors) if read.result else Usage()
     record = TrialRecord(
         trial_id=context.trial_id,

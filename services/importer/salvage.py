@@ -112,7 +112,7 @@ class TrialRead:
 
 def read_trial(trial_dir: Path, errors: list[str]) -> TrialRead:
     """Read result.json (salvaged), falling back to config.json for provenance only."""
-    text = read_text(trial_dir / "result.json", "result.json", errors)
+    text = read_text(trial_dir, "result.json", errors)
     if text is None and not errors:
         errors.append(
             "result.json: missing (Harbor did not finish this trial: it is still running, "
@@ -122,6 +122,6 @@ def read_trial(trial_dir: Path, errors: list[str]) -> TrialRead:
     result, damaged = validate_result(data, errors) if data is not None else (None, set())
     if result is not None:
         return TrialRead(result, frozenset(damaged), result.config)
-    config_text = read_text(trial_dir / "config.json", "config.json", errors)
+    config_text = read_text(trial_dir, "config.json", errors)
     config = parse_object(config_text, "config.json", errors) if config_text is not None else None
     return TrialRead(None, frozenset(damaged), config)

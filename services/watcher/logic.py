@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.events import ExperimentCompleted
-from services.common.harbor_jobs import read_marker
+from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
+from services.common.harbor_jobs import MARKER
 from services.common.ports import Ledger
 
 
@@ -72,22 +74,32 @@ async def completion_of(
     )
 
 
-def finished_external_jobs(jobs_dir: Path) -> list[Path]:
+def finished_external_jobs(jobs_dir: Path, refused: list[str] | None = None) -> list[Path]:
     """Harbor job folders made outside trialbus whose job has finished.
 
     Harbor writes the job-level result.json at start and sets ``finished_at`` when
-    the job ends; only then are all of its trials final.
+    the job ends; only then are all of its trials final. A result.json that is a
+    symbolic link, a FIFO or device, or larger than MAX_FILE_BYTES is not read
+    (services.common.folder_reads): its job is left out, and ``refused`` (when given)
+    gets one line naming the file and why.
     """
     if not jobs_dir.is_dir():
         return []
     found = []
     for job in sorted(p for p in jobs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if read_marker(job) is not None:
-            continue  # a trialbus job: its trials are announced by the runners
-        try:
-            result = json.loads((job / "result.json").read_text())
-        except (OSError, ValueError):
+        if os.path.lexists(job / MARKER):
+            # A trialbus job (its trials are announced by the runners), or one whose
+            # marker read_marker refuses: importing it would fail on that marker.
             continue
+        got = read_inside(job, "result.json", MAX_FILE_BYTES)
+        if isinstance(got, Unread):
+            if refused is not None and not got.missing:
+                refused.append(f"{job / 'result.json'}: {got.reason}")
+            continue
+        try:
+            result = json.loads(got)
+        except (ValueError, RecursionError):
+            continue  # written while read, or not Harbor's: looked at again next scan
         if isinstance(result, dict) and result.get("finished_at"):
             found.append(job)
     return found
