@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from services.common import errors as E
 from services.common.errors import LedgerUnavailable, TransientError, UserInputError
+from services.common.logging import configure_logging
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.common.stackfile import settings_for
 
@@ -36,6 +38,12 @@ LatestExperiment = Annotated[str | None, typer.Argument(help="Default: the lates
 
 def _run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
     """Run a coroutine; map trialbus errors to the documented exit codes."""
+    # Log lines go to stderr, warnings and worse only: stdout is the command's output
+    # (``--json`` must be nothing but JSON, even when this command creates the streams).
+    configure_logging("WARNING")
+    # nats-py logs a traceback per failed connection attempt; a command says it once,
+    # clearly ("cannot reach NATS at ...", exit 3), or imports without it.
+    logging.getLogger("nats").setLevel(logging.CRITICAL)
     try:
         return asyncio.run(coro_fn())  # type: ignore[arg-type]
     except UserInputError as exc:
@@ -71,6 +79,13 @@ def _read[**P, T](
     return _call(read, query, *args, **kwargs)
 
 
+def _printed_as_json(data: Any, json_out: bool) -> bool:
+    """With --json, print ``data`` as JSON on stdout; whether it did (the command is done)."""
+    if json_out:
+        out.print_json(json.dumps(data))
+    return json_out
+
+
 def print_leaderboard(rows: list[dict[str, Any]], title: str) -> None:
     from services.reports.tables import leaderboard_table
 
@@ -97,9 +112,7 @@ def submit(
             settings, manifest, wait=wait, timeout_s=timeout, progress=None if json_out else err
         )
     )
-    if json_out:
-        out.print_json(json.dumps(result.summary))
-    else:
+    if not _printed_as_json(result.summary, json_out):
         s = result.summary
         err.print(
             f"experiment [bold]{s['experiment_id']}[/bold]: {s['n_trials']} trials, "
@@ -118,8 +131,7 @@ def status(experiment: str, json_out: JsonOpt = False) -> None:
     from services.reports.queries import experiment_status
 
     counts = _read(experiment_status, experiment)
-    if json_out:
-        out.print_json(json.dumps(counts))
+    if _printed_as_json(counts, json_out):
         return
     table = Table(title=f"status: {experiment}")
     table.add_column("state")
@@ -138,8 +150,7 @@ def leaderboard(
     from services.reports.queries import experiment_leaderboard
 
     exp_id, rows = _read(experiment_leaderboard, experiment)
-    if json_out:
-        out.print_json(json.dumps(rows))
+    if _printed_as_json(rows, json_out):
         return
     print_leaderboard(rows, f"leaderboard: {exp_id}")
 
@@ -161,8 +172,7 @@ def report(
     if html is not None:
         html.write_text(render_html(data), encoding="utf-8")
         err.print(f"wrote {html}", highlight=False)
-    if json_out:
-        out.print_json(json.dumps(data))
+    if _printed_as_json(data, json_out):
         return
     out.print(report_renderable(data))
 
@@ -186,8 +196,7 @@ def compare(
     from services.reports.tables import comparison_renderable
 
     data = _read(comparison, experiment_a, experiment_b, agent_a, agent_b)
-    if json_out:
-        out.print_json(json.dumps(data))
+    if _printed_as_json(data, json_out):
         return
     out.print(comparison_renderable(data))
 
@@ -198,8 +207,7 @@ def cancel(experiment: str, json_out: JsonOpt = False) -> None:
     from services.submitter.commands import cancel_experiment
 
     result = _call(cancel_experiment, experiment)
-    if json_out:
-        out.print_json(json.dumps(result))
+    if _printed_as_json(result, json_out):
         return
     if not result["known"]:
         err.print(f"warning: the ledger does not know {experiment!r} (yet); flag set anyway")
@@ -216,18 +224,17 @@ def import_(job_dir: Path, json_out: JsonOpt = False) -> None:
     from services.submitter.commands import import_job
 
     summary = _call(import_job, job_dir)
-    if json_out:
-        out.print_json(json.dumps(summary))
+    if _printed_as_json(summary, json_out):
         return
     err.print(
         f"{summary['total']} trials: {summary['imported']} imported, "
         f"{summary['unchanged']} unchanged, {summary['partial']} partial",
         highlight=False,
     )
-    if not summary["announced"]:
-        err.print("NATS unreachable: recorded in the ledger without ResultImported events")
     for line in summary.get("errors", [])[:20]:
         err.print(f"  {line}", highlight=False)
+    if not summary["announced"]:
+        err.print("NATS unreachable: recorded in the ledger without ResultImported events")
 
 
 @app.command()

@@ -1,10 +1,18 @@
-"""``trialbus import`` against the real nats-server and ledger: with NATS reachable it
-announces every record it writes (ResultImported, like the importer service); with
-NATS unreachable it still ledgers them and says it announced nothing."""
+"""The submitter's CLI commands against the real nats-server and ledger.
+
+``trialbus import`` with NATS reachable announces every record it writes
+(ResultImported, like the importer service); with NATS unreachable it still ledgers
+them and says it announced nothing. ``submit --json`` and ``import`` print what the
+README documents."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import nats
@@ -18,6 +26,7 @@ from services.submitter.commands import import_job
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[2]
 TRIALS = ("trial-a", "trial-b")
 
 
@@ -101,3 +110,52 @@ async def test_import_without_nats_ledgers_and_says_it_announced_nothing(
     finally:
         await nc.close()
     assert topology.events_stream not in streams
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+
+
+def _env(nats_url: str, ledger_url: str, ledger_db: str, prefix: str, tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env.update(
+        NATS_URL=nats_url,
+        LEDGER_URL=ledger_url,
+        TRIALBUS_LEDGER_DB=ledger_db,
+        TRIALBUS_PREFIX=prefix,
+        TRIALBUS_STACK_FILE=str(tmp / "no-stack.json"),
+    )
+    return env
+
+
+async def test_the_cli_submits_and_imports_with_its_documented_output(
+    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
+) -> None:
+    env = _env(nats_url, ledger_url, ledger_db, topology.prefix, tmp_path)
+    offline = {**env, "NATS_URL": f"nats://127.0.0.1:{_closed_port()}"}
+    submitted, imported, unannounced = await asyncio.gather(
+        asyncio.to_thread(
+            _cli, env, "submit", str(REPO / "examples" / "experiment.yaml"), "--json"
+        ),
+        asyncio.to_thread(_cli, env, "import", str(_job(tmp_path, "cli-json")), "--json"),
+        asyncio.to_thread(_cli, offline, "import", str(_job(tmp_path, "cli-text"))),
+    )
+
+    assert submitted.returncode == 0, submitted.stderr
+    summary = json.loads(submitted.stdout)
+    assert (summary["n_trials"], summary["n_published"], summary["n_duplicates"]) == (24, 24, 0)
+    assert imported.returncode == 0, imported.stderr
+    assert json.loads(imported.stdout)["announced"] is True
+    assert unannounced.returncode == 0, unannounced.stderr
+    assert unannounced.stdout == ""
+    lines = unannounced.stderr.splitlines()
+    assert lines[0] == "2 trials: 2 imported, 0 unchanged, 2 partial"
+    assert [line.split(":")[0] for line in lines[1:-1]] == [f"  {t}" for t in TRIALS]
+    assert lines[-1] == "NATS unreachable: recorded in the ledger without ResultImported events"
