@@ -1,0 +1,440 @@
+"""The importer's and the watcher's reads of trial and job folders (issue 11).
+
+A trial writes its ``verifier/`` and ``agent/`` folders from inside its sandbox: a file
+there may be a link to a host file, a FIFO, a device or endless. Against real files,
+the real record builder and, end to end, the importer as its own process on the
+session's nats-server and ledger: a linked file or folder is not read (the record says
+why; the host file's content appears nowhere), a FIFO does not block, an oversized
+file is refused. Each has its negative control: the same content as a regular file
+IS read. Anything that could block runs in a thread with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import stat
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.errors import NotFoundError
+
+from infra.service_process import ServiceProcess
+from schemas.events import TrialCompleted, encode_event
+from schemas.subjects import Topology
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
+from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES, read_marker, write_job_result
+from services.importer.jobdir import JobDirError, experiment_id_for_job
+from services.importer.records import RecordContext, build_record
+from services.watcher.logic import finished_external_jobs
+from tests import harbor_fixtures
+from tests.harbor_fixtures import HarborTrials
+
+harbor_trials = harbor_fixtures.harbor_trials  # the session's real Harbor trial folders
+
+CTX = RecordContext(experiment_id="exp", trial_id="t")
+LIMIT_S = 20.0
+
+
+def bounded[T](fn: Callable[[], T], fifos: list[Path] | None = None) -> T:
+    """``fn()`` in a thread; fail (never hang) when it does not return within LIMIT_S."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(LIMIT_S)
+    if thread.is_alive():
+        for fifo in fifos or []:
+            release(fifo)
+        raise AssertionError(f"blocked for over {LIMIT_S:.0f} s (a FIFO was opened?)")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]  # type: ignore[no-any-return]
+
+
+def release(fifo: Path) -> None:
+    """Unblock a reader waiting in open() on ``fifo`` (a writer appears and leaves)."""
+    with contextlib.suppress(OSError):  # ENXIO: no reader waiting
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.fixture
+def host(tmp_path: Path, harbor_trials: HarborTrials) -> tuple[Path, str]:
+    """A host-only folder holding files a trial must not get the importer to read.
+
+    Each contains TOKEN where a read would put it in the record: a result.json
+    (TOKEN as task name), a reward.json (TOKEN as a reward key), a text file, and a
+    verifier/ folder whose reward.txt is TOKEN.
+    """
+    token = "hostonly" + secrets.token_hex(8)
+    folder = tmp_path / "host-only"
+    (folder / "verifier").mkdir(parents=True)
+    result = json.loads((harbor_trials["oracle"] / "result.json").read_text())
+    result["task_name"] = token
+    (folder / "result.json").write_text(json.dumps(result))
+    (folder / "reward.json").write_text(json.dumps({"reward": 1.0, token: 0.5}))
+    (folder / "secret.txt").write_text(token)
+    (folder / "verifier" / "reward.txt").write_text(token)
+    return folder, token
+
+
+# name in the trial folder -> (host path it is made of, diagnostic when it is a link)
+PLANTED = {
+    "result.json": ("result.json", "result.json: a symbolic link; not followed"),
+    "verifier/reward.txt": ("secret.txt", "verifier/reward.txt: a symbolic link; not followed"),
+    "verifier/reward.json": (
+        "reward.json",
+        "verifier/reward.json: a symbolic link; not followed",
+    ),
+    "verifier": ("verifier", "verifier/reward.txt: verifier/ is a symbolic link; not followed"),
+}
+
+
+def plant(trials: HarborTrials, parent: Path, name: str, host: Path, *, link: bool) -> Path:
+    """An oracle trial whose ``name`` is made of host file ``PLANTED[name][0]``: a link
+    to it, or (``link=False``, the control) a regular copy of it. result.json is
+    removed first, so that the verifier's files are read too."""
+    folder_name = f"{name.replace('/', '-').replace('.', '-')}-{'link' if link else 'copy'}"
+    trial = trials.copy("oracle", parent, folder_name)
+    (trial / "result.json").unlink()
+    (trial / "verifier" / "reward.txt").unlink()
+    target, dest = host / PLANTED[name][0], trial / name
+    if dest.is_dir():
+        shutil.rmtree(dest)
+    if link:
+        dest.symlink_to(target)
+    elif target.is_dir():
+        shutil.copytree(target, dest)
+    else:
+        shutil.copyfile(target, dest)
+    return trial
+
+
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_a_link_to_a_host_file_or_folder_is_not_read(
+    name: str, host: tuple[Path, str], harbor_trials: HarborTrials, tmp_path: Path
+) -> None:
+    folder, token = host
+    linked = bounded(
+        lambda: build_record(plant(harbor_trials, tmp_path, name, folder, link=True), CTX)
+    )
+    assert PLANTED[name][1] in linked.errors
+    assert token not in linked.model_dump_json()
+    assert linked.status == "partial" and not linked.evaluation.reward_valid
+    # Negative control: the same content as a regular file (or folder) is read.
+    copied = build_record(plant(harbor_trials, tmp_path, name, folder, link=False), CTX)
+    assert token in copied.model_dump_json()
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "socket", "device"])
+def test_a_special_file_in_place_of_reward_txt_is_refused_without_blocking(
+    kind: str, harbor_trials: HarborTrials, tmp_path: Path
+) -> None:
+    trial = harbor_trials.copy("oracle", tmp_path)
+    (trial / "result.json").unlink()
+    reward = trial / "verifier" / "reward.txt"
+    reward.unlink()
+    if kind == "FIFO":
+        os.mkfifo(reward)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(reward))
+        sock.close()
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("mknod of a device needs root")
+        os.mknod(reward, 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero: endless
+    record = bounded(lambda: build_record(trial, CTX), [reward])
+    assert f"verifier/reward.txt: not a regular file (a {kind}); not read" in record.errors
+    if kind == "FIFO":
+        # Negative control: a plain open() of that FIFO does block (then is released).
+        waiting = threading.Thread(target=lambda: open(reward, "rb").close(), daemon=True)
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive()
+        release(reward)
+        waiting.join(LIMIT_S)
+
+
+@pytest.mark.parametrize("swap", ["FIFO", "link"])
+def test_a_file_swapped_after_the_look_is_refused_by_what_was_opened(
+    swap: str,
+    host: tuple[Path, str],
+    harbor_trials: HarborTrials,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    folder, token = host
+    trial = harbor_trials.copy("oracle", tmp_path)
+    (trial / "result.json").unlink()
+    reward = trial / "verifier" / "reward.txt"
+    reward.write_text("0.25")
+    real_stat = os.stat
+    swapped: list[bool] = []
+
+    def stat_then_swap(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        # The trial's move, between the reader's look and its open (the race): the
+        # first look at reward.txt sees a regular file, then it is replaced.
+        looked = real_stat(path, *args, **kwargs)
+        if not swapped and os.path.basename(os.fsdecode(path)) == "reward.txt":
+            swapped.append(True)
+            reward.unlink()
+            if swap == "FIFO":
+                os.mkfifo(reward)
+            else:
+                reward.symlink_to(folder / "secret.txt")
+        return looked
+
+    control = build_record(trial, CTX)  # negative control: unswapped, it is read
+    assert control.evaluation.rewards == {"reward": 0.25}
+    monkeypatch.setattr(os, "stat", stat_then_swap)
+    record = bounded(lambda: build_record(trial, CTX), [reward])
+    expected = "not a regular file (a FIFO); not read" if swap == "FIFO" else "a symbolic link"
+    assert any(e.startswith(f"verifier/reward.txt: {expected}") for e in record.errors)
+    assert swapped and record.evaluation.rewards == {}
+    assert token not in record.model_dump_json()
+
+
+def test_an_oversized_reward_file_is_refused_and_one_at_the_bound_is_read(
+    harbor_trials: HarborTrials, tmp_path: Path
+) -> None:
+    trials = {}
+    for size in (MAX_FILE_BYTES, MAX_FILE_BYTES + 1):
+        trial = trials[size] = harbor_trials.copy("oracle", tmp_path, f"size-{size}")
+        (trial / "result.json").unlink()
+        with (trial / "verifier" / "reward.txt").open("r+b") as fh:
+            fh.truncate(size)  # sparse: NUL bytes, "not a number" once read
+    over = build_record(trials[MAX_FILE_BYTES + 1], CTX)
+    assert (
+        f"verifier/reward.txt: {MAX_FILE_BYTES + 1} bytes exceeds the 16 MiB limit; not read"
+        in over.errors
+    )
+    at_bound = build_record(trials[MAX_FILE_BYTES], CTX)  # negative control: read
+    assert any(e.endswith("is not a number") for e in at_bound.errors), at_bound.errors
+
+
+def test_a_file_growing_while_read_is_cut_at_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "out.txt").write_bytes(b"x" * 10)
+    assert read_inside(tmp_path, "out.txt", 64) == b"x" * 10  # negative control
+    real_fstat = os.fstat
+
+    def fstat_then_grow(fd: int) -> os.stat_result:
+        seen = real_fstat(fd)
+        with (tmp_path / "out.txt").open("ab") as fh:
+            fh.write(b"y" * 1000)  # the writer keeps going after the size was checked
+        return seen
+
+    monkeypatch.setattr(os, "fstat", fstat_then_grow)
+    got = read_inside(tmp_path, "out.txt", 64)
+    assert got == Unread("65 bytes exceeds the 64-byte limit; not read")
+
+
+def test_paths_that_could_leave_the_folder_are_refused_by_the_helper(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "f").write_text("in")
+    assert read_inside(tmp_path, "a/f") == b"in"  # negative control
+    for bad in ("../a/f", "a/../a/f", "/a/f", "a//f", "./a/f"):
+        with pytest.raises(ValueError, match="plain relative path"):
+            read_inside(tmp_path, bad)
+
+
+# -- job folders: the importer's marker, the watcher's job result.json ---------------------
+
+
+@pytest.mark.parametrize("kind", ["link", "FIFO", "oversized"])
+def test_a_marker_that_is_a_link_a_fifo_or_oversized_is_refused_naming_why(
+    kind: str, tmp_path: Path
+) -> None:
+    job, elsewhere = tmp_path / "job", tmp_path / "elsewhere.json"
+    job.mkdir()
+    elsewhere.write_text(json.dumps({"experiment_id": "hijacked"}))
+    marker = job / MARKER
+    if kind == "link":
+        marker.symlink_to(elsewhere)
+    elif kind == "FIFO":
+        os.mkfifo(marker)
+    else:
+        with marker.open("wb") as fh:
+            fh.truncate(MAX_MARKER_BYTES + 1)
+    why = {
+        "link": "a symbolic link; not followed",
+        "FIFO": "not a regular file (a FIFO); not read",
+        "oversized": f"{MAX_MARKER_BYTES + 1} bytes exceeds the 1 MiB limit; not read",
+    }[kind]
+    with pytest.raises(JobDirError) as info:
+        bounded(lambda: experiment_id_for_job(job), [marker])
+    assert str(info.value).startswith(f"{marker}: {why}; ")
+    assert bounded(lambda: read_marker(job), [marker]) is None
+    # Negative control: the same marker as a regular file is read.
+    marker.unlink()
+    shutil.copyfile(elsewhere, marker)
+    assert experiment_id_for_job(job) == ("hijacked", True)
+    assert read_marker(job) == {"experiment_id": "hijacked"}
+
+
+def test_the_watcher_reads_no_linked_fifo_or_oversized_job_result(tmp_path: Path) -> None:
+    jobs, finished = tmp_path / "jobs", json.dumps({"finished_at": "2026-01-01T00:00:00Z"})
+    (tmp_path / "host.json").write_text(finished)
+    for name in ("a-link", "b-fifo", "c-oversized", "d-regular"):
+        (jobs / name).mkdir(parents=True)
+    (jobs / "a-link" / "result.json").symlink_to(tmp_path / "host.json")
+    os.mkfifo(jobs / "b-fifo" / "result.json")
+    with (jobs / "c-oversized" / "result.json").open("wb") as fh:
+        fh.truncate(MAX_FILE_BYTES + 1)
+    (jobs / "d-regular" / "result.json").write_text(finished)  # negative control
+    refused: list[str] = []
+    found = bounded(
+        lambda: finished_external_jobs(jobs, refused), [jobs / "b-fifo" / "result.json"]
+    )
+    assert found == [jobs / "d-regular"]
+    assert refused == [
+        f"{jobs / 'a-link' / 'result.json'}: a symbolic link; not followed",
+        f"{jobs / 'b-fifo' / 'result.json'}: not a regular file (a FIFO); not read",
+        f"{jobs / 'c-oversized' / 'result.json'}: "
+        f"{MAX_FILE_BYTES + 1} bytes exceeds the 16 MiB limit; not read",
+    ]
+
+
+def test_the_job_summary_counts_no_linked_trial_result(
+    harbor_trials: HarborTrials, host: tuple[Path, str], tmp_path: Path
+) -> None:
+    folder, _ = host
+    job = tmp_path / "job"
+    job.mkdir()
+    harbor_trials.copy("oracle", job, "t1")
+    linked = harbor_trials.copy("oracle", job, "t2")
+    (linked / "result.json").unlink()
+    (linked / "result.json").symlink_to(folder / "result.json")
+    (job / "t3").symlink_to(harbor_trials["nop"])  # a linked trial folder
+    summary = write_job_result(job, "exp", 3)
+    assert summary["stats"]["n_completed_trials"] == 1
+    # Negative control: the same content as a regular file is counted.
+    (linked / "result.json").unlink()
+    shutil.copyfile(folder / "result.json", linked / "result.json")
+    assert write_job_result(job, "exp", 3)["stats"]["n_completed_trials"] == 2
+
+
+# -- end to end: the importer service, as its own process, on the real bus and ledger -----
+
+
+@pytest.fixture
+async def importer(
+    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
+) -> AsyncIterator[ServiceProcess]:
+    """The importer as a separate process (as in production), ready to consume."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env.update(
+        NATS_URL=nats_url,
+        LEDGER_URL=ledger_url,
+        TRIALBUS_PREFIX=topology.prefix,
+        TRIALBUS_LEDGER_DB=ledger_db,
+        TRIALBUS_LOG_JSON="true",
+    )
+    proc = ServiceProcess("importer", env, tmp_path / "importer.log")
+    proc.start()
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+
+        async def ready() -> bool:
+            try:
+                await js.consumer_info(topology.events_stream, topology.importer_durable)
+            except NotFoundError:
+                return False
+            return True
+
+        await until("the importer's durable consumer", ready, proc)
+        yield proc
+    finally:
+        await nc.close()
+        proc.stop()
+
+
+async def until(what: str, check: Callable[[], Awaitable[bool]], proc: ServiceProcess) -> None:
+    """Poll ``check`` (a state, not a sleep) until true; fail early if ``proc`` died."""
+    deadline = time.monotonic() + 90
+    while not await check():
+        assert proc.alive, f"importer died:\n{proc.log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
+    importer: ServiceProcess,
+    host: tuple[Path, str],
+    harbor_trials: HarborTrials,
+    nats_url: str,
+    ledger_url: str,
+    topology: Topology,
+    ledger_db: str,
+    tmp_path: Path,
+) -> None:
+    folder, token = host
+    job = tmp_path / "job"
+    job.mkdir()
+    planted = {
+        name: {link: plant(harbor_trials, job, name, folder, link=link) for link in (True, False)}
+        for name in PLANTED
+    }
+    fifo = harbor_trials.copy("oracle", job, "reward-fifo")
+    oversized = harbor_trials.copy("oracle", job, "reward-oversized")
+    for trial in (fifo, oversized):
+        (trial / "result.json").unlink()
+        (trial / "verifier" / "reward.txt").unlink()
+    os.mkfifo(fifo / "verifier" / "reward.txt")
+    with (oversized / "verifier" / "reward.txt").open("wb") as fh:
+        fh.truncate(MAX_FILE_BYTES + 1)
+    trials = [fifo, oversized, *(t for pair in planted.values() for t in pair.values())]
+
+    nc = await nats.connect(nats_url)
+    ledger = MongoLedger(ledger_url, ledger_db)
+    try:
+        js = nc.jetstream()
+        for trial in trials:
+            event = TrialCompleted(
+                experiment_id="reads", trial_id=trial.name, trial_dir=str(trial), job_dir=str(job)
+            )
+            await js.publish(
+                topology.event_subject("trial_completed", "reads"), encode_event(event)
+            )
+
+        async def all_recorded() -> bool:
+            return await ledger.count_records("reads") == len(trials)
+
+        # A reader blocked on the FIFO would never get here: the wait fails, not hangs.
+        await until("a record of every trial", all_recorded, importer)
+        records = {r.trial_id: r for r in await ledger.records_for("reads")}
+    finally:
+        await ledger.close()
+        await nc.close()
+
+    for name, (_, why) in PLANTED.items():
+        linked, copied = records[planted[name][True].name], records[planted[name][False].name]
+        assert why in linked.errors and token not in linked.model_dump_json(), name
+        assert token in copied.model_dump_json(), name  # negative control: read
+    fifo_errors = records["reward-fifo"].errors
+    assert "verifier/reward.txt: not a regular file (a FIFO); not read" in fifo_errors
+    assert (
+        f"verifier/reward.txt: {MAX_FILE_BYTES + 1} bytes exceeds the 16 MiB limit; not read"
+        in records["reward-oversized"].errors
+    )
+    assert importer.alive
