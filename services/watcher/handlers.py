@@ -45,6 +45,7 @@ class Watcher:
         self._bus = bus
         self._jobs_dir = jobs_dir
         self._announced_jobs: set[Path] = set()
+        self._refused_reads: set[str] = set()  # logged once each, not on every scan
         self._tallies: dict[str, RecordTally] = {}
         self._correlation: dict[str, str] = {}
 
@@ -96,7 +97,13 @@ class Watcher:
         process, and a trial the ledger already holds is not announced again.
         """
         n = 0
-        for job in await asyncio.to_thread(finished_external_jobs, self._jobs_dir):
+        refused: list[str] = []
+        finished = await asyncio.to_thread(finished_external_jobs, self._jobs_dir, refused)
+        for problem in refused:
+            if problem not in self._refused_reads:
+                self._refused_reads.add(problem)
+                log.warning("external job result not read", problem=problem)
+        for job in finished:
             if job in self._announced_jobs:
                 continue
             trials = await asyncio.to_thread(scan_job_dir, job)

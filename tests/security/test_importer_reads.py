@@ -27,16 +27,19 @@ from typing import Any
 
 import nats
 import pytest
+import structlog
 from nats.js.errors import NotFoundError
 
 from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, encode_event
 from schemas.subjects import Topology
+from services.common.adapters.memory import InMemoryLedger, RecordingBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
 from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES, read_marker, write_job_result
 from services.importer.jobdir import JobDirError, experiment_id_for_job
 from services.importer.records import RecordContext, build_record
+from services.watcher.handlers import Watcher
 from services.watcher.logic import finished_external_jobs
 from tests import harbor_fixtures
 from tests.harbor_fixtures import HarborTrials
@@ -438,3 +441,20 @@ async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
         in records["reward-oversized"].errors
     )
     assert importer.alive
+
+
+async def test_the_watcher_says_once_which_job_result_it_did_not_read(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    (tmp_path / "host.json").write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z"}))
+    for name in ("linked", "regular"):
+        (jobs / name / "t-1").mkdir(parents=True)
+        (jobs / name / "t-1" / "trial.log").write_text("started\n")
+    (jobs / "linked" / "result.json").symlink_to(tmp_path / "host.json")
+    shutil.copyfile(tmp_path / "host.json", jobs / "regular" / "result.json")  # control
+    watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs)
+    with structlog.testing.capture_logs() as logs:
+        assert await watcher.scan_external() == 1
+        assert await watcher.scan_external() == 0
+    assert [c.job_dir for c in bus.of_type(TrialCompleted)] == [str(jobs / "regular")]
+    warned = [e["problem"] for e in logs if e["event"] == "external job result not read"]
+    assert warned == [f"{jobs / 'linked' / 'result.json'}: a symbolic link; not followed"]
