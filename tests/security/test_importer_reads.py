@@ -1,4 +1,4 @@
-"""The importer's and the watcher's reads of trial and job folders (issue 11).
+"""The importer's reads of a trial folder (issue 11).
 
 A trial writes its ``verifier/`` and ``agent/`` folders from inside its sandbox: a file
 there may be a link to a host file, a FIFO, a device or endless. Against real files,
@@ -6,17 +6,13 @@ the real record builder and, end to end, the importer as its own process on the
 session's nats-server and ledger: a linked file or folder is not read (the record says
 why; the host file's content appears nowhere), a FIFO does not block, an oversized
 file is refused. Each has its negative control: the same content as a regular file
-IS read. Anything that could block runs in a thread with a timeout.
+IS read. Anything that could block runs in a thread with a timeout (reads_support).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
-import secrets
-import shutil
 import socket
 import stat
 import threading
@@ -27,107 +23,23 @@ from typing import Any
 
 import nats
 import pytest
-import structlog
 from nats.js.errors import NotFoundError
 
 from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, encode_event
 from schemas.subjects import Topology
-from services.common.adapters.memory import InMemoryLedger, RecordingBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
-from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES, read_marker, write_job_result
-from services.importer.jobdir import JobDirError, experiment_id_for_job
 from services.importer.records import RecordContext, build_record
-from services.watcher.handlers import Watcher
-from services.watcher.logic import finished_external_jobs
 from tests import harbor_fixtures
 from tests.harbor_fixtures import HarborTrials
+from tests.security import reads_support
+from tests.security.reads_support import LIMIT_S, PLANTED, bounded, plant, release
 
 harbor_trials = harbor_fixtures.harbor_trials  # the session's real Harbor trial folders
+host = reads_support.host
 
 CTX = RecordContext(experiment_id="exp", trial_id="t")
-LIMIT_S = 20.0
-
-
-def bounded[T](fn: Callable[[], T], fifos: list[Path] | None = None) -> T:
-    """``fn()`` in a thread; fail (never hang) when it does not return within LIMIT_S."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(LIMIT_S)
-    if thread.is_alive():
-        for fifo in fifos or []:
-            release(fifo)
-        raise AssertionError(f"blocked for over {LIMIT_S:.0f} s (a FIFO was opened?)")
-    if "error" in out:
-        raise out["error"]
-    return out["value"]  # type: ignore[no-any-return]
-
-
-def release(fifo: Path) -> None:
-    """Unblock a reader waiting in open() on ``fifo`` (a writer appears and leaves)."""
-    with contextlib.suppress(OSError):  # ENXIO: no reader waiting
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-
-
-@pytest.fixture
-def host(tmp_path: Path, harbor_trials: HarborTrials) -> tuple[Path, str]:
-    """A host-only folder holding files a trial must not get the importer to read.
-
-    Each contains TOKEN where a read would put it in the record: a result.json
-    (TOKEN as task name), a reward.json (TOKEN as a reward key), a text file, and a
-    verifier/ folder whose reward.txt is TOKEN.
-    """
-    token = "hostonly" + secrets.token_hex(8)
-    folder = tmp_path / "host-only"
-    (folder / "verifier").mkdir(parents=True)
-    result = json.loads((harbor_trials["oracle"] / "result.json").read_text())
-    result["task_name"] = token
-    (folder / "result.json").write_text(json.dumps(result))
-    (folder / "reward.json").write_text(json.dumps({"reward": 1.0, token: 0.5}))
-    (folder / "secret.txt").write_text(token)
-    (folder / "verifier" / "reward.txt").write_text(token)
-    return folder, token
-
-
-# name in the trial folder -> (host path it is made of, diagnostic when it is a link)
-PLANTED = {
-    "result.json": ("result.json", "result.json: a symbolic link; not followed"),
-    "verifier/reward.txt": ("secret.txt", "verifier/reward.txt: a symbolic link; not followed"),
-    "verifier/reward.json": (
-        "reward.json",
-        "verifier/reward.json: a symbolic link; not followed",
-    ),
-    "verifier": ("verifier", "verifier/reward.txt: verifier/ is a symbolic link; not followed"),
-}
-
-
-def plant(trials: HarborTrials, parent: Path, name: str, host: Path, *, link: bool) -> Path:
-    """An oracle trial whose ``name`` is made of host file ``PLANTED[name][0]``: a link
-    to it, or (``link=False``, the control) a regular copy of it. result.json is
-    removed first, so that the verifier's files are read too."""
-    folder_name = f"{name.replace('/', '-').replace('.', '-')}-{'link' if link else 'copy'}"
-    trial = trials.copy("oracle", parent, folder_name)
-    (trial / "result.json").unlink()
-    (trial / "verifier" / "reward.txt").unlink()
-    target, dest = host / PLANTED[name][0], trial / name
-    if dest.is_dir():
-        shutil.rmtree(dest)
-    if link:
-        dest.symlink_to(target)
-    elif target.is_dir():
-        shutil.copytree(target, dest)
-    else:
-        shutil.copyfile(target, dest)
-    return trial
 
 
 @pytest.mark.parametrize("name", list(PLANTED))
@@ -260,82 +172,6 @@ def test_paths_that_could_leave_the_folder_are_refused_by_the_helper(tmp_path: P
             read_inside(tmp_path, bad)
 
 
-# -- job folders: the importer's marker, the watcher's job result.json ---------------------
-
-
-@pytest.mark.parametrize("kind", ["link", "FIFO", "oversized"])
-def test_a_marker_that_is_a_link_a_fifo_or_oversized_is_refused_naming_why(
-    kind: str, tmp_path: Path
-) -> None:
-    job, elsewhere = tmp_path / "job", tmp_path / "elsewhere.json"
-    job.mkdir()
-    elsewhere.write_text(json.dumps({"experiment_id": "hijacked"}))
-    marker = job / MARKER
-    if kind == "link":
-        marker.symlink_to(elsewhere)
-    elif kind == "FIFO":
-        os.mkfifo(marker)
-    else:
-        with marker.open("wb") as fh:
-            fh.truncate(MAX_MARKER_BYTES + 1)
-    why = {
-        "link": "a symbolic link; not followed",
-        "FIFO": "not a regular file (a FIFO); not read",
-        "oversized": f"{MAX_MARKER_BYTES + 1} bytes exceeds the 1 MiB limit; not read",
-    }[kind]
-    with pytest.raises(JobDirError) as info:
-        bounded(lambda: experiment_id_for_job(job), [marker])
-    assert str(info.value).startswith(f"{marker}: {why}; ")
-    assert bounded(lambda: read_marker(job), [marker]) is None
-    # Negative control: the same marker as a regular file is read.
-    marker.unlink()
-    shutil.copyfile(elsewhere, marker)
-    assert experiment_id_for_job(job) == ("hijacked", True)
-    assert read_marker(job) == {"experiment_id": "hijacked"}
-
-
-def test_the_watcher_reads_no_linked_fifo_or_oversized_job_result(tmp_path: Path) -> None:
-    jobs, finished = tmp_path / "jobs", json.dumps({"finished_at": "2026-01-01T00:00:00Z"})
-    (tmp_path / "host.json").write_text(finished)
-    for name in ("a-link", "b-fifo", "c-oversized", "d-regular"):
-        (jobs / name).mkdir(parents=True)
-    (jobs / "a-link" / "result.json").symlink_to(tmp_path / "host.json")
-    os.mkfifo(jobs / "b-fifo" / "result.json")
-    with (jobs / "c-oversized" / "result.json").open("wb") as fh:
-        fh.truncate(MAX_FILE_BYTES + 1)
-    (jobs / "d-regular" / "result.json").write_text(finished)  # negative control
-    refused: list[str] = []
-    found = bounded(
-        lambda: finished_external_jobs(jobs, refused), [jobs / "b-fifo" / "result.json"]
-    )
-    assert found == [jobs / "d-regular"]
-    assert refused == [
-        f"{jobs / 'a-link' / 'result.json'}: a symbolic link; not followed",
-        f"{jobs / 'b-fifo' / 'result.json'}: not a regular file (a FIFO); not read",
-        f"{jobs / 'c-oversized' / 'result.json'}: "
-        f"{MAX_FILE_BYTES + 1} bytes exceeds the 16 MiB limit; not read",
-    ]
-
-
-def test_the_job_summary_counts_no_linked_trial_result(
-    harbor_trials: HarborTrials, host: tuple[Path, str], tmp_path: Path
-) -> None:
-    folder, _ = host
-    job = tmp_path / "job"
-    job.mkdir()
-    harbor_trials.copy("oracle", job, "t1")
-    linked = harbor_trials.copy("oracle", job, "t2")
-    (linked / "result.json").unlink()
-    (linked / "result.json").symlink_to(folder / "result.json")
-    (job / "t3").symlink_to(harbor_trials["nop"])  # a linked trial folder
-    summary = write_job_result(job, "exp", 3)
-    assert summary["stats"]["n_completed_trials"] == 1
-    # Negative control: the same content as a regular file is counted.
-    (linked / "result.json").unlink()
-    shutil.copyfile(folder / "result.json", linked / "result.json")
-    assert write_job_result(job, "exp", 3)["stats"]["n_completed_trials"] == 2
-
-
 # -- end to end: the importer service, as its own process, on the real bus and ledger -----
 
 
@@ -441,20 +277,3 @@ async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
         in records["reward-oversized"].errors
     )
     assert importer.alive
-
-
-async def test_the_watcher_says_once_which_job_result_it_did_not_read(tmp_path: Path) -> None:
-    jobs = tmp_path / "jobs"
-    (tmp_path / "host.json").write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z"}))
-    for name in ("linked", "regular"):
-        (jobs / name / "t-1").mkdir(parents=True)
-        (jobs / name / "t-1" / "trial.log").write_text("started\n")
-    (jobs / "linked" / "result.json").symlink_to(tmp_path / "host.json")
-    shutil.copyfile(tmp_path / "host.json", jobs / "regular" / "result.json")  # control
-    watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs)
-    with structlog.testing.capture_logs() as logs:
-        assert await watcher.scan_external() == 1
-        assert await watcher.scan_external() == 0
-    assert [c.job_dir for c in bus.of_type(TrialCompleted)] == [str(jobs / "regular")]
-    warned = [e["problem"] for e in logs if e["event"] == "external job result not read"]
-    assert warned == [f"{jobs / 'linked' / 'result.json'}: a symbolic link; not followed"]
