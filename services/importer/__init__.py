@@ -6,7 +6,8 @@
                  write, announce (ResultImported), and one verdict per message
     jobdir.py    `trialbus import` of a Harbor job folder (optionally announced)
     records.py   assembly of a TrialRecord from one trial folder, over
-    reads.py     bounded, never-raising file reads,
+    reads.py     bounded, never-raising file reads that follow no link
+                 (services.common.folder_reads),
     salvage.py   field-by-field salvage of a malformed result.json, and
     scoring.py   the scoring rule (whether a reward counts; the main reward)
     __main__.py  `python -m services.importer`

@@ -7,7 +7,7 @@ is ``complete`` only when Harbor's result.json was read in full without diagnost
 
 The importer's four concerns, one module each:
 
-    reads     bounded, never-raising file reads (size limit, FIFOs, UTF-8, JSON)
+    reads     bounded, never-raising file reads (no links, size limit, FIFOs, UTF-8, JSON)
     salvage   a malformed result.json is validated field by field, keeping what is valid
     scoring   the scoring rule: whether the reward counts, and which is the main one
     records   (this module) provenance, timing, usage and the record's size bound
