@@ -27,6 +27,8 @@ import pytest
 import yaml
 
 from benchmarks.instant_executor import EXECUTOR_SPEC
+from infra.embedded import LedgerServer
+from infra.stack import LEDGER_ARGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -310,3 +312,25 @@ def _alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie waiting for init to reap it counts as gone)."""
     st = _stat(pid)
     return st is not None and st[1] != "Z"
+
+
+def test_the_stack_ledger_keeps_acknowledged_writes_across_a_sigkill(tmp_path: Path) -> None:
+    # A restart on the same data folder is only worth it if what the ledger
+    # acknowledged is still there: the importer acks its events once the ledger
+    # answered, so a lost record would never be imported again.
+    server = LedgerServer(tmp_path / "ledger", extra_args=LEDGER_ARGS).start()
+    try:
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(server.url)
+        trials = client["durability"]["trials"]
+        # Small commits, as fast as they are acknowledged (a large one would flush the
+        # log buffer by filling it, and hide the loss).
+        for i in range(200):
+            trials.insert_one({"trial_id": f"t{i}"})
+        client.close()
+        server.kill()
+        server.start()
+        client = pymongo.MongoClient(server.url)
+        assert client["durability"]["trials"].count_documents({}) == 200
+        client.close()
+    finally:
+        server.stop()
