@@ -81,8 +81,26 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    _route_library_consoles_to_root()
     for noisy in NOISY_LIBRARIES:
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
+
+
+def _route_library_consoles_to_root() -> None:
+    """Take console handlers off named loggers so their records reach the root handler.
+
+    FastStream gives its ``faststream`` logger a coloured stderr handler at import and
+    turns propagation off; uvicorn's default config does the same for ``uvicorn.*``.
+    Only plain ``StreamHandler``s go: a library's file handler (a subclass) stays.
+    """
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if not isinstance(logger, logging.Logger):
+            continue  # a PlaceHolder: a dotted prefix nobody logged to
+        consoles = [h for h in logger.handlers if type(h) is logging.StreamHandler]
+        for console in consoles:
+            logger.removeHandler(console)
+        if consoles and not logger.handlers:
+            logger.propagate = True
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

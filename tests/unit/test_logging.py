@@ -159,3 +159,23 @@ def test_reconfiguring_keeps_one_handler_and_a_terminal_gets_no_json(
     assert "plain for humans" in text
     with pytest.raises(AssertionError):
         json_lines(text)
+
+
+def test_faststream_own_console_handler_is_replaced_by_the_root_one(
+    stream: io.StringIO,
+) -> None:
+    import faststream  # noqa: F401 - its import installs the handler this test is about
+
+    fs = logging.getLogger("faststream")
+    saved = (list(fs.handlers), fs.propagate)
+    # Negative control: FastStream really prints on its own, bypassing the root.
+    assert not fs.propagate and any(type(h) is logging.StreamHandler for h in fs.handlers)
+    try:
+        configure_logging("INFO", json=True, stream=stream)
+        fs.warning("app starting")
+        [entry] = json_lines(stream.getvalue())
+        assert (entry["event"], entry["logger"]) == ("app starting", "faststream")
+    finally:
+        for handler in saved[0]:
+            fs.addHandler(handler)
+        fs.propagate = saved[1]
