@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -84,8 +85,10 @@ class Ledger(Protocol):
 
     Writes are idempotent by design: a record is keyed by trial_id (unique index), and
     re-writing the same content is reported as ``unchanged`` without touching the
-    document. A ``partial`` record never replaces a ``complete`` one, so a late or
-    replayed failure cannot erase a real result (``keeps_stored``).
+    document. A record never replaces one that ranks above it (``record_order``): a
+    ``partial`` record never replaces a ``complete`` one, so a late or replayed failure
+    cannot erase a real result, and an older complete result never replaces a newer
+    one; such a write is reported ``unchanged`` too (``keeps_stored``).
     Connection problems raise ``LedgerUnavailable`` (a TransientError).
     """
 
@@ -128,29 +131,71 @@ def record_content_hash(record: TrialRecord) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def keeps_stored(stored_status: str, stored_hash: str, new_status: str, new_hash: str) -> bool:
+def status_order(status: str) -> str:
+    """The order key of a record known only by its status: complete above partial.
+
+    It is also the first character of every ``record_order`` key, so a ledger holding
+    documents written before order keys existed can rank them by status alone.
+    """
+    return "1" if status == "complete" else "0"
+
+
+def record_order(record: TrialRecord) -> str:
+    """Where ``record`` ranks among the records of its trial: the ledger keeps the highest.
+
+    The rule is "the last finished run wins", told from what a record carries:
+
+    - a complete record ranks above a partial one, so a late or replayed failure
+      cannot erase a real result;
+    - complete records rank by ``timing.finished_at`` (Harbor's clock on the runner's
+      host), then by ``attempts``: a redelivered result of attempt 1 cannot replace
+      attempt 2's, and a resumed run (attempts restart at 1) still replaces the older
+      run it re-ran, because it finished later. A complete record that does not say
+      when it finished ranks below those that do;
+    - partial records rank equal: most are runner failures, which carry no finish
+      time, and a resumed run's failure must still replace the older run's.
+
+    Records of equal rank: the later write wins. Keys compare as plain strings (the
+    Mongo adapter filters on them), so the time is written at fixed width in UTC.
+    """
+    rank = status_order(record.status)
+    finished = record.timing.finished_at
+    if record.status != "complete" or finished is None:
+        return rank
+    utc = finished.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds")
+    return f"{rank}|{utc}|{min(record.attempts, _MAX_ATTEMPTS):010d}"
+
+
+_MAX_ATTEMPTS = 10**10 - 1  # keeps the attempts field of an order key fixed-width
+
+
+def keeps_stored(stored_order: str, stored_hash: str, new_order: str, new_hash: str) -> bool:
     """Whether a write must leave the stored record alone (reported ``unchanged``).
 
-    Same content is a replay; a partial record never replaces a complete one, so a
-    late or replayed failure cannot erase a real result.
+    Same content is a replay; a record that ranks below the stored one
+    (``record_order``: a partial after a complete, an older complete result after a
+    newer one) must not replace it.
     """
-    return stored_hash == new_hash or (new_status == "partial" and stored_status == "complete")
+    return stored_hash == new_hash or new_order < stored_order
 
 
 def collapse_batch(records: Sequence[TrialRecord]) -> list[TrialRecord]:
     """One record per trial_id: the one that applying the batch in order would leave.
 
-    A later record wins, except that a partial one never displaces a complete one.
-    Collapsing first means each trial_id is written (and reported) once per batch,
-    and the outcome does not depend on the order a server applies an unordered bulk.
+    A later record wins unless it ranks below the earlier one (``record_order``).
+    Ranks are a total order with the later write winning ties, so collapsing first
+    and then writing the winner leaves what writing each record in turn would.
+    Collapsing means each trial_id is written (and reported) once per batch, and the
+    outcome does not depend on the order a server applies an unordered bulk.
     """
-    winners: dict[str, TrialRecord] = {}
+    winners: dict[str, tuple[TrialRecord, str]] = {}
     for record in records:
+        order = record_order(record)
         previous = winners.get(record.trial_id)
-        if previous is not None and record.status == "partial" and previous.status == "complete":
+        if previous is not None and order < previous[1]:
             continue
-        winners[record.trial_id] = record
-    return list(winners.values())
+        winners[record.trial_id] = (record, order)
+    return [record for record, _ in winners.values()]
 
 
 # -- Coordinator -------------------------------------------------------------------------
@@ -165,10 +210,13 @@ class Lease:
 
 
 class Coordinator(Protocol):
-    """State the runners share: concurrency leases, attempt counters, cancel flags.
+    """State the runners share: concurrency leases, attempt counters, cancel flags, endings.
 
     Leases make an experiment's ``compute.n_concurrent_trials`` a limit across all
     runners; a lease not renewed within its TTL expires, so a dead runner leaks none.
+    A run's ending (its final event, stored before it is published and the work
+    message acknowledged) lets a redelivered work message of a run that already ended
+    re-publish that ending instead of running the trial again.
     """
 
     async def acquire(self, experiment_id: str, limit: int, holder: str) -> Lease | None:
@@ -191,6 +239,16 @@ class Coordinator(Protocol):
 
     async def next_attempt(self, run_id: str) -> int:
         """Count one more start of ``run_id`` and return the new count (1 first)."""
+
+    async def record_ending(self, run_id: str, event: bytes) -> bytes:
+        """Store ``event`` (the encoded final event) as how ``run_id`` ended; first wins.
+
+        Returns the stored ending: ``event`` itself, or the ending another runner
+        recorded first (a run ends once, whoever finishes it).
+        """
+
+    async def ending(self, run_id: str) -> bytes | None:
+        """The encoded final event of ``run_id`` if the run has ended, else None."""
 
 
 # -- Executor ----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -17,12 +17,16 @@ from pymongo import AsyncMongoClient, UpdateOne
 
 from infra.embedded import free_port
 from schemas.record import Evaluation, PhaseTiming, Provenance, RecordStatus, TrialRecord
-from services.common.adapters.memory import InMemoryLedger, record_content_hash
+from services.common.adapters.memory import InMemoryLedger
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.errors import LedgerUnavailable
-from services.common.ports import ExperimentInfo, Ledger
+from services.common.ports import ExperimentInfo, Ledger, record_content_hash
 
 pytestmark = pytest.mark.integration
+
+
+FINISHED = datetime(2026, 1, 2, 3, 4, 6, 654321, tzinfo=UTC)
+SECOND = timedelta(seconds=1)
 
 
 def make_record(
@@ -32,6 +36,8 @@ def make_record(
     status: RecordStatus = "complete",
     reward: float | None = 1.0,
     note: str | None = None,
+    attempts: int = 1,
+    finished_at: datetime | None = FINISHED,
 ) -> TrialRecord:
     """A small but fully populated record; ``note`` varies content without changing meaning."""
     valid = reward is not None and status == "complete"
@@ -44,7 +50,7 @@ def make_record(
         # Microseconds on purpose: they must survive the round trip exactly.
         timing=PhaseTiming(
             started_at=datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC),
-            finished_at=datetime(2026, 1, 2, 3, 4, 6, 654321, tzinfo=UTC),
+            finished_at=finished_at,
             total_s=1.530865,
         ),
         evaluation=Evaluation(
@@ -56,6 +62,7 @@ def make_record(
             failure_class="none" if status == "complete" else "infrastructure",
         ),
         errors=[] if status == "complete" else ["result.json: missing"],
+        attempts=attempts,
     )
 
 
@@ -174,6 +181,90 @@ async def test_duplicated_trial_id_inside_a_batch(ledger: Ledger) -> None:
     assert outcome.unchanged == ["mix"]
 
 
+async def test_an_older_result_never_replaces_a_newer_one(ledger: Ledger) -> None:
+    # Attempt 1's TrialCompleted redelivered to the importer after attempt 2's.
+    first = make_record("t1", reward=0.0, attempts=1, finished_at=FINISHED)
+    second = make_record("t1", reward=1.0, attempts=2, finished_at=FINISHED + SECOND)
+    await ledger.upsert_records([second])
+
+    outcome = await ledger.upsert_records([first])
+
+    assert (outcome.inserted, outcome.updated, outcome.unchanged) == ([], [], ["t1"])
+    assert await ledger.get_record("t1") == second
+    # Negative control: in the order they finished, the newer result replaces the older.
+    await ledger.upsert_records([first.model_copy(update={"trial_id": "t2"})])
+    newer = second.model_copy(update={"trial_id": "t2"})
+    assert (await ledger.upsert_records([newer])).updated == ["t2"]
+    assert await ledger.get_record("t2") == newer
+
+
+async def test_the_same_finish_time_ranks_by_attempt(ledger: Ledger) -> None:
+    later = make_record("t1", reward=1.0, attempts=3)
+    await ledger.upsert_records([later])
+    assert (await ledger.upsert_records([make_record("t1", attempts=2)])).unchanged == ["t1"]
+    assert await ledger.get_record("t1") == later
+    # Negative control: a higher attempt at the same time replaces it.
+    highest = make_record("t1", reward=0.5, attempts=4)
+    assert (await ledger.upsert_records([highest])).updated == ["t1"]
+    assert await ledger.get_record("t1") == highest
+
+
+async def test_finish_times_compare_as_instants_not_as_text(ledger: Ledger) -> None:
+    # Compared as ISO text, both answers below would be wrong: "03:04:06Z" sorts after
+    # "03:04:06.5Z", and "04:04:06+02:00" (02:04:06 UTC) after "03:04:06Z".
+    whole = make_record("t1", attempts=1, finished_at=datetime(2026, 1, 2, 3, 4, 6, tzinfo=UTC))
+    await ledger.upsert_records([whole])
+    two_hours_east = timezone(timedelta(hours=2))
+    earlier = make_record(
+        "t1",
+        reward=0.0,
+        attempts=2,
+        finished_at=datetime(2026, 1, 2, 4, 4, 6, tzinfo=two_hours_east),
+    )
+    assert (await ledger.upsert_records([earlier])).unchanged == ["t1"]
+    assert await ledger.get_record("t1") == whole
+    # Negative control: half a second later does replace it.
+    later = make_record(
+        "t1", reward=0.0, finished_at=datetime(2026, 1, 2, 3, 4, 6, 500000, tzinfo=UTC)
+    )
+    assert (await ledger.upsert_records([later])).updated == ["t1"]
+    assert await ledger.get_record("t1") == later
+
+
+async def test_a_resumed_run_replaces_the_older_run_it_re_ran(ledger: Ledger) -> None:
+    # A re-run counts attempts from 1 again: the finish time says it is the newer one.
+    unscored = make_record("c", reward=None, attempts=3)
+    failed = make_record("p", status="partial", reward=None, attempts=3)
+    await ledger.upsert_records([unscored, failed])
+    rerun_c = make_record("c", reward=1.0, attempts=1, finished_at=FINISHED + SECOND)
+    rerun_p = make_record("p", status="partial", reward=None, attempts=1, note="resumed")
+
+    outcome = await ledger.upsert_records([rerun_c, rerun_p])
+
+    assert sorted(outcome.updated) == ["c", "p"]
+    assert await ledger.get_record("c") == rerun_c
+    assert await ledger.get_record("p") == rerun_p
+    # Negative control: the resumed run's result that does not say when it finished
+    # ranks below one that does, and a partial below any complete.
+    untimed = make_record("c", reward=0.0, attempts=1, finished_at=None)
+    assert (await ledger.upsert_records([untimed])).unchanged == ["c"]
+    assert (
+        await ledger.upsert_records([rerun_p.model_copy(update={"trial_id": "c"})])
+    ).unchanged == ["c"]
+    assert await ledger.get_record("c") == rerun_c
+
+
+async def test_inside_a_batch_the_newest_result_wins_in_any_order(ledger: Ledger) -> None:
+    old = make_record("t1", reward=0.0, attempts=1)
+    new = make_record("t1", reward=1.0, attempts=2, finished_at=FINISHED + SECOND)
+    assert (await ledger.upsert_records([new, old])).inserted == ["t1"]
+    assert await ledger.get_record("t1") == new
+    assert (await ledger.upsert_records([old, new, old])).unchanged == ["t1"]
+    # Negative control: without the newer one, the older result is what is stored.
+    assert (await ledger.upsert_records([old.model_copy(update={"trial_id": "t2"})])).inserted
+    assert (await ledger.get_record("t2")) == old.model_copy(update={"trial_id": "t2"})
+
+
 async def test_empty_batch(ledger: Ledger) -> None:
     outcome = await ledger.upsert_records([])
     assert (outcome.inserted, outcome.updated, outcome.unchanged) == ([], [], [])
@@ -273,6 +364,7 @@ async def test_mongo_document_carries_hash_and_import_time(ledger_url: str, ledg
         await ledger.close()
     assert doc is not None
     assert doc["content_hash"] == record_content_hash(record)
+    assert doc["order_key"] == "1|2026-01-02T03:04:06.654321|0000000001"
     assert isinstance(doc["imported_at"], datetime)
     assert doc["timing"]["started_at"] == "2026-01-02T03:04:05.123456Z"
     assert indexes["trial_id_1"].get("unique") is True
@@ -321,4 +413,31 @@ async def test_mongo_unreachable_server_raises_ledger_unavailable() -> None:
         with pytest.raises(LedgerUnavailable):
             await ledger.scored_trial_ids("exp-a")
     finally:
+        await ledger.close()
+
+
+async def test_mongo_a_document_without_order_key_ranks_by_status(
+    ledger_url: str, ledger_db: str
+) -> None:
+    # Documents written before order keys existed: a partial still never replaces a
+    # complete one, and any complete record replaces them (they carry no rank).
+    ledger = MongoLedger(ledger_url, ledger_db)
+    await ledger.ensure_indexes()
+    stored = make_record("t1", attempts=5, finished_at=FINISHED + SECOND)
+    await ledger.upsert_records([stored])
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
+    try:
+        trials = client[ledger_db]["trials"]
+        await trials.update_one({"trial_id": "t1"}, {"$unset": {"order_key": ""}})
+        partial = make_record("t1", status="partial", reward=None, attempts=9)
+        assert (await ledger.upsert_records([partial])).unchanged == ["t1"]
+        assert await ledger.get_record("t1") == stored
+        # Negative control: an older complete record would lose to an order key, not here.
+        older = make_record("t1", reward=0.0, attempts=1)
+        assert (await ledger.upsert_records([older])).updated == ["t1"]
+        assert await ledger.get_record("t1") == older
+        doc = await trials.find_one({"trial_id": "t1"})
+        assert doc is not None and doc["order_key"].startswith("1|")
+    finally:
+        await client.close()
         await ledger.close()

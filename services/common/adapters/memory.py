@@ -26,6 +26,7 @@ from services.common.ports import (
     collapse_batch,
     keeps_stored,
     record_content_hash,
+    record_order,
 )
 
 E = TypeVar("E", bound=Envelope)
@@ -39,8 +40,8 @@ class InMemoryLedger:
     """A Ledger held in dictionaries; stores JSON-mode dumps like the Mongo adapter."""
 
     def __init__(self) -> None:
-        # trial_id -> (json-mode record, content hash)
-        self._records: dict[str, tuple[dict[str, Any], str]] = {}
+        # trial_id -> (json-mode record, content hash, order key)
+        self._records: dict[str, tuple[dict[str, Any], str, str]] = {}
         self._experiments: dict[str, ExperimentInfo] = {}
         # First time an experiment was seen (metadata or a record), for newest-first
         # ordering; a counter rather than a clock so ties cannot happen.
@@ -58,14 +59,12 @@ class InMemoryLedger:
         """Insert or replace records by trial_id; identical content is ``unchanged``."""
         outcome = UpsertOutcome()
         for record in collapse_batch(records):
-            new_hash = record_content_hash(record)
+            new_hash, new_order = record_content_hash(record), record_order(record)
             stored = self._records.get(record.trial_id)
-            if stored is not None and keeps_stored(
-                stored[0]["status"], stored[1], record.status, new_hash
-            ):
+            if stored is not None and keeps_stored(stored[2], stored[1], new_order, new_hash):
                 outcome.unchanged.append(record.trial_id)
                 continue
-            self._records[record.trial_id] = (record.model_dump(mode="json"), new_hash)
+            self._records[record.trial_id] = (record.model_dump(mode="json"), new_hash, new_order)
             self._seen(record.experiment_id)
             (outcome.updated if stored is not None else outcome.inserted).append(record.trial_id)
         return outcome
@@ -79,19 +78,19 @@ class InMemoryLedger:
         """All records of an experiment, ordered by trial_id."""
         return [
             TrialRecord.model_validate(doc)
-            for _, (doc, _h) in sorted(self._records.items())
+            for _, (doc, _h, _o) in sorted(self._records.items())
             if doc["experiment_id"] == experiment_id
         ]
 
     async def count_records(self, experiment_id: str) -> int:
         """Number of records of an experiment."""
-        return sum(1 for doc, _ in self._records.values() if doc["experiment_id"] == experiment_id)
+        return sum(1 for doc, *_ in self._records.values() if doc["experiment_id"] == experiment_id)
 
     async def scored_trial_ids(self, experiment_id: str) -> set[str]:
         """trial_ids whose record carries a valid reward."""
         return {
             doc["trial_id"]
-            for doc, _ in self._records.values()
+            for doc, *_ in self._records.values()
             if doc["experiment_id"] == experiment_id and doc["evaluation"]["reward_valid"]
         }
 
@@ -184,6 +183,7 @@ class InMemoryCoordinator:
         self._leases: dict[str, tuple[str, int, float]] = {}
         self._cancelled: set[str] = set()
         self._attempts: dict[str, int] = {}
+        self._endings: dict[str, bytes] = {}
 
     def _live(self, key: str) -> tuple[str, int, float] | None:
         entry = self._leases.get(key)
@@ -240,3 +240,11 @@ class InMemoryCoordinator:
         """Count one more start of ``run_id`` and return the new count (1 first)."""
         self._attempts[run_id] = self._attempts.get(run_id, 0) + 1
         return self._attempts[run_id]
+
+    async def record_ending(self, run_id: str, event: bytes) -> bytes:
+        """Store ``event`` as how ``run_id`` ended unless an ending is stored; return it."""
+        return self._endings.setdefault(run_id, event)
+
+    async def ending(self, run_id: str) -> bytes | None:
+        """The encoded final event of ``run_id`` if the run has ended, else None."""
+        return self._endings.get(run_id)

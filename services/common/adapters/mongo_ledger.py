@@ -6,6 +6,8 @@ BSON dates would truncate them to milliseconds and change the content hash) plus
 
 - ``content_hash``: sha256 of the record's canonical JSON (see
   ``services.common.ports.record_content_hash``);
+- ``order_key``: the record's rank among the records of its trial
+  (``services.common.ports.record_order``), a string the update filter compares;
 - ``imported_at``: BSON date of the last write that changed the document;
 - ``first_imported_at``: BSON date of the insert (orders ``experiment_ids``).
 
@@ -13,13 +15,15 @@ A batch is first inserted as it is (unordered ``insert_many``): new trials, the 
 case, are stored by the cheapest write. Items whose trial_id is stored already fail
 on the unique index and are upserted instead.
 
-An upsert is ``UpdateOne({trial_id, content_hash != h [, status != "complete"]},
-{$set: doc}, upsert=True)``. When the filter matches nothing because the stored
-document already has this content (or is complete and the new one partial), the
-upsert's insert hits the unique index on trial_id: duplicate key (11000) means
-``unchanged``. That reading is verified: the stored hash and status of every
-duplicate-key item are fetched, and an item that lost a race with a concurrent
-writer (stored content neither equal nor protected) is retried.
+An upsert is ``UpdateOne({trial_id, content_hash != h, order_key <= k}, {$set: doc},
+upsert=True)``. When the filter matches nothing because the stored document already
+has this content or ranks above the new record (a complete one against a partial, a
+newer result against an older one), the upsert's insert hits the unique index on
+trial_id: duplicate key (11000) means ``unchanged``. That reading is verified: the
+stored hash and order key of every duplicate-key item are fetched, and an item that
+lost a race with a concurrent writer (stored content neither equal nor ranked above)
+is retried. A document written before order keys existed has none: it ranks by its
+status alone (``ports.status_order``), as the ledger ranked records then.
 
 Connection problems surface as ``LedgerUnavailable``; anything else propagates.
 """
@@ -43,12 +47,14 @@ from services.common.ports import (
     collapse_batch,
     keeps_stored,
     record_content_hash,
+    record_order,
+    status_order,
 )
 
 DUPLICATE_KEY: Final = 11000
 _MAX_ROUNDS: Final = 3
 # Stored next to the record's own fields; stripped when reading a record back.
-_BOOKKEEPING: Final = ("_id", "content_hash", "imported_at", "first_imported_at")
+_BOOKKEEPING: Final = ("_id", "content_hash", "order_key", "imported_at", "first_imported_at")
 
 Doc = dict[str, Any]
 
@@ -179,7 +185,7 @@ class MongoLedger:
         stored: dict[str, Doc] = {}
         cursor = self._trials.find(
             {"trial_id": {"$in": [r.trial_id for r, _ in items]}},
-            {"_id": 0, "trial_id": 1, "content_hash": 1, "status": 1},
+            {"_id": 0, "trial_id": 1, "content_hash": 1, "status": 1, "order_key": 1},
         )
         async for found in cursor:
             stored[found["trial_id"]] = found
@@ -187,7 +193,7 @@ class MongoLedger:
         for record, h in items:
             doc = stored.get(record.trial_id)
             if doc is not None and keeps_stored(
-                str(doc.get("status")), str(doc.get("content_hash")), record.status, h
+                _stored_order(doc), str(doc.get("content_hash")), record_order(record), h
             ):
                 outcome.unchanged.append(record.trial_id)
             else:
@@ -281,14 +287,29 @@ class MongoLedger:
 def _document(record: TrialRecord, content_hash: str, now: datetime) -> Doc:
     doc = record.model_dump(mode="json")
     doc["content_hash"] = content_hash
+    doc["order_key"] = record_order(record)
     doc["imported_at"] = now
     return doc
 
 
+def _stored_order(doc: Doc) -> str:
+    """A stored document's order key; one written before order keys ranks by status."""
+    key = doc.get("order_key")
+    return key if isinstance(key, str) else status_order(str(doc.get("status")))
+
+
 def _upsert_op(record: TrialRecord, content_hash: str, now: datetime) -> UpdateOne:
-    query: Doc = {"trial_id": record.trial_id, "content_hash": {"$ne": content_hash}}
-    if record.status == "partial":
-        query["status"] = {"$ne": "complete"}
+    order = record_order(record)
+    # The stored document may be replaced when it ranks at or below the new record
+    # (keeps_stored): by its order key, or, written before order keys, by its status.
+    older: list[Doc] = [{"order_key": {"$lte": order}}, {"order_key": {"$exists": False}}]
+    if record.status != "complete":
+        older[1]["status"] = {"$ne": "complete"}
+    query: Doc = {
+        "trial_id": record.trial_id,
+        "content_hash": {"$ne": content_hash},
+        "$or": older,
+    }
     doc = _document(record, content_hash, now)
     return UpdateOne(query, {"$set": doc, "$setOnInsert": {"first_imported_at": now}}, upsert=True)
 

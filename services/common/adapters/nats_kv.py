@@ -8,6 +8,12 @@
 - **Attempts** (bucket ``<P>_CONTROL``, key ``runs.<run_id>``): how many times a run
   was actually started. JetStream's delivery count cannot say, because a trial that
   waits for a free slot is handed back (nak) without running.
+- **Endings** (bucket ``<P>_CONTROL``, key ``runs.<run_id>.ended``): the encoded final
+  event of a run that ended, written with ``create`` (the first ending wins) before
+  the event is published and the work message acknowledged. A redelivered message
+  whose run has an ending re-publishes it instead of running again. Inside ``runs.>``,
+  the only part of the bucket a runner may write (infra/nats_permissions.py). No
+  other key can collide: run ids end with a hex digest, never with ``.ended``.
 """
 
 from __future__ import annotations
@@ -123,6 +129,33 @@ class NatsCoordinator:
                 return n
             except KeyWrongLastSequenceError:
                 continue
+
+    # -- endings -----------------------------------------------------------------------
+    async def record_ending(self, run_id: str, event: bytes) -> bytes:
+        """Store ``event`` as how ``run_id`` ended unless an ending is stored; return it."""
+        key = _ending_key(run_id)
+        while True:
+            try:
+                await self._control.create(key, event)
+                return event
+            except KeyWrongLastSequenceError:
+                pass  # another runner ended the run first: its ending stands
+            stored = await self.ending(run_id)
+            if stored is not None:
+                return stored
+            # Gone between the two calls (only a purge removes an ending): try again.
+
+    async def ending(self, run_id: str) -> bytes | None:
+        """The encoded final event of ``run_id`` if the run has ended, else None."""
+        try:
+            entry = await self._control.get(_ending_key(run_id))
+        except KeyNotFoundError:
+            return None
+        return entry.value
+
+
+def _ending_key(run_id: str) -> str:
+    return f"runs.{_key(run_id)}.ended"
 
 
 async def _bucket(js: JetStreamContext, name: str, *, ttl: float | None, replicas: int) -> KeyValue:
