@@ -24,7 +24,8 @@ slow                   ``solve``, after ``slow_s`` seconds (streamed slowly when
 
 Every successful answer carries token ``usage`` (about four characters per token), so
 cost and token accounting can be checked. Unknown models get OpenAI's 404. Requests are
-recorded (model, status, whether a bearer token was sent; never its value).
+counted on arrival (``received``) and recorded when answered (model, status, whether a
+bearer token was sent; never its value).
 
 ``python -m tests.support.model_stub --port 8765`` serves it by hand.
 """
@@ -113,6 +114,7 @@ class ModelStub:
     retry_after_s: int = 1
     flaky_n: int = 1
     calls: list[Call] = field(default_factory=list)
+    received: Counter[str] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
@@ -150,6 +152,8 @@ class ModelStub:
             except ValueError:
                 return _error(400, "request body is not JSON", "invalid_request_error", "bad")
             model = str(body.get("model", ""))
+            with self._lock:
+                self.received[model] += 1  # on arrival: a slow answer may never finish
             response = await self._answer(model, body)
             with self._lock:
                 self.calls.append(

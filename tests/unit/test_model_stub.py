@@ -117,4 +117,5 @@ def test_requests_are_recorded_per_model(stub: ModelStub) -> None:
     before = stub.statuses("unauthorized")[401]
     _post(stub, "unauthorized")
     assert stub.statuses("unauthorized")[401] == before + 1
+    assert stub.received["unauthorized"] == stub.count("unauthorized")
     assert stub.count("never-asked") == 0

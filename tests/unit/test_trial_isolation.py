@@ -65,9 +65,10 @@ async def run_probe(executor: HarborExecutor, trial_id: str) -> dict[str, Any]:
     return report
 
 
-async def max_loop_lag(stop: asyncio.Event, tick_s: float = 0.02) -> float:
+async def max_loop_lag(started: asyncio.Event, stop: asyncio.Event, tick_s: float = 0.02) -> float:
     """The longest the event loop was late for a tick until ``stop`` (seconds)."""
     worst = 0.0
+    started.set()
     while not stop.is_set():
         t0 = time.monotonic()
         await asyncio.sleep(tick_s)
@@ -78,8 +79,9 @@ async def max_loop_lag(stop: asyncio.Event, tick_s: float = 0.02) -> float:
 async def test_state_changed_by_a_trial_stays_in_that_trial(tmp_path: Path) -> None:
     executor = HarborExecutor(tmp_path / "jobs", tmp_path / "sandboxes")
     ours = runner_state()
-    stop = asyncio.Event()
-    lag = asyncio.create_task(max_loop_lag(stop))
+    started, stop = asyncio.Event(), asyncio.Event()
+    lag = asyncio.create_task(max_loop_lag(started, stop))
+    await started.wait()  # its first tick is armed: any blocking from here shows
     first = await run_probe(executor, "probe-1")
     stop.set()
     second = await run_probe(executor, "probe-2")
