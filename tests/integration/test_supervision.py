@@ -150,7 +150,7 @@ def up(tmp_path: Path) -> Iterator[Up]:
         "data_dir": str(tmp_path / "data"),
         "runner_env": {
             "TRIALBUS_EXECUTOR": EXECUTOR_SPEC,
-            "TRIALBUS_INSTANT_DELAY_S": "1.0",
+            "TRIALBUS_INSTANT_DELAY_S": "1.5",  # 80 trials: about 30 s of work, time for 4 kills
             "TRIALBUS_ACK_WAIT_S": "4",
             "TRIALBUS_HEARTBEAT_S": "1",
         },
