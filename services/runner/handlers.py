@@ -4,12 +4,21 @@ Written against the ports only (EventBus, Coordinator, Executor): the nats-py pu
 loop that feeds it and applies its verdicts is services.runner.consumer. For one work
 message the handler
 
-1. hands it back (nak, short random delay) while the experiment has no free
+1. asks the coordinator whether the run already ended (its work message was
+   redelivered after the ending was stored, e.g. the runner was killed between the
+   publish and the ack): then it re-publishes the stored ending (same dedup id, so
+   JetStream drops it if it got through) and acknowledges, without running or
+   counting an attempt;
+2. hands it back (nak, short random delay) while the experiment has no free
    concurrency slot, so other experiments' trials keep flowing;
-2. counts the start (Coordinator.next_attempt) and publishes TrialStarted;
-3. runs the Executor, with a heartbeat that keeps the message and the lease alive and
+3. counts the start (Coordinator.next_attempt) and publishes TrialStarted;
+4. runs the Executor, with a heartbeat that keeps the message and the lease alive and
    stops the run when the experiment is cancelled;
-4. publishes what ``policy.decide`` says and returns its verdict.
+5. publishes what ``policy.decide`` says and returns its verdict. An ending (a
+   TrialCompleted or a final TrialFailed, cancellations included) is stored with the
+   coordinator first, then published, then acknowledged; if another runner stored
+   one first (it ran the same message after ack_wait), that ending is published
+   instead, so a run ends once.
 
 ``handle`` never raises except CancelledError (shutdown: the consumer hands the message
 back). Every other failure becomes a verdict through ``settle_error``: poison is
@@ -24,8 +33,16 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from schemas.events import EventDecodeError, TrialRequested, TrialStarted, parse_event
-from services.common.errors import Settle, nak, settle_error
+from schemas.events import (
+    EventDecodeError,
+    TrialCompleted,
+    TrialFailed,
+    TrialRequested,
+    TrialStarted,
+    encode_event,
+    parse_event,
+)
+from services.common.errors import ACK, InternalError, Settle, nak, settle_error
 from services.common.logging import get_logger
 from services.common.ports import Coordinator, EventBus, ExecutionOutcome, Executor, Lease, LogSink
 from services.runner import policy
@@ -50,6 +67,17 @@ def parse_work(data: bytes) -> TrialRequested:
     event = parse_event(data)
     if not isinstance(event, TrialRequested):
         raise EventDecodeError(f"expected trial_requested, got {event.type}")
+    return event
+
+
+def decode_ending(data: bytes, request: TrialRequested) -> TrialCompleted | TrialFailed:
+    """A run's stored ending; one that cannot be read is a bug, not the message's fault."""
+    try:
+        event = parse_event(data)
+    except EventDecodeError as exc:
+        raise InternalError(f"stored ending of run {request.dedup_id()} unreadable: {exc}") from exc
+    if not isinstance(event, TrialCompleted | TrialFailed) or event.run_key != request.dedup_id():
+        raise InternalError(f"stored ending of run {request.dedup_id()} is not this run's")
     return event
 
 
@@ -100,8 +128,14 @@ class TrialHandler:
 
     async def _run(self, request: TrialRequested, keep_alive: KeepAlive, bound: Any) -> Settle:
         coord = self._coord
+        # The one coordinator read every delivery pays for "a run ends once".
+        ended = await coord.ending(request.dedup_id())
+        if ended is not None:
+            fresh = await self._bus.publish(decode_ending(ended, request))
+            bound.info("run had ended; its ending re-published, not run again", fresh=fresh)
+            return ACK
         if await coord.is_cancelled(request.experiment_id):
-            return await self._publish(policy.cancelled(request, 1, self._who.host))
+            return await self._publish(request, policy.cancelled(request, 1, self._who.host), bound)
         limit = request.compute.n_concurrent_trials
         lease = await coord.acquire(request.experiment_id, limit, self.runner_id)
         if lease is None:
@@ -125,10 +159,11 @@ class TrialHandler:
                 decision = policy.cancelled(
                     request, attempt, self._who.host, self._trial_dir_of(request)
                 )
-                verdict = await self._publish(decision)
+                verdict = await self._publish(request, decision, bound)
                 bound.info("trial cancelled")
                 return verdict
-            verdict = await self._publish(policy.decide(request, attempt, outcome, self._who))
+            decision = policy.decide(request, attempt, outcome, self._who)
+            verdict = await self._publish(request, decision, bound)
             bound.info("trial settled", outcome=outcome.kind, exception=outcome.exception_type)
             return verdict
         finally:
@@ -136,8 +171,19 @@ class TrialHandler:
             with contextlib.suppress(Exception):
                 await coord.release(lease)
 
-    async def _publish(self, decision: policy.Decision) -> Settle:
-        for event in decision.events:
+    async def _publish(
+        self, request: TrialRequested, decision: policy.Decision, bound: Any
+    ) -> Settle:
+        """Publish the decision's events; an ending is stored first (module docstring)."""
+        events: tuple[TrialCompleted | TrialFailed, ...] = decision.events
+        ending = decision.ending
+        if ending is not None:
+            data = encode_event(ending)
+            stored = await self._coord.record_ending(request.dedup_id(), data)
+            if stored != data:
+                bound.warning("run already ended on another runner; publishing that ending")
+                events = (decode_ending(stored, request),)
+        for event in events:
             await self._bus.publish(event)
         return decision.settle
 

@@ -30,6 +30,14 @@ class Decision:
     events: tuple[TrialCompleted | TrialFailed, ...]
     settle: Settle
 
+    @property
+    def ending(self) -> TrialCompleted | TrialFailed | None:
+        """The event that ends the run (TrialCompleted or a final TrialFailed), if any."""
+        for event in self.events:
+            if isinstance(event, TrialCompleted) or event.final:
+                return event
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class RunnerIdentity:

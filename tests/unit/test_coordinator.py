@@ -1,4 +1,5 @@
-"""The Coordinator contract: leases with a limit and a TTL, attempt counters, cancel flags.
+"""The Coordinator contract: leases with a limit and a TTL, attempt counters, cancel flags,
+run endings.
 
 ``CoordinatorContract`` holds the assertions; each adapter gets a subclass that
 provides a ``world``. Here it runs against InMemoryCoordinator on a hand-driven clock;
@@ -93,6 +94,24 @@ class CoordinatorContract:
         assert await world.b.next_attempt("t1") == 1
         assert await world.a.next_attempt("t2") == 1
         assert await world.a.next_attempt("t1") == 2
+
+    async def test_a_run_ends_once_and_every_runner_sees_its_ending(self, world: World) -> None:
+        run = "t1:resume:1"
+        # Negative control: a run nobody ended has no ending.
+        assert await world.b.ending(run) is None
+        endings = [f'{{"runner": "{i}"}}'.encode() for i in range(8)]
+        stored = await asyncio.gather(
+            *(c.record_ending(run, e) for c, e in zip([world.a, world.b] * 4, endings, strict=True))
+        )
+        # Whoever raced, one ending was kept and every caller was told which.
+        assert len(set(stored)) == 1 and stored[0] in endings
+        assert await world.a.ending(run) == stored[0]
+        assert await world.b.ending(run) == stored[0]
+        assert await world.b.record_ending(run, b"late") == stored[0]
+        # Other runs are untouched, and so is this run's attempt counter.
+        assert await world.a.ending("t1") is None
+        assert await world.b.record_ending("t1", b"mine") == b"mine"
+        assert await world.a.next_attempt(run) == 1
 
     async def test_cancel_is_seen_by_every_runner_and_can_be_lifted(self, world: World) -> None:
         # Negative control: nothing is cancelled until someone cancels it.

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from schemas.events import (
+    Envelope,
     ExperimentSubmitted,
     TrialCompleted,
     TrialFailed,
@@ -62,18 +63,25 @@ class World:
     """One runner's handler over shared fakes."""
 
     def __init__(
-        self, executor: ScriptedExecutor, *, heartbeat_s: float = 30.0, ttl_s: float = 60.0
+        self,
+        executor: ScriptedExecutor,
+        *,
+        heartbeat_s: float = 30.0,
+        ttl_s: float = 60.0,
+        coord: InMemoryCoordinator | None = None,
+        bus: RecordingBus | None = None,
+        runner_id: str = "runner-1",
     ) -> None:
         self.clock = Clock()
-        self.bus = RecordingBus()
-        self.coord = InMemoryCoordinator(lease_ttl_s=ttl_s, clock=self.clock)
+        self.bus = bus or RecordingBus()
+        self.coord = coord or InMemoryCoordinator(lease_ttl_s=ttl_s, clock=self.clock)
         self.executor = executor
         self.sinks: list[TrialRequested] = []
         self.handler = TrialHandler(
             self.bus,
             executor,
             self.coord,
-            runner_id="runner-1",
+            runner_id=runner_id,
             host="node-a",
             heartbeat_s=heartbeat_s,
             log_sinks=self._sink_for,
@@ -159,9 +167,13 @@ async def test_a_cancelled_experiment_is_not_started() -> None:
     (event,) = world.bus.of_type(TrialFailed)
     assert (event.failure_class, event.attempt, event.final) == ("cancelled", 1, True)
     assert world.executor.calls == []
-    # Negative control: lifted, the trial runs.
+    # The cancellation ended the run: redelivered after the lift, the same work
+    # message re-publishes it (deduped) rather than running.
     await world.coord.uncancel(req.experiment_id)
-    await world.handle(req)
+    assert await world.handle(req) == ACK
+    assert world.executor.calls == [] and world.bus.duplicates == [event.dedup_id()]
+    # Negative control: lifted, a new run of the trial (a resubmission's re-run) runs.
+    await world.handle(req.model_copy(update={"run_id": f"{req.trial_id}:resume:abc"}))
     assert len(world.executor.calls) == 1
 
 
@@ -202,6 +214,131 @@ async def test_heartbeats_keep_the_lease_past_its_ttl(tmp_path: Path) -> None:
     assert await held_after_ttl(heartbeat_s=0.01) == ["runner-1"]
     # Negative control: without a heartbeat the same lease has expired.
     assert await held_after_ttl(heartbeat_s=3600) == []
+
+
+class ForgetfulCoordinator(InMemoryCoordinator):
+    """A coordinator that keeps no endings: the runner as it was before they existed."""
+
+    async def record_ending(self, run_id: str, event: bytes) -> bytes:
+        return event
+
+
+async def test_a_run_that_ended_is_not_run_again_when_redelivered(tmp_path: Path) -> None:
+    async def redelivered(coord: InMemoryCoordinator) -> tuple[World, World]:
+        # runner-1 ran the trial and published its completion, then died before the
+        # ack: JetStream hands the same message to runner-2.
+        first = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)), coord=coord)
+        second = World(
+            ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
+            coord=coord,
+            bus=first.bus,
+            runner_id="runner-2",
+        )
+        req = make_request()
+        assert await first.handle(req) == ACK
+        assert await second.handle(req) == ACK
+        return first, second
+
+    first, second = await redelivered(InMemoryCoordinator(lease_ttl_s=60))
+    assert second.executor.calls == []
+    (done,) = first.bus.of_type(TrialCompleted)
+    assert kinds(first.bus) == ["trial_started", "trial_completed"]
+    # The ending was re-published once, with its own dedup id (JetStream drops it).
+    assert first.bus.duplicates == [done.dedup_id()]
+    # No attempt was counted for the redelivery.
+    assert await first.coord.next_attempt(done.run_key) == 2
+    # Negative control: without the stored ending the trial runs again and the run
+    # ends twice (the defect the chaos run found).
+    first, second = await redelivered(ForgetfulCoordinator(lease_ttl_s=60))
+    assert len(second.executor.calls) == 1
+    assert [e.attempt for e in first.bus.of_type(TrialCompleted)] == [1, 2]
+
+
+class CompletionLostOnce(RecordingBus):
+    """A bus whose first TrialCompleted publish goes unconfirmed (a TransientError)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = False
+
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
+        if isinstance(event, TrialCompleted) and not self.lost:
+            self.lost = True
+            raise TransientError("no ack from JetStream")
+        return await super().publish(event, msg_id=msg_id)
+
+
+async def test_an_ending_stored_but_not_published_is_published_on_redelivery(
+    tmp_path: Path,
+) -> None:
+    async def lost_then_redelivered(coord: InMemoryCoordinator) -> World:
+        world = World(
+            ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
+            coord=coord,
+            bus=CompletionLostOnce(),
+        )
+        req = make_request()
+        verdict = await world.handle(req)  # the ending is stored, its publish is lost
+        assert (verdict.action, verdict.reason) == ("nak", "transient")
+        assert kinds(world.bus) == ["trial_started"]
+        assert await world.handle(req) == ACK
+        return world
+
+    world = await lost_then_redelivered(InMemoryCoordinator(lease_ttl_s=60))
+    # Redelivered: the stored completion of attempt 1 goes out; nothing runs again.
+    assert kinds(world.bus) == ["trial_started", "trial_completed"]
+    assert [e.attempt for e in world.bus.of_type(TrialCompleted)] == [1]
+    assert len(world.executor.calls) == 1
+    # Negative control: without the stored ending, the redelivery runs attempt 2.
+    world = await lost_then_redelivered(ForgetfulCoordinator(lease_ttl_s=60))
+    assert [e.attempt for e in world.bus.of_type(TrialCompleted)] == [2]
+    assert len(world.executor.calls) == 2
+
+
+async def test_when_another_runner_ended_the_run_first_its_ending_is_published(
+    tmp_path: Path,
+) -> None:
+    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+    world = World(executor)
+    req = make_request()
+    task = asyncio.create_task(world.handle(req))
+    await executor.running.wait()
+    # Meanwhile another runner, handed the same message after ack_wait, finished it.
+    theirs = TrialCompleted(
+        experiment_id=req.experiment_id,
+        trial_id=req.trial_id,
+        trial_dir=str(tmp_path / "other" / req.trial_id),
+        job_dir=str(tmp_path / "other"),
+        attempt=2,
+        run_id=req.dedup_id(),
+    )
+    assert await world.coord.record_ending(req.dedup_id(), encode_event(theirs)) == (
+        encode_event(theirs)
+    )
+    executor.release.set()
+    assert await asyncio.wait_for(task, 10) == ACK
+    # Ours (attempt 1) is not published: the run ends once, as the other runner said.
+    assert [(e.attempt, e.trial_dir) for e in world.bus.of_type(TrialCompleted)] == [
+        (2, theirs.trial_dir)
+    ]
+    # Negative control: alone, the same handler publishes its own ending.
+    alone = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    assert await alone.handle(req) == ACK
+    assert [e.attempt for e in alone.bus.of_type(TrialCompleted)] == [1]
+
+
+async def test_a_final_failure_ends_the_run_a_retry_does_not() -> None:
+    world = World(ScriptedExecutor(lambda r, a: failed(RETRYABLE)))
+    req = make_request(max_attempts=2)
+    assert (await world.handle(req)).action == "nak"
+    # Negative control: a retryable failure with attempts left stored no ending.
+    assert await world.coord.ending(req.dedup_id()) is None
+    assert await world.handle(req) == ACK
+    stored = await world.coord.ending(req.dedup_id())
+    (final,) = [f for f in world.bus.of_type(TrialFailed) if f.final]
+    assert stored is not None and stored == encode_event(final)
+    assert await world.handle(req) == ACK
+    assert len(world.executor.calls) == 2
 
 
 @pytest.mark.parametrize(
