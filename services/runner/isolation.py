@@ -17,6 +17,15 @@ The child reports over a one-way pipe: ("log", phase, stream, text) as output co
 then ("outcome", fields) or ("cancelled", None). A reader thread per trial hands the
 messages to the event loop. Cancelling ``run`` sends SIGUSR1 (the child cancels the
 trial, so Harbor stops its environment), waits ``cancel_grace_s``, then SIGKILLs.
+
+Two rules this relies on: a child re-imports the parent's main module unless it is a
+package's ``__main__`` (``python -m services.runner`` is; a script that starts trials
+must guard its code with ``if __name__ == "__main__"``); and the forkserver starts with
+the runner's environment at its first use: trials see the environment (and the
+secrets named in api_key_env) the runner had then, which a runner never changes.
+
+Cost: the preload takes a few seconds of CPU once per runner (litellm is most of it),
+in the forkserver, while the first trial waits for it in a thread.
 """
 
 from __future__ import annotations
