@@ -9,6 +9,7 @@ console lines, the process table and the ledger's records.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -105,6 +106,7 @@ class Up:
     stack_file: Path
     lines: list[str] = field(default_factory=list)
     changed: threading.Condition = field(default_factory=threading.Condition)
+    closed: bool = False
 
     def read_console(self) -> None:
         assert self.proc.stdout is not None
@@ -112,6 +114,9 @@ class Up:
             with self.changed:
                 self.lines.append(line.rstrip("\n"))
                 self.changed.notify_all()
+        with self.changed:
+            self.closed = True  # the process exited: no more lines will come
+            self.changed.notify_all()
 
     def wait_line(self, text: str, timeout: float, after: int = 0) -> int:
         """Index of the first console line after ``after`` containing ``text``."""
@@ -122,7 +127,7 @@ class Up:
                     if text in self.lines[i]:
                         return i
                 left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
+                if left <= 0 or self.closed:
                     raise AssertionError(
                         f"console never said {text!r}; it said:\n" + "\n".join(self.lines)
                     )
@@ -142,19 +147,19 @@ class Up:
         return data
 
 
-@pytest.fixture
-def up(tmp_path: Path) -> Iterator[Up]:
-    """The stack, supervised as by `trialbus up`; stopped with SIGINT (Ctrl-C) at the end."""
+RUNNER_ENV = {
+    "TRIALBUS_EXECUTOR": EXECUTOR_SPEC,
+    "TRIALBUS_INSTANT_DELAY_S": "1.5",  # 80 trials: about 30 s of work, time for 4 kills
+    "TRIALBUS_ACK_WAIT_S": "4",
+    "TRIALBUS_HEARTBEAT_S": "1",
+}
+
+
+@contextlib.contextmanager
+def launched(tmp_path: Path, runner_env: dict[str, str]) -> Iterator[Up]:
+    """Run the stack as `trialbus up` does; Ctrl-C (SIGINT) it at the end if still up."""
     stack_file = tmp_path / "stack.json"
-    config = {
-        "data_dir": str(tmp_path / "data"),
-        "runner_env": {
-            "TRIALBUS_EXECUTOR": EXECUTOR_SPEC,
-            "TRIALBUS_INSTANT_DELAY_S": "1.5",  # 80 trials: about 30 s of work, time for 4 kills
-            "TRIALBUS_ACK_WAIT_S": "4",
-            "TRIALBUS_HEARTBEAT_S": "1",
-        },
-    }
+    config = {"data_dir": str(tmp_path / "data"), "runner_env": runner_env}
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
     env["TRIALBUS_STACK_FILE"] = str(stack_file)
     proc = subprocess.Popen(
@@ -170,7 +175,6 @@ def up(tmp_path: Path) -> Iterator[Up]:
     reader = threading.Thread(target=handle.read_console, daemon=True)
     reader.start()
     try:
-        handle.wait_line("trialbus is up", timeout=120)
         yield handle
     finally:
         if proc.poll() is None:
@@ -181,6 +185,14 @@ def up(tmp_path: Path) -> Iterator[Up]:
                 proc.kill()
                 proc.wait()
         reader.join(timeout=10)
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    """The stack, up and supervised, with the instant executor."""
+    with launched(tmp_path, RUNNER_ENV) as handle:
+        handle.wait_line("trialbus is up", timeout=120)
+        yield handle
 
 
 def write_manifest(folder: Path) -> Path:
@@ -334,3 +346,12 @@ def test_the_stack_ledger_keeps_acknowledged_writes_across_a_sigkill(tmp_path: P
         client.close()
     finally:
         server.stop()
+
+
+def test_a_stack_that_cannot_start_says_why_and_exits_3(tmp_path: Path) -> None:
+    broken = {**RUNNER_ENV, "TRIALBUS_EXECUTOR": "no_such_module:factory"}
+    with launched(tmp_path, broken) as handle:
+        assert handle.proc.wait(timeout=120) == 3
+        line = handle.wait_line("trialbus could not start", timeout=10)
+        assert "runner-0" in handle.lines[line]
+        assert not any("trialbus is up" in x for x in handle.lines)
