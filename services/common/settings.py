@@ -86,11 +86,34 @@ class WatcherSettings(CommonSettings):
 
 
 class SubmitterSettings(CommonSettings):
-    """The submitter (CLI and HTTP API)."""
+    """The submitter (CLI and HTTP API).
 
-    http_host: str = "127.0.0.1"
+    The HTTP API needs a tokens file unless ``api_no_auth`` is set, which it accepts
+    only on a loopback address (services/submitter/http_security.py checks at start).
+    """
+
+    http_host: str = Field(default="127.0.0.1", description="Address the HTTP API binds.")
     http_port: int = 8080
-    api_token: str | None = Field(default=None, description="Bearer token for the HTTP API.")
+    api_tokens_file: Path | None = Field(
+        default=None,
+        description="YAML/JSON file of token SHA-256s and the identity (user, team, "
+        "admin) each acts as; mode 0600 (services/submitter/api_tokens.py).",
+    )
+    api_no_auth: bool = Field(
+        default=False,
+        description="Serve the HTTP API without tokens; refused unless http_host is loopback.",
+    )
+    api_max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1,
+        le=64 * 1024 * 1024,
+        description="Largest request body the HTTP API reads (413 beyond).",
+    )
+    api_allowed_hosts: str | None = Field(
+        default=None,
+        description="Comma-separated Host header values the HTTP API answers (DNS "
+        "rebinding); default: http_host, localhost, 127.0.0.1 and ::1. '*' turns it off.",
+    )
     tasks_root: Path | None = Field(
         default=None, description="When set, task paths must stay inside this folder."
     )

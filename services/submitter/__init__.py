@@ -3,7 +3,11 @@ publishes their trials; reads reports back through services.reports.queries.
 
     app.py          composition root of the HTTP API (FastAPI): connections opened in
                     its lifespan, routes mounted
-    routes.py       the HTTP routes: translate a request, call a handler or a query
+    http_security.py  the HTTP API's door: Host check, token, media type and body
+                    size, before any route reads the body (api_access: start-up rules)
+    api_tokens.py   identities, and the 0600 tokens file of token SHA-256s
+    routes.py       the HTTP routes: translate a request, call a handler or a query;
+                    owner checks on resubmit and cancel
     commands.py     the CLI's operations: open connections, call a handler or a query
     connections.py  the ONE place connections are opened (NATS: bus, coordinator,
                     event feeds; the ledger), for the app and for each CLI command

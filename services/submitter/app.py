@@ -1,27 +1,38 @@
 """Composition root of the submitter's HTTP API (FastAPI): build the app, and in its
 lifespan open the connections (connections.py) the routes (routes.py) work with.
 
-Nothing connects at import or in ``create_app``; ``main`` runs it under uvicorn.
+Nothing connects at import or in ``create_app``; it reads the access settings
+(http_security.api_access: the tokens file, or no-auth on loopback) and refuses to
+build an app on unsafe ones. ``main`` runs it under uvicorn.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 
 import uvicorn
 from fastapi import FastAPI
 
+from services.common.errors import EXIT_USER_ERROR
 from services.common.logging import configure_logging, get_logger
 from services.common.settings import SubmitterSettings
+from services.submitter.api_tokens import ApiConfigError
 from services.submitter.connections import open_ledger, open_nats
+from services.submitter.http_security import api_access, secure
 from services.submitter.routes import ERROR_HANDLERS, Ports, build_router
 
 log = get_logger(__name__)
 
 
 def create_app(settings: SubmitterSettings) -> FastAPI:
-    """Build the HTTP app; connections open in its lifespan, not at import."""
+    """Build the HTTP app; connections open in its lifespan, not at import.
+
+    Raises ApiConfigError when the access settings are unsafe or unreadable (no
+    tokens file, no-auth off loopback, a tokens file others can read).
+    """
+    access = api_access(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -42,12 +53,17 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
         exception_handlers=ERROR_HANDLERS,
     )
     app.include_router(build_router(settings))
+    secure(app, access)
     return app
 
 
 def main() -> None:
     """Run the HTTP API (``python -m services.submitter``, ``trialbus service submitter``)."""
     settings = SubmitterSettings()
-    uvicorn.run(
-        create_app(settings), host=settings.http_host, port=settings.http_port, log_level="warning"
-    )
+    configure_logging(settings.log_level, settings.log_json)
+    try:
+        app = create_app(settings)
+    except ApiConfigError as exc:
+        print(f"trialbus submitter: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    uvicorn.run(app, host=settings.http_host, port=settings.http_port, log_level="warning")

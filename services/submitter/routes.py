@@ -2,7 +2,9 @@
 
 Writes go through services.submitter.handlers, reads through
 services.reports.queries (the CLI calls the same), so the two cannot disagree. The
-ports come from ``Ports``, put in place by app.py's lifespan.
+ports come from ``Ports``, put in place by app.py's lifespan. Every request reaching a
+route passed http_security's guard: a known token (``request.state.identity``), a JSON
+or YAML body within the size limit, already read.
 
 Relative task paths in a manifest posted over HTTP resolve against
 ``TRIALBUS_TASKS_ROOT`` (default: the service's working folder), and must stay inside
@@ -11,28 +13,43 @@ it when it is set.
 
 from __future__ import annotations
 
-import hmac
+import asyncio
+import dataclasses
+import json
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from services.common.errors import (
     ExperimentNotFound,
+    InternalError,
     LedgerUnavailable,
     ManifestError,
     UserInputError,
 )
-from services.common.ports import Coordinator, EventBus, Ledger
+from services.common.ports import Coordinator, EventBus, ExperimentInfo, Ledger
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
 from services.submitter import handlers
+from services.submitter.api_tokens import Identity, owner_from_record
+from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
-from services.submitter.submit import prepare
+from services.submitter.submit import PreparedExperiment, prepare
+
+SOURCE = "request body"
+
+
+class NotOwner(UserInputError):
+    """The caller may not change an experiment another identity submitted (403)."""
+
+
+class UnsupportedMediaType(UserInputError):
+    """A body that is neither JSON nor YAML (415)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +66,16 @@ def _ports(request: Request) -> Ports:
     return ports
 
 
+def _identity(request: Request) -> Identity:
+    identity = getattr(request.state, "identity", None)
+    if not isinstance(identity, Identity):
+        # The guard (http_security.secure) sets it on every path but /healthz.
+        raise InternalError("request reached a route without an identity: is the guard on?")
+    return identity
+
+
 PortsDep = Annotated[Ports, Depends(_ports)]
+IdentityDep = Annotated[Identity, Depends(_identity)]
 
 
 ErrorHandler = Callable[[Request, Any], Coroutine[Any, Any, Response]]
@@ -66,47 +92,107 @@ def _answer(status: int, key: str) -> ErrorHandler:
 
 ERROR_HANDLERS: dict[int | type[Exception], ErrorHandler] = {
     UserInputError: _answer(422, "error"),
+    NotOwner: _answer(403, "error"),
+    UnsupportedMediaType: _answer(415, "error"),
     ExperimentNotFound: _answer(404, "detail"),
     LedgerUnavailable: _answer(503, "error"),
 }
-"""Exceptions to answers: bad input 422, unknown experiment 404, ledger down 503."""
+"""Exceptions to answers: bad input 422, another's experiment 403, a body neither JSON
+nor YAML 415, unknown experiment 404, ledger down 503."""
+
+
+def decode_json(body: bytes) -> Any:
+    """JSON bytes to data, or a ManifestError naming the body and where it broke."""
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(
+            f"{SOURCE}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except RecursionError:
+        raise ManifestError(f"{SOURCE}: not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer beyond Python's digit limit, bad UTF-8
+        raise ManifestError(f"{SOURCE}: not valid JSON: {str(exc).split(';')[0]}") from None
+
+
+def prepare_body(body: bytes, content_type: str, settings: SubmitterSettings) -> PreparedExperiment:
+    """Parse, validate, resolve and expand a posted manifest (blocking: run in a thread).
+
+    YAML parsing is bounded by manifest_io's budgets (bytes, nodes, values, depth) and
+    can still take seconds of CPU, so it never runs on the event loop.
+    """
+    declared = media_type(content_type)
+    if declared in MANIFEST_MEDIA_TYPES - {"application/json"}:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestError(f"{SOURCE}: not UTF-8 text: {exc.reason}") from None
+        parsed = parse_manifest_text(text, SOURCE)
+    elif not body.strip():
+        raise ManifestError(f"{SOURCE}: expected a manifest (JSON object or YAML text)")
+    elif declared == "application/json":
+        parsed = parse_manifest(decode_json(body), SOURCE)
+    else:
+        raise UnsupportedMediaType(
+            f"Content-Type {declared or '(none)'} is not accepted; send the manifest as "
+            "application/json or application/yaml"
+        )
+    return prepare(parsed, settings.tasks_root or Path.cwd(), settings.tasks_root)
+
+
+def check_owner(
+    info: ExperimentInfo | None, experiment_id: str, identity: Identity
+) -> Identity | None:
+    """The experiment's recorded owner; NotOwner unless ``identity`` may change it.
+
+    The ledger knows an experiment once the importer recorded its ExperimentSubmitted;
+    one it does not know (``info`` None) has no owner to protect yet.
+    """
+    if info is None:
+        return None
+    owner = owner_from_record(info.manifest.get("submitted_by"))
+    if not identity.may_change(owner):
+        who = f"was submitted by {owner.label}" if owner else "has no recorded owner"
+        raise NotOwner(
+            f"experiment {experiment_id!r} {who}; only its submitter or an admin token "
+            "may resubmit or cancel it (to run your own copy, give the manifest another name)"
+        )
+    return owner
 
 
 def build_router(settings: SubmitterSettings) -> APIRouter:
-    """The routes; every one but /healthz needs the bearer token when one is set."""
+    """The routes; http_security's guard authenticates every one but /healthz."""
+    router = APIRouter()
 
-    def authorize(authorization: Annotated[str | None, Header()] = None) -> None:
-        if settings.api_token is None:
-            return
-        expected = f"Bearer {settings.api_token}"
-        if authorization is None or not hmac.compare_digest(authorization, expected):
-            raise HTTPException(
-                401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
-            )
-
-    open_router = APIRouter()
-    router = APIRouter(dependencies=[Depends(authorize)])
-
-    @open_router.get("/healthz")
+    @router.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     @router.post("/experiments", status_code=202)
-    async def submit(
-        request: Request, ports: PortsDep, manifest: Annotated[Any, Body()] = None
-    ) -> dict[str, Any]:
-        """Submit a manifest as JSON, or as YAML text (Content-Type: application/yaml)."""
-        if request.headers.get("content-type", "").startswith(("application/yaml", "text/")):
-            parsed = parse_manifest_text(
-                (await request.body()).decode(errors="replace"), "request body"
-            )
-        elif manifest is None:
-            raise ManifestError("request body: expected a manifest (JSON object or YAML text)")
-        else:
-            parsed = parse_manifest(manifest, "request body")
-        prepared = prepare(parsed, settings.tasks_root or Path.cwd(), settings.tasks_root)
+    async def submit(request: Request, ports: PortsDep, identity: IdentityDep) -> dict[str, Any]:
+        """Submit a manifest as JSON (application/json) or YAML (application/yaml)."""
+        body = await request.body()  # already read and bounded by the guard
+        content_type = request.headers.get("content-type", "")
+        prepared = await asyncio.to_thread(prepare_body, body, content_type, settings)
+        info = await ports.ledger.get_experiment(prepared.experiment_id)
+        owner = check_owner(info, prepared.experiment_id, identity)
+        # An admin resubmitting keeps the recorded owner; anyone else is the owner.
+        by = (owner or identity).record() if identity.admin else identity.record()
+        prepared = dataclasses.replace(prepared, submitted_by=by)
         result = await handlers.submit(prepared, ports.bus, ports.ledger, ports.coordinator)
         return result.as_dict()
+
+    @router.post("/experiments/{experiment_id}/cancel")
+    async def cancel(experiment_id: str, ports: PortsDep, identity: IdentityDep) -> dict[str, Any]:
+        """Cancel (as `trialbus cancel --json`): the submitter's identity or an admin."""
+        info = await ports.ledger.get_experiment(experiment_id)
+        if info is None and not identity.admin:
+            raise ExperimentNotFound(
+                f"no experiment {experiment_id!r} in the ledger (yet: a submission is "
+                "recorded within seconds, by the importer); retry shortly"
+            )
+        check_owner(info, experiment_id, identity)
+        return await handlers.cancel(ports.ledger, ports.coordinator, experiment_id)
 
     @router.get("/experiments/{experiment_id}/status")
     async def status(experiment_id: str, ports: PortsDep) -> dict[str, int]:
@@ -142,5 +228,4 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         """Paired comparison (as `trialbus compare A [B] --a AGENT --b AGENT --json`)."""
         return await queries.comparison(ports.ledger, a, b, agent_a, agent_b)
 
-    open_router.include_router(router)
-    return open_router
+    return router

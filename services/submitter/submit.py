@@ -93,6 +93,10 @@ class PreparedExperiment:
     tasks: list[TaskRef]
     trials: list[TrialRequested]
     correlation_id: str
+    submitted_by: dict[str, str] | None = None
+    """Who submitted it over the HTTP API (``api_tokens.Identity.record``); stored in
+    the ledger's copy of the manifest under the reserved key ``submitted_by``, which
+    no manifest can carry itself (unknown fields are refused). None: not recorded."""
 
 
 def prepare(
@@ -129,6 +133,8 @@ async def publish_experiment(
     )
     manifest = canonical_manifest(prepared.manifest)
     manifest["experiment_id"] = prepared.experiment_id
+    if prepared.submitted_by is not None:
+        manifest["submitted_by"] = dict(prepared.submitted_by)
     await bus.publish(
         ExperimentSubmitted(
             experiment_id=prepared.experiment_id,
