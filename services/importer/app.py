@@ -78,4 +78,7 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
 
 def main() -> None:
     """Run the importer with settings from the environment until SIGTERM / SIGINT."""
-    asyncio.run(create_app(ImporterSettings()).run())
+    settings = ImporterSettings()
+    # Before FastStream starts: its own start-up line then goes through the one format.
+    configure_logging(settings.log_level, settings.log_json)
+    asyncio.run(create_app(settings).run())

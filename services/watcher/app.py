@@ -106,4 +106,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
 
 def main() -> None:
     """Run the watcher with settings from the environment until SIGTERM / SIGINT."""
-    asyncio.run(create_app(WatcherSettings()).run())
+    settings = WatcherSettings()
+    # Before FastStream starts: its own start-up line then goes through the one format.
+    configure_logging(settings.log_level, settings.log_json)
+    asyncio.run(create_app(settings).run())
