@@ -154,6 +154,9 @@ class ApiGuard:
                 path=scope["path"],
                 client=client[0] if client else None,
             )
+            if _declares_body(headers):
+                # Close rather than drain: the unread body is never received.
+                extra = {**(extra or {}), "Connection": "close"}
             await JSONResponse(answer, status, extra)(scope, receive, send)
             return
         if not _declares_body(headers):
@@ -212,7 +215,8 @@ class ApiGuard:
             if size > self.access.max_body_bytes:
                 # Stop reading here: the rest of the body is never received.
                 log.info("HTTP request refused", status=413, path=scope["path"])
-                await JSONResponse({"error": self._too_large()}, 413)(scope, receive, send)
+                refused = JSONResponse({"error": self._too_large()}, 413, {"Connection": "close"})
+                await refused(scope, receive, send)
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
