@@ -40,7 +40,7 @@ from schemas.events import (
 from schemas.record import TrialRecord
 from services.common.errors import ACK, LedgerUnavailable, Settle, settle_error
 from services.common.logging import bound_event, get_logger
-from services.common.ports import EventBus, ExperimentInfo, Ledger, UpsertOutcome
+from services.common.ports import EventBus, ExperimentInfo, Ledger, UpsertOutcome, record_order
 from services.importer.records import RecordContext, build_failed_record, build_record
 
 log = get_logger(__name__)
@@ -135,10 +135,8 @@ def importer_error_record(event: TrialCompleted | TrialFailed, exc: BaseExceptio
 
 
 def _prefer(new: TrialRecord, old: TrialRecord | None) -> TrialRecord:
-    """Within one batch, a complete record wins over a partial one for the same trial."""
-    if old is None:
-        return new
-    if old.status == "complete" and new.status == "partial":
+    """Within one batch, the ledger's rule (``record_order``): the later unless it ranks lower."""
+    if old is not None and record_order(new) < record_order(old):
         return old
     return new
 

@@ -8,12 +8,13 @@ becomes an acknowledged ImporterError record (docstring of services.importer.han
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from schemas.events import ResultImported, TrialCompleted, TrialFailed, encode_event
-from schemas.record import TrialRecord
+from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from services.common.adapters.memory import InMemoryLedger, RecordingBus
 from services.common.errors import (
     ACK,
@@ -228,3 +229,24 @@ def test_failed_batch_settles_keeps_poison_terminated() -> None:
     assert failed_batch_settles(plan, 3, verdict) == [verdict, TERM, verdict]
     # Without a plan (decoding itself failed), every message gets the verdict.
     assert failed_batch_settles(None, 2, verdict) == [verdict, verdict]
+
+
+def test_within_a_batch_the_ledgers_order_decides() -> None:
+    # Attempt 1's completion redelivered into the batch that holds attempt 2's.
+    def complete(attempts: int, second: int) -> TrialRecord:
+        return TrialRecord(
+            trial_id="t",
+            experiment_id="e",
+            status="complete",
+            provenance=Provenance(task_name="hello", agent_name="oracle"),
+            timing=PhaseTiming(finished_at=datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC)),
+            evaluation=Evaluation(reward_valid=True, main_reward=float(attempts)),
+            attempts=attempts,
+        )
+
+    older, newer = complete(1, 1), complete(2, 2)
+    assert handlers._prefer(older, newer) == newer
+    assert handlers._prefer(newer, older) == newer
+    # Negative control: a partial never displaces a complete, a complete does a partial.
+    assert handlers._prefer(record("t"), older) == older
+    assert handlers._prefer(older, record("t")) == older
