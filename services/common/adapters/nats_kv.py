@@ -39,7 +39,7 @@ def _key(text: str) -> str:
 
 
 class NatsCoordinator:
-    """The Coordinator port over NATS KV: leases, cancellation flags, attempt counters."""
+    """The Coordinator port over NATS KV: leases, cancellation flags, attempt counters, endings."""
 
     def __init__(self, leases: KeyValue, control: KeyValue, *, cache_s: float = 1.0) -> None:
         self._leases = leases
