@@ -21,10 +21,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import nats
+
+from schemas.subjects import Topology
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
 """A bound on start-up (the service waits for NATS); readiness itself is an event."""
+
+
+async def work_messages(nats_url: str, topology: Topology) -> int:
+    """Trials published on the topology's work stream."""
+    nc = await nats.connect(nats_url)
+    try:
+        info = await nc.jetstream().stream_info(
+            topology.work_stream, subjects_filter=topology.work_subject("*")
+        )
+        return sum((info.state.subjects or {}).values())
+    finally:
+        await nc.close()
+
+
+def run_to_exit(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the API to its exit (a service that starts instead fails the bound)."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.submitter"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def write_tokens_file(path: Path, entries: Mapping[str, tuple[str, dict[str, object]]]) -> Path:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,9 +32,11 @@ from tests.security.http_api_support import (
     chunked,
     head_then_body,
     raw_request,
+    run_to_exit,
     service_env,
     start_service,
     wait_healthy,
+    work_messages,
     write_tokens_file,
     zeros,
 )
@@ -102,17 +102,6 @@ def start_api(base_env: dict[str, str], tokens_file: Path, tmp_path: Path) -> It
         api.stop()
 
 
-async def _work_messages(nats_url: str, topology: Topology) -> int:
-    nc = await nats.connect(nats_url)
-    try:
-        info = await nc.jetstream().stream_info(
-            topology.work_stream, subjects_filter=topology.work_subject("*")
-        )
-        return sum((info.state.subjects or {}).values())
-    finally:
-        await nc.close()
-
-
 async def test_a_text_plain_manifest_is_refused(
     start_api: StartApi, nats_url: str, topology: Topology
 ) -> None:
@@ -129,7 +118,7 @@ async def test_a_text_plain_manifest_is_refused(
         assert "text/plain is not accepted" in with_token.json()["error"]
         untyped = await c.post("/experiments", content=MANIFEST_YAML, headers=auth("alice"))
         assert untyped.status_code == 415, untyped.text
-        assert await _work_messages(nats_url, topology) == 0
+        assert await work_messages(nats_url, topology) == 0
         # Control: the same manifest as YAML (both names) and as JSON is accepted.
         for media in ("application/yaml", "application/x-yaml; charset=utf-8"):
             r = await c.post(
@@ -140,7 +129,7 @@ async def test_a_text_plain_manifest_is_refused(
             assert r.status_code == 202, r.text
         r = await c.post("/experiments", json=MANIFEST, headers=auth("alice"))
         assert r.status_code == 202, r.text
-    assert await _work_messages(nats_url, topology) == 1
+    assert await work_messages(nats_url, topology) == 1
 
 
 def _head(port: int, *extra: str) -> list[str]:
@@ -201,7 +190,7 @@ async def test_an_oversized_body_is_refused_while_it_streams(
     assert streamed.status == 413, streamed.body
     assert b"request body larger than 1048576 bytes" in streamed.body
     assert streamed.closed
-    assert await _work_messages(nats_url, topology) == 0
+    assert await work_messages(nats_url, topology) == 0
     # Control: a body of exactly the limit is read and accepted.
     async with httpx.AsyncClient(base_url=api.base_url) as c:
         at_limit = await c.post(
@@ -210,7 +199,7 @@ async def test_an_oversized_body_is_refused_while_it_streams(
             headers={"Content-Type": "application/json", **auth("alice")},
         )
     assert at_limit.status_code == 202, at_limit.text
-    assert await _work_messages(nats_url, topology) == 1
+    assert await work_messages(nats_url, topology) == 1
 
 
 async def test_a_foreign_host_or_origin_is_refused(
@@ -231,12 +220,12 @@ async def test_a_foreign_host_or_origin_is_refused(
         for origin in ("http://evil.example", "null"):
             refused = await post(Origin=origin)
             assert refused.status_code == 403, (origin, refused.text)
-        assert await _work_messages(nats_url, topology) == 0
+        assert await work_messages(nats_url, topology) == 0
         # Controls: the API's own names, and a same-origin page.
         for host in (f"localhost:{api.port}", f"127.0.0.1:{api.port}"):
             assert (await post(Host=host)).status_code == 202
         assert (await post(Origin=f"http://localhost:{api.port}")).status_code == 202
-    assert await _work_messages(nats_url, topology) == 1
+    assert await work_messages(nats_url, topology) == 1
 
 
 async def test_only_the_submitter_or_an_admin_may_cancel_or_resubmit(
@@ -291,18 +280,6 @@ async def test_only_the_submitter_or_an_admin_may_cancel_or_resubmit(
         importer.wait(timeout=30)
 
 
-def _start_refused(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run the API to its exit (a service that starts instead fails the bound)."""
-    return subprocess.run(
-        [sys.executable, "-m", "services.submitter"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-
-
 async def test_start_up_refuses_unsafe_access_settings(
     start_api: StartApi, base_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -323,7 +300,7 @@ async def test_start_up_refuses_unsafe_access_settings(
     ]
     for overrides, message in cases:
         env = service_env(base_env, TRIALBUS_HTTP_PORT=str(free_port()), **overrides)
-        done = await asyncio.to_thread(_start_refused, env)
+        done = await asyncio.to_thread(run_to_exit, env)
         assert (done.returncode, message) == (2, message), done.stderr[-2000:]
         assert message in done.stderr
         assert TOKENS["alice"][0] not in done.stderr  # a pasted token is never echoed
