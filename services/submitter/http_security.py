@@ -70,7 +70,11 @@ def is_loopback(host: str) -> bool:
 def allowed_hosts(settings: SubmitterSettings) -> tuple[str, ...]:
     """The Host header values answered: the setting, else the bind address and loopback."""
     if settings.api_allowed_hosts is not None:
-        hosts = [h.strip().lower() for h in settings.api_allowed_hosts.split(",") if h.strip()]
+        hosts = [
+            h.strip().strip("[]").lower()
+            for h in settings.api_allowed_hosts.split(",")
+            if h.strip()
+        ]
         if not hosts:
             raise ApiConfigError("TRIALBUS_API_ALLOWED_HOSTS is set but names no host")
         return tuple(hosts)
@@ -250,7 +254,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 def secure(app: FastAPI, access: ApiAccess) -> None:
     """Put the Host check and the guard in front of every route of ``app``."""
     app.add_middleware(ApiGuard, access=access)
+    # Starlette compares an IPv6 Host with its brackets ("[::1]"); Origin hosts have none.
+    trusted = [f"[{h}]" if ":" in h else h for h in access.allowed_hosts]
     # Added last, so it runs first: a rebinding page gets nothing else from the API.
-    app.add_middleware(
-        TrustedHostMiddleware, allowed_hosts=list(access.allowed_hosts), www_redirect=False
-    )
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=trusted, www_redirect=False)

@@ -7,7 +7,9 @@ import os
 import stat
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi import FastAPI, Request
 
 from services.common.settings import SubmitterSettings
 from services.submitter.api_tokens import (
@@ -25,6 +27,7 @@ from services.submitter.http_security import (
     bearer_token,
     is_loopback,
     media_type,
+    secure,
 )
 
 
@@ -145,3 +148,28 @@ def test_header_parsing() -> None:
         assert bearer_token(refused) is None
     assert media_type("application/JSON; charset=utf-8") == "application/json"
     assert media_type(None) == ""
+
+
+async def test_the_guard_answers_the_apis_own_names_ipv6_included() -> None:
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"n": len(await request.body())}
+
+    settings = SubmitterSettings(api_no_auth=True, api_allowed_hosts="localhost,[::1]")
+    secure(app, api_access(settings))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+        for host, origin, status in [
+            ("[::1]:8080", "http://[::1]:8080", 200),
+            ("localhost", "http://localhost:8080", 200),
+            ("127.0.0.1", None, 400),  # not in this list
+            ("[::2]:8080", None, 400),
+            ("localhost", "http://[::2]:8080", 403),
+        ]:
+            headers = {"Host": host, "Content-Type": "application/json"}
+            if origin is not None:
+                headers["Origin"] = origin
+            r = await c.post("/echo", content=b"{}", headers=headers)
+            assert r.status_code == status, (host, origin, r.text)
