@@ -31,6 +31,7 @@ from services.common.errors import (
     ManifestError,
     UserInputError,
 )
+from services.common.logging import get_logger
 from services.common.ports import Coordinator, EventBus, ExperimentInfo, Ledger
 from services.common.settings import SubmitterSettings
 from services.reports import queries
@@ -42,6 +43,7 @@ from services.submitter.manifest_io import parse_manifest, parse_manifest_text
 from services.submitter.submit import PreparedExperiment, prepare
 
 SOURCE = "request body"
+log = get_logger(__name__)
 
 
 class NotOwner(UserInputError):
@@ -180,6 +182,7 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         by = (owner or identity).record() if identity.admin else identity.record()
         prepared = dataclasses.replace(prepared, submitted_by=by)
         result = await handlers.submit(prepared, ports.bus, ports.ledger, ports.coordinator)
+        log.info("experiment submitted", experiment_id=result.experiment_id, by=identity.label)
         return result.as_dict()
 
     @router.post("/experiments/{experiment_id}/cancel")
@@ -192,6 +195,7 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
                 "recorded within seconds, by the importer); retry shortly"
             )
         check_owner(info, experiment_id, identity)
+        log.info("experiment cancelled", experiment_id=experiment_id, by=identity.label)
         return await handlers.cancel(ports.ledger, ports.coordinator, experiment_id)
 
     @router.get("/experiments/{experiment_id}/status")
