@@ -68,10 +68,41 @@ class EmbeddedStack:
     services: dict[str, ServiceProcess] = field(default_factory=dict)
     _nats: NatsServer | None = None
     _ledger: LedgerServer | None = None
+    _api_tokens_file: Path | None = None
 
     @property
     def jobs_dir(self) -> Path:
         return (self.data_dir / "jobs").resolve()
+
+    @property
+    def secrets_dir(self) -> Path:
+        """0700 folder of this stack's secrets (the HTTP API's tokens file, the token)."""
+        return (self.data_dir / "secrets").resolve()
+
+    @property
+    def api_token_path(self) -> Path:
+        """The operator's HTTP API token (admin identity), readable by its owner only."""
+        return self.secrets_dir / "api-token"
+
+    def ensure_api_token(self) -> Path:
+        """Give the HTTP API a tokens file with one admin token for this stack's operator.
+
+        The tokens file holds only the token's sha256; the token itself is written once
+        to ``api_token_path`` (0600) for local clients (`curl -H "Authorization: Bearer
+        $(cat ...)"`). Kept across restarts of the stack, like its data.
+        """
+        from services.submitter.api_tokens import issue_token
+
+        tokens_file = self.secrets_dir / "api-tokens.yaml"
+        self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.secrets_dir, 0o700)
+        if not tokens_file.exists() or not self.api_token_path.exists():
+            tokens_file.unlink(missing_ok=True)
+            token = issue_token(tokens_file, user="operator", admin=True)
+            fd = os.open(self.api_token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(token + "\n")
+        return tokens_file
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +116,7 @@ class EmbeddedStack:
                 ).start()
                 self.ledger_url = self._ledger.url
             self.http_port = self.http_port or free_port()
+            self._api_tokens_file = self.ensure_api_token()
             for name in ("importer", "watcher", "submitter"):
                 self._add(name, {})
             for i in range(self.n_runners):
@@ -112,6 +144,8 @@ class EmbeddedStack:
                 "TRIALBUS_SANDBOX_DIR": str((self.data_dir / "sandboxes").resolve()),
             }
         )
+        if self._api_tokens_file is not None:
+            env["TRIALBUS_API_TOKENS_FILE"] = str(self._api_tokens_file)
         env.update(self.extra_env)
         return env
 
@@ -265,7 +299,8 @@ def serve(stack: EmbeddedStack, console: Printer, policy: RestartPolicy | None =
     )
     say(
         f"trialbus is up: NATS {stack.nats_url}, ledger {stack.ledger_url} (SecantusDB, beta), "
-        f"HTTP http://127.0.0.1:{stack.http_port}, jobs {stack.jobs_dir}. Ctrl-C stops it."
+        f"HTTP http://127.0.0.1:{stack.http_port} (bearer token in {stack.api_token_path}), "
+        f"jobs {stack.jobs_dir}. Ctrl-C stops it."
     )
     code = EXIT_OK
     try:
