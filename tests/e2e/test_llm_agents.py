@@ -27,6 +27,7 @@ import yaml
 
 from infra.stack import EmbeddedStack
 from schemas.events import TrialFailed
+from tests.conftest import skip_unless
 from tests.e2e.cli import ROOT, Cli
 from tests.e2e.conftest import Stacks
 from tests.e2e.faultkit import ledger_records
@@ -42,6 +43,13 @@ API_KEY_ENV = "OPENAI_API_KEY"
 RUNNER_ENV = {API_KEY_ENV: "stub-key-not-secret"}
 PRICES_A = {"input_cost_per_token": 2e-6, "output_cost_per_token": 8e-6}
 PRICES_B = {"input_cost_per_token": 5e-7, "output_cost_per_token": 1e-6}
+
+
+@pytest.fixture(autouse=True)
+def _needs_tmux() -> None:
+    # terminus-2 drives the task's terminal through tmux, which the local environment
+    # takes from the host.
+    skip_unless(None if shutil.which("tmux") else "tmux is not installed (terminus-2 needs it)")
 
 
 @pytest.fixture
@@ -155,9 +163,9 @@ async def test_prices_stay_with_their_experiment(
     assert stub.count("solve", 200) >= 6  # terminus-2 asks twice per solved trial
 
 
-def short_timeout_task(folder: Path, agent_timeout_s: float) -> Path:
-    """hello-file with a short agent timeout (other phases keep theirs)."""
-    task = folder / "hello-file-short"
+def hello_file_with_agent_timeout(folder: Path, agent_timeout_s: float) -> Path:
+    """hello-file with another agent timeout (the other phases keep theirs)."""
+    task = folder / f"hello-file-{agent_timeout_s:.0f}s"
     shutil.copytree(HELLO_FILE, task)
     toml = (task / "task.toml").read_text()
     (task / "task.toml").write_text(
@@ -173,6 +181,9 @@ def short_timeout_task(folder: Path, agent_timeout_s: float) -> Path:
 # (max_attempts=2 below); the others end at the first.
 PROVIDER_FAILURES: dict[str, tuple[str | None, str, bool, int, float | None]] = {
     "ratelimit": ("RateLimitError", "infrastructure", False, 2, None),
+    # One 429, then answers: the OpenAI SDK waits Retry-After and asks again; the
+    # agent never sees it.
+    "ratelimit-then-solve": (None, "none", True, 1, 1.0),
     "server-error": ("InternalServerError", "infrastructure", False, 2, None),
     "malformed": ("InternalServerError", "infrastructure", False, 2, None),
     "unauthorized": ("AuthenticationError", "infrastructure", False, 1, None),
@@ -187,18 +198,22 @@ PROVIDER_FAILURES: dict[str, tuple[str | None, str, bool, int, float | None]] = 
 async def test_provider_failures_are_classified(
     stacks: Stacks, stub: ModelStub, tmp_path: Path
 ) -> None:
-    stack = await stacks.start(concurrency=6, runner_env=RUNNER_ENV)
+    stack = await stacks.start(concurrency=8, runner_env=RUNNER_ENV)
     tap = await stacks.tap(stack)
     cli = stacks.cli(stack)
-    short = short_timeout_task(tmp_path, agent_timeout_s=15.0)
-    quick = [terminus(stub, m) for m in PROVIDER_FAILURES if m != "slow"]
+    # A failing provider costs an attempt ~40-60 s of retries inside the agent (see
+    # PROVIDER_FAILURES); past the agent's timeout it would be recorded as the agent's
+    # timeout instead, so those trials get a long one, and the hung model a short one.
+    long, short = (hello_file_with_agent_timeout(tmp_path, s) for s in (300.0, 15.0))
+    failing = [terminus(stub, m) for m in PROVIDER_FAILURES if m != "slow"]
     manifests = [
-        write_manifest(tmp_path, "provider-failures", quick, max_attempts=2),
+        write_manifest(tmp_path, "provider-failures", failing, tasks=[long], max_attempts=2),
         write_manifest(tmp_path, "model-timeout", [terminus(stub, "slow")], tasks=[short]),
     ]
+    # Both at once: the retried failures take ~40 s per attempt (Harbor's backoffs).
+    ids = await asyncio.gather(*(submit_wait(cli, m, limit_s=600) for m in manifests))
     records: dict[str, Any] = {}
-    for manifest in manifests:
-        exp = await submit_wait(cli, manifest, limit_s=600)
+    for exp in ids:
         records |= {r.provenance.agent_label: r for r in await ledger_records(stack, exp)}
 
     failed = [e for e in tap.events if isinstance(e, TrialFailed)]
@@ -225,6 +240,7 @@ async def test_provider_failures_are_classified(
     # The failures really came from the model: each model saw its scripted status.
     expected_status = {
         "ratelimit": 429,
+        "ratelimit-then-solve": 429,
         "server-error": 500,
         "unauthorized": 401,
         "context-length": 400,
