@@ -280,6 +280,30 @@ def service(
     importlib.import_module(f"services.{name}.app").main()
 
 
+@app.command(name="api-token")
+def api_token(
+    tokens_file: Annotated[Path, typer.Argument(help="The HTTP API's tokens file (0600).")],
+    user: Annotated[str | None, typer.Option(help="Identity the token acts as.")] = None,
+    team: Annotated[str | None, typer.Option(help="Team recorded with the identity.")] = None,
+    admin: Annotated[bool, typer.Option(help="May cancel anyone's experiments.")] = False,
+) -> None:
+    """Add an HTTP API token to TOKENS_FILE (created 0600) and print it, once.
+
+    The file keeps only the token's sha256: a lost token is replaced, never recovered.
+    """
+    from services.submitter.api_tokens import ApiConfigError, issue_token
+
+    if user is None and team is None:
+        err.print("[red]error:[/red] name the identity: --user NAME and/or --team NAME")
+        raise typer.Exit(E.EXIT_USER_ERROR)
+    try:
+        token = issue_token(tokens_file, user=user, team=team, admin=admin)
+    except ApiConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(E.EXIT_USER_ERROR) from None
+    print(token)
+
+
 def main() -> None:
     try:
         app()

@@ -106,11 +106,15 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
     assert cmp["mean_reward"]["a"] == cmp["mean_reward"]["b"] == 0.5
     assert cmp["mcnemar"] == {"only_a": 0, "only_b": 0, "p_value": 1.0}
 
-    # The HTTP API serves the same reports.
-    base = f"http://127.0.0.1:{stack.http_port}"
-    assert httpx.get(f"{base}/experiments/{exp_mixed}/leaderboard").json() == [m]
-    assert httpx.get(f"{base}/experiments/{exp_mixed}/report").json() == report
-    assert httpx.get(f"{base}/compare", params={"a": exp_clean, "b": exp_mixed}).json() == cmp
-    page_http = httpx.get(f"{base}/experiments/{exp_mixed}/report.html")
+    # The HTTP API serves the same reports (with the token `trialbus up` issued).
+    token = stack.api_token_path.read_text().strip()
+    api = httpx.Client(
+        base_url=f"http://127.0.0.1:{stack.http_port}",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert api.get(f"/experiments/{exp_mixed}/leaderboard").json() == [m]
+    assert api.get(f"/experiments/{exp_mixed}/report").json() == report
+    assert api.get("/compare", params={"a": exp_clean, "b": exp_mixed}).json() == cmp
+    page_http = api.get(f"/experiments/{exp_mixed}/report.html")
     assert page_http.headers["content-type"].startswith("text/html")
     assert "UnsupportedEnvironmentError" in page_http.text
