@@ -28,6 +28,7 @@ from typing import Any
 import nats
 from faststream.nats import NatsUserPassword
 from nats.aio.client import Client as NatsClient
+from nats.js.api import INBOX_PREFIX
 
 from infra.nats_permissions import ROLES, check_role, inbox_prefix, role_permissions, user_name
 from schemas.subjects import Topology
@@ -234,3 +235,23 @@ async def connect_as(
     return await nats.connect(
         servers=list(servers), name=name, **credentials.connect_options(), **options
     )
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAuth:
+    """FastStream options of one process: for its ``NatsBroker`` and its subscribers."""
+
+    broker_options: dict[str, Any]
+    subscription_inbox_prefix: bytes
+
+
+def broker_auth(credentials: Path | None, role: str) -> BrokerAuth:
+    """FastStream options for ``role``'s credentials file; anonymous ones when None.
+
+    Refuses (CredentialsError) a file that is another role's or readable by others,
+    so a service handed the wrong file stops at start with the fix in the message.
+    """
+    if credentials is None:
+        return BrokerAuth({}, INBOX_PREFIX)  # FastStream's own default
+    cred = load_credentials(credentials, role)
+    return BrokerAuth(cred.broker_options(), cred.subscription_inbox_prefix)

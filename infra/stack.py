@@ -4,6 +4,12 @@ in its own process, on one machine with nothing installed but this package.
 ``trialbus up`` runs it until Ctrl-C; ``trialbus demo`` runs one experiment through it;
 the end-to-end tests start it with their own names (prefix, database) against the
 test servers.
+
+A stack with its own nats-server runs it with authentication (infra.nats_auth): the
+config include and one credentials file per role in ``<data>/nats-auth`` (0700, files
+0600), streams, buckets and durables provisioned as admin before any service starts,
+and each service handed its own role's file (``TRIALBUS_NATS_CREDENTIALS``). A stack
+given a ``nats_url`` uses that server as it is (the tests' shared server has no users).
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from infra.embedded import LedgerServer, NatsServer, free_port
+from infra.nats_auth import AuthFiles, connect_as, include_directive, load_credentials, write_auth
+from infra.nats_provision import provision
 from infra.service_process import ServiceProcess
 from infra.supervise import GaveUp, RestartPolicy, Supervised, Supervisor
+from schemas.subjects import Topology
 from services.common.errors import EXIT_OK, EXIT_UNAVAILABLE
+from services.common.settings import RunnerSettings
 from services.common.stackfile import write_stack_file
 
 __all__ = [
@@ -69,6 +79,21 @@ class EmbeddedStack:
     _nats: NatsServer | None = None
     _ledger: LedgerServer | None = None
     _api_tokens_file: Path | None = None
+    _auth: AuthFiles | None = None
+
+    @property
+    def nats_auth_dir(self) -> Path:
+        """0700 folder of the NATS server's auth include and each role's credentials."""
+        return (self.data_dir / "nats-auth").resolve()
+
+    @property
+    def nats_auth(self) -> AuthFiles | None:
+        """The generated auth files; None when NATS runs without authentication."""
+        return self._auth
+
+    def nats_credentials(self, role: str) -> Path | None:
+        """``role``'s credentials file, None when NATS runs without authentication."""
+        return self._auth.credentials[role] if self._auth is not None else None
 
     @property
     def jobs_dir(self) -> Path:
@@ -108,8 +133,7 @@ class EmbeddedStack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.nats_url is None:
-                self._nats = NatsServer(self.data_dir / "nats", port=self.nats_port).start()
-                self.nats_url = self._nats.url
+                self._start_nats()
             if self.ledger_url is None:
                 self._ledger = LedgerServer(
                     self.data_dir / "ledger", port=self.ledger_port, extra_args=LEDGER_ARGS
@@ -118,15 +142,64 @@ class EmbeddedStack:
             self.http_port = self.http_port or free_port()
             self._api_tokens_file = self.ensure_api_token()
             for name in ("importer", "watcher", "submitter"):
-                self._add(name, {})
+                self._add(name, self._credentials_env(name))
             for i in range(self.n_runners):
-                self._add(f"runner-{i}", {"TRIALBUS_RUNNER_ID": f"runner-{i}", **self.runner_env})
+                self._add(
+                    f"runner-{i}",
+                    {
+                        "TRIALBUS_RUNNER_ID": f"runner-{i}",
+                        **self.runner_env,
+                        **self._credentials_env("runner"),
+                    },
+                )
             for svc in self.services.values():
                 svc.start()
             self.wait_ready()
         except BaseException:
             self.stop()
             raise
+
+    def _start_nats(self) -> None:
+        """Our own nats-server, with a user per role, provisioned by the admin role."""
+        self._auth = write_auth(self.nats_auth_dir, Topology(self.prefix))
+        nats_dir = self.data_dir / "nats"
+        # The include is part of the NatsServer's config, rewritten on every (re)start:
+        # a supervised restart comes back with the same users.
+        config = include_directive(nats_dir / "nats-server.conf", self._auth.server_config)
+        self._nats = NatsServer(nats_dir, port=self.nats_port, config=config).start()
+        self.nats_url = self._nats.url
+        asyncio.run(self._provision())
+
+    def _runner_ack_wait_s(self) -> float:
+        """The runners' ack_wait (their durable's, and the leases' TTL)."""
+        env = {**self.extra_env, **self.runner_env}
+        default: float = RunnerSettings.model_fields["ack_wait_s"].default
+        return float(env.get("TRIALBUS_ACK_WAIT_S", default))
+
+    async def _provision(self) -> None:
+        # Only the admin may create streams, buckets and durables; the services then
+        # find them and only look (their roles may not create or redefine them).
+        ack_wait_s = self._runner_ack_wait_s()
+        nc = await self._connect_admin()
+        try:
+            await provision(
+                nc.jetstream(),
+                Topology(self.prefix),
+                lease_ttl_s=ack_wait_s,
+                runner_ack_wait_s=ack_wait_s,
+            )
+        finally:
+            await nc.close()
+
+    async def _connect_admin(self) -> Any:
+        """A NATS connection for the stack's own checks: admin when NATS has users."""
+        import nats
+
+        servers = (self.nats_url or "").split(",")
+        if self._auth is None:
+            return await nats.connect(servers=servers)
+        admin = load_credentials(self._auth.credentials["admin"], "admin")
+        return await connect_as(servers, admin, name="trialbus-stack")
 
     def _env(self) -> dict[str, str]:
         assert self.nats_url and self.ledger_url
@@ -149,6 +222,11 @@ class EmbeddedStack:
         env.update(self.extra_env)
         return env
 
+    def _credentials_env(self, role: str) -> dict[str, str]:
+        """The environment handing a service its role's credentials (none without auth)."""
+        path = self.nats_credentials(role)
+        return {"TRIALBUS_NATS_CREDENTIALS": str(path)} if path is not None else {}
+
     def _add(self, name: str, env: Mapping[str, str]) -> None:
         self.services[name] = ServiceProcess(
             name, {**self._env(), **env}, self.data_dir / "logs" / f"{name}.log"
@@ -158,19 +236,29 @@ class EmbeddedStack:
         """Start one more runner process (scaling out, or replacing a killed one)."""
         i = sum(1 for n in self.services if n.startswith("runner-"))
         name = f"runner-{i}"
-        self._add(name, {"TRIALBUS_RUNNER_ID": name, **self.runner_env, **(env or {})})
+        self._add(
+            name,
+            {
+                "TRIALBUS_RUNNER_ID": name,
+                **self.runner_env,
+                **(env or {}),
+                **self._credentials_env("runner"),
+            },
+        )
         self.services[name].start()
         return self.services[name]
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        """Wait until every service has declared its durable consumer / HTTP port."""
+        """Wait until every service pulls from its durable consumer / answers on HTTP.
+
+        Without authentication the services declare their durables, so one existing is
+        the sign; with it the admin made them beforehand, so the sign is a pull request
+        waiting on each (a consumer bound and fetching).
+        """
         asyncio.run(self._wait_ready(timeout))
 
     async def _wait_ready(self, timeout_s: float) -> None:
-        import nats
         from nats.js.errors import NotFoundError
-
-        from schemas.subjects import Topology
 
         topo = Topology(self.prefix)
         durables = [
@@ -179,7 +267,7 @@ class EmbeddedStack:
             (topo.work_stream, topo.runner_durable),
         ]
         deadline = time.monotonic() + timeout_s
-        nc = await nats.connect(servers=(self.nats_url or "").split(","))
+        nc = await self._connect_admin()
         try:
             js = nc.jetstream()
             pending = list(durables)
@@ -190,8 +278,11 @@ class EmbeddedStack:
                 still = []
                 for stream, durable in pending:
                     try:
-                        await js.consumer_info(stream, durable)
+                        info = await js.consumer_info(stream, durable)
                     except NotFoundError:
+                        still.append((stream, durable))
+                        continue
+                    if self._auth is not None and not info.num_waiting:
                         still.append((stream, durable))
                 pending = still
                 if pending:
@@ -252,6 +343,7 @@ class EmbeddedStack:
 
 def run_stack_forever(data_dir: Path, *, runners: int, concurrency: int, console: Printer) -> int:
     """``trialbus up``: the stack on the usual ports when free, supervised until Ctrl-C."""
+    _quiet_logging()
     stack = EmbeddedStack(
         data_dir,
         n_runners=runners,
@@ -296,9 +388,16 @@ def serve(stack: EmbeddedStack, console: Printer, policy: RestartPolicy | None =
         ledger_url=stack.ledger_url,
         jobs_dir=stack.jobs_dir,
         pid=os.getpid(),
+        nats_credentials_dir=stack.nats_auth.folder if stack.nats_auth else None,
+    )
+    nats_auth = (
+        f" (authentication required: credentials per role in {stack.nats_auth.folder})"
+        if stack.nats_auth
+        else ""
     )
     say(
-        f"trialbus is up: NATS {stack.nats_url}, ledger {stack.ledger_url} (SecantusDB, beta), "
+        f"trialbus is up: NATS {stack.nats_url}{nats_auth}, "
+        f"ledger {stack.ledger_url} (SecantusDB, beta), "
         f"HTTP http://127.0.0.1:{stack.http_port} (bearer token in {stack.api_token_path}), "
         f"jobs {stack.jobs_dir}. Ctrl-C stops it."
     )
@@ -314,6 +413,17 @@ def serve(stack: EmbeddedStack, console: Printer, policy: RestartPolicy | None =
         with contextlib.suppress(FileNotFoundError):
             stack_file().unlink()
     return code
+
+
+def _quiet_logging() -> None:
+    """This process's own log lines (provisioning NATS) go to stderr, warnings only.
+
+    Like every CLI command: stdout is the command's output (the demo's leaderboard);
+    the console says what the operator needs, the services log to their files.
+    """
+    from services.common.logging import configure_logging
+
+    configure_logging("WARNING")
 
 
 def _port_or_free(port: int) -> int:
@@ -340,6 +450,7 @@ def run_demo(
     from services.submitter.commands import submit_and_wait
     from services.submitter.manifest_io import load_manifest
 
+    _quiet_logging()
     load_manifest(manifest)  # refuse a bad manifest before starting anything
     shutil.rmtree(data_dir, ignore_errors=True)  # a demo never reuses earlier results
     t0 = time.monotonic()
@@ -353,6 +464,7 @@ def run_demo(
             nats_url=stack.nats_url or "",
             ledger_url=stack.ledger_url or "",
             jobs_dir=stack.jobs_dir,
+            nats_credentials=stack.nats_credentials("submitter"),
         )
         outcome = asyncio.run(
             submit_and_wait(settings, manifest, wait=True, timeout_s=900, progress=console)

@@ -223,7 +223,9 @@ def import_(job_dir: Path, json_out: JsonOpt = False) -> None:
     """Import a Harbor job folder into the ledger (idempotent)."""
     from services.submitter.commands import import_job
 
-    summary = _call(import_job, job_dir)
+    # It publishes result_imported, which only the importer role may.
+    settings = settings_for(CommonSettings, role="importer")
+    summary = _run(lambda: import_job(settings, job_dir))
     if _printed_as_json(summary, json_out):
         return
     err.print(

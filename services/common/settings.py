@@ -38,6 +38,11 @@ class CommonSettings(BaseSettings):
     jobs_dir: Path = Field(
         default=Path(".trialbus/jobs"), description="Root of the Harbor job folders."
     )
+    nats_credentials: Path | None = Field(
+        default=None,
+        description="A role's NATS credentials file (infra/nats_auth.py, mode 0600); "
+        "every NATS connection of the process uses it. Unset: no authentication.",
+    )
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="JSON logs (default: when not a TTY).")
 

@@ -3,6 +3,11 @@
 Commands run in the same project folder then reach it with no configuration.
 ``NATS_URL`` / ``LEDGER_URL`` (or TRIALBUS_* settings) always win over the file.
 ``TRIALBUS_STACK_FILE`` moves the file (tests give each stack its own).
+
+When the stack's NATS requires authentication the file also names the folder of its
+role credentials files (not their content); a command then connects as the role it
+acts as (``settings_for(..., role=...)``): submit, cancel and status as ``submitter``,
+``trialbus import`` as ``importer``.
 """
 
 from __future__ import annotations
@@ -36,20 +41,25 @@ def stack_file() -> Path:
 
 
 def write_stack_file(
-    path: Path, *, nats_url: str, ledger_url: str, jobs_dir: Path, pid: int
+    path: Path,
+    *,
+    nats_url: str,
+    ledger_url: str,
+    jobs_dir: Path,
+    pid: int,
+    nats_credentials_dir: Path | None = None,
 ) -> None:
-    """Record a running stack's URLs, job folder and launcher pid."""
+    """Record a running stack's URLs, job folder, launcher pid and credentials folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(
-            {
-                "nats_url": nats_url,
-                "ledger_url": ledger_url,
-                "jobs_dir": str(jobs_dir.resolve()),
-                "pid": pid,
-            }
-        )
-    )
+    data: dict[str, Any] = {
+        "nats_url": nats_url,
+        "ledger_url": ledger_url,
+        "jobs_dir": str(jobs_dir.resolve()),
+        "pid": pid,
+    }
+    if nats_credentials_dir is not None:
+        data["nats_credentials_dir"] = str(nats_credentials_dir.resolve())
+    path.write_text(json.dumps(data))
 
 
 def read_stack_file(path: Path | None = None) -> dict[str, Any] | None:
@@ -72,16 +82,28 @@ def read_stack_file(path: Path | None = None) -> dict[str, Any] | None:
     return data
 
 
-def settings_for[S: CommonSettings](cls: type[S]) -> S:
-    """Settings from the environment, filled in from a running embedded stack."""
+def settings_for[S: CommonSettings](cls: type[S], role: str = "submitter") -> S:
+    """Settings from the environment, filled in from a running embedded stack.
+
+    ``role`` picks the stack's credentials file the command connects with; only when
+    the NATS URL came from the file too (credentials of one server are no use on the
+    server an environment variable names).
+    """
     settings = cls()
     data = read_stack_file()
     if not data:
         return settings
     # model_fields_set holds what the environment set: that always wins over the file.
-    overrides = {
+    overrides: dict[str, Any] = {
         name: data[name]
         for name in _FROM_FILE
         if name not in settings.model_fields_set and data.get(name)
     }
+    folder = data.get("nats_credentials_dir")
+    if (
+        isinstance(folder, str)
+        and "nats_url" in overrides
+        and "nats_credentials" not in settings.model_fields_set
+    ):
+        overrides["nats_credentials"] = Path(folder) / f"{role}.json"
     return cls(**overrides) if overrides else settings

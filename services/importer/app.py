@@ -14,6 +14,7 @@ from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
 
+from infra.nats_auth import broker_auth
 from services.common.adapters.jetstream import JetStreamBus, apply_settle, ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.logging import configure_logging, get_logger
@@ -33,7 +34,10 @@ ACK_WAIT_S = 10.0
 def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> FastStream:
     """Build the importer app; nothing connects until the app starts."""
     topo = settings.topology
-    broker = NatsBroker(settings.nats_servers, logger=None, max_reconnect_attempts=-1)
+    auth = broker_auth(settings.nats_credentials, "importer")
+    broker = NatsBroker(
+        settings.nats_servers, logger=None, max_reconnect_attempts=-1, **auth.broker_options
+    )
     the_ledger: Ledger = ledger or MongoLedger(settings.ledger_url, settings.ledger_db)
     state: dict[str, JetStreamBus] = {}
 
@@ -45,6 +49,8 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
             batch_size=settings.batch_size, timeout=settings.batch_timeout_s, batch=True
         ),
         ack_policy=AckPolicy.MANUAL,
+        # FastStream's pull subscriber brings its own inbox prefix: the role's must win.
+        inbox_prefix=auth.subscription_inbox_prefix,
         decoder=raw_body,  # parse_event decodes; FastStream must not (poison stalls)
         config=ConsumerConfig(ack_wait=ACK_WAIT_S, max_deliver=-1, max_ack_pending=50_000),
     )

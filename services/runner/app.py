@@ -35,7 +35,12 @@ def build_executor(settings: RunnerSettings) -> Executor:
 async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
     """Run until SIGTERM/SIGINT, then drain: finish or hand back in-flight trials."""
     configure_logging(settings.log_level, settings.log_json)
-    nc = await connect(settings.nats_servers, name="trialbus-runner")
+    nc = await connect(
+        settings.nats_servers,
+        name="trialbus-runner",
+        credentials=settings.nats_credentials,
+        role="runner",
+    )
     try:
         js = nc.jetstream()
         topo = settings.topology

@@ -14,14 +14,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NatsClient
-from nats.errors import NoServersError
+from nats.errors import AuthorizationError, NoServersError
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from infra.nats_auth import CredentialsError
 from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
-from services.common.errors import TransientError
+from services.common.errors import TransientError, UserInputError
 from services.common.ports import Coordinator, EventBus, Ledger
 from services.common.settings import CommonSettings
 
@@ -104,9 +105,37 @@ async def open_nats(
 
     Raises TransientError naming the URL and the fix when NATS cannot be reached.
     """
+    refused: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        # nats-py retries a refused login forever; remember it to say so, not "unreachable".
+        if isinstance(exc, AuthorizationError) or "authorization" in str(exc).lower():
+            refused.append(exc)
+
     try:
-        nc = await asyncio.wait_for(connect(settings.nats_servers, name), timeout=timeout_s)
+        nc = await asyncio.wait_for(
+            connect(
+                settings.nats_servers,
+                name,
+                credentials=settings.nats_credentials,
+                error_cb=on_error,
+            ),
+            timeout=timeout_s,
+        )
+    except CredentialsError as exc:  # missing, malformed, another role's, or not 0600
+        raise UserInputError(str(exc)) from None
     except (NoServersError, OSError, TimeoutError) as exc:
+        if refused:
+            raise TransientError(
+                f"NATS at {settings.nats_url} refused the login "
+                + (
+                    f"with the credentials {settings.nats_credentials}: they are not this "
+                    "server's (restart `trialbus up`, or set TRIALBUS_NATS_CREDENTIALS)"
+                    if settings.nats_credentials
+                    else "without credentials: set TRIALBUS_NATS_CREDENTIALS to a role's "
+                    "credentials file (`trialbus up` writes them to <data>/nats-auth)"
+                )
+            ) from exc
         raise TransientError(
             f"cannot reach NATS at {settings.nats_url}: start the embedded stack with "
             "`trialbus up` (or `make up`), or set NATS_URL"

@@ -17,6 +17,7 @@ from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
 
+from infra.nats_auth import broker_auth
 from services.common.adapters.jetstream import JetStreamBus, apply_settle, ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.logging import configure_logging, get_logger
@@ -35,7 +36,10 @@ RETRY_DELAY_S = 2.0
 def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastStream:
     """Build the watcher app; nothing connects until the app starts."""
     topo = settings.topology
-    broker = NatsBroker(settings.nats_servers, logger=None, max_reconnect_attempts=-1)
+    auth = broker_auth(settings.nats_credentials, "watcher")
+    broker = NatsBroker(
+        settings.nats_servers, logger=None, max_reconnect_attempts=-1, **auth.broker_options
+    )
     the_ledger: Ledger = ledger or MongoLedger(settings.ledger_url, settings.ledger_db)
     state: dict[str, Watcher] = {}
     tasks: list[asyncio.Task[None]] = []
@@ -46,6 +50,8 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
         durable=topo.watcher_durable,
         pull_sub=PullSub(batch_size=500, timeout=0.2, batch=True),
         ack_policy=AckPolicy.MANUAL,
+        # FastStream's pull subscriber brings its own inbox prefix: the role's must win.
+        inbox_prefix=auth.subscription_inbox_prefix,
         decoder=raw_body,  # parse_event decodes; FastStream must not (poison stalls)
         config=ConsumerConfig(ack_wait=ACK_WAIT_S, max_deliver=-1),
     )

@@ -9,7 +9,9 @@ not silently change retention or replicas of a live stream).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -26,6 +28,9 @@ from services.common.errors import InternalError, Settle, TransientError
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
+
+ErrorCallback = Callable[[Exception], Awaitable[None]]
+"""nats-py's ``error_cb``: called with each connection error."""
 
 # Work dedup window: a CI retry of the same submission within a day publishes
 # nothing new. Resubmissions after that are still safe: the submitter skips trials
@@ -84,16 +89,35 @@ async def ensure_streams(js: JetStreamContext, topology: Topology, replicas: int
             log.info("stream created", stream=config.name, replicas=replicas)
 
 
-async def connect(servers: Sequence[str], name: str) -> NatsClient:
-    """Connect to NATS, retrying forever on reconnects (services must outlive blips)."""
-    return await nats.connect(
-        servers=list(servers),
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        connect_timeout=5,
-        allow_reconnect=True,
-    )
+async def connect(
+    servers: Sequence[str],
+    name: str,
+    *,
+    credentials: Path | None = None,
+    role: str | None = None,
+    error_cb: ErrorCallback | None = None,
+) -> NatsClient:
+    """Connect to NATS, retrying forever on reconnects (services must outlive blips).
+
+    With ``credentials`` (a role's file, ``CommonSettings.nats_credentials``) the
+    connection authenticates as that role, refusing another role's file when ``role``
+    is given; without, it connects anonymously (a server without authentication).
+    ``error_cb`` sees every connection error (an authorization refusal included).
+    """
+    options: dict[str, Any] = {
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "connect_timeout": 5,
+        "allow_reconnect": True,
+    }
+    if error_cb is not None:
+        options["error_cb"] = error_cb
+    if credentials is None:
+        return await nats.connect(servers=list(servers), name=name, **options)
+    # Here, not at the top: infra.nats_provision imports this module.
+    from infra.nats_auth import connect_as, load_credentials
+
+    return await connect_as(servers, load_credentials(credentials, role), name=name, **options)
 
 
 def subject_for(topology: Topology, event: Envelope) -> str:
