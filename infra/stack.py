@@ -5,11 +5,11 @@ in its own process, on one machine with nothing installed but this package.
 the end-to-end tests start it with their own names (prefix, database) against the
 test servers.
 
-A stack with its own nats-server runs it with authentication (infra.nats_auth): the
-config include and one credentials file per role in ``<data>/nats-auth`` (0700, files
-0600), streams, buckets and durables provisioned as admin before any service starts,
-and each service handed its own role's file (``TRIALBUS_NATS_CREDENTIALS``). A stack
-given a ``nats_url`` uses that server as it is (the tests' shared server has no users).
+A stack with its own nats-server runs it with authentication (infra.stack_nats): a
+user per role in ``<data>/nats-auth`` (0700, files 0600), everything in JetStream
+created as admin before any service starts, and each service handed its own role's
+credentials file (``TRIALBUS_NATS_CREDENTIALS``). A stack given a ``nats_url`` uses
+that server as it is (the tests' shared server has no users).
 """
 
 from __future__ import annotations
@@ -27,13 +27,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from infra.embedded import LedgerServer, NatsServer, free_port
-from infra.nats_auth import AuthFiles, connect_as, include_directive, load_credentials, write_auth
-from infra.nats_provision import provision
+from infra.nats_auth import AuthFiles
 from infra.service_process import ServiceProcess
+from infra.stack_nats import (
+    connect_stack,
+    credentials_env,
+    runner_ack_wait_s,
+    start_authenticated_nats,
+)
 from infra.supervise import GaveUp, RestartPolicy, Supervised, Supervisor
 from schemas.subjects import Topology
 from services.common.errors import EXIT_OK, EXIT_UNAVAILABLE
-from services.common.settings import RunnerSettings
 from services.common.stackfile import write_stack_file
 
 __all__ = [
@@ -133,7 +137,14 @@ class EmbeddedStack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.nats_url is None:
-                self._start_nats()
+                self._nats, self._auth = start_authenticated_nats(
+                    self.data_dir / "nats",
+                    self.nats_auth_dir,
+                    Topology(self.prefix),
+                    port=self.nats_port,
+                    ack_wait_s=runner_ack_wait_s({**self.extra_env, **self.runner_env}),
+                )
+                self.nats_url = self._nats.url
             if self.ledger_url is None:
                 self._ledger = LedgerServer(
                     self.data_dir / "ledger", port=self.ledger_port, extra_args=LEDGER_ARGS
@@ -142,14 +153,14 @@ class EmbeddedStack:
             self.http_port = self.http_port or free_port()
             self._api_tokens_file = self.ensure_api_token()
             for name in ("importer", "watcher", "submitter"):
-                self._add(name, self._credentials_env(name))
+                self._add(name, credentials_env(self._auth, name))
             for i in range(self.n_runners):
                 self._add(
                     f"runner-{i}",
                     {
                         "TRIALBUS_RUNNER_ID": f"runner-{i}",
                         **self.runner_env,
-                        **self._credentials_env("runner"),
+                        **credentials_env(self._auth, "runner"),
                     },
                 )
             for svc in self.services.values():
@@ -158,48 +169,6 @@ class EmbeddedStack:
         except BaseException:
             self.stop()
             raise
-
-    def _start_nats(self) -> None:
-        """Our own nats-server, with a user per role, provisioned by the admin role."""
-        self._auth = write_auth(self.nats_auth_dir, Topology(self.prefix))
-        nats_dir = self.data_dir / "nats"
-        # The include is part of the NatsServer's config, rewritten on every (re)start:
-        # a supervised restart comes back with the same users.
-        config = include_directive(nats_dir / "nats-server.conf", self._auth.server_config)
-        self._nats = NatsServer(nats_dir, port=self.nats_port, config=config).start()
-        self.nats_url = self._nats.url
-        asyncio.run(self._provision())
-
-    def _runner_ack_wait_s(self) -> float:
-        """The runners' ack_wait (their durable's, and the leases' TTL)."""
-        env = {**self.extra_env, **self.runner_env}
-        default: float = RunnerSettings.model_fields["ack_wait_s"].default
-        return float(env.get("TRIALBUS_ACK_WAIT_S", default))
-
-    async def _provision(self) -> None:
-        # Only the admin may create streams, buckets and durables; the services then
-        # find them and only look (their roles may not create or redefine them).
-        ack_wait_s = self._runner_ack_wait_s()
-        nc = await self._connect_admin()
-        try:
-            await provision(
-                nc.jetstream(),
-                Topology(self.prefix),
-                lease_ttl_s=ack_wait_s,
-                runner_ack_wait_s=ack_wait_s,
-            )
-        finally:
-            await nc.close()
-
-    async def _connect_admin(self) -> Any:
-        """A NATS connection for the stack's own checks: admin when NATS has users."""
-        import nats
-
-        servers = (self.nats_url or "").split(",")
-        if self._auth is None:
-            return await nats.connect(servers=servers)
-        admin = load_credentials(self._auth.credentials["admin"], "admin")
-        return await connect_as(servers, admin, name="trialbus-stack")
 
     def _env(self) -> dict[str, str]:
         assert self.nats_url and self.ledger_url
@@ -222,11 +191,6 @@ class EmbeddedStack:
         env.update(self.extra_env)
         return env
 
-    def _credentials_env(self, role: str) -> dict[str, str]:
-        """The environment handing a service its role's credentials (none without auth)."""
-        path = self.nats_credentials(role)
-        return {"TRIALBUS_NATS_CREDENTIALS": str(path)} if path is not None else {}
-
     def _add(self, name: str, env: Mapping[str, str]) -> None:
         self.services[name] = ServiceProcess(
             name, {**self._env(), **env}, self.data_dir / "logs" / f"{name}.log"
@@ -242,7 +206,7 @@ class EmbeddedStack:
                 "TRIALBUS_RUNNER_ID": name,
                 **self.runner_env,
                 **(env or {}),
-                **self._credentials_env("runner"),
+                **credentials_env(self._auth, "runner"),
             },
         )
         self.services[name].start()
@@ -267,7 +231,7 @@ class EmbeddedStack:
             (topo.work_stream, topo.runner_durable),
         ]
         deadline = time.monotonic() + timeout_s
-        nc = await self._connect_admin()
+        nc = await connect_stack(self.nats_url or "", self._auth)
         try:
             js = nc.jetstream()
             pending = list(durables)
