@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,6 +236,18 @@ async def test_runner_cannot_publish_work(up: Up) -> None:
     assert f'permissions violation for publish to "{TOPO.work_subject("stack-auth")}"' in (
         err.lower()
     )
+    # The server logs each refusal with the client's name (the next test relies on it);
+    # the line may land a moment after the client hears of it.
+    deadline = time.monotonic() + REFUSAL_WAIT_S
+    while not any(':forger"' in line for line in _violations(up)):
+        assert time.monotonic() < deadline, "nats-server did not log the refusal"
+        await asyncio.sleep(0.05)  # re-check interval of an observed condition
+
+
+def _violations(up: Up) -> list[str]:
+    """Lines of the stack's nats-server log reporting a refused publish or subscribe."""
+    log = up.data_dir / "nats" / "nats-server.log"
+    return [x for x in log.read_text(errors="replace").splitlines() if "Violation" in x]
 
 
 def _write_manifest(folder: Path) -> Path:
@@ -263,6 +276,9 @@ def test_cli_submission_through_the_stack_file_completes(up: Up, tmp_path: Path)
     assert [r["trial_id"] for r in records if not r["evaluation"]["reward_valid"]] == []
     status = up.cli("status", experiment_id, "--json")
     assert status.returncode == 0, status.stderr[-2000:]
+    # No service was refused anything along the way (retried denials would not show
+    # above); only this module's deliberate forger was.
+    assert [x for x in _violations(up) if ':forger"' not in x] == []
 
 
 def test_cli_without_credentials_is_told_the_login_was_refused(up: Up, tmp_path: Path) -> None:
