@@ -9,8 +9,9 @@ per runner instead of once per trial, and never on the runner's event loop:
   instead of downloading it. On a host without network its first import otherwise
   retries the download with sleeps (~7 s), and a stale remote list is not what a
   trial should be priced with anyway. A value the operator set is kept.
-- Harbor's trial machinery, the local environment and the LLM agent stack (terminus-2,
-  litellm: ~4 s of CPU to import) are imported, so a trial starts in milliseconds.
+- Harbor's trial machinery and the local environment are imported, so a trial starts
+  in milliseconds. (services.runner.isolation adds the LLM agent stack, litellm and
+  terminus-2, to the preload when the runner's first trial names a model.)
 - SIGTERM and SIGINT are ignored: the stack signals the runner's whole process group
   when it stops, and the forkserver must outlive the runner's drain (its trials
   report through it). It exits when the runner does (multiprocessing's alive pipe).
@@ -18,7 +19,6 @@ per runner instead of once per trial, and never on the runner's event loop:
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import signal
@@ -33,7 +33,3 @@ for _module in (
     "services.runner.trial_process",
 ):
     importlib.import_module(_module)
-# The LLM stack is optional to the runner: a trial imports what is missing itself.
-for _module in ("litellm", "harbor.agents.terminus_2"):
-    with contextlib.suppress(ImportError):
-        importlib.import_module(_module)

@@ -43,9 +43,9 @@ class HarborExecutor:
         """Where Harbor writes this trial's folder."""
         return job_dir_for(self._jobs_root, req.experiment_id) / req.trial_id
 
-    async def warm_up(self) -> None:
+    async def warm_up(self, llm: bool = True) -> None:
         """Start the trial forkserver now (imports Harbor there, off the event loop)."""
-        await self._processes.warm_up()
+        await self._processes.warm_up(llm)
 
     async def run(
         self, request: TrialRequested, attempt: int, on_log: LogSink | None
@@ -58,7 +58,7 @@ class HarborExecutor:
             sandbox_dir=str(self._sandbox_dir) if self._sandbox_dir is not None else None,
             live_logs=on_log is not None,
         )
-        outcome = await self._processes.run(job, on_log)
+        outcome = await self._processes.run(job, on_log, llm=request.agent.model is not None)
         trial_dir = outcome.get("trial_dir")
         job_dir = outcome.get("job_dir") or job_dir_for(self._jobs_root, request.experiment_id)
         return ExecutionOutcome(

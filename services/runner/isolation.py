@@ -8,10 +8,11 @@ known globals: nothing a trial changes survives it, including state nobody liste
 
 Why a forkserver (``multiprocessing``'s): a fresh interpreter per trial would import
 Harbor, litellm and the agent again, seconds of CPU per trial. The forkserver imports
-them once (services.runner.forkserver_preload) and forks a child per trial in
-milliseconds. The runner's own process never imports them, so its event loop is never
-blocked by Harbor's synchronous start-up; starting the forkserver (which waits for the
-preload) and each child happen in a worker thread.
+them once (services.runner.forkserver_preload, plus litellm and terminus-2 when the
+runner's first trial names a model) and forks a child per trial in milliseconds. The
+runner's own process never imports them, so its event loop is never blocked by
+Harbor's synchronous start-up; starting the forkserver (which waits for the preload)
+and each child happen in a worker thread.
 
 The child reports over a one-way pipe: ("log", phase, stream, text) as output comes,
 then ("outcome", fields) or ("cancelled", None). A reader thread per trial hands the
@@ -24,8 +25,8 @@ must guard its code with ``if __name__ == "__main__"``); and the forkserver star
 the runner's environment at its first use: trials see the environment (and the
 secrets named in api_key_env) the runner had then, which a runner never changes.
 
-Cost: the preload takes a few seconds of CPU once per runner (litellm is most of it),
-in the forkserver, while the first trial waits for it in a thread.
+Cost: the preload takes one to a few seconds of CPU once per runner (litellm is most
+of it), in the forkserver, while the first trial waits for it in a thread.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ from typing import Any
 from services.runner.trial_process import Outcome, TrialJob, child_main, failed
 
 PRELOAD = ("services.runner.forkserver_preload",)
+# ~4 s of CPU to import (more without a bytecode cache): worth it on a runner that
+# serves LLM agents, pure cost on one that runs oracle/nop (the demo, benchmarks).
+# multiprocessing skips a preload module it cannot import.
+LLM_PRELOAD = ("litellm", "harbor.agents.terminus_2")
 CANCEL_GRACE_S = 20.0
 
 OnLog = Callable[[str, str, str], Awaitable[None]]
@@ -69,15 +74,29 @@ class TrialProcesses:
 
     def __init__(self, cancel_grace_s: float = CANCEL_GRACE_S) -> None:
         self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload(list(PRELOAD))
         self._cancel_grace_s = cancel_grace_s
+        self._preload_chosen = False
 
-    async def warm_up(self) -> None:
+    def _choose_preload(self, llm: bool) -> None:
+        # Decided by the first trial, before the forkserver starts: a runner whose
+        # first trial names a model serves LLM agents. A later LLM trial on a runner
+        # that started without them imports the stack in its own process (slower,
+        # same result).
+        if not self._preload_chosen:
+            self._ctx.set_forkserver_preload([*PRELOAD, *(LLM_PRELOAD if llm else ())])
+            self._preload_chosen = True
+
+    async def warm_up(self, llm: bool = True) -> None:
         """Start the forkserver and wait for its preload, off the event loop."""
+        self._choose_preload(llm)
         await asyncio.to_thread(forkserver.ensure_running)
 
-    async def run(self, job: TrialJob, on_log: OnLog | None) -> Outcome:
-        """Run ``job`` in a new process to its outcome (cancellation stops the process)."""
+    async def run(self, job: TrialJob, on_log: OnLog | None, *, llm: bool = False) -> Outcome:
+        """Run ``job`` in a new process to its outcome (cancellation stops the process).
+
+        ``llm``: the trial's agent talks to a model (chooses the preload, first time only).
+        """
+        self._choose_preload(llm)
         recv_conn, send_conn = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(
             target=child_main, args=(job, send_conn), name="trialbus-trial", daemon=False
