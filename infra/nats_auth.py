@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from faststream.nats import NatsUserPassword
 from nats.aio.client import Client as NatsClient
 from nats.js.api import INBOX_PREFIX
 
@@ -56,6 +55,10 @@ class RoleCredentials:
 
     def broker_options(self) -> dict[str, Any]:
         """Keyword arguments for FastStream's ``NatsBroker`` (it takes a ``security``)."""
+        # Imported here: the CLI and the runner use this module without FastStream, whose
+        # import installs its own log handler (services.common.logging takes it off).
+        from faststream.nats import NatsUserPassword
+
         return {
             "security": NatsUserPassword(self.user, self.password),
             "inbox_prefix": self.inbox_prefix,
