@@ -149,13 +149,7 @@ class MongoLedger:
             await self._trials.insert_many(docs, ordered=False)
             stored: set[int] = set()
         except BulkWriteError as exc:
-            details = exc.details
-            errors = details.get("writeErrors", [])
-            if details.get("writeConcernErrors") or any(
-                e.get("code") != DUPLICATE_KEY for e in errors
-            ):
-                raise
-            stored = {int(e["index"]) for e in errors}
+            stored = _duplicate_key_indexes(exc)
         outcome.inserted.extend(r.trial_id for i, (r, _h) in enumerate(items) if i not in stored)
         return [items[i] for i in sorted(stored)]
 
@@ -164,15 +158,9 @@ class MongoLedger:
         try:
             result = await self._trials.bulk_write(ops, ordered=False)
         except BulkWriteError as exc:
-            details = exc.details
-            errors = details.get("writeErrors", [])
-            if details.get("writeConcernErrors") or any(
-                e.get("code") != DUPLICATE_KEY for e in errors
-            ):
-                raise
             return (
-                {int(u["index"]) for u in details.get("upserted", [])},
-                {int(e["index"]) for e in errors},
+                {int(u["index"]) for u in exc.details.get("upserted", [])},
+                _duplicate_key_indexes(exc),
             )
         return set(result.upserted_ids or {}), set()
 
@@ -312,6 +300,19 @@ def _upsert_op(record: TrialRecord, content_hash: str, now: datetime) -> UpdateO
     }
     doc = _document(record, content_hash, now)
     return UpdateOne(query, {"$set": doc, "$setOnInsert": {"first_imported_at": now}}, upsert=True)
+
+
+def _duplicate_key_indexes(exc: BulkWriteError) -> set[int]:
+    """Indexes of an unordered bulk's writes refused by the unique trial_id index.
+
+    Any other failure (a write concern error, another write error) is not a
+    duplicate to sort out: ``exc`` is raised again.
+    """
+    details = exc.details
+    errors = details.get("writeErrors", [])
+    if details.get("writeConcernErrors") or any(e.get("code") != DUPLICATE_KEY for e in errors):
+        raise exc
+    return {int(e["index"]) for e in errors}
 
 
 def _to_record(doc: Doc) -> TrialRecord:
