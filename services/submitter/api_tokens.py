@@ -18,7 +18,6 @@ admin may resubmit or cancel the experiment over HTTP.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import os
@@ -33,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from services.common.errors import UserInputError
+from services.common.private_files import write_private
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"
 """User and team names: short, printable, safe in logs and messages."""
@@ -220,16 +220,5 @@ def issue_token(
             e.model_dump(exclude_defaults=True) for e in _parse(path, _read_private(path)).tokens
         ]
     text = yaml.safe_dump({"tokens": [*current, entry.model_dump(exclude_defaults=True)]})
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_private(path, text)
     return token
