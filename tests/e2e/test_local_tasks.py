@@ -26,6 +26,7 @@ from services.localenv.images import resolve_base
 from services.localenv.sandbox import missing_host_tools
 from tests.e2e.cli import ROOT, Cli
 from tests.e2e.faultkit import ledger_records
+from tests.support.sandbox_env import host_processes
 
 pytestmark = [
     pytest.mark.e2e,
@@ -73,19 +74,6 @@ def host_snapshot() -> dict[str, Any]:
         "probes": [d for d in PROBE_DIRS if Path(d, PROBE).exists()],
         "tree_installed": Path("/usr/bin/tree").exists(),
     }
-
-
-def servers_left() -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if "http.server 8765" in cmdline:
-                found.append(cmdline)
-    return found
 
 
 async def test_local_tasks_end_to_end(stack: EmbeddedStack, cli: Cli, tmp_path: Path) -> None:
@@ -143,5 +131,5 @@ async def test_local_tasks_end_to_end(stack: EmbeddedStack, cli: Cli, tmp_path: 
     # Nothing left behind: no trial folders, no servers, the host as it was.
     sandboxes = stack.data_dir / "sandboxes"
     assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
-    assert servers_left() == []
+    assert host_processes("http.server 8765") == []
     assert host_snapshot() == before

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.conftest import EnvFactory, needs_sandbox, running, sh
+from tests.support.sandbox_env import EnvFactory, needs_sandbox, running, sh
 
 pytestmark = needs_sandbox
 

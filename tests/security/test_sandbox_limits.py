@@ -14,7 +14,7 @@ import pytest
 
 from services.localenv.builder import MAX_BUILD_LOG_BYTES
 from services.localenv.errors import DockerfileBuildError
-from tests.security.conftest import EnvFactory, needs_sandbox, running, sh
+from tests.support.sandbox_env import EnvFactory, needs_sandbox, running, sh
 
 pytestmark = needs_sandbox
 

@@ -12,7 +12,7 @@ import pytest
 
 from services.localenv.errors import DockerfileBuildError, LocalEnvironmentError
 from services.localenv.hostio import copy_file
-from tests.security.conftest import EnvFactory, needs_sandbox, running, sh
+from tests.support.sandbox_env import EnvFactory, needs_sandbox, running, sh
 
 pytestmark = needs_sandbox
 

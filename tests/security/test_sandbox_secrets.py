@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from services.localenv.masks import mask_host_secrets
-from tests.security.conftest import UBUNTU, needs_sandbox
+from tests.support.sandbox_env import UBUNTU, needs_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 
