@@ -1,0 +1,140 @@
+"""One instance of every event type, with fixed event ids and timestamps.
+
+The golden wire-format test (tests/unit/test_schema_golden.py) holds the exact bytes
+and dedup ids of these instances; the event contract tests (tests/unit/test_events.py)
+round-trip them. Changing one here changes the golden: that test then says so.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from schemas.events import (
+    Envelope,
+    ExperimentCompleted,
+    ExperimentSubmitted,
+    ResultImported,
+    TaskRef,
+    TrialCompleted,
+    TrialFailed,
+    TrialLog,
+    TrialRequested,
+    TrialStarted,
+)
+from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+
+WHEN = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
+TASK = TaskRef(name="hello-file", path="/tasks/hello-file", checksum="ab" * 32)
+AGENT = AgentSpec(
+    name="terminus-2",
+    model="anthropic/claude-sonnet-4",
+    label="t2",
+    kwargs={"temperature": 0.5, "nested": {"a": [1, 2]}},
+    api_key_env=["ANTHROPIC_API_KEY"],
+)
+
+
+def env(n: int) -> dict[str, Any]:
+    """Envelope fields with a fixed event_id and timestamp (the defaults are random)."""
+    return {
+        "event_id": f"{n:032x}",
+        "occurred_at": WHEN,
+        "experiment_id": "exp-1",
+        "correlation_id": "corr-1",
+    }
+
+
+def instances() -> dict[str, Envelope]:
+    """Every event type; run events both with and without a resume run_id."""
+    return {
+        "experiment_submitted": ExperimentSubmitted(
+            **env(1),
+            name="demo",
+            n_trials=6,
+            n_published=4,
+            manifest={"name": "demo", "repetitions": 3},
+        ),
+        "trial_requested": TrialRequested(
+            **env(2),
+            trial_id="hello-file__0123456789abcdef",
+            task=TASK,
+            agent=AGENT,
+            repetition=2,
+            compute=ComputeSpec(
+                environment="docker", n_concurrent_trials=8, environment_kwargs={"cpus": 2}
+            ),
+            retry=RetrySpec(max_attempts=5),
+        ),
+        "trial_requested_resumed": TrialRequested(
+            **env(3),
+            trial_id="t1",
+            task=TASK,
+            agent=AgentSpec(import_path="pkg.mod:Agent"),
+            repetition=0,
+            compute=ComputeSpec(),
+            retry=RetrySpec(),
+            run_id="t1:resume:2",
+        ),
+        "trial_started": TrialStarted(
+            **env(4), trial_id="t1", runner_id="r-1", host="node-a", attempt=2
+        ),
+        "trial_started_resumed": TrialStarted(
+            **env(5), trial_id="t1", runner_id="r-1", host="node-a", attempt=1, run_id="t1:resume:2"
+        ),
+        "trial_log": TrialLog(
+            **env(6), trial_id="t1", phase="agent", stream="stderr", text='h\u00e9llo "q"\n'
+        ),
+        "trial_completed": TrialCompleted(
+            **env(7),
+            trial_id="t1",
+            trial_dir="/jobs/j/t1",
+            job_dir="/jobs/j",
+            source="external",
+            runner_host="node-a",
+            harbor_version="0.1.0",
+            environment="docker",
+            agent_label="mine",
+            attempt=3,
+            run_id="t1:resume:2",
+        ),
+        "trial_completed_defaults": TrialCompleted(
+            **env(8), trial_id="t1", trial_dir="/jobs/j/t1", job_dir="/jobs/j"
+        ),
+        "trial_failed": TrialFailed(
+            **env(9),
+            trial_id="t1",
+            failure_class="infrastructure",
+            error_type="SandboxBuildFailedError",
+            message="build failed",
+            attempt=1,
+            final=True,
+            trial_dir="/jobs/j/t1",
+            task=TASK,
+            agent=AGENT,
+            repetition=0,
+            runner_host="node-b",
+            run_id="t1:resume:2",
+        ),
+        "trial_failed_retry": TrialFailed(
+            **env(10),
+            trial_id="t1",
+            failure_class="agent",
+            error_type="X",
+            message="m",
+            attempt=2,
+            final=False,
+        ),
+        "result_imported": ResultImported(
+            **env(11), trial_id="t1", status="complete", scored=True, main_reward=0.75, changed=True
+        ),
+        "result_imported_partial": ResultImported(
+            **env(12),
+            trial_id="t1",
+            status="partial",
+            scored=False,
+            main_reward=None,
+            changed=False,
+        ),
+        "experiment_completed": ExperimentCompleted(**env(13), n_trials=6, n_scored=5, n_partial=1),
+    }
