@@ -53,18 +53,21 @@ class RefusingLedger(InMemoryLedger):
         return await super().upsert_records(records)
 
 
-def record(trial_id: str) -> TrialRecord:
-    return build_failed_record(
-        TrialFailed(
-            experiment_id="e",
-            trial_id=trial_id,
-            failure_class="agent",
-            error_type="X",
-            message="m",
-            attempt=1,
-            final=True,
-        )
+def agent_failure(trial_id: str) -> TrialFailed:
+    """A final agent failure: a real record without any trial folder."""
+    return TrialFailed(
+        experiment_id="e",
+        trial_id=trial_id,
+        failure_class="agent",
+        error_type="X",
+        message="m",
+        attempt=1,
+        final=True,
     )
+
+
+def record(trial_id: str) -> TrialRecord:
+    return build_failed_record(agent_failure(trial_id))
 
 
 async def test_refused_record_is_replaced_and_the_rest_of_the_batch_lands() -> None:
@@ -113,17 +116,7 @@ def completed(trial_id: str, tmp_path: Path) -> bytes:
 
 
 def failed(trial_id: str) -> bytes:
-    return encode_event(
-        TrialFailed(
-            experiment_id="e",
-            trial_id=trial_id,
-            failure_class="agent",
-            error_type="X",
-            message="m",
-            attempt=1,
-            final=True,
-        )
-    )
+    return encode_event(agent_failure(trial_id))
 
 
 DELAY = 2.0
