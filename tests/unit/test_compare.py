@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.record import Evaluation, FailureClass, Provenance, TrialRecord
+from schemas.record import FailureClass, Provenance, TrialRecord
 from services.common.errors import UserInputError
 from services.reports.compare import Side, compare, pick_side
+from tests.support.records import single_reward
 
 _ids = itertools.count()
 A, B = Side("exp-a", "alpha", None), Side("exp-b", "beta", None)
@@ -28,13 +29,7 @@ def trial(
         experiment_id="exp",
         status="complete",
         provenance=Provenance(task_name=task, agent_name=agent, model=model),
-        evaluation=Evaluation(
-            rewards={} if reward is None else {"reward": reward},
-            main_reward_key=None if reward is None else "reward",
-            main_reward=reward,
-            reward_valid=reward is not None,
-            failure_class="infrastructure" if reward is None else cause,
-        ),
+        evaluation=single_reward(reward, "infrastructure" if reward is None else cause),
     )
 
 

@@ -9,7 +9,7 @@ import re
 import pytest
 from rich.console import Console
 
-from schemas.record import Evaluation, FailureClass, Provenance, TrialRecord, Usage
+from schemas.record import FailureClass, Provenance, TrialRecord, Usage
 from services.common.adapters.memory import InMemoryLedger
 from services.common.errors import UserInputError
 from services.common.ports import ExperimentInfo
@@ -18,6 +18,7 @@ from services.reports.html import heat_colour, render_html
 from services.reports.queries import comparison, experiment_report
 from services.reports.report import build_report
 from services.reports.tables import comparison_renderable, report_renderable
+from tests.support.records import single_reward
 
 _ids = itertools.count()
 
@@ -34,14 +35,7 @@ def rec(
         experiment_id="exp",
         status="complete",
         provenance=Provenance(task_name=task, agent_name=agent),
-        evaluation=Evaluation(
-            rewards={} if reward is None else {"reward": reward},
-            main_reward_key=None if reward is None else "reward",
-            main_reward=reward,
-            reward_valid=reward is not None,
-            failure_class=failure,
-            exception_type=exception,
-        ),
+        evaluation=single_reward(reward, failure, exception),
     )
 
 

@@ -17,13 +17,14 @@ from schemas.events import (
     encode_event,
 )
 from schemas.manifest import ExperimentManifest
-from schemas.record import Evaluation, FailureClass, Provenance, TrialRecord
+from schemas.record import FailureClass, Provenance, TrialRecord
 from services.common import errors as E
 from services.common.adapters.memory import InMemoryCoordinator, InMemoryLedger, RecordingBus
 from services.common.ports import ExperimentInfo
 from services.reports.queries import load_experiment
 from services.submitter import handlers
 from services.submitter.submit import PreparedExperiment, prepare
+from tests.support.records import single_reward
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = REPO / "examples" / "tasks"
@@ -76,13 +77,7 @@ def _record(
         experiment_id=prepared.experiment_id,
         status="complete",
         provenance=Provenance(task_name="hello-file", agent_name="oracle"),
-        evaluation=Evaluation(
-            rewards={} if reward is None else {"reward": reward},
-            main_reward_key=None if reward is None else "reward",
-            main_reward=reward,
-            reward_valid=reward is not None,
-            failure_class=failure,
-        ),
+        evaluation=single_reward(reward, failure),
     )
 
 
@@ -94,6 +89,26 @@ def _imported(prepared: PreparedExperiment, i: int, correlation_id: str) -> Resu
         status="complete",
         scored=True,
         changed=True,
+    )
+
+
+async def _submit_and_wait(
+    prepared: PreparedExperiment,
+    ledger: InMemoryLedger,
+    feed: QueueFeed | None,
+    *,
+    timeout_s: float,
+    progress: Lines | None = None,
+) -> handlers.SubmitOutcome:
+    """``handlers.submit_and_wait`` with a recording bus and a fresh coordinator."""
+    return await handlers.submit_and_wait(
+        prepared,
+        RecordingBus(),
+        ledger,
+        InMemoryCoordinator(lease_ttl_s=60),
+        feed,
+        timeout_s=timeout_s,
+        progress=progress,
     )
 
 
@@ -159,15 +174,7 @@ async def test_wait_counts_only_this_submissions_results() -> None:
         _imported(prepared, 1, prepared.correlation_id),
     )
 
-    outcome = await handlers.submit_and_wait(
-        prepared,
-        RecordingBus(),
-        ledger,
-        InMemoryCoordinator(lease_ttl_s=60),
-        feed,
-        timeout_s=10,
-        progress=progress,
-    )
+    outcome = await _submit_and_wait(prepared, ledger, feed, timeout_s=10, progress=progress)
 
     assert outcome.counts["pending"] == 0
     assert outcome.exit_code == E.EXIT_TRIALS_UNSCORED  # both records are unscored
@@ -183,15 +190,7 @@ async def test_wait_times_out_on_results_of_another_submission() -> None:
     await ledger.upsert_records([_record(prepared, i, None, "verifier") for i in range(2)])
     feed.put(_imported(prepared, 0, "someone-else"), _imported(prepared, 1, "someone-else"))
 
-    outcome = await handlers.submit_and_wait(
-        prepared,
-        RecordingBus(),
-        ledger,
-        InMemoryCoordinator(lease_ttl_s=60),
-        feed,
-        timeout_s=0.3,
-        progress=None,
-    )
+    outcome = await _submit_and_wait(prepared, ledger, feed, timeout_s=0.3)
 
     assert outcome.counts["pending"] == 2
     assert outcome.exit_code == E.EXIT_TIMEOUT
@@ -201,15 +200,7 @@ async def test_a_timeout_before_anything_is_recorded_is_exit_4_not_unknown() -> 
     prepared = _prepared()
     ledger = InMemoryLedger()
 
-    outcome = await handlers.submit_and_wait(
-        prepared,
-        RecordingBus(),
-        ledger,
-        InMemoryCoordinator(lease_ttl_s=60),
-        QueueFeed(),
-        timeout_s=0.2,
-        progress=None,
-    )
+    outcome = await _submit_and_wait(prepared, ledger, QueueFeed(), timeout_s=0.2)
 
     assert (outcome.exit_code, outcome.rows) == (E.EXIT_TIMEOUT, [])
     with pytest.raises(E.ExperimentNotFound):  # what a required read would have said
@@ -217,15 +208,7 @@ async def test_a_timeout_before_anything_is_recorded_is_exit_4_not_unknown() -> 
 
 
 async def test_without_a_feed_submit_does_not_wait() -> None:
-    outcome = await handlers.submit_and_wait(
-        _prepared(),
-        RecordingBus(),
-        InMemoryLedger(),
-        InMemoryCoordinator(lease_ttl_s=60),
-        None,
-        timeout_s=0,
-        progress=None,
-    )
+    outcome = await _submit_and_wait(_prepared(), InMemoryLedger(), None, timeout_s=0)
     assert (outcome.exit_code, outcome.rows, outcome.counts) == (E.EXIT_OK, None, {})
     assert "status" not in outcome.summary
 
