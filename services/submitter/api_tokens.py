@@ -30,9 +30,11 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from services.common.errors import UserInputError
 from services.common.private_files import write_private
+from services.common.validation import problem_lines
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"
 """User and team names: short, printable, safe in logs and messages."""
@@ -115,20 +117,13 @@ class _TokensFile(BaseModel):
     tokens: list[_Entry] = Field(min_length=1)
 
 
-def _problems(path: Path, exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
-        loc = loc.lstrip(".") or "<top level>"
-        if err["loc"][-1:] == ("sha256",) and err["type"] != "missing":
-            # Never echo the value: it may be a raw token pasted by mistake.
-            msg = "must be the token's SHA-256 as 64 lowercase hex digits, not the token"
-        elif err["type"] == "extra_forbidden":
-            msg = "unknown field (fields: sha256, user, team, admin)"
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {loc}: {msg}")
-    return "\n".join(dict.fromkeys(lines))
+def _message(err: ErrorDetails) -> str | None:
+    if err["loc"][-1:] == ("sha256",) and err["type"] != "missing":
+        # Never echo the value: it may be a raw token pasted by mistake.
+        return "must be the token's SHA-256 as 64 lowercase hex digits, not the token"
+    if err["type"] == "extra_forbidden":
+        return "unknown field (fields: sha256, user, team, admin)"
+    return None
 
 
 def _read_private(path: Path) -> bytes:
@@ -162,7 +157,7 @@ def _parse(path: Path, raw: bytes) -> _TokensFile:
             f"{path}: not valid YAML or JSON (expected `tokens: [{{sha256: ..., user: ...}}]`)"
         ) from None
     except ValidationError as exc:
-        raise ApiConfigError(_problems(path, exc)) from None
+        raise ApiConfigError(problem_lines(str(path), exc, _message)) from None
 
 
 class TokenTable:

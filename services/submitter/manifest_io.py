@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
+from services.common.validation import field_path, problem_lines
 
 MAX_MANIFEST_BYTES = 1024 * 1024
 MAX_MANIFEST_VALUES = 100_000
@@ -62,36 +63,15 @@ class _TooBig(Exception):
         self.line = line
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in (
-            "TaskPath",
-            "DatasetRef",
-            "function-after[_one_of_name_or_import_path(), AgentSpec]",
-        ):
-            continue
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "<top level>"
+_MESSAGES = {
+    "extra_forbidden": "unknown field (check the spelling; see docs/manifest.md for the fields)",
+    "missing": "required field is missing",
+}
 
 
 def format_validation_error(source: str, exc: ValidationError) -> str:
     """One line per problem: ``<source>: <field>: <message>``."""
-    lines = []
-    for err in exc.errors():
-        loc = _loc(err["loc"])
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see docs/manifest.md for the fields)"
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"{source}: {loc}: {msg}")
-    # Union members repeat the same complaint; keep each line once.
-    return "\n".join(dict.fromkeys(lines))
+    return problem_lines(source, exc, lambda err: _MESSAGES.get(err["type"]))
 
 
 def _check_size(data: Any, source: str) -> None:
@@ -107,12 +87,12 @@ def _check_size(data: Any, source: str) -> None:
         seen += 1
         if len(loc) > MAX_MANIFEST_DEPTH:
             raise ManifestError(
-                f"{source}: {_loc(loc[:3])}: nested too deeply "
+                f"{source}: {field_path(loc[:3])}: nested too deeply "
                 f"(more than {MAX_MANIFEST_DEPTH} levels)"
             )
         if seen > MAX_MANIFEST_VALUES:
             raise ManifestError(
-                f"{source}: {_loc(loc[:3])}: expands to more than {MAX_MANIFEST_VALUES} "
+                f"{source}: {field_path(loc[:3])}: expands to more than {MAX_MANIFEST_VALUES} "
                 "values (YAML anchors and aliases repeated?)"
             )
         if isinstance(value, dict):
