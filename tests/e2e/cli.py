@@ -71,15 +71,38 @@ class Cli:
         assert proc.returncode == exit_code, proc.stderr[-3000:]
         return json.loads(proc.stdout)
 
-    async def ajson(self, *args: str, limit_s: float = 300, exit_code: int = 0) -> Any:
-        """:meth:`json` without blocking the event loop (event taps keep reading)."""
+    async def arun(self, *args: str, limit_s: float = 300) -> tuple[int | None, bytes, bytes]:
+        """``trialbus ARGS`` without blocking the event loop: (exit code, stdout, stderr)."""
         proc = await asyncio.create_subprocess_exec(
-            *self.argv(*args, "--json"),
+            *self.argv(*args),
             env=self.env,
             cwd=ROOT,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         stdout, stderr = await asyncio.wait_for(proc.communicate(), limit_s)
-        assert proc.returncode == exit_code, stderr.decode()[-3000:]
+        return proc.returncode, stdout, stderr
+
+    async def ajson(self, *args: str, limit_s: float = 300, exit_code: int = 0) -> Any:
+        """:meth:`json` without blocking the event loop (event taps keep reading)."""
+        returncode, stdout, stderr = await self.arun(*args, "--json", limit_s=limit_s)
+        assert returncode == exit_code, stderr.decode()[-3000:]
         return json.loads(stdout)
+
+
+def run_module(
+    env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m services ARGS`` with ``env``, to completion (blocking).
+
+    The CLI through this interpreter rather than the console script: for tests that
+    set up their own environment rather than a :class:`Cli` of one stack.
+    """
+    return subprocess.run(
+        [sys.executable, "-m", "services", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )

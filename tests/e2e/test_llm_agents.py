@@ -102,15 +102,10 @@ async def submit_wait(cli: Cli, manifest: Path, limit_s: float = 420) -> str:
 
     Once: submitting the same manifest again would re-run its unscored trials.
     """
-    proc = await asyncio.create_subprocess_exec(
-        *cli.argv("submit", str(manifest), "--wait", "--json"),
-        env=cli.env,
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    returncode, stdout, stderr = await cli.arun(
+        "submit", str(manifest), "--wait", "--json", limit_s=limit_s
     )
-    stdout, stderr = await asyncio.wait_for(proc.communicate(), limit_s)
-    assert proc.returncode in (0, 1), stderr.decode()[-3000:]
+    assert returncode in (0, 1), stderr.decode()[-3000:]
     return str(json.loads(stdout)["experiment_id"])
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -30,6 +28,7 @@ from services.common.settings import SubmitterSettings
 from services.submitter.api_tokens import token_digest
 from services.submitter.app import create_app
 from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
+from tests.e2e.cli import run_module
 
 pytestmark = pytest.mark.integration
 
@@ -278,17 +277,6 @@ def _records(experiment_id: str) -> list[TrialRecord]:
     return out
 
 
-def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "services", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-
-
 async def test_the_cli_and_the_http_api_read_the_same_numbers(
     client: Client, nats_url: str, ledger_url: str, ledger_db: str, tmp_path: Path
 ) -> None:
@@ -310,7 +298,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     page = tmp_path / "report.html"
     status, board, report, unknown = await asyncio.gather(
         *(
-            asyncio.to_thread(_cli, env, *args)
+            asyncio.to_thread(run_module, env, *args)
             for args in (
                 ("status", experiment_id, "--json"),
                 ("leaderboard", experiment_id, "--json"),

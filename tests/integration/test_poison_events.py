@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -39,7 +38,6 @@ import structlog
 from faststream import TestApp
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from infra.stack import ServiceProcess
 from schemas.events import TrialCompleted, encode_event
@@ -56,6 +54,7 @@ from services.importer.records import RecordContext
 from tests import harbor_fixtures
 from tests.bad_inputs.corpus import Case, cases, event_bytes, materialize_result
 from tests.harbor_fixtures import HarborTrials
+from tests.support.importer_process import importer_process, until
 
 pytestmark = pytest.mark.integration
 
@@ -67,48 +66,22 @@ SCORED = {"oracle", "nop", "multi", "multi_nop", "timeout"}  # broken: verifier 
 TIMEOUT_S = 60.0
 
 
-async def _until(what: str, check: Callable[[], Awaitable[bool]], importer: ServiceProcess) -> None:
-    """Poll ``check`` (a state, not a sleep) until true; fail early if the importer died."""
-    deadline = time.monotonic() + TIMEOUT_S
-    while not await check():
-        assert importer.alive, f"importer died:\n{importer.log_path.read_text()[-3000:]}"
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {TIMEOUT_S:.0f} s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 @pytest.fixture
 async def importer(
     tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
 ) -> AsyncIterator[ServiceProcess]:
     """The importer as a separate process, ready (its durable consumer exists)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_LEDGER_DB=ledger_db,
-        TRIALBUS_LOG_JSON="true",
-        TRIALBUS_BATCH_SIZE="16",  # several batches, each mixing good and poison
-    )
-    proc = ServiceProcess("importer", env, tmp_path / "importer.log")
-    proc.start()
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-
-        async def ready() -> bool:
-            try:
-                await js.consumer_info(topology.events_stream, topology.importer_durable)
-            except NotFoundError:
-                return False
-            return True
-
-        await _until("the importer's durable consumer", ready, proc)
+    async with importer_process(
+        tmp_path / "importer.log",
+        nats_url=nats_url,
+        ledger_url=ledger_url,
+        topology=topology,
+        ledger_db=ledger_db,
+        # Several batches, each mixing good and poison.
+        extra_env={"TRIALBUS_BATCH_SIZE": "16"},
+        timeout_s=TIMEOUT_S,
+    ) as proc:
         yield proc
-    finally:
-        await nc.close()
-        proc.stop()
 
 
 def _completed(trial_id: str, trial_dir: Path) -> bytes:
@@ -189,7 +162,9 @@ async def test_poison_and_malformed_results_are_settled_and_nothing_is_lost(
             info = await js.consumer_info(topology.events_stream, topology.importer_durable)
             return bool(info.num_pending == 0 and info.num_ack_pending == 0)
 
-        await _until("every message settled and every trial recorded", all_settled, importer)
+        await until(
+            "every message settled and every trial recorded", all_settled, importer, TIMEOUT_S
+        )
         records = {r.trial_id: r for r in await ledger.records_for(EXPERIMENT)}
         announced = await n_imported()
         info = await js.consumer_info(topology.events_stream, topology.importer_durable)
@@ -269,7 +244,7 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
     subject = topology.event_subject("trial_completed", EXPERIMENT)
     deadline = time.monotonic() + TIMEOUT_S + BUG_MAX_DELIVERIES * BUG_RETRY_DELAY_S
 
-    async def until(what: str, check: Callable[[], Awaitable[bool]]) -> None:
+    async def until_deadline(what: str, check: Callable[[], Awaitable[bool]]) -> None:
         while not await check():
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             await asyncio.sleep(0.1)
@@ -285,18 +260,18 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
             async def recorded(trial_id: str) -> bool:
                 return await ledger.get_record(trial_id) is not None
 
-            await until("the good trial's record", lambda: recorded("good-1"))
+            await until_deadline("the good trial's record", lambda: recorded("good-1"))
             # Written on the bug's first delivery: the bug did not hold it back.
             assert attempts.count("bug-1") == 1
             assert await ledger.get_record("bug-1") is None
 
-            await until("the ImporterError record", lambda: recorded("bug-1"))
+            await until_deadline("the ImporterError record", lambda: recorded("bug-1"))
 
             async def settled() -> bool:
                 info = await js.consumer_info(topology.events_stream, topology.importer_durable)
                 return bool(info.num_pending == 0 and info.num_ack_pending == 0)
 
-            await until("every message settled", settled)
+            await until_deadline("every message settled", settled)
         finally:
             await nc.close()
             await ledger.close()

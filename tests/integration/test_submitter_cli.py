@@ -11,8 +11,6 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import nats
@@ -23,6 +21,7 @@ from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.settings import CommonSettings
 from services.submitter.commands import import_job
+from tests.e2e.cli import run_module
 
 pytestmark = pytest.mark.integration
 
@@ -112,17 +111,6 @@ async def test_import_without_nats_ledgers_and_says_it_announced_nothing(
     assert topology.events_stream not in streams
 
 
-def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "services", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-
-
 def _env(nats_url: str, ledger_url: str, ledger_db: str, prefix: str, tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
     env.update(
@@ -142,10 +130,10 @@ async def test_the_cli_submits_and_imports_with_its_documented_output(
     offline = {**env, "NATS_URL": f"nats://127.0.0.1:{_closed_port()}"}
     submitted, imported, unannounced = await asyncio.gather(
         asyncio.to_thread(
-            _cli, env, "submit", str(REPO / "examples" / "experiment.yaml"), "--json"
+            run_module, env, "submit", str(REPO / "examples" / "experiment.yaml"), "--json"
         ),
-        asyncio.to_thread(_cli, env, "import", str(_job(tmp_path, "cli-json")), "--json"),
-        asyncio.to_thread(_cli, offline, "import", str(_job(tmp_path, "cli-text"))),
+        asyncio.to_thread(run_module, env, "import", str(_job(tmp_path, "cli-json")), "--json"),
+        asyncio.to_thread(run_module, offline, "import", str(_job(tmp_path, "cli-text"))),
     )
 
     assert submitted.returncode == 0, submitted.stderr

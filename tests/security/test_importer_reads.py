@@ -11,19 +11,16 @@ IS read. Anything that could block runs in a thread with a timeout (reads_suppor
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import stat
 import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
-from nats.js.errors import NotFoundError
 
 from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, encode_event
@@ -35,11 +32,14 @@ from tests import harbor_fixtures
 from tests.harbor_fixtures import HarborTrials
 from tests.security import reads_support
 from tests.security.reads_support import LIMIT_S, PLANTED, bounded, plant, release
+from tests.support.importer_process import importer_process, until
 
 harbor_trials = harbor_fixtures.harbor_trials  # the session's real Harbor trial folders
 host = reads_support.host
 
 CTX = RecordContext(experiment_id="exp", trial_id="t")
+IMPORTER_WAIT_S = 90.0
+"""Bound on the importer's start and on its recording every planted trial."""
 
 
 @pytest.mark.parametrize("name", list(PLANTED))
@@ -180,41 +180,15 @@ async def importer(
     tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
 ) -> AsyncIterator[ServiceProcess]:
     """The importer as a separate process (as in production), ready to consume."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_LEDGER_DB=ledger_db,
-        TRIALBUS_LOG_JSON="true",
-    )
-    proc = ServiceProcess("importer", env, tmp_path / "importer.log")
-    proc.start()
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-
-        async def ready() -> bool:
-            try:
-                await js.consumer_info(topology.events_stream, topology.importer_durable)
-            except NotFoundError:
-                return False
-            return True
-
-        await until("the importer's durable consumer", ready, proc)
+    async with importer_process(
+        tmp_path / "importer.log",
+        nats_url=nats_url,
+        ledger_url=ledger_url,
+        topology=topology,
+        ledger_db=ledger_db,
+        timeout_s=IMPORTER_WAIT_S,
+    ) as proc:
         yield proc
-    finally:
-        await nc.close()
-        proc.stop()
-
-
-async def until(what: str, check: Callable[[], Awaitable[bool]], proc: ServiceProcess) -> None:
-    """Poll ``check`` (a state, not a sleep) until true; fail early if ``proc`` died."""
-    deadline = time.monotonic() + 90
-    while not await check():
-        assert proc.alive, f"importer died:\n{proc.log_path.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
@@ -260,7 +234,7 @@ async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
             return await ledger.count_records("reads") == len(trials)
 
         # A reader blocked on the FIFO would never get here: the wait fails, not hangs.
-        await until("a record of every trial", all_recorded, importer)
+        await until("a record of every trial", all_recorded, importer, IMPORTER_WAIT_S)
         records = {r.trial_id: r for r in await ledger.records_for("reads")}
     finally:
         await ledger.close()

@@ -1,0 +1,73 @@
+"""The importer as its own process (as in production) on the real bus and ledger.
+
+Shared by the tests that feed it events end to end: poison events (integration) and
+planted files in trial folders (security). Waits poll a state, never sleep blindly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import nats
+from nats.js.errors import NotFoundError
+
+from infra.service_process import ServiceProcess
+from schemas.subjects import Topology
+
+
+async def until(
+    what: str, check: Callable[[], Awaitable[bool]], proc: ServiceProcess, timeout_s: float
+) -> None:
+    """Poll ``check`` until true; fail early if ``proc`` died, or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert proc.alive, f"{proc.name} died:\n{proc.log_path.read_text()[-3000:]}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+@asynccontextmanager
+async def importer_process(
+    log_path: Path,
+    *,
+    nats_url: str,
+    ledger_url: str,
+    topology: Topology,
+    ledger_db: str,
+    extra_env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> AsyncIterator[ServiceProcess]:
+    """The importer started, and ready (its durable consumer exists); stopped on exit."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env.update(
+        NATS_URL=nats_url,
+        LEDGER_URL=ledger_url,
+        TRIALBUS_PREFIX=topology.prefix,
+        TRIALBUS_LEDGER_DB=ledger_db,
+        TRIALBUS_LOG_JSON="true",
+        **(extra_env or {}),
+    )
+    proc = ServiceProcess("importer", env, log_path)
+    proc.start()
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+
+        async def ready() -> bool:
+            try:
+                await js.consumer_info(topology.events_stream, topology.importer_durable)
+            except NotFoundError:
+                return False
+            return True
+
+        await until("the importer's durable consumer", ready, proc, timeout_s)
+        yield proc
+    finally:
+        await nc.close()
+        proc.stop()
