@@ -28,7 +28,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +54,13 @@ from services.importer.records import RecordContext
 from tests import harbor_fixtures
 from tests.bad_inputs.corpus import Case, cases, event_bytes, materialize_result
 from tests.harbor_fixtures import HarborTrials
-from tests.support.importer_process import importer_process, until
+from tests.support import importer_process
+from tests.support.importer_process import until
 
 pytestmark = pytest.mark.integration
 
 harbor_trials = harbor_fixtures.harbor_trials  # the session's real Harbor trial folders
+importer = importer_process.importer  # the importer as its own process, ready
 
 EXPERIMENT = "poison-exp"
 GOOD = ("oracle", "nop", "multi", "multi_nop", "broken", "timeout")
@@ -67,21 +69,9 @@ TIMEOUT_S = 60.0
 
 
 @pytest.fixture
-async def importer(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
-) -> AsyncIterator[ServiceProcess]:
-    """The importer as a separate process, ready (its durable consumer exists)."""
-    async with importer_process(
-        tmp_path / "importer.log",
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        topology=topology,
-        ledger_db=ledger_db,
-        # Several batches, each mixing good and poison.
-        extra_env={"TRIALBUS_BATCH_SIZE": "16"},
-        timeout_s=TIMEOUT_S,
-    ) as proc:
-        yield proc
+def importer_env() -> dict[str, str]:
+    """Several batches, each mixing good and poison."""
+    return {"TRIALBUS_BATCH_SIZE": "16"}
 
 
 def _completed(trial_id: str, trial_dir: Path) -> bytes:

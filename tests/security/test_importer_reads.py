@@ -15,7 +15,6 @@ import os
 import socket
 import stat
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +31,17 @@ from tests import harbor_fixtures
 from tests.harbor_fixtures import HarborTrials
 from tests.security import reads_support
 from tests.security.reads_support import LIMIT_S, PLANTED, bounded, plant, release
-from tests.support.importer_process import importer_process, until
+from tests.support import importer_process
+from tests.support.importer_process import until
 
 harbor_trials = harbor_fixtures.harbor_trials  # the session's real Harbor trial folders
+importer = importer_process.importer  # the importer as its own process, ready
+importer_env = importer_process.importer_env  # with no settings of this module's own
 host = reads_support.host
 
 CTX = RecordContext(experiment_id="exp", trial_id="t")
 IMPORTER_WAIT_S = 90.0
-"""Bound on the importer's start and on its recording every planted trial."""
+"""Bound on the importer's recording every planted trial."""
 
 
 @pytest.mark.parametrize("name", list(PLANTED))
@@ -173,22 +175,6 @@ def test_paths_that_could_leave_the_folder_are_refused_by_the_helper(tmp_path: P
 
 
 # -- end to end: the importer service, as its own process, on the real bus and ledger -----
-
-
-@pytest.fixture
-async def importer(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
-) -> AsyncIterator[ServiceProcess]:
-    """The importer as a separate process (as in production), ready to consume."""
-    async with importer_process(
-        tmp_path / "importer.log",
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        topology=topology,
-        ledger_db=ledger_db,
-        timeout_s=IMPORTER_WAIT_S,
-    ) as proc:
-        yield proc
 
 
 async def test_the_importer_process_reads_no_planted_file_and_never_stalls(

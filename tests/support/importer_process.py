@@ -1,7 +1,9 @@
 """The importer as its own process (as in production) on the real bus and ledger.
 
 Shared by the tests that feed it events end to end: poison events (integration) and
-planted files in trial folders (security). Waits poll a state, never sleep blindly.
+planted files in trial folders (security). A test module imports the ``importer``
+fixture (and overrides ``importer_env`` for settings of its own). Waits poll a state,
+never sleep blindly.
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import nats
+import pytest
 from nats.js.errors import NotFoundError
 
 from infra.service_process import ServiceProcess
@@ -32,18 +34,26 @@ async def until(
         await asyncio.sleep(0.1)
 
 
-@asynccontextmanager
-async def importer_process(
-    log_path: Path,
-    *,
+START_S = 90.0
+"""Bound on the importer's start, up to its durable consumer existing."""
+
+
+@pytest.fixture
+def importer_env() -> dict[str, str]:
+    """Settings added to the importer's environment; a test module overrides this."""
+    return {}
+
+
+@pytest.fixture
+async def importer(
+    tmp_path: Path,
     nats_url: str,
     ledger_url: str,
     topology: Topology,
     ledger_db: str,
-    extra_env: dict[str, str] | None = None,
-    timeout_s: float = 60.0,
+    importer_env: dict[str, str],
 ) -> AsyncIterator[ServiceProcess]:
-    """The importer started, and ready (its durable consumer exists); stopped on exit."""
+    """The importer as a separate process, ready (its durable consumer exists)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
     env.update(
         NATS_URL=nats_url,
@@ -51,9 +61,9 @@ async def importer_process(
         TRIALBUS_PREFIX=topology.prefix,
         TRIALBUS_LEDGER_DB=ledger_db,
         TRIALBUS_LOG_JSON="true",
-        **(extra_env or {}),
+        **importer_env,
     )
-    proc = ServiceProcess("importer", env, log_path)
+    proc = ServiceProcess("importer", env, tmp_path / "importer.log")
     proc.start()
     nc = await nats.connect(nats_url)
     try:
@@ -66,7 +76,7 @@ async def importer_process(
                 return False
             return True
 
-        await until("the importer's durable consumer", ready, proc, timeout_s)
+        await until("the importer's durable consumer", ready, proc, START_S)
         yield proc
     finally:
         await nc.close()
