@@ -15,7 +15,6 @@ exposes nothing those files do not.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -31,6 +30,7 @@ from nats.js.api import INBOX_PREFIX
 
 from infra.nats_permissions import ROLES, check_role, inbox_prefix, role_permissions, user_name
 from schemas.subjects import Topology
+from services.common.private_files import write_private
 
 AUTH_CONF = "auth.conf"
 """Name of the server config include written by :func:`write_auth`."""
@@ -157,10 +157,10 @@ def write_auth(folder: Path, topology: Topology, *, rotate: bool = False) -> Aut
         )
         if cred != existing:
             record = {k: getattr(cred, k) for k in ("role", "user", "password", "inbox_prefix")}
-            _write_private(path, json.dumps(record, indent=2) + "\n")
+            write_private(path, json.dumps(record, indent=2) + "\n")
         creds[role], paths[role] = cred, path
     server_config = folder / AUTH_CONF
-    _write_private(server_config, render_server_config(topology, creds))
+    write_private(server_config, render_server_config(topology, creds))
     return AuthFiles(folder, server_config, paths)
 
 
@@ -202,22 +202,6 @@ def load_credentials(path: Path, role: str | None = None) -> RoleCredentials:
             f"{role or 'one of ' + ', '.join(ROLES)!r}"
         )
     return cred
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, created with mode 0600 (never wider)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 # -- connecting -----------------------------------------------------------------------
