@@ -168,6 +168,12 @@ def test_faststream_own_console_handler_is_replaced_by_the_root_one(
 
     fs = logging.getLogger("faststream")
     saved = (list(fs.handlers), fs.propagate)
+    if fs.propagate:
+        # An earlier test in this process configured logging already (a service app run
+        # in-process): put back the state FastStream's import leaves, a console handler
+        # of its own that does not propagate.
+        fs.propagate = False
+        fs.addHandler(logging.StreamHandler(io.StringIO()))
     # Negative control: FastStream really prints on its own, bypassing the root.
     assert not fs.propagate and any(type(h) is logging.StreamHandler for h in fs.handlers)
     try:
@@ -176,6 +182,8 @@ def test_faststream_own_console_handler_is_replaced_by_the_root_one(
         [entry] = json_lines(stream.getvalue())
         assert (entry["event"], entry["logger"]) == ("app starting", "faststream")
     finally:
+        for handler in list(fs.handlers):
+            fs.removeHandler(handler)
         for handler in saved[0]:
             fs.addHandler(handler)
         fs.propagate = saved[1]
