@@ -38,6 +38,11 @@ class InstantSettings(BaseSettings):
     fail_with: str | None = Field(
         default=None, description="Fail every attempt with this Harbor exception name."
     )
+    hold_until: Path | None = Field(
+        default=None,
+        description="Each trial waits (after delay_s) until this file exists: a test holds "
+        "every trial in flight for as long as it needs, whatever the machine's load.",
+    )
 
 
 class InstantExecutor:
@@ -52,8 +57,12 @@ class InstantExecutor:
         delay_s: float = 0.0,
         reward: float = 1.0,
         fail_with: str | None = None,
+        hold_until: Path | None = None,
     ) -> None:
         self._jobs_root = jobs_root
+        self._hold_until = hold_until
+        self._release: asyncio.Event | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._delay_s = delay_s
         self._reward = reward
         self._fail_with = fail_with
@@ -65,6 +74,8 @@ class InstantExecutor:
         started = datetime.now(UTC)
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
+        if self._hold_until is not None:
+            await self._released().wait()
         if self._fail_with:
             # Fault injection: an attempt that produced no result, with a Harbor
             # exception name (retry and scoring follow Harbor's error policy).
@@ -101,10 +112,26 @@ class InstantExecutor:
         (trial_dir / "result.json").write_text(json.dumps(result))
         return ExecutionOutcome(kind="completed", trial_dir=trial_dir, job_dir=job_dir)
 
+    def _released(self) -> asyncio.Event:
+        """Set once ``hold_until`` exists; one watcher polls the file for every trial."""
+        if self._release is None:
+            self._release = asyncio.Event()
+            self._watch = asyncio.create_task(self._wait_for_file(self._release))
+        return self._release
+
+    async def _wait_for_file(self, release: asyncio.Event) -> None:
+        assert self._hold_until is not None
+        while not self._hold_until.exists():  # noqa: ASYNC110 - a file, not an event
+            await asyncio.sleep(0.5)
+        release.set()
+
 
 def from_settings(settings: RunnerSettings) -> InstantExecutor:
     """Executor factory named by the runner's ``executor`` setting (``EXECUTOR_SPEC``)."""
     own = InstantSettings()
     return InstantExecutor(
-        settings.jobs_dir.resolve(), delay_s=own.delay_s, fail_with=own.fail_with
+        settings.jobs_dir.resolve(),
+        delay_s=own.delay_s,
+        fail_with=own.fail_with,
+        hold_until=own.hold_until,
     )

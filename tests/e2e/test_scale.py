@@ -15,7 +15,10 @@ from tests.e2e.faultkit import instant_runner_env, judge, submit, write_manifest
 pytestmark = pytest.mark.e2e
 
 N = 1000
-DELAY_S = 60.0
+# Generous: every trial is held in flight until the test releases it, so this bounds
+# only how long starting 1,000 may take on a loaded machine, never what is measured
+# (the timing is the orchestration benchmark's job, benchmarks/).
+START_DEADLINE_S = 300.0
 
 
 def rss_kib(pid: int) -> int:
@@ -26,7 +29,8 @@ def rss_kib(pid: int) -> int:
 
 
 async def test_thousand_trials_in_flight_across_two_runners(stacks: Stacks, tmp_path: Path) -> None:
-    env = instant_runner_env(DELAY_S)
+    release = tmp_path / "release"
+    env = instant_runner_env(0.0, TRIALBUS_INSTANT_HOLD_UNTIL=str(release))
     # The default ack_wait: 1,000 slow trials must not need the fault tests' short one.
     for key in ("TRIALBUS_ACK_WAIT_S", "TRIALBUS_HEARTBEAT_S"):
         env.pop(key)
@@ -42,12 +46,13 @@ async def test_thousand_trials_in_flight_across_two_runners(stacks: Stacks, tmp_
         started = [e for e in events if isinstance(e, TrialStarted)]
         return started if len(started) >= N else []
 
-    # Every trial must be running at once: all started well before the first can end.
-    started = await tap.eventually(all_started, f"{N} trials started", DELAY_S - 5)
+    # Every trial must be running at once: none can end before the test releases them.
+    started = await tap.eventually(all_started, f"{N} trials started", START_DEADLINE_S)
     all_started_s = time.monotonic() - t0
     peak = [rss_kib(p) for p in pids]
     per_trial_kib = (sum(peak) - sum(base)) / N
     by_runner = {r: sum(1 for e in started if e.runner_id == r) for r in ("runner-0", "runner-1")}
+    release.touch()
     took = await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 180)
     check = await judge("1000 in flight, 2 runners", stack, sub, recovery_s=took)
     print(
