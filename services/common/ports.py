@@ -53,11 +53,17 @@ class EventBus(Protocol):
 
 @dataclass(slots=True)
 class UpsertOutcome:
-    """What one batch of upserts did, per trial_id."""
+    """What one batch of upserts did, per trial_id.
+
+    ``conflicts`` maps a trial_id to the experiment its stored record belongs to when
+    the write named another experiment: a record never changes experiment, so such a
+    write is refused (not applied) and reported here, neither changed nor unchanged.
+    """
 
     inserted: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    conflicts: dict[str, str] = field(default_factory=dict)
 
     def changed(self, trial_id: str) -> bool:
         """Whether the write changed the stored record of ``trial_id``."""
@@ -68,6 +74,7 @@ class UpsertOutcome:
         self.inserted += other.inserted
         self.updated += other.updated
         self.unchanged += other.unchanged
+        self.conflicts.update(other.conflicts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +96,9 @@ class Ledger(Protocol):
     ``partial`` record never replaces a ``complete`` one, so a late or replayed failure
     cannot erase a real result, and an older complete result never replaces a newer
     one; such a write is reported ``unchanged`` too (``keeps_stored``).
+    A record never changes experiment: a write whose trial_id is stored under another
+    experiment (a forged or misrouted event, a copied job folder) is not applied and is
+    reported in ``UpsertOutcome.conflicts`` with the stored experiment.
     Connection problems raise ``LedgerUnavailable`` (a TransientError).
     """
 

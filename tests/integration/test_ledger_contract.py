@@ -20,7 +20,7 @@ from schemas.record import Evaluation, PhaseTiming, Provenance, RecordStatus, Tr
 from services.common.adapters.memory import InMemoryLedger
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.errors import LedgerUnavailable
-from services.common.ports import ExperimentInfo, Ledger, record_content_hash
+from services.common.ports import ExperimentInfo, Ledger, UpsertOutcome, record_content_hash
 
 pytestmark = pytest.mark.integration
 
@@ -268,6 +268,67 @@ async def test_inside_a_batch_the_newest_result_wins_in_any_order(ledger: Ledger
 async def test_empty_batch(ledger: Ledger) -> None:
     outcome = await ledger.upsert_records([])
     assert (outcome.inserted, outcome.updated, outcome.unchanged) == ([], [], [])
+
+
+# -- a record never changes experiment ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},  # the same content, only the experiment differs (a copied job folder)
+        {"note": "forged"},  # new content
+        {"finished_at": FINISHED + SECOND, "attempts": 2},  # ranks above the stored one
+    ],
+    ids=["same-content", "new-content", "ranks-higher"],
+)
+async def test_a_write_for_another_experiment_is_a_conflict_not_a_move(
+    ledger: Ledger, variant: dict[str, Any]
+) -> None:
+    await ledger.upsert_records([make_record("t1"), make_record("t2")])
+    stored = await ledger.get_record("t1")
+
+    outcome = await ledger.upsert_records(
+        [
+            make_record("t1", experiment_id="exp-b", **variant),
+            make_record("b1", experiment_id="exp-b"),
+        ]
+    )
+
+    assert outcome.conflicts == {"t1": "exp-a"}
+    assert outcome.inserted == ["b1"]  # the rest of the batch is written
+    assert (outcome.updated, outcome.unchanged) == ([], [])
+    assert not outcome.changed("t1")
+    assert await ledger.get_record("t1") == stored
+    assert [r.trial_id for r in await ledger.records_for("exp-a")] == ["t1", "t2"]
+    assert [r.trial_id for r in await ledger.records_for("exp-b")] == ["b1"]
+    # Negative control: the same write for the stored experiment is applied.
+    same = await ledger.upsert_records([make_record("t1", **variant)])
+    assert same.conflicts == {}
+    assert same.changed("t1") == bool(variant)
+
+
+async def test_conflicts_of_a_whole_batch_leave_the_first_experiment_whole(
+    ledger: Ledger,
+) -> None:
+    ids = [f"t{i:02d}" for i in range(20)]
+    await ledger.upsert_records([make_record(t) for t in ids])
+
+    copy = await ledger.upsert_records(
+        [make_record(t, experiment_id="exp-copy", status="partial", reward=None) for t in ids]
+    )
+
+    assert copy.conflicts == dict.fromkeys(ids, "exp-a")
+    assert (copy.inserted, copy.updated, copy.unchanged) == ([], [], [])
+    assert await ledger.count_records("exp-a") == 20
+    assert await ledger.count_records("exp-copy") == 0
+    assert await ledger.scored_trial_ids("exp-a") == set(ids)
+
+
+def test_merged_outcomes_keep_their_conflicts() -> None:
+    total = UpsertOutcome(inserted=["a"])
+    total.merge(UpsertOutcome(conflicts={"b": "exp-a"}))
+    assert total.conflicts == {"b": "exp-a"} and total.inserted == ["a"]
 
 
 async def test_scored_trial_ids_and_counts_are_per_experiment(ledger: Ledger) -> None:

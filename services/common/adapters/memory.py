@@ -56,11 +56,17 @@ class InMemoryLedger:
         """Nothing to create; present for interface parity."""
 
     async def upsert_records(self, records: Sequence[TrialRecord]) -> UpsertOutcome:
-        """Insert or replace records by trial_id; identical content is ``unchanged``."""
+        """Insert or replace records by trial_id; identical content is ``unchanged``.
+
+        A trial_id stored under another experiment is a conflict: left alone, reported.
+        """
         outcome = UpsertOutcome()
         for record in collapse_batch(records):
             new_hash, new_order = record_content_hash(record), record_order(record)
             stored = self._records.get(record.trial_id)
+            if stored is not None and stored[0]["experiment_id"] != record.experiment_id:
+                outcome.conflicts[record.trial_id] = stored[0]["experiment_id"]
+                continue
             if stored is not None and keeps_stored(stored[2], stored[1], new_order, new_hash):
                 outcome.unchanged.append(record.trial_id)
                 continue

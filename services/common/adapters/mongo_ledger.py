@@ -15,15 +15,20 @@ A batch is first inserted as it is (unordered ``insert_many``): new trials, the 
 case, are stored by the cheapest write. Items whose trial_id is stored already fail
 on the unique index and are upserted instead.
 
-An upsert is ``UpdateOne({trial_id, content_hash != h, order_key <= k}, {$set: doc},
-upsert=True)``. When the filter matches nothing because the stored document already
-has this content or ranks above the new record (a complete one against a partial, a
-newer result against an older one), the upsert's insert hits the unique index on
-trial_id: duplicate key (11000) means ``unchanged``. That reading is verified: the
-stored hash and order key of every duplicate-key item are fetched, and an item that
-lost a race with a concurrent writer (stored content neither equal nor ranked above)
-is retried. A document written before order keys existed has none: it ranks by its
-status alone (``ports.status_order``), as the ledger ranked records then.
+An upsert is ``UpdateOne({trial_id, experiment_id, content_hash != h, order_key <= k},
+{$set: doc}, upsert=True)``. When the filter matches nothing because the stored
+document already has this content or ranks above the new record (a complete one
+against a partial, a newer result against an older one), the upsert's insert hits the
+unique index on trial_id: duplicate key (11000) means ``unchanged``. The stored
+experiment_id is part of the filter, so a write naming another experiment (a forged
+or misrouted event, a copied job folder imported under another name) can never match
+and move the record: it too ends on the unique index, and is reported as a conflict
+(``UpsertOutcome.conflicts``), not applied. That reading is verified: the stored
+experiment, hash and order key of every duplicate-key item are fetched, and an item
+that lost a race with a concurrent writer (same experiment, stored content neither
+equal nor ranked above) is retried. A document written before order keys existed has
+none: it ranks by its status alone (``ports.status_order``), as the ledger ranked
+records then.
 
 Connection problems surface as ``LedgerUnavailable``; anything else propagates.
 """
@@ -167,20 +172,30 @@ class MongoLedger:
     async def _unexplained(
         self, items: list[tuple[TrialRecord, str]], outcome: UpsertOutcome
     ) -> list[tuple[TrialRecord, str]]:
-        """Sort duplicate-key items into ``unchanged``; return those to retry."""
+        """Sort duplicate-key items into ``unchanged`` or ``conflicts``; return those to retry."""
         if not items:
             return []
         stored: dict[str, Doc] = {}
         cursor = self._trials.find(
             {"trial_id": {"$in": [r.trial_id for r, _ in items]}},
-            {"_id": 0, "trial_id": 1, "content_hash": 1, "status": 1, "order_key": 1},
+            {
+                "_id": 0,
+                "trial_id": 1,
+                "experiment_id": 1,
+                "content_hash": 1,
+                "status": 1,
+                "order_key": 1,
+            },
         )
         async for found in cursor:
             stored[found["trial_id"]] = found
         retry: list[tuple[TrialRecord, str]] = []
         for record, h in items:
             doc = stored.get(record.trial_id)
-            if doc is not None and keeps_stored(
+            if doc is not None and doc.get("experiment_id") != record.experiment_id:
+                # Stored under another experiment: never moved, reported.
+                outcome.conflicts[record.trial_id] = str(doc.get("experiment_id"))
+            elif doc is not None and keeps_stored(
                 _stored_order(doc), str(doc.get("content_hash")), record_order(record), h
             ):
                 outcome.unchanged.append(record.trial_id)
@@ -295,6 +310,8 @@ def _upsert_op(record: TrialRecord, content_hash: str, now: datetime) -> UpdateO
         older[1]["status"] = {"$ne": "complete"}
     query: Doc = {
         "trial_id": record.trial_id,
+        # A record never changes experiment: a write for another one cannot match.
+        "experiment_id": record.experiment_id,
         "content_hash": {"$ne": content_hash},
         "$or": older,
     }
