@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.embedded import die_with_parent_hook
+from infra.managed_process import die_with_parent_hook
 
 __all__ = ["ServiceProcess"]
 
