@@ -16,7 +16,10 @@ settled on its own:
   error_type "ImporterError" naming the exception, so the experiment still completes
   and the cause is visible: an honest unscored record, never a lost trial, never a
   stuck batch (``record_failure_verdict``);
-- a bug while writing or announcing the batch naks the batch with the bug delay.
+- a bug while writing or announcing the batch naks the batch with the bug delay;
+- a record whose trial_id the ledger holds under another experiment (a forged or
+  misrouted event) is a conflict: not written, logged with both experiment ids, not
+  announced, and its message acknowledged (redelivery could not change the answer).
 """
 
 from __future__ import annotations
@@ -237,7 +240,7 @@ def result_imported(
 
 
 async def apply_plan(plan: BatchPlan, ledger: Ledger, bus: EventBus) -> None:
-    """Write the batch to the ledger, then announce each record.
+    """Write the batch to the ledger, then announce each record it did not refuse.
 
     Raises LedgerUnavailable (transient) before anything is acknowledged.
     """
@@ -252,9 +255,19 @@ async def apply_plan(plan: BatchPlan, ledger: Ledger, bus: EventBus) -> None:
     except Exception:
         log.exception("batch write refused; writing records one by one")
         outcome = await _upsert_one_by_one(plan, ledger)
+    for trial_id, stored_experiment in outcome.conflicts.items():
+        log.error(
+            "record refused: its trial belongs to another experiment (not moved)",
+            trial_id=trial_id,
+            experiment_id=plan.records[trial_id].experiment_id,
+            stored_experiment_id=stored_experiment,
+        )
+    # A conflict is not announced: a ResultImported for the event's experiment would
+    # tell its watchers the trial is recorded there, and it is not.
     events = [
         result_imported(rec, outcome, plan.correlation.get(rec.trial_id, ""))
         for rec in plan.records.values()
+        if rec.trial_id not in outcome.conflicts
     ]
     # All at once: awaited one after the other, each acknowledged publish is a round
     # trip, and they made up most of a batch's time (benchmarks, docs/performance.md).

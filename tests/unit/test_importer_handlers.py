@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import structlog
 
 from schemas.events import ResultImported, TrialCompleted, TrialFailed, encode_event
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
@@ -243,3 +244,47 @@ def test_within_a_batch_the_ledgers_order_decides() -> None:
     # Negative control: a partial never displaces a complete, a complete does a partial.
     assert handlers._prefer(record("t"), older) == older
     assert handlers._prefer(older, record("t")) == older
+
+
+# -- a record never changes experiment ---------------------------------------------------
+
+
+def forged_failure(trial_id: str, experiment_id: str) -> bytes:
+    """A final failure naming ``experiment_id`` (forged when the trial is another's)."""
+    return encode_event(agent_failure(trial_id).model_copy(update={"experiment_id": experiment_id}))
+
+
+async def test_an_event_for_another_experiments_trial_is_acked_logged_and_not_announced() -> None:
+    ledger, bus = InMemoryLedger(), RecordingBus()
+    await handle_batch([Incoming(failed("t1"))], ledger, bus, transient_delay_s=DELAY)
+    stored = await ledger.get_record("t1")
+    assert stored is not None and stored.experiment_id == "e"
+    bus.published.clear()
+    batch = [Incoming(forged_failure("t1", "forger")), Incoming(forged_failure("t2", "forger"))]
+
+    with structlog.testing.capture_logs() as logs:
+        settles = await handle_batch(batch, ledger, bus, transient_delay_s=DELAY)
+
+    # Acknowledged: a redelivery could not change the answer (no poison loop).
+    assert settles == [ACK, ACK]
+    assert await ledger.get_record("t1") == stored
+    assert [r.trial_id for r in await ledger.records_for("forger")] == ["t2"]
+    assert [(e.experiment_id, e.trial_id) for e in bus.of_type(ResultImported)] == [
+        ("forger", "t2")
+    ]
+    refused = [entry for entry in logs if entry.get("trial_id") == "t1"]
+    assert len(refused) == 1
+    assert (refused[0]["experiment_id"], refused[0]["stored_experiment_id"]) == ("forger", "e")
+    assert refused[0]["log_level"] == "error"
+
+
+async def test_the_same_event_for_the_stored_experiment_is_announced() -> None:
+    # Negative control of the test above: only the experiment differs.
+    ledger, bus = InMemoryLedger(), RecordingBus()
+    await handle_batch([Incoming(failed("t1"))], ledger, bus, transient_delay_s=DELAY)
+    bus.published.clear()
+
+    settles = await handle_batch([Incoming(failed("t1"))], ledger, bus, transient_delay_s=DELAY)
+
+    assert settles == [ACK]
+    assert [(e.trial_id, e.changed) for e in bus.of_type(ResultImported)] == [("t1", False)]
