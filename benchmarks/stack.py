@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 import nats
 from nats.aio.msg import Msg
@@ -30,6 +29,7 @@ from benchmarks.harness import CpuMeter, fresh_dir, pin_process
 from benchmarks.instant_executor import EXECUTOR_SPEC
 from benchmarks.workload import Workload
 from infra.embedded import LedgerServer, NatsServer
+from infra.managed_process import StartStop
 from infra.stack import EmbeddedStack
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import JetStreamBus
@@ -42,7 +42,7 @@ PREFIX = "bench"
 
 
 @dataclass
-class BenchStack:
+class BenchStack(StartStop):
     """A fresh embedded stack in ``data_dir`` (emptied on start).
 
     ``infra_cpus`` pins the servers, the non-runner services and this process;
@@ -151,17 +151,6 @@ class BenchStack:
             if self._saved_affinity is not None:
                 os.sched_setaffinity(0, self._saved_affinity)
                 self._saved_affinity = None
-
-    def __enter__(self) -> BenchStack:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 @dataclass
