@@ -9,17 +9,18 @@ from __future__ import annotations
 import asyncio
 
 from faststream import FastStream
-from faststream.middlewares import AckPolicy
-from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
-from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
 
-from infra.nats_auth import broker_auth
-from services.common.adapters.jetstream import JetStreamBus, apply_settle, ensure_streams
+from services.common.adapters.faststream_consumer import (
+    make_broker,
+    start_broker,
+    subscribe_batches,
+)
+from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.errors import Settle
 from services.common.logging import configure_logging, get_logger
 from services.common.ports import Ledger
-from services.common.service import keep_in_progress, raw_body
 from services.common.settings import ImporterSettings
 from services.importer.handlers import Incoming, handle_batch
 
@@ -34,44 +35,33 @@ ACK_WAIT_S = 10.0
 def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> FastStream:
     """Build the importer app; nothing connects until the app starts."""
     topo = settings.topology
-    auth = broker_auth(settings.nats_credentials, "importer")
-    broker = NatsBroker(
-        settings.nats_servers, logger=None, max_reconnect_attempts=-1, **auth.broker_options
-    )
+    broker, auth = make_broker(settings, "importer")
     the_ledger: Ledger = ledger or MongoLedger(settings.ledger_url, settings.ledger_db)
     state: dict[str, JetStreamBus] = {}
 
-    @broker.subscriber(
-        topo.event_filter(),
-        stream=JStream(topo.events_stream, declare=False),
-        durable=topo.importer_durable,
-        pull_sub=PullSub(
-            batch_size=settings.batch_size, timeout=settings.batch_timeout_s, batch=True
-        ),
-        ack_policy=AckPolicy.MANUAL,
-        # FastStream's pull subscriber brings its own inbox prefix: the role's must win.
-        inbox_prefix=auth.subscription_inbox_prefix,
-        decoder=raw_body,  # parse_event decodes; FastStream must not (poison stalls)
-        config=ConsumerConfig(ack_wait=ACK_WAIT_S, max_deliver=-1, max_ack_pending=50_000),
-    )
-    async def on_events(msg: NatsMessage) -> None:
-        raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch
+    async def on_events(raws: list[Msg]) -> list[Settle]:
         incoming = [Incoming(r.data, r.metadata.num_delivered) for r in raws]
-        async with keep_in_progress(raws, ACK_WAIT_S / 3):
-            settles = await handle_batch(
-                incoming, the_ledger, state["bus"], transient_delay_s=settings.retry_delay_s
-            )
-        await asyncio.gather(*(apply_settle(r, s) for r, s in zip(raws, settles, strict=True)))
+        return await handle_batch(
+            incoming, the_ledger, state["bus"], transient_delay_s=settings.retry_delay_s
+        )
 
+    subscribe_batches(
+        broker,
+        auth,
+        on_events,
+        subject=topo.event_filter(),
+        stream=topo.events_stream,
+        durable=topo.importer_durable,
+        batch_size=settings.batch_size,
+        batch_timeout_s=settings.batch_timeout_s,
+        ack_wait_s=ACK_WAIT_S,
+        max_ack_pending=50_000,
+    )
     app = FastStream(broker)
 
     @app.on_startup
     async def setup() -> None:
-        configure_logging(settings.log_level, settings.log_json)
-        await broker.connect()
-        js = broker.connection.jetstream()
-        await ensure_streams(js, topo, settings.stream_replicas)
-        state["bus"] = JetStreamBus(js, topo)
+        state["bus"] = JetStreamBus(await start_broker(broker, settings), topo)
         await the_ledger.ensure_indexes()
         log.info("importer ready", stream=topo.events_stream)
 

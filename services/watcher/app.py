@@ -12,17 +12,18 @@ import asyncio
 import contextlib
 
 from faststream import FastStream
-from faststream.middlewares import AckPolicy
-from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
-from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
 
-from infra.nats_auth import broker_auth
-from services.common.adapters.jetstream import JetStreamBus, apply_settle, ensure_streams
+from services.common.adapters.faststream_consumer import (
+    make_broker,
+    start_broker,
+    subscribe_batches,
+)
+from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.errors import Settle
 from services.common.logging import configure_logging, get_logger
 from services.common.ports import Ledger
-from services.common.service import keep_in_progress, raw_body
 from services.common.settings import WatcherSettings
 from services.watcher.handlers import Watcher, handle_batch
 
@@ -36,32 +37,27 @@ RETRY_DELAY_S = 2.0
 def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastStream:
     """Build the watcher app; nothing connects until the app starts."""
     topo = settings.topology
-    auth = broker_auth(settings.nats_credentials, "watcher")
-    broker = NatsBroker(
-        settings.nats_servers, logger=None, max_reconnect_attempts=-1, **auth.broker_options
-    )
+    broker, auth = make_broker(settings, "watcher")
     the_ledger: Ledger = ledger or MongoLedger(settings.ledger_url, settings.ledger_db)
     state: dict[str, Watcher] = {}
     tasks: list[asyncio.Task[None]] = []
 
-    @broker.subscriber(
-        topo.event_filter(),
-        stream=JStream(topo.events_stream, declare=False),
+    async def on_events(raws: list[Msg]) -> list[Settle]:
+        return await handle_batch(
+            state["watcher"], [r.data for r in raws], transient_delay_s=RETRY_DELAY_S
+        )
+
+    subscribe_batches(
+        broker,
+        auth,
+        on_events,
+        subject=topo.event_filter(),
+        stream=topo.events_stream,
         durable=topo.watcher_durable,
-        pull_sub=PullSub(batch_size=500, timeout=0.2, batch=True),
-        ack_policy=AckPolicy.MANUAL,
-        # FastStream's pull subscriber brings its own inbox prefix: the role's must win.
-        inbox_prefix=auth.subscription_inbox_prefix,
-        decoder=raw_body,  # parse_event decodes; FastStream must not (poison stalls)
-        config=ConsumerConfig(ack_wait=ACK_WAIT_S, max_deliver=-1),
+        batch_size=500,
+        batch_timeout_s=0.2,
+        ack_wait_s=ACK_WAIT_S,
     )
-    async def on_events(msg: NatsMessage) -> None:
-        raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch
-        async with keep_in_progress(raws, ACK_WAIT_S / 3):
-            settles = await handle_batch(
-                state["watcher"], [r.data for r in raws], transient_delay_s=RETRY_DELAY_S
-            )
-        await asyncio.gather(*(apply_settle(r, s) for r, s in zip(raws, settles, strict=True)))
 
     async def scan_loop(watcher: Watcher) -> None:
         while True:
@@ -83,10 +79,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
 
     @app.on_startup
     async def setup() -> None:
-        configure_logging(settings.log_level, settings.log_json)
-        await broker.connect()
-        js = broker.connection.jetstream()
-        await ensure_streams(js, topo, settings.stream_replicas)
+        js = await start_broker(broker, settings)
         state["watcher"] = Watcher(the_ledger, JetStreamBus(js, topo), settings.jobs_dir)
 
     @app.after_startup

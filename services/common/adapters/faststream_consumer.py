@@ -1,0 +1,88 @@
+"""The FastStream side of a batch consumer, shared by the importer and the watcher.
+
+Both read the events stream the same way: a batched pull subscriber on a durable
+the admin (or ``ensure_streams``) declared, bodies left as raw bytes for
+``parse_event``, manual acks applied from the verdicts their ``handle_batch``
+returns, in-progress heartbeats while a batch runs, and the role's own inbox prefix.
+What differs (the durable, batch size, consumer limits, the handler) is a parameter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from faststream.middlewares import AckPolicy
+from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
+from faststream.nats.annotations import NatsMessage
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from infra.nats_auth import BrokerAuth, broker_auth
+from services.common.adapters.jetstream import apply_settle, ensure_streams
+from services.common.errors import Settle
+from services.common.logging import configure_logging
+from services.common.service import keep_in_progress, raw_body
+from services.common.settings import CommonSettings
+
+__all__ = ["BatchHandler", "make_broker", "start_broker", "subscribe_batches"]
+
+BatchHandler = Callable[[list[Msg]], Awaitable[Sequence[Settle]]]
+"""Turns one batch of raw messages into one verdict per message, in order."""
+
+
+def make_broker(settings: CommonSettings, role: str) -> tuple[NatsBroker, BrokerAuth]:
+    """A broker that authenticates as ``role`` (anonymous without credentials) and
+    reconnects forever; nothing connects until the app starts."""
+    auth = broker_auth(settings.nats_credentials, role)
+    broker = NatsBroker(
+        settings.nats_servers, logger=None, max_reconnect_attempts=-1, **auth.broker_options
+    )
+    return broker, auth
+
+
+async def start_broker(broker: NatsBroker, settings: CommonSettings) -> JetStreamContext:
+    """At app start-up: configure logging, connect, make sure the streams exist."""
+    configure_logging(settings.log_level, settings.log_json)
+    await broker.connect()
+    js = broker.connection.jetstream()
+    await ensure_streams(js, settings.topology, settings.stream_replicas)
+    return js
+
+
+def subscribe_batches(
+    broker: NatsBroker,
+    auth: BrokerAuth,
+    handle: BatchHandler,
+    *,
+    subject: str,
+    stream: str,
+    durable: str,
+    batch_size: int,
+    batch_timeout_s: float,
+    ack_wait_s: float,
+    max_ack_pending: int | None = None,
+) -> None:
+    """Register a batched pull subscriber whose verdicts ``handle`` decides.
+
+    Each batch is kept in progress (every ``ack_wait_s / 3``) while ``handle`` runs,
+    so ``ack_wait_s`` can stay short: a message lost between a pull request and the
+    handler comes back within seconds, not minutes.
+    """
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(stream, declare=False),
+        durable=durable,
+        pull_sub=PullSub(batch_size=batch_size, timeout=batch_timeout_s, batch=True),
+        ack_policy=AckPolicy.MANUAL,
+        # FastStream's pull subscriber brings its own inbox prefix: the role's must win.
+        inbox_prefix=auth.subscription_inbox_prefix,
+        decoder=raw_body,  # parse_event decodes; FastStream must not (poison stalls)
+        config=ConsumerConfig(ack_wait=ack_wait_s, max_deliver=-1, max_ack_pending=max_ack_pending),
+    )
+    async def on_batch(msg: NatsMessage) -> None:
+        raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch
+        async with keep_in_progress(raws, ack_wait_s / 3):
+            settles = await handle(raws)
+        await asyncio.gather(*(apply_settle(r, s) for r, s in zip(raws, settles, strict=True)))
