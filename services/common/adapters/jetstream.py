@@ -43,37 +43,41 @@ MAX_PAYLOAD = 1024 * 1024
 
 def stream_configs(topology: Topology, replicas: int = 1) -> list[StreamConfig]:
     """The three streams trialbus uses, with their retention policies."""
-    return [
-        StreamConfig(
-            name=topology.work_stream,
-            subjects=[topology.work_wildcard],
-            retention=RetentionPolicy.WORK_QUEUE,
+
+    def stream(name: str, wildcard: str, retention: RetentionPolicy, **limits: Any) -> StreamConfig:
+        # What every stream shares: file storage, the replicas, the payload limit.
+        return StreamConfig(
+            name=name,
+            subjects=[wildcard],
+            retention=retention,
             storage=StorageType.FILE,
             num_replicas=replicas,
-            duplicate_window=WORK_DUPLICATE_WINDOW_S,
             max_msg_size=MAX_PAYLOAD,
+            **limits,
+        )
+
+    return [
+        stream(
+            topology.work_stream,
+            topology.work_wildcard,
+            RetentionPolicy.WORK_QUEUE,
+            duplicate_window=WORK_DUPLICATE_WINDOW_S,
         ),
-        StreamConfig(
-            name=topology.events_stream,
-            subjects=[topology.events_wildcard],
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            num_replicas=replicas,
+        stream(
+            topology.events_stream,
+            topology.events_wildcard,
+            RetentionPolicy.LIMITS,
             max_age=EVENTS_MAX_AGE_S,
             duplicate_window=600,
-            max_msg_size=MAX_PAYLOAD,
         ),
-        StreamConfig(
-            name=topology.logs_stream,
-            subjects=[topology.logs_wildcard],
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            num_replicas=replicas,
+        stream(
+            topology.logs_stream,
+            topology.logs_wildcard,
+            RetentionPolicy.LIMITS,
             max_age=LOGS_MAX_AGE_S,
             max_bytes=1024 * 1024 * 1024,
             discard=DiscardPolicy.OLD,
             duplicate_window=60,
-            max_msg_size=MAX_PAYLOAD,
         ),
     ]
 
