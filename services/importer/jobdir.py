@@ -9,6 +9,16 @@ attempts of retried trials under ``.attempts/``) are not trials.
 Experiment id: a job made by trialbus has a job-level ``trialbus.json`` holding
 ``{"experiment_id": ...}``; any other job gets ``"harbor-" + slug(job folder name)``.
 
+Trial ids: the trial folder's name, i.e. Harbor's ``trial_name`` (trialbus's own
+trial_id in a trialbus job; ``<task>__<random>`` in a ``harbor run`` job, so two
+different Harbor runs do not share trial ids, and re-importing a folder, or a folder
+the watcher already reported, keeps its ids). A copied or renamed folder has the
+same trial ids under another experiment: the ledger refuses to move them (a record
+never changes experiment) and the import fails with ``ImportConflict`` naming both
+experiments. Importing it anyway is an explicit choice (``as_new``, the CLI's
+``--as-new``): each trial id then carries a digest of the experiment id
+(``scoped_trial_id``), so the folder's trials become records of their own.
+
 Importing is idempotent: what the folder cannot tell (repetition, agent label, runner
 host, ...) is taken from the ledger's existing record of the same trial, so importing
 an unchanged folder again, or importing a folder the runners already reported,
@@ -16,13 +26,15 @@ rewrites nothing.
 
 Given an EventBus, an import is announced like any other: one ResultImported per
 record written (``changed`` False when the ledger already held it), published after
-the ledger write of its batch, as the importer service does.
+the ledger write of its batch, as the importer service does; a conflict is not
+announced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +54,20 @@ _TRIAL_FILES: Final = ("result.json", "config.json", "trial.log")
 
 class JobDirError(UserInputError, ValueError):
     """The job directory itself cannot be imported (the message says why and how to fix)."""
+
+
+AS_NEW_FLAG: Final = "--as-new"
+"""The CLI flag of ``import_job_dir(..., as_new=True)``, named in conflict messages."""
+
+
+def scoped_trial_id(experiment_id: str, name: str) -> str:
+    """The trial id of folder ``name`` imported as a new experiment (``as_new``).
+
+    The folder's name keeps the id readable; the digest of the experiment id makes it
+    the experiment's own, so a copy of a folder never shares ids with the original.
+    """
+    digest = hashlib.sha256(experiment_id.encode()).hexdigest()[:10]
+    return f"{name}__{digest}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +105,39 @@ class ImportSummary:
     unchanged: int = 0
     partial: int = 0
     errors: list[TrialIssue] = field(default_factory=list)
+    conflicts: dict[str, str] = field(default_factory=dict)  # trial_id -> stored experiment
 
     @property
     def imported(self) -> int:
         return self.inserted + self.updated
+
+
+class ImportConflict(JobDirError):
+    """Trials of the folder are stored under another experiment: they were not moved.
+
+    The trials of the folder that are not another experiment's were imported;
+    ``summary`` says what was done, ``summary.conflicts`` which trials were refused.
+    """
+
+    def __init__(self, summary: ImportSummary, by_trialbus: bool) -> None:
+        self.summary = summary
+        others = sorted(set(summary.conflicts.values()))
+        n = len(summary.conflicts)
+        if by_trialbus:
+            fix = (
+                f"its {MARKER} names experiment {summary.experiment_id!r}; fix the marker, "
+                "or delete it and re-run with " + AS_NEW_FLAG
+            )
+        else:
+            fix = (
+                "it looks like a copied or renamed job folder; to import it as a new "
+                f"experiment with trial ids of its own, re-run with {AS_NEW_FLAG}"
+            )
+        super().__init__(
+            f"{summary.job_dir}: {n} of {summary.total} trials already belong to experiment "
+            f"{', '.join(others)} and were not moved to experiment {summary.experiment_id} "
+            f"({summary.imported} imported, {summary.unchanged} unchanged); {fix}"
+        )
 
 
 def experiment_id_for_job(job_dir: Path) -> tuple[str, bool]:
@@ -116,8 +171,11 @@ def experiment_id_for_job(job_dir: Path) -> tuple[str, bool]:
     return experiment_id, True
 
 
-def scan_job_dir(job_dir: Path) -> list[TrialDirInfo]:
-    """List the trial folders of a Harbor job directory, sorted by name."""
+def scan_job_dir(job_dir: Path, *, as_new: bool = False) -> list[TrialDirInfo]:
+    """List the trial folders of a Harbor job directory, sorted by name.
+
+    A trial's id is its folder's name, or with ``as_new`` its ``scoped_trial_id``.
+    """
     job_dir = job_dir.absolute()
     if not job_dir.is_dir():
         raise JobDirError(f"{job_dir}: not a directory; pass a Harbor job folder")
@@ -131,16 +189,17 @@ def scan_job_dir(job_dir: Path) -> list[TrialDirInfo]:
             continue
         if not any((child / name).exists() for name in _TRIAL_FILES):
             continue
+        trial_id = scoped_trial_id(experiment_id, child.name) if as_new else child.name
         context = RecordContext(
             experiment_id=experiment_id,
-            trial_id=child.name,
+            trial_id=trial_id,
             source=source,
             job_dir=job_dir,
         )
         found.append(
             TrialDirInfo(
                 trial_dir=child,
-                trial_id=child.name,
+                trial_id=trial_id,
                 experiment_id=experiment_id,
                 has_result=(child / "result.json").exists(),
                 context=context,
@@ -180,20 +239,35 @@ def _start_build(
 
 
 async def import_job_dir(
-    job_dir: Path, ledger: Ledger, batch_size: int = 500, *, bus: EventBus | None = None
+    job_dir: Path,
+    ledger: Ledger,
+    batch_size: int = 500,
+    *,
+    bus: EventBus | None = None,
+    as_new: bool = False,
 ) -> ImportSummary:
     """Import every trial folder of ``job_dir``; a malformed trial never stops the others.
 
     With ``bus``, each record written is announced with a ResultImported once its
-    batch is in the ledger. Raises JobDirError when the folder itself is unusable,
+    batch is in the ledger. With ``as_new``, trial ids are the experiment's own
+    (``scoped_trial_id``). Raises ImportConflict (a JobDirError) after the import when
+    trials of the folder belong to another experiment (they are left there, not
+    announced), JobDirError when the folder itself is unusable,
     LedgerUnavailable when the ledger cannot be reached, and TransientError when a
     publish is not confirmed (re-running the import is always safe: it rewrites
     nothing and announces every record again, unchanged).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    infos = await asyncio.to_thread(scan_job_dir, job_dir)
-    experiment_id, _ = experiment_id_for_job(job_dir.absolute())
+    infos = await asyncio.to_thread(lambda: scan_job_dir(job_dir, as_new=as_new))
+    experiment_id, by_trialbus = experiment_id_for_job(job_dir.absolute())
+    if as_new and by_trialbus:
+        # Its trials would be filed twice in the marker's experiment, under two ids each.
+        raise JobDirError(
+            f"{job_dir.absolute() / MARKER}: {AS_NEW_FLAG} imports folders made outside "
+            f"trialbus; this one belongs to experiment {experiment_id!r}. Import it without "
+            f"{AS_NEW_FLAG}, or delete the marker to import it as a plain Harbor job"
+        )
     summary = ImportSummary(job_dir=job_dir.absolute(), experiment_id=experiment_id)
     known = {r.trial_id: r for r in await ledger.records_for(experiment_id)}
     chunks = [infos[i : i + batch_size] for i in range(0, len(infos), batch_size)]
@@ -208,11 +282,18 @@ async def import_job_dir(
             building = _start_build(chunks, index + 1, known)
             outcome = await ledger.upsert_records(records)
             if bus is not None:
-                await bus.publish_many([result_imported(r, outcome) for r in records])
+                await bus.publish_many(
+                    [
+                        result_imported(r, outcome)
+                        for r in records
+                        if r.trial_id not in outcome.conflicts
+                    ]
+                )
             summary.total += len(records)
             summary.inserted += len(outcome.inserted)
             summary.updated += len(outcome.updated)
             summary.unchanged += len(outcome.unchanged)
+            summary.conflicts.update(outcome.conflicts)
             for info, record in zip(chunk, records, strict=True):
                 if record.status == "partial":
                     summary.partial += 1
@@ -222,4 +303,6 @@ async def import_job_dir(
     finally:
         if building is not None:
             building.cancel()  # the ledger failed: the read-ahead is not wanted
+    if summary.conflicts:
+        raise ImportConflict(summary, by_trialbus)
     return summary

@@ -15,9 +15,12 @@ from services.common.adapters.memory import InMemoryLedger, RecordingBus
 from services.common.errors import LedgerUnavailable
 from services.common.ports import UpsertOutcome
 from services.importer.jobdir import (
+    AS_NEW_FLAG,
+    ImportConflict,
     JobDirError,
     import_job_dir,
     scan_job_dir,
+    scoped_trial_id,
 )
 from services.importer.records import RecordContext, build_record
 from tests.harbor_fixtures import HarborTrials
@@ -226,3 +229,64 @@ async def test_nothing_is_announced_before_it_is_in_the_ledger(job_dir: Path) ->
     with pytest.raises(LedgerUnavailable):
         await import_job_dir(job_dir, DownLedger(), bus=bus)
     assert bus.published == []
+
+
+# -- a copied or renamed folder is never a silent move ------------------------------------
+
+
+async def test_a_copied_folder_is_a_conflict_and_the_original_keeps_its_records(
+    job_dir: Path,
+) -> None:
+    ledger = InMemoryLedger()
+    first = await import_job_dir(job_dir, ledger, batch_size=3)
+    original = await ledger.records_for(first.experiment_id)
+    copy = job_dir.with_name("copy")
+    shutil.copytree(job_dir, copy)
+    bus = RecordingBus()
+
+    with pytest.raises(ImportConflict) as info:
+        await import_job_dir(copy, ledger, batch_size=3, bus=bus)
+
+    message = str(info.value)
+    assert first.experiment_id in message and "harbor-copy" in message
+    assert AS_NEW_FLAG in message and "8 of 8 trials" in message
+    assert info.value.summary.conflicts == dict.fromkeys(
+        [r.trial_id for r in original], first.experiment_id
+    )
+    assert info.value.summary.imported == 0
+    assert await ledger.records_for(first.experiment_id) == original
+    assert await ledger.records_for("harbor-copy") == []
+    assert bus.of_type(ResultImported) == []  # nothing claims the trials for the copy
+
+
+async def test_as_new_imports_a_copy_under_its_own_experiment_and_ids(job_dir: Path) -> None:
+    ledger = InMemoryLedger()
+    first = await import_job_dir(job_dir, ledger)
+    original = await ledger.records_for(first.experiment_id)
+    copy = job_dir.with_name("copy")
+    shutil.copytree(job_dir, copy)
+
+    summary = await import_job_dir(copy, ledger, as_new=True)
+
+    assert (summary.experiment_id, summary.inserted, summary.conflicts) == ("harbor-copy", 8, {})
+    copied = await ledger.records_for("harbor-copy")
+    assert {r.trial_id for r in copied} == {
+        scoped_trial_id("harbor-copy", r.trial_id) for r in original
+    }
+    assert await ledger.records_for(first.experiment_id) == original
+    # Deterministic: importing the copy as new again changes nothing.
+    again = await import_job_dir(copy, ledger, as_new=True)
+    assert (again.imported, again.unchanged) == (0, 8)
+
+
+async def test_as_new_is_refused_for_a_trialbus_job_folder(job_dir: Path) -> None:
+    (job_dir / "trialbus.json").write_text(json.dumps({"experiment_id": "exp-42"}))
+    ledger = InMemoryLedger()
+    with pytest.raises(JobDirError, match="--as-new imports folders made outside trialbus"):
+        await import_job_dir(job_dir, ledger, as_new=True)
+    assert await ledger.records_for("exp-42") == []
+
+
+def test_scoped_trial_ids_differ_per_experiment() -> None:
+    assert scoped_trial_id("harbor-a", "t__x") != scoped_trial_id("harbor-b", "t__x")
+    assert scoped_trial_id("harbor-a", "t__x").startswith("t__x__")
