@@ -219,16 +219,28 @@ def cancel(experiment: str, json_out: JsonOpt = False) -> None:
 
 
 @app.command(name="import")
-def import_(job_dir: Path, json_out: JsonOpt = False) -> None:
+def import_(
+    job_dir: Path,
+    json_out: JsonOpt = False,
+    as_new: Annotated[
+        bool,
+        typer.Option(
+            "--as-new",
+            help="Import a copied or renamed Harbor job folder as a new experiment, "
+            "with trial ids of its own (its trials are already another experiment's).",
+        ),
+    ] = False,
+) -> None:
     """Import a Harbor job folder into the ledger (idempotent)."""
     from services.submitter.commands import import_job
 
     # It publishes result_imported, which only the importer role may.
     settings = settings_for(CommonSettings, role="importer")
-    summary = _run(lambda: import_job(settings, job_dir))
+    summary = _run(lambda: import_job(settings, job_dir, as_new=as_new))
     if _printed_as_json(summary, json_out):
         return
     err.print(
+        f"experiment {summary['experiment_id']}: "
         f"{summary['total']} trials: {summary['imported']} imported, "
         f"{summary['unchanged']} unchanged, {summary['partial']} partial",
         highlight=False,

@@ -69,7 +69,9 @@ async def cancel_experiment(settings: CommonSettings, experiment_id: str) -> dic
         return await handlers.cancel(ledger, await nats.coordinator(), experiment_id)
 
 
-async def import_job(settings: CommonSettings, job_dir: Path) -> dict[str, Any]:
+async def import_job(
+    settings: CommonSettings, job_dir: Path, *, as_new: bool = False
+) -> dict[str, Any]:
     """``trialbus import`` (see handlers.import_job): announced when NATS is reachable,
     ledgered alone when it is not."""
     handlers.check_job_dir(job_dir)  # before the NATS probe, which may take seconds
@@ -77,7 +79,7 @@ async def import_job(settings: CommonSettings, job_dir: Path) -> dict[str, Any]:
         open_ledger(settings) as ledger,
         try_open_nats(settings, "trialbus-import") as nats,
     ):
-        return await handlers.import_job(ledger, nats.bus if nats else None, job_dir)
+        return await handlers.import_job(ledger, nats.bus if nats else None, job_dir, as_new=as_new)
 
 
 async def read[**P, T](

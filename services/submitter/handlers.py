@@ -169,8 +169,14 @@ def check_job_dir(job_dir: Path) -> None:
         raise E.UserInputError(f"{job_dir}: not a folder (expected a Harbor job folder)")
 
 
-async def import_job(ledger: Ledger, bus: EventBus | None, job_dir: Path) -> dict[str, Any]:
+async def import_job(
+    ledger: Ledger, bus: EventBus | None, job_dir: Path, *, as_new: bool = False
+) -> dict[str, Any]:
     """Ledger every trial folder of a Harbor job folder (idempotent); the summary.
+
+    Trials the ledger holds under another experiment (a copied or renamed folder) are
+    not moved: ImportConflict (a UserInputError) names both experiments; ``as_new``
+    imports the folder with trial ids of its own (``jobdir.scoped_trial_id``).
 
     With a ``bus``, every record written is announced with a ResultImported, as the
     importer service announces its own (``announced`` in the summary); without one
@@ -181,7 +187,7 @@ async def import_job(ledger: Ledger, bus: EventBus | None, job_dir: Path) -> dic
 
     check_job_dir(job_dir)
     await ledger.ensure_indexes()
-    s = await import_job_dir(job_dir.resolve(), ledger, bus=bus)
+    s = await import_job_dir(job_dir.resolve(), ledger, bus=bus, as_new=as_new)
     return {
         "job_dir": str(s.job_dir),
         "experiment_id": s.experiment_id,

@@ -127,7 +127,13 @@ async def test_the_cli_submits_and_imports_with_its_documented_output(
     nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
 ) -> None:
     env = _env(nats_url, ledger_url, ledger_db, topology.prefix, tmp_path)
-    offline = {**env, "NATS_URL": f"nats://127.0.0.1:{_closed_port()}"}
+    # Its own database: the two job folders hold the same trial names, and a ledger
+    # refuses to move a trial to another experiment (test_ledger_boundary).
+    offline = {
+        **env,
+        "NATS_URL": f"nats://127.0.0.1:{_closed_port()}",
+        "TRIALBUS_LEDGER_DB": f"{ledger_db}-offline",
+    }
     submitted, imported, unannounced = await asyncio.gather(
         asyncio.to_thread(
             run_module, env, "submit", str(REPO / "examples" / "experiment.yaml"), "--json"
@@ -144,6 +150,6 @@ async def test_the_cli_submits_and_imports_with_its_documented_output(
     assert unannounced.returncode == 0, unannounced.stderr
     assert unannounced.stdout == ""
     lines = unannounced.stderr.splitlines()
-    assert lines[0] == "2 trials: 2 imported, 0 unchanged, 2 partial"
+    assert lines[0] == "experiment harbor-cli-text: 2 trials: 2 imported, 0 unchanged, 2 partial"
     assert [line.split(":")[0] for line in lines[1:-1]] == [f"  {t}" for t in TRIALS]
     assert lines[-1] == "NATS unreachable: recorded in the ledger without ResultImported events"
