@@ -6,20 +6,20 @@ Connects, builds the adapters (JetStreamBus, MongoLedger) and hands each batch t
 
 from __future__ import annotations
 
-import asyncio
-
 from faststream import FastStream
 from nats.aio.msg import Msg
 
 from services.common.adapters.faststream_consumer import (
+    app_closing_ledger,
     make_broker,
+    run_app,
     start_broker,
     subscribe_batches,
 )
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.errors import Settle
-from services.common.logging import configure_logging, get_logger
+from services.common.logging import get_logger
 from services.common.ports import Ledger
 from services.common.settings import ImporterSettings
 from services.importer.handlers import Incoming, handle_batch
@@ -57,7 +57,7 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
         ack_wait_s=ACK_WAIT_S,
         max_ack_pending=50_000,
     )
-    app = FastStream(broker)
+    app = app_closing_ledger(broker, the_ledger)
 
     @app.on_startup
     async def setup() -> None:
@@ -65,16 +65,9 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
         await the_ledger.ensure_indexes()
         log.info("importer ready", stream=topo.events_stream)
 
-    @app.after_shutdown
-    async def teardown() -> None:
-        await the_ledger.close()
-
     return app
 
 
 def main() -> None:
     """Run the importer with settings from the environment until SIGTERM / SIGINT."""
-    settings = ImporterSettings()
-    # Before FastStream starts: its own start-up line then goes through the one format.
-    configure_logging(settings.log_level, settings.log_json)
-    asyncio.run(create_app(settings).run())
+    run_app(ImporterSettings(), create_app)

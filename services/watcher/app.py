@@ -15,14 +15,16 @@ from faststream import FastStream
 from nats.aio.msg import Msg
 
 from services.common.adapters.faststream_consumer import (
+    app_closing_ledger,
     make_broker,
+    run_app,
     start_broker,
     subscribe_batches,
 )
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.errors import Settle
-from services.common.logging import configure_logging, get_logger
+from services.common.logging import get_logger
 from services.common.ports import Ledger
 from services.common.settings import WatcherSettings
 from services.watcher.handlers import Watcher, handle_batch
@@ -75,7 +77,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
             except Exception:
                 log.exception("completion re-check failed; retrying")
 
-    app = FastStream(broker)
+    app = app_closing_ledger(broker, the_ledger)
 
     @app.on_startup
     async def setup() -> None:
@@ -96,16 +98,9 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
             with contextlib.suppress(asyncio.CancelledError):
                 await t
 
-    @app.after_shutdown
-    async def teardown() -> None:
-        await the_ledger.close()
-
     return app
 
 
 def main() -> None:
     """Run the watcher with settings from the environment until SIGTERM / SIGINT."""
-    settings = WatcherSettings()
-    # Before FastStream starts: its own start-up line then goes through the one format.
-    configure_logging(settings.log_level, settings.log_json)
-    asyncio.run(create_app(settings).run())
+    run_app(WatcherSettings(), create_app)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
+from faststream import FastStream
 from faststream.middlewares import AckPolicy
 from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
@@ -22,10 +23,18 @@ from infra.nats_auth import BrokerAuth, broker_auth
 from services.common.adapters.jetstream import apply_settle, ensure_streams
 from services.common.errors import Settle
 from services.common.logging import configure_logging
+from services.common.ports import Ledger
 from services.common.service import keep_in_progress, raw_body
 from services.common.settings import CommonSettings
 
-__all__ = ["BatchHandler", "make_broker", "start_broker", "subscribe_batches"]
+__all__ = [
+    "BatchHandler",
+    "app_closing_ledger",
+    "make_broker",
+    "run_app",
+    "start_broker",
+    "subscribe_batches",
+]
 
 BatchHandler = Callable[[list[Msg]], Awaitable[Sequence[Settle]]]
 """Turns one batch of raw messages into one verdict per message, in order."""
@@ -48,6 +57,24 @@ async def start_broker(broker: NatsBroker, settings: CommonSettings) -> JetStrea
     js = broker.connection.jetstream()
     await ensure_streams(js, settings.topology, settings.stream_replicas)
     return js
+
+
+def app_closing_ledger(broker: NatsBroker, ledger: Ledger) -> FastStream:
+    """The service's FastStream app; it closes ``ledger`` once the broker has stopped."""
+    app = FastStream(broker)
+
+    @app.after_shutdown
+    async def teardown() -> None:
+        await ledger.close()
+
+    return app
+
+
+def run_app[S: CommonSettings](settings: S, create_app: Callable[[S], FastStream]) -> None:
+    """Run the app ``create_app(settings)`` builds until SIGTERM / SIGINT."""
+    # Before FastStream starts: its own start-up line then goes through the one format.
+    configure_logging(settings.log_level, settings.log_json)
+    asyncio.run(create_app(settings).run())
 
 
 def subscribe_batches(
