@@ -270,6 +270,13 @@ async def import_job_dir(
         )
     summary = ImportSummary(job_dir=job_dir.absolute(), experiment_id=experiment_id)
     known = {r.trial_id: r for r in await ledger.records_for(experiment_id)}
+    if as_new and any(info.trial_dir.name in known for info in infos):
+        # The folder's own ids are this experiment's already: scoped ids would file
+        # each trial twice in it.
+        raise JobDirError(
+            f"{job_dir.absolute()}: its trials are already experiment {experiment_id}'s "
+            f"under their own ids; import it without {AS_NEW_FLAG}"
+        )
     chunks = [infos[i : i + batch_size] for i in range(0, len(infos), batch_size)]
     # File reads run off the event loop (a job may hold thousands of trials), and the
     # next batch is read while the ledger writes this one: reading is this process's

@@ -287,6 +287,15 @@ async def test_as_new_is_refused_for_a_trialbus_job_folder(job_dir: Path) -> Non
     assert await ledger.records_for("exp-42") == []
 
 
+async def test_as_new_is_refused_for_a_folder_already_imported_as_itself(job_dir: Path) -> None:
+    ledger = InMemoryLedger()
+    first = await import_job_dir(job_dir, ledger)
+    before = await ledger.records_for(first.experiment_id)
+    with pytest.raises(JobDirError, match="import it without --as-new"):
+        await import_job_dir(job_dir, ledger, as_new=True)
+    assert await ledger.records_for(first.experiment_id) == before
+
+
 def test_scoped_trial_ids_differ_per_experiment() -> None:
     assert scoped_trial_id("harbor-a", "t__x") != scoped_trial_id("harbor-b", "t__x")
     assert scoped_trial_id("harbor-a", "t__x").startswith("t__x__")
