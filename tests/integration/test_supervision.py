@@ -9,16 +9,14 @@ console lines, the process table and the ledger's records.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,27 +28,12 @@ import yaml
 from benchmarks.instant_executor import EXECUTOR_SPEC
 from infra.embedded import LedgerServer
 from infra.stack import LEDGER_ARGS
+from tests.support.stack_console import ROOT, StackConsole, launched
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "examples" / "tasks" / "hello-file"
 N_TRIALS = 80
-
-# The child process running the stack: what `trialbus up` does, with test settings.
-DRIVER = """
-import json, sys
-from pathlib import Path
-from rich.console import Console
-from infra.embedded import free_port
-from infra.stack import EmbeddedStack, serve
-cfg = json.loads(sys.argv[1])
-stack = EmbeddedStack(
-    Path(cfg["data_dir"]), n_runners=1, concurrency=4, runner_env=cfg["runner_env"],
-    nats_port=free_port(), ledger_port=free_port(), http_port=free_port(),
-)
-sys.exit(serve(stack, Console(file=sys.stdout, soft_wrap=True, width=400)))
-"""
 
 # What identifies each child in the process table (its command line).
 CHILDREN: dict[str, Callable[[list[str]], bool]] = {
@@ -98,40 +81,8 @@ def eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)  # re-check interval of an observed condition
 
 
-@dataclass
-class Up:
-    """The supervised stack's process and every line its console printed."""
-
-    proc: subprocess.Popen[str]
-    stack_file: Path
-    lines: list[str] = field(default_factory=list)
-    changed: threading.Condition = field(default_factory=threading.Condition)
-    closed: bool = False
-
-    def read_console(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self.changed:
-                self.lines.append(line.rstrip("\n"))
-                self.changed.notify_all()
-        with self.changed:
-            self.closed = True  # the process exited: no more lines will come
-            self.changed.notify_all()
-
-    def wait_line(self, text: str, timeout: float, after: int = 0) -> int:
-        """Index of the first console line after ``after`` containing ``text``."""
-        deadline = time.monotonic() + timeout
-        with self.changed:
-            while True:
-                for i in range(after, len(self.lines)):
-                    if text in self.lines[i]:
-                        return i
-                left = deadline - time.monotonic()
-                if left <= 0 or self.closed:
-                    raise AssertionError(
-                        f"console never said {text!r}; it said:\n" + "\n".join(self.lines)
-                    )
-                self.changed.wait(min(left, 1.0))
+class Up(StackConsole):
+    """The supervised stack's process, its console, and its children by name."""
 
     def pid_of(self, name: str) -> int:
         """Pid of the live child ``name`` (exactly one must exist)."""
@@ -142,10 +93,6 @@ class Up:
     def zombies(self) -> list[str]:
         return [" ".join(a) for a, st in children_of(self.proc.pid).values() if st == "Z"]
 
-    def stack(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.stack_file.read_text())
-        return data
-
 
 RUNNER_ENV = {
     "TRIALBUS_EXECUTOR": EXECUTOR_SPEC,
@@ -155,42 +102,10 @@ RUNNER_ENV = {
 }
 
 
-@contextlib.contextmanager
-def launched(tmp_path: Path, runner_env: dict[str, str]) -> Iterator[Up]:
-    """Run the stack as `trialbus up` does; Ctrl-C (SIGINT) it at the end if still up."""
-    stack_file = tmp_path / "stack.json"
-    config = {"data_dir": str(tmp_path / "data"), "runner_env": runner_env}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env["TRIALBUS_STACK_FILE"] = str(stack_file)
-    proc = subprocess.Popen(
-        [sys.executable, "-u", "-c", DRIVER, json.dumps(config)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    handle = Up(proc, stack_file)
-    reader = threading.Thread(target=handle.read_console, daemon=True)
-    reader.start()
-    try:
-        yield handle
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        reader.join(timeout=10)
-
-
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
     """The stack, up and supervised, with the instant executor."""
-    with launched(tmp_path, RUNNER_ENV) as handle:
+    with launched(tmp_path, RUNNER_ENV, Up) as handle:
         handle.wait_line("trialbus is up", timeout=120)
         yield handle
 
@@ -266,7 +181,7 @@ def progressed(ledger: LedgerView, target: int) -> Callable[[], bool]:
 def test_every_child_killed_in_turn_is_restarted_and_no_trial_is_lost(
     up: Up, tmp_path: Path
 ) -> None:
-    ledger = LedgerView(up.stack()["ledger_url"], submit(up, write_manifest(tmp_path)))
+    ledger = LedgerView(up.stack["ledger_url"], submit(up, write_manifest(tmp_path)))
     seen = ledger.count()
     for name in ("nats-server", "ledger", "runner-0", "importer"):
         # The fault lands while the pipeline demonstrably works: records arrived since
@@ -350,7 +265,7 @@ def test_the_stack_ledger_keeps_acknowledged_writes_across_a_sigkill(tmp_path: P
 
 def test_a_stack_that_cannot_start_says_why_and_exits_3(tmp_path: Path) -> None:
     broken = {**RUNNER_ENV, "TRIALBUS_EXECUTOR": "no_such_module:factory"}
-    with launched(tmp_path, broken) as handle:
+    with launched(tmp_path, broken, Up) as handle:
         assert handle.proc.wait(timeout=120) == 3
         line = handle.wait_line("trialbus could not start", timeout=10)
         assert "runner-0" in handle.lines[line]

@@ -19,10 +19,8 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from schemas.subjects import Topology
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.common.stackfile import settings_for, write_stack_file
 from tests.conftest import skip_unless
+from tests.support.stack_console import StackConsole, launched
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -51,60 +50,11 @@ N_TRIALS = 8
 REFUSAL_WAIT_S = 60.0
 """Bound on how long the server takes to report a refusal (an event, not a sleep)."""
 
-# What `trialbus up` does, with free ports and the instant executor.
-DRIVER = """
-import json, sys
-from pathlib import Path
-from rich.console import Console
-from infra.embedded import free_port
-from infra.stack import EmbeddedStack, serve
-cfg = json.loads(sys.argv[1])
-stack = EmbeddedStack(
-    Path(cfg["data_dir"]), n_runners=1, concurrency=4, runner_env=cfg["runner_env"],
-    nats_port=free_port(), ledger_port=free_port(), http_port=free_port(),
-)
-sys.exit(serve(stack, Console(file=sys.stdout, soft_wrap=True, width=400)))
-"""
-
 RUNNER_ENV = {"TRIALBUS_EXECUTOR": EXECUTOR_SPEC, "TRIALBUS_INSTANT_DELAY_S": "0.2"}
 
 
-@dataclass
-class Up:
-    """The stack's process, its console lines and what it wrote."""
-
-    proc: subprocess.Popen[str]
-    data_dir: Path
-    stack_file: Path
-    lines: list[str] = field(default_factory=list)
-    changed: threading.Condition = field(default_factory=threading.Condition)
-    closed: bool = False
-
-    def read_console(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self.changed:
-                self.lines.append(line.rstrip("\n"))
-                self.changed.notify_all()
-        with self.changed:
-            self.closed = True
-            self.changed.notify_all()
-
-    def wait_line(self, text: str, timeout: float, after: int = 0) -> int:
-        """Index of the first console line after ``after`` containing ``text``."""
-        with self.changed:
-            found = self.changed.wait_for(
-                lambda: self.closed or any(text in x for x in self.lines[after:]), timeout
-            )
-            hits = [i for i in range(after, len(self.lines)) if text in self.lines[i]]
-            if not found or not hits:
-                raise AssertionError(f"console never said {text!r}:\n" + "\n".join(self.lines))
-            return hits[0]
-
-    @property
-    def stack(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.stack_file.read_text())
-        return data
+class Up(StackConsole):
+    """The stack's process, its console, and what it wrote: URLs and credentials."""
 
     @property
     def url(self) -> str:
@@ -137,33 +87,9 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     except BinaryNotFoundError as exc:
         skip_unless(str(exc))
     root = tmp_path_factory.mktemp("stack-auth")
-    cfg = {"data_dir": str(root / "data"), "runner_env": RUNNER_ENV}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env["TRIALBUS_STACK_FILE"] = str(root / "stack.json")
-    proc = subprocess.Popen(
-        [sys.executable, "-u", "-c", DRIVER, json.dumps(cfg)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    handle = Up(proc, root / "data", root / "stack.json")
-    reader = threading.Thread(target=handle.read_console, daemon=True)
-    reader.start()
-    try:
+    with launched(root, RUNNER_ENV, Up) as handle:
         handle.wait_line("trialbus is up", timeout=120)
         yield handle
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        reader.join(timeout=10)
 
 
 def _loose(path: Path, mode: int) -> bool:
