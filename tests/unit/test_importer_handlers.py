@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
-import structlog
 
 from schemas.events import ResultImported, TrialCompleted, TrialFailed, encode_event
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
@@ -254,7 +254,23 @@ def forged_failure(trial_id: str, experiment_id: str) -> bytes:
     return encode_event(agent_failure(trial_id).model_copy(update={"experiment_id": experiment_id}))
 
 
-async def test_an_event_for_another_experiments_trial_is_acked_logged_and_not_announced() -> None:
+class LogRecorder:
+    """Stands in for the handlers' logger: structlog's capture_logs cannot see a logger
+    that an earlier test's configure_logging cached (cache_logger_on_first_use)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        def emit(event: str, **kw: Any) -> None:
+            self.entries.append({"event": event, "log_level": level, **kw})
+
+        return emit
+
+
+async def test_an_event_for_another_experiments_trial_is_acked_logged_and_not_announced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ledger, bus = InMemoryLedger(), RecordingBus()
     await handle_batch([Incoming(failed("t1"))], ledger, bus, transient_delay_s=DELAY)
     stored = await ledger.get_record("t1")
@@ -262,8 +278,9 @@ async def test_an_event_for_another_experiments_trial_is_acked_logged_and_not_an
     bus.published.clear()
     batch = [Incoming(forged_failure("t1", "forger")), Incoming(forged_failure("t2", "forger"))]
 
-    with structlog.testing.capture_logs() as logs:
-        settles = await handle_batch(batch, ledger, bus, transient_delay_s=DELAY)
+    monkeypatch.setattr(handlers, "log", recorder := LogRecorder())
+    settles = await handle_batch(batch, ledger, bus, transient_delay_s=DELAY)
+    logs = recorder.entries
 
     # Acknowledged: a redelivery could not change the answer (no poison loop).
     assert settles == [ACK, ACK]
