@@ -39,7 +39,7 @@ from services.importer.handlers import (
     handle_batch,
     record_failure_verdict,
 )
-from services.importer.records import RecordContext, build_failed_record
+from services.importer.records import RecordContext, build_failed_record, build_record
 
 
 class RefusingLedger(InMemoryLedger):
@@ -92,7 +92,7 @@ BUG = "buggy"
 @pytest.fixture
 def buggy_importer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make building the record of trial ``buggy`` raise, as an importer bug would."""
-    real = handlers.build_record
+    real = build_record
 
     def build(trial_dir: Path, context: RecordContext) -> TrialRecord:
         if context.trial_id == BUG:
