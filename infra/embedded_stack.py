@@ -35,9 +35,8 @@ from infra.stack_nats import (
 from infra.supervise import Supervised
 from schemas.subjects import Topology
 
-__all__ = ["LEDGER_ARGS", "SERVICES", "EmbeddedStack"]
+__all__ = ["LEDGER_ARGS", "EmbeddedStack"]
 
-SERVICES = ("importer", "watcher", "submitter", "runner")
 
 # secantusd's default leaves commits in WiredTiger's in-process log buffer: a SIGKILLed
 # ledger lost 47 of 200 acknowledged inserts here, and the supervision test lost 8

@@ -43,10 +43,6 @@ class HarborExecutor:
         """Where Harbor writes this trial's folder."""
         return job_dir_for(self._jobs_root, req.experiment_id) / req.trial_id
 
-    async def warm_up(self, llm: bool = True) -> None:
-        """Start the trial forkserver now (imports Harbor there, off the event loop)."""
-        await self._processes.warm_up(llm)
-
     async def run(
         self, request: TrialRequested, attempt: int, on_log: LogSink | None
     ) -> ExecutionOutcome:

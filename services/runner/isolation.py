@@ -38,7 +38,6 @@ import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable
-from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -85,11 +84,6 @@ class TrialProcesses:
         if not self._preload_chosen:
             self._ctx.set_forkserver_preload([*PRELOAD, *(LLM_PRELOAD if llm else ())])
             self._preload_chosen = True
-
-    async def warm_up(self, llm: bool = True) -> None:
-        """Start the forkserver and wait for its preload, off the event loop."""
-        self._choose_preload(llm)
-        await asyncio.to_thread(forkserver.ensure_running)
 
     async def run(self, job: TrialJob, on_log: OnLog | None, *, llm: bool = False) -> Outcome:
         """Run ``job`` in a new process to its outcome (cancellation stops the process).

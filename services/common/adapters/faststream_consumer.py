@@ -10,9 +10,12 @@ What differs (the durable, batch size, consumer limits, the handler) is a parame
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 from faststream import FastStream
+from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
@@ -24,7 +27,6 @@ from services.common.adapters.jetstream import apply_settle, ensure_streams
 from services.common.errors import Settle
 from services.common.logging import configure_logging
 from services.common.ports import Ledger
-from services.common.service import keep_in_progress, raw_body
 from services.common.settings import CommonSettings
 
 __all__ = [
@@ -113,3 +115,39 @@ def subscribe_batches(
         async with keep_in_progress(raws, ack_wait_s / 3):
             settles = await handle(raws)
         await asyncio.gather(*(apply_settle(r, s) for r, s in zip(raws, settles, strict=True)))
+
+
+async def raw_body(msg: StreamMessage[Any]) -> Any:
+    """FastStream decoder that leaves message bodies as bytes.
+
+    Every trialbus handler decodes its messages itself with ``parse_event``, which
+    turns any bad payload into a poison verdict. FastStream's default decoder parses
+    JSON *before* the handler runs, and raises there on hostile JSON (nesting past
+    the recursion limit, integers over 4300 digits): the handler never sees the batch,
+    nothing acks or terminates it, and it is redelivered forever with every good
+    message that shares it.
+    """
+    return msg.body
+
+
+@contextlib.asynccontextmanager
+async def keep_in_progress(msgs: Sequence[Msg], every_s: float) -> AsyncIterator[None]:
+    """Send in_progress() for ``msgs`` every ``every_s`` while the block runs.
+
+    Lets a consumer keep a short ack_wait (a message lost between a pull request and
+    its handler is redelivered within seconds) without a slow batch being redelivered
+    while it is still being processed.
+    """
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            await asyncio.gather(*(m.in_progress() for m in msgs), return_exceptions=True)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
