@@ -12,10 +12,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.ids import agent_key
+from schemas.subjects import DEFAULT_POOL, POOL_PATTERN
 
 ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _EXPERIMENT_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+CAPABILITY_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
+"""A runner capability: an environment it can run (local, docker, ...) or a label (gpu)."""
+MAX_REQUIRES = 16
 # Values that look like credentials; a manifest is shared and stored, keys are not.
 _SECRET_VALUE_RE = re.compile(
     r"^(sk-[A-Za-z0-9_-]{8,}|sk-ant-[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{20,}|"
@@ -172,6 +176,18 @@ class ComputeSpec(_Strict):
         le=100,
         allow_inf_nan=False,
         description="Harbor's timeout multiplier, applied to the task's own timeouts.",
+    )
+    pool: str = Field(
+        default=DEFAULT_POOL,
+        pattern=POOL_PATTERN,
+        description="Runner pool the trials go to (its own work subject); only that "
+        "pool's runners take them. Lowercase letters, digits and '-', at most 32.",
+    )
+    requires: list[Annotated[str, Field(pattern=CAPABILITY_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=MAX_REQUIRES,
+        description="Capabilities a runner of the pool must offer (e.g. 'docker', "
+        "'gpu'); the submitter refuses the manifest when no live runner has them all.",
     )
 
     @field_validator("environment_kwargs")

@@ -12,14 +12,34 @@ from dataclasses import dataclass
 
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
+POOL_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+"""What a pool name may be: it is a subject token and part of a durable's name."""
+_POOL_RE = re.compile(POOL_PATTERN)
+
+DEFAULT_POOL = "default"
+"""The pool of a manifest that names none, and of a runner configured with none."""
+
+
+def check_pool(pool: str) -> str:
+    """Return ``pool``, or raise ValueError naming the rule it breaks."""
+    if not _POOL_RE.match(pool):
+        raise ValueError(
+            f"runner pool {pool!r} must match {POOL_PATTERN} (lowercase letters, digits "
+            "and '-', starting with a letter, at most 32 characters)"
+        )
+    return pool
+
 
 @dataclass(frozen=True, slots=True)
 class Topology:
     """Names of the JetStream streams, subjects and durable consumers.
 
     Streams:
-    - ``work``: TrialRequested messages, work-queue retention; every runner shares
-      one durable pull consumer, so each trial is handed to exactly one runner.
+    - ``work``: TrialRequested messages, work-queue retention, one subject per pool
+      (``<prefix>.work.<pool>.<experiment_id>``); the runners of a pool share that
+      pool's durable pull consumer (filtered on the pool), so each trial is handed to
+      exactly one runner of the pool the manifest asked for. A work-queue stream
+      refuses overlapping consumer filters, which is why no durable takes ``work.>``.
     - ``events``: lifecycle events (ExperimentSubmitted, TrialStarted, ...), limits
       retention; any number of consumers may follow it.
     - ``logs``: live trial output lines, limits retention with a max age.
@@ -80,12 +100,17 @@ class Topology:
         return f"{self._stream_base}_RESULTS"
 
     # -- subjects ----------------------------------------------------------------
-    def work_subject(self, experiment_id: str) -> str:
-        """Subject of one experiment's TrialRequested messages."""
-        return f"{self.prefix}.work.{experiment_id}"
+    def work_subject(self, experiment_id: str, pool: str = DEFAULT_POOL) -> str:
+        """Subject of one experiment's TrialRequested messages for runners of ``pool``."""
+        return f"{self.prefix}.work.{check_pool(pool)}.{experiment_id}"
+
+    def work_pool_filter(self, pool: str = DEFAULT_POOL) -> str:
+        """Every work subject of ``pool``: the filter of that pool's durable."""
+        return f"{self.prefix}.work.{check_pool(pool)}.>"
 
     @property
     def work_wildcard(self) -> str:
+        """Every work subject of every pool: the work stream's subjects."""
         return f"{self.prefix}.work.>"
 
     def event_subject(self, event_type: str, experiment_id: str) -> str:
@@ -109,7 +134,14 @@ class Topology:
     # -- durable consumers -------------------------------------------------------
     @property
     def runner_durable(self) -> str:
+        """The default pool's durable (the name it had before pools existed)."""
         return f"{self.prefix}-runners"
+
+    def runner_durable_for(self, pool: str = DEFAULT_POOL) -> str:
+        """Durable pull consumer shared by the runners of ``pool``."""
+        if check_pool(pool) == DEFAULT_POOL:
+            return self.runner_durable
+        return f"{self.prefix}-runners-{pool}"
 
     @property
     def importer_durable(self) -> str:

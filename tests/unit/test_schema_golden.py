@@ -39,7 +39,8 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
         b'"model":"anthropic/claude-sonnet-4","label":"t2","kwargs":{"temperature":0.5,'
         b'"nested":{"a":[1,2]}},"api_key_env":["ANTHROPIC_API_KEY"]},"repetition":2,'
         b'"compute":{"environment":"docker","environment_kwargs":{"cpus":2},'
-        b'"n_concurrent_trials":8,"timeout_multiplier":1.0},"retry":{"max_attempts":5,'
+        b'"n_concurrent_trials":8,"timeout_multiplier":1.0,"pool":"default","requires":[]},'
+        b'"retry":{"max_attempts":5,'
         b'"backoff_seconds":2.0,"max_backoff_seconds":60.0},"run_id":""}',
         "hello-file__0123456789abcdef",
     ),
@@ -51,7 +52,8 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
         b'"checksum":"abababababababababababababababababababababababababababababababab"},'
         b'"agent":{"name":null,"import_path":"pkg.mod:Agent","model":null,"label":null,'
         b'"kwargs":{},"api_key_env":[]},"repetition":0,"compute":{"environment":"local",'
-        b'"environment_kwargs":{},"n_concurrent_trials":4,"timeout_multiplier":1.0},'
+        b'"environment_kwargs":{},"n_concurrent_trials":4,"timeout_multiplier":1.0,'
+        b'"pool":"default","requires":[]},'
         b'"retry":{"max_attempts":3,"backoff_seconds":2.0,"max_backoff_seconds":60.0},'
         b'"run_id":"t1:resume:2"}',
         "t1:resume:2",
