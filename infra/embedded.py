@@ -63,6 +63,10 @@ LEDGER_STOP_TIMEOUT = 8.0
 class NatsServer(ManagedProcess):
     """A ``nats-server`` with JetStream file storage under ``data_dir``, on loopback.
 
+    ``host`` moves the client and monitoring listeners elsewhere, e.g. onto the bridge
+    address of tests/support/netns.py, where runners in other network namespaces can
+    reach it (they cannot reach the hub's loopback).
+
     Args:
         data_dir: folder for the JetStream store (``data_dir/jetstream``), the log
             file and the optional config file; kept across ``restart()``.
@@ -75,6 +79,7 @@ class NatsServer(ManagedProcess):
         startup_timeout: seconds to wait for readiness.
         stop_timeout: seconds to wait after SIGTERM before SIGKILL.
         binary: explicit path to ``nats-server``; located automatically when None.
+        host: address the client and monitoring ports listen on (loopback by default).
     """
 
     binary_name = "nats-server"
@@ -94,28 +99,30 @@ class NatsServer(ManagedProcess):
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         binary: str | None = None,
+        host: str = LOOPBACK,
     ) -> None:
         super().__init__(
             data_dir,
-            port=port,
+            port=port if port is not None else free_port(host),
             extra_args=extra_args,
             startup_timeout=startup_timeout,
             stop_timeout=stop_timeout,
             binary=binary,
         )
-        self.monitor_port = monitor_port if monitor_port is not None else free_port()
+        self.host = host
+        self.monitor_port = monitor_port if monitor_port is not None else free_port(host)
         self.server_name = server_name
         self.config = config
 
     @property
     def url(self) -> str:
-        """Client URL, ``nats://127.0.0.1:PORT``."""
-        return f"nats://{LOOPBACK}:{self.port}"
+        """Client URL, ``nats://HOST:PORT`` (``127.0.0.1`` unless ``host`` was given)."""
+        return f"nats://{self.host}:{self.port}"
 
     @property
     def monitor_url(self) -> str:
         """Base URL of the HTTP monitoring endpoints (``/healthz``, ``/jsz``, ...)."""
-        return f"http://{LOOPBACK}:{self.monitor_port}"
+        return f"http://{self.host}:{self.monitor_port}"
 
     @property
     def config_path(self) -> Path:
@@ -128,7 +135,8 @@ class NatsServer(ManagedProcess):
             self.config_path.write_text(self.config, encoding="utf-8")
             cmd += ["-c", str(self.config_path)]
         cmd += [
-            "-a", LOOPBACK,
+            # The monitor listens on the client address too (nats-server's default).
+            "-a", self.host,
             "-p", str(self.port),
             "-m", str(self.monitor_port),
             "-js",
