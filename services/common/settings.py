@@ -70,6 +70,18 @@ class RunnerSettings(CommonSettings):
         "that returns an Executor (loaded by import path; benchmarks use one).",
     )
     publish_logs: bool = Field(default=True, description="Publish live trial output.")
+    live_log_trial_bytes: int = Field(
+        default=1 << 20,
+        ge=0,
+        description="Bytes of live output published per trial attempt; past it, a notice "
+        "and the count of bytes not published (the trial folder keeps everything).",
+    )
+    live_log_event_chars: int = Field(
+        default=16_000,
+        ge=64,
+        le=200_000,
+        description="Characters per trial_log event; longer output is split.",
+    )
     sandbox_dir: Path | None = Field(default=None, description="Scratch root of local sandboxes.")
 
 
