@@ -59,7 +59,9 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             host=host,
             # Three beats per ack_wait: one lost beat never lets the message expire.
             heartbeat_s=min(settings.heartbeat_s, settings.ack_wait_s / 3),
-            log_sinks=CoreNatsLogSinks(nc.publish, topo) if settings.publish_logs else None,
+            log_sinks=CoreNatsLogSinks.from_settings(nc.publish, settings)
+            if settings.publish_logs
+            else None,
         )
         consumer = WorkConsumer(
             js, topo, handler.handle, concurrency=settings.concurrency, runner_id=runner_id

@@ -16,7 +16,9 @@ and each child happen in a worker thread.
 
 The child reports over a one-way pipe: ("log", phase, stream, text) as output comes,
 then ("outcome", fields) or ("cancelled", None). A reader thread per trial hands the
-messages to the event loop. Cancelling ``run`` sends SIGUSR1 (the child cancels the
+messages to the event loop; when the pipe ends, a sink that asks for it
+(live_logs.ClosableLogSink) is closed, so it can release what redaction kept back and
+report what its cap dropped. Cancelling ``run`` sends SIGUSR1 (the child cancels the
 trial, so Harbor stops its environment), waits ``cancel_grace_s``, then SIGKILLs.
 
 Two rules this relies on: a child re-imports the parent's main module unless it is a
@@ -41,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from services.runner.live_logs import ClosableLogSink
 from services.runner.trial_process import Outcome, TrialJob, child_main, failed
 
 PRELOAD = ("services.runner.forkserver_preload",)
@@ -120,6 +123,11 @@ class TrialProcesses:
         finally:
             if proc.exitcode is None:  # an error above: never leave a trial running
                 proc.kill()
+            if isinstance(on_log, ClosableLogSink):
+                # The output has ended (or will never come): the sink publishes what
+                # redaction kept back and how much its cap dropped.
+                with contextlib.suppress(Exception):
+                    await on_log.close()
         if outcome is None:
             return failed(
                 "TrialProcessDied",
