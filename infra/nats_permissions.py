@@ -13,9 +13,15 @@ proves them against a real nats-server.
   names, so two installations sharing a cluster cannot touch each other's).
 - ``submitter`` publishes work and ExperimentSubmitted, follows events, sets cancel
   flags, uploads task archives and reads the runner registry.
-- ``runner`` consumes work through the shared durable only, publishes its run events
-  and live logs, uses the leases / attempt-counter / runner keys, reads tasks and
-  writes results. No work, no experiment events, no cancel flags, no stream config.
+- ``runner`` consumes work through its pool's durable only, publishes its run events
+  and live logs, uses the leases / attempt-counter keys and its pool's runner-registry
+  keys, reads tasks and writes results. No work, no experiment events, no cancel
+  flags, no stream config. A runner user is scoped to ONE pool (``pool=``): the
+  default pool's is the plain ``runner`` user; another pool's is ``runner-<pool>``,
+  with its own inbox, so a runner of one pool can neither fetch another pool's work
+  nor read the replies (pulled messages) of another pool's runners. The same user
+  serves as a leaf node's remote credential: a leaf server for a remote pool then
+  carries exactly that pool's traffic across the boundary.
 - ``importer`` / ``watcher`` consume events through their own durable and publish
   ResultImported / ExperimentCompleted (+ the watcher's external announcements).
 - ``subscriber`` (CI, dashboards) reads events and logs through ephemeral consumers.
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.subjects import Topology
+from schemas.subjects import DEFAULT_POOL, Topology, check_pool
 
 ROLES = ("admin", "submitter", "runner", "importer", "watcher", "subscriber")
 """Every role, in the order they are written into the server config."""
@@ -46,16 +52,39 @@ class Permissions:
     subscribe: tuple[str, ...]
 
 
-def user_name(topology: Topology, role: str) -> str:
+def principal(role: str, pool: str = DEFAULT_POOL) -> str:
+    """Who connects: ``role``, or ``runner-<pool>`` for a runner of another pool.
+
+    It names the NATS user, the inbox and the credentials file. Only runners have pools.
+    """
+    check_role(role)
+    if check_pool(pool) == DEFAULT_POOL:
+        return role
+    if role != "runner":
+        raise ValueError(f"only runners belong to a pool; role {role!r} got pool {pool!r}")
+    return f"runner-{pool}"
+
+
+def user_name(topology: Topology, role: str, pool: str = DEFAULT_POOL) -> str:
     """NATS user name of ``role`` (prefixed: installations may share a cluster)."""
-    check_role(role)
-    return f"{topology.prefix}-{role}"
+    return f"{topology.prefix}-{principal(role, pool)}"
 
 
-def inbox_prefix(topology: Topology, role: str) -> str:
-    """The only inbox ``role`` may subscribe to (its replies arrive there)."""
-    check_role(role)
-    return f"_INBOX.{topology.prefix}.{role}"
+def inbox_prefix(topology: Topology, role: str, pool: str = DEFAULT_POOL) -> str:
+    """The only inbox ``role`` (of ``pool``) may subscribe to (its replies arrive there).
+
+    ``runner-<pool>`` is one token, not ``runner.<pool>``: the default runner's
+    ``_INBOX.<prefix>.runner.>`` must not cover another pool's replies.
+    """
+    return f"_INBOX.{topology.prefix}.{principal(role, pool)}"
+
+
+def registry_key(pool: str, runner_id: str) -> str:
+    """Key of a runner's record in the runners bucket: ``<pool>.<runner_id>``.
+
+    The pool comes first so a runner user's write right can be one pool's keys.
+    """
+    return f"{check_pool(pool)}.{runner_id}"
 
 
 def kv_stream(bucket: str) -> str:
@@ -137,9 +166,9 @@ def _events(topology: Topology, *types: str) -> list[str]:
     return [f"{topology.prefix}.events.{t}.>" for t in types]
 
 
-def role_permissions(topology: Topology, role: str) -> Permissions:
-    """The exact allow lists of ``role`` for ``topology``."""
-    check_role(role)
+def role_permissions(topology: Topology, role: str, pool: str = DEFAULT_POOL) -> Permissions:
+    """The exact allow lists of ``role`` for ``topology`` (a runner: of ``pool``)."""
+    principal(role, pool)  # validates both
     t = topology
     w, e, lg = t.work_stream, t.events_stream, t.logs_stream
     pub: list[str]
@@ -179,12 +208,12 @@ def role_permissions(topology: Topology, role: str) -> Permissions:
             t.logs_wildcard,
             *_info(w, e, lg, *(kv_stream(b) for b in _runner_kv(t))),
             *_info(obj_stream(t.tasks_bucket), obj_stream(t.results_bucket)),
-            *_durable(w, t.runner_durable),
+            *_durable(w, t.runner_durable_for(pool)),
             *_kv_write(t.leases_bucket),
             *_kv_read(t.leases_bucket),
             *_kv_write(t.control_bucket, "runs.>"),
             *_kv_read(t.control_bucket),
-            *_kv_write(t.runners_bucket),
+            *_kv_write(t.runners_bucket, f"{pool}.>"),
             *_kv_read(t.runners_bucket),
             *_obj_read(t.tasks_bucket),
             *_obj_write(t.results_bucket),
@@ -208,7 +237,7 @@ def role_permissions(topology: Topology, role: str) -> Permissions:
     else:  # subscriber
         pub = [*_info(e, lg), *_follow(e), *_follow(lg)]
         sub = []
-    sub.append(f"{inbox_prefix(t, role)}.>")
+    sub.append(f"{inbox_prefix(t, role, pool)}.>")
     return Permissions(tuple(dict.fromkeys(pub)), tuple(dict.fromkeys(sub)))
 
 

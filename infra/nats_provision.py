@@ -10,6 +10,8 @@ starting any service.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -21,15 +23,60 @@ from nats.js.api import (
 )
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from schemas.subjects import Topology
+from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams
 from services.common.logging import get_logger
-from services.runner.consumer import ensure_runner_consumer
 
 log = get_logger(__name__)
 
 EVENTS_ACK_WAIT_S = 10.0
 """ack_wait of the importer's and watcher's durables (their apps' ACK_WAIT_S)."""
+
+
+def runner_durable_config(topology: Topology, ack_wait_s: float, pool: str) -> ConsumerConfig:
+    """The durable pull consumer shared by the runners of ``pool``.
+
+    Filtered on the pool's work subjects: a work-queue stream refuses two consumers
+    whose filters overlap, so no pool's durable may take ``work.>``.
+    """
+    durable = topology.runner_durable_for(pool)
+    return ConsumerConfig(
+        name=durable,
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subject=topology.work_pool_filter(pool),
+        ack_wait=ack_wait_s,
+        max_deliver=-1,  # attempts are counted (KV) and bounded by the runner
+        max_ack_pending=100_000,
+    )
+
+
+async def ensure_runner_durables(
+    js: JetStreamContext, topology: Topology, ack_wait_s: float, pools: Sequence[str]
+) -> None:
+    """Create each pool's runner durable; re-filter one left from before pools existed.
+
+    A default durable created by an older trialbus takes ``work.>``: it would take every
+    pool's work and make the other pools' durables overlap, so its filter is narrowed.
+    """
+    for pool in dict.fromkeys(pools):
+        config = runner_durable_config(topology, ack_wait_s, pool)
+        assert config.durable_name is not None
+        try:
+            info = await js.consumer_info(topology.work_stream, config.durable_name)
+        except NotFoundError:
+            await js.add_consumer(topology.work_stream, config)
+            log.info("consumer created", durable=config.durable_name, pool=pool)
+            continue
+        if info.config.filter_subject != config.filter_subject:
+            await js.add_consumer(topology.work_stream, config)
+            log.warning(
+                "runner durable re-filtered",
+                durable=config.durable_name,
+                was=info.config.filter_subject,
+                now=config.filter_subject,
+            )
 
 
 def events_durable_configs(topology: Topology) -> list[ConsumerConfig]:
@@ -68,12 +115,15 @@ async def provision(
     runner_ack_wait_s: float,
     runners_ttl_s: float | None = None,
     replicas: int = 1,
+    pools: Sequence[str] = (DEFAULT_POOL,),
 ) -> None:
     """Create the streams, buckets and durables that are missing; leave the rest alone.
 
     ``lease_ttl_s`` and ``runner_ack_wait_s`` are the runners' ``ack_wait_s`` (a lease
     lives as long as an unacknowledged trial); ``runners_ttl_s`` (default: the lease
-    TTL) is how long a silent runner's registry record stays.
+    TTL) is how long a silent runner's registry record stays (about three heartbeats,
+    see services.common.adapters.nats_registry). ``pools`` get one runner durable each
+    (runners may not create their own).
     """
     await ensure_streams(js, topology, replicas)
     for bucket, ttl in (
@@ -105,7 +155,7 @@ async def provision(
                 bucket, ObjectStoreConfig(storage=StorageType.FILE, replicas=replicas)
             )
             log.info("object store created", bucket=bucket)
-    await ensure_runner_consumer(js, topology, runner_ack_wait_s)
+    await ensure_runner_durables(js, topology, runner_ack_wait_s, pools)
     for config in events_durable_configs(topology):
         assert config.durable_name is not None
         try:

@@ -38,7 +38,7 @@ from infra.nats_auth import (
 )
 from infra.nats_permissions import ROLES
 from infra.nats_provision import provision
-from schemas.subjects import Topology
+from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.runner.consumer import ensure_runner_consumer
@@ -47,6 +47,8 @@ from tests.conftest import skip_unless
 pytestmark = pytest.mark.integration
 
 TOPO = Topology("trialbus")
+POOL = "remote"
+"""A second runner pool: its own durable, its own runner user (``runner-remote``)."""
 ACK_WAIT_S = 30.0
 DENIAL_WAIT_S = 5.0
 """How long a denial may take to be reported (it is an event; this is only a bound)."""
@@ -67,7 +69,7 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
     except BinaryNotFoundError as exc:
         skip_unless(str(exc))
     root = tmp_path_factory.mktemp("bus-auth")
-    files = write_auth(root / "auth", TOPO)
+    files = write_auth(root / "auth", TOPO, pools=[POOL])
     data = root / "nats"
     data.mkdir()
     config = include_directive(data / "nats-server.conf", files.server_config)
@@ -79,7 +81,13 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
 async def _provision(url: str, files: AuthFiles) -> None:
     nc = await connect_as([url], load_credentials(files.credentials["admin"]), name="admin")
     try:
-        await provision(nc.jetstream(), TOPO, lease_ttl_s=ACK_WAIT_S, runner_ack_wait_s=ACK_WAIT_S)
+        await provision(
+            nc.jetstream(),
+            TOPO,
+            lease_ttl_s=ACK_WAIT_S,
+            runner_ack_wait_s=ACK_WAIT_S,
+            pools=(DEFAULT_POOL, POOL),
+        )
     finally:
         await nc.close()
 
@@ -134,17 +142,17 @@ class Role:
 
 @pytest.fixture
 async def roles(bus: Bus) -> AsyncIterator[dict[str, Role]]:
-    """One connection per role, all closed at the end."""
+    """One connection per role (and ``runner-remote``, the pool's), all closed at the end."""
     out: dict[str, Role] = {}
-    for role in ROLES:
+    for name in (*ROLES, f"runner-{POOL}"):
         queue: asyncio.Queue[str] = asyncio.Queue()
 
         async def on_error(exc: Exception, queue: asyncio.Queue[str] = queue) -> None:
             await queue.put(str(exc))
 
-        cred = load_credentials(bus.files.credentials[role], role)
-        nc = await connect_as([bus.url], cred, name=f"test-{role}", error_cb=on_error)
-        out[role] = Role(role, nc, queue)
+        cred = load_credentials(bus.files.credentials[name], name.split("-")[0])
+        nc = await connect_as([bus.url], cred, name=f"test-{name}", error_cb=on_error)
+        out[name] = Role(name, nc, queue)
     try:
         yield out
     finally:
@@ -223,6 +231,53 @@ async def test_runner_takes_work_only_through_its_durable(roles: dict[str, Role]
     next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{TOPO.work_stream}.{TOPO.runner_durable}"
     fetcher = await submitter.js.pull_subscribe_bind(TOPO.runner_durable, stream=TOPO.work_stream)
     await submitter.denied(fetcher.fetch(batch=1, timeout=2), "Publish", next_subject)
+
+
+async def _take(role: Role, pool: str, subject: str) -> None:
+    """Fetch from ``pool``'s durable as ``role`` until ``subject`` arrives (acking all)."""
+    psub = await role.js.pull_subscribe_bind(TOPO.runner_durable_for(pool), stream=TOPO.work_stream)
+    seen: list[str] = []
+    while subject not in seen:
+        for msg in await psub.fetch(batch=10, timeout=5):
+            seen.append(msg.subject)
+            await msg.ack_sync()
+
+
+async def test_a_pool_runner_takes_only_its_pools_work(roles: dict[str, Role]) -> None:
+    """Work goes to a pool's own subject and durable; a runner user is scoped to one pool
+    (the leaf-node pool test, tests/integration/test_leaf_pool.py, relies on this)."""
+    submitter, runner, remote = roles["submitter"], roles["runner"], roles[f"runner-{POOL}"]
+    exp = _exp()
+    for pool in (DEFAULT_POOL, POOL):
+        await submitter.js.publish(TOPO.work_subject(exp, pool), b'{"w": 1}')
+    await _take(remote, POOL, TOPO.work_subject(exp, POOL))
+    # Neither runner may fetch from the other pool's durable...
+    for role, other in ((remote, DEFAULT_POOL), (runner, POOL)):
+        durable = TOPO.runner_durable_for(other)
+        psub = await role.js.pull_subscribe_bind(durable, stream=TOPO.work_stream)
+        await role.denied(
+            psub.fetch(batch=1, timeout=2),
+            "Publish",
+            f"$JS.API.CONSUMER.MSG.NEXT.{TOPO.work_stream}.{durable}",
+        )
+    # ...nor read the other's replies (where pulled messages arrive).
+    inbox = f"_INBOX.{TOPO.prefix}.runner.>"
+    await remote.denied(remote.nc.subscribe(inbox), "Subscription", inbox)
+    inbox = f"_INBOX.{TOPO.prefix}.runner-{POOL}.>"
+    await runner.denied(runner.nc.subscribe(inbox), "Subscription", inbox)
+    # Negative control: the default pool's runner takes the default pool's message,
+    # which the remote runner's fetch above did not (it is still there).
+    await _take(runner, DEFAULT_POOL, TOPO.work_subject(exp, DEFAULT_POOL))
+
+
+async def test_a_runner_writes_only_its_pools_registry_keys(roles: dict[str, Role]) -> None:
+    remote, runner = roles[f"runner-{POOL}"], roles["runner"]
+    kv = await remote.js.key_value(TOPO.runners_bucket)
+    assert await kv.put(f"{POOL}.probe-{uuid.uuid4().hex[:6]}", b"{}")
+    key = f"{DEFAULT_POOL}.forged-{uuid.uuid4().hex[:6]}"
+    await remote.denied(kv.put(key, b"{}"), "Publish", f"$KV.{TOPO.runners_bucket}.{key}")
+    # Negative control: the default pool's runner owns that key.
+    assert await (await runner.js.key_value(TOPO.runners_bucket)).put(key, b"{}")
 
 
 async def test_runner_publishes_run_events_but_no_experiment_events(
