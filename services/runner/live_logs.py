@@ -197,7 +197,12 @@ class CoreNatsLogSinks:
         self._environ = environ
 
     @classmethod
-    def from_settings(cls, publish: CorePublish, settings: RunnerSettings) -> CoreNatsLogSinks:
+    def from_settings(
+        cls,
+        publish: CorePublish,
+        settings: RunnerSettings,
+        environ: Mapping[str, str] | None = None,
+    ) -> CoreNatsLogSinks:
         """The sinks a runner configured by ``settings`` uses (its limits, its secrets)."""
         return cls(
             publish,
@@ -207,6 +212,7 @@ class CoreNatsLogSinks:
                 settings.nats_credentials,
                 {"NATS_URL": settings.nats_url, "LEDGER_URL": settings.ledger_url},
             ),
+            environ=environ,
         )
 
     def secrets_of(self, request: TrialRequested) -> dict[str, str]:
