@@ -17,8 +17,10 @@ Nothing here runs at import time. Typical use::
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +42,7 @@ from infra.managed_process import (
     find_binary,
     free_port,
 )
+from services.common.private_files import write_private
 
 __all__ = [
     "BinaryNotFoundError",
@@ -51,6 +54,7 @@ __all__ = [
     "die_with_parent_hook",
     "find_binary",
     "free_port",
+    "leaf_remote_url",
 ]
 
 # secantusd 0.7.0b3 always needs ~2 s to exit on SIGTERM (its accept thread is joined
@@ -80,6 +84,15 @@ class NatsServer(ManagedProcess):
         stop_timeout: seconds to wait after SIGTERM before SIGKILL.
         binary: explicit path to ``nats-server``; located automatically when None.
         host: address the client and monitoring ports listen on (loopback by default).
+        jetstream: False for a server without JetStream of its own, such as a leaf
+            node whose clients use the hub's streams (their ``$JS.API`` requests then
+            cross the leaf connection).
+        accept_leafnodes: also listen for leaf node connections, on a free port
+            (``leafnode_url``); a leaf authenticates as one of the configured users
+            and carries only what that user may publish and subscribe to.
+        leaf_remotes: leaf node remote URLs this server connects to as a leaf
+            (``nats-leaf://user:password@host:port``, see :func:`leaf_remote_url`).
+            The config file holding them is written mode 0600.
     """
 
     binary_name = "nats-server"
@@ -100,6 +113,9 @@ class NatsServer(ManagedProcess):
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         binary: str | None = None,
         host: str = LOOPBACK,
+        jetstream: bool = True,
+        accept_leafnodes: bool = False,
+        leaf_remotes: Sequence[str] = (),
     ) -> None:
         super().__init__(
             data_dir,
@@ -113,6 +129,9 @@ class NatsServer(ManagedProcess):
         self.monitor_port = monitor_port if monitor_port is not None else free_port(host)
         self.server_name = server_name
         self.config = config
+        self.jetstream = jetstream
+        self.leafnode_port = free_port(host) if accept_leafnodes else None
+        self.leaf_remotes = tuple(leaf_remotes)
 
     @property
     def url(self) -> str:
@@ -125,26 +144,55 @@ class NatsServer(ManagedProcess):
         return f"http://{self.host}:{self.monitor_port}"
 
     @property
+    def leafnode_url(self) -> str:
+        """Where leaf nodes connect, ``nats-leaf://HOST:PORT`` (needs ``accept_leafnodes``)."""
+        if self.leafnode_port is None:
+            raise EmbeddedServerError("this nats-server was not started with accept_leafnodes")
+        return f"nats-leaf://{self.host}:{self.leafnode_port}"
+
+    @property
     def config_path(self) -> Path:
         """Where ``config`` is written when given."""
         return self.data_dir / "nats-server.conf"
 
     def _command(self, binary: str) -> list[str]:
         cmd = [binary]
-        if self.config is not None:
-            self.config_path.write_text(self.config, encoding="utf-8")
+        config = self._config_text()
+        if config is not None:
+            # Private: leaf remote URLs carry a password, an auth include names one.
+            write_private(self.config_path, config)
             cmd += ["-c", str(self.config_path)]
         cmd += [
             # The monitor listens on the client address too (nats-server's default).
             "-a", self.host,
             "-p", str(self.port),
             "-m", str(self.monitor_port),
-            "-js",
             "-sd", str(self.data_dir),
         ]  # fmt: skip
+        if self.jetstream:
+            cmd.append("-js")
         if self.server_name is not None:
             cmd += ["--server_name", self.server_name]
         return cmd + self.extra_args
+
+    def _config_text(self) -> str | None:
+        leaf: list[str] = []
+        if self.leafnode_port is not None:
+            leaf.append(f"  listen: {json.dumps(f'{self.host}:{self.leafnode_port}')}")
+        if self.leaf_remotes:
+            urls = ", ".join(f"{{url: {json.dumps(u)}}}" for u in self.leaf_remotes)
+            leaf.append(f"  remotes: [{urls}]")
+        if not leaf:
+            return self.config
+        return (self.config or "") + "\nleafnodes {\n" + "\n".join(leaf) + "\n}\n"
+
+    def leafnode_connections(self) -> int:
+        """Leaf nodes connected right now (``/leafz``); 0 when the monitor does not answer."""
+        try:
+            with urllib.request.urlopen(f"{self.monitor_url}/leafz", timeout=1.0) as resp:
+                return int(json.load(resp).get("leafnodes", 0))
+        except (urllib.error.URLError, OSError, ValueError):
+            return 0
 
     def healthz(self, query: str = "js-enabled-only=true") -> bool:
         """True when ``/healthz?<query>`` answers 200 (``query=""`` checks everything)."""
@@ -158,6 +206,16 @@ class NatsServer(ManagedProcess):
 
     def _probe(self) -> bool:
         return self.healthz()
+
+
+def leaf_remote_url(leafnode_url: str, user: str, password: str) -> str:
+    """A leaf remote URL authenticating as ``user`` (nats-server takes it only this way).
+
+    The result holds the password: it belongs in a mode-0600 config file, never a log.
+    """
+    scheme, _, hostport = leafnode_url.partition("://")
+    quote = urllib.parse.quote
+    return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{hostport}"
 
 
 class LedgerServer(ManagedProcess):

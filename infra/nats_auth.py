@@ -82,8 +82,15 @@ class RoleCredentials:
 
 
 # -- files ----------------------------------------------------------------------------
-def render_server_config(topology: Topology, credentials: Mapping[str, RoleCredentials]) -> str:
+def render_server_config(
+    topology: Topology,
+    credentials: Mapping[str, RoleCredentials],
+    js_domain: str | None = None,
+) -> str:
     """The ``authorization`` block (nats-server config syntax) for these credentials.
+
+    ``js_domain``: the server's JetStream domain, when clients reach it through leaf
+    nodes (infra.nats_permissions.role_permissions says why).
 
     No ``no_auth_user``: a client without credentials is refused.
     """
@@ -105,7 +112,7 @@ def render_server_config(topology: Topology, credentials: Mapping[str, RoleCrede
         "  users = [",
     ]
     for name, cred in credentials.items():
-        perms = role_permissions(topology, cred.role, pool_of(name, cred.role))
+        perms = role_permissions(topology, cred.role, pool_of(name, cred.role), js_domain)
         lines += [
             f"    {{user: {q(cred.user)}, password: {q(cred.password)}, permissions: {{",
             f"      publish: {{allow: {subjects(perms.publish)}}}",
@@ -143,12 +150,18 @@ def credentials_path(folder: Path, role: str) -> Path:
 
 
 def write_auth(
-    folder: Path, topology: Topology, *, rotate: bool = False, pools: Sequence[str] = ()
+    folder: Path,
+    topology: Topology,
+    *,
+    rotate: bool = False,
+    pools: Sequence[str] = (),
+    js_domain: str | None = None,
 ) -> AuthFiles:
     """Write the server config include and one credentials file per role (all 0600).
 
     ``pools`` adds a runner user per named pool (``runner-<pool>.json``), allowed that
-    pool's work only; the plain ``runner`` user is the default pool's.
+    pool's work only; the plain ``runner`` user is the default pool's. ``js_domain``
+    is the server's JetStream domain when runners reach it through leaf nodes.
 
     Existing credentials are kept (a second ``trialbus up`` must not lock out running
     services) unless ``rotate``; the server config is rewritten every time so it
@@ -179,7 +192,7 @@ def write_auth(
             write_private(path, json.dumps(record, indent=2) + "\n")
         creds[name], paths[name] = cred, path
     server_config = folder / AUTH_CONF
-    write_private(server_config, render_server_config(topology, creds))
+    write_private(server_config, render_server_config(topology, creds, js_domain))
     return AuthFiles(folder, server_config, paths)
 
 

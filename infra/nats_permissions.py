@@ -34,6 +34,7 @@ messages included.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from schemas.subjects import DEFAULT_POOL, Topology, check_pool
@@ -166,8 +167,16 @@ def _events(topology: Topology, *types: str) -> list[str]:
     return [f"{topology.prefix}.events.{t}.>" for t in types]
 
 
-def role_permissions(topology: Topology, role: str, pool: str = DEFAULT_POOL) -> Permissions:
-    """The exact allow lists of ``role`` for ``topology`` (a runner: of ``pool``)."""
+def role_permissions(
+    topology: Topology, role: str, pool: str = DEFAULT_POOL, js_domain: str | None = None
+) -> Permissions:
+    """The exact allow lists of ``role`` for ``topology`` (a runner: of ``pool``).
+
+    ``js_domain``: the hub's JetStream domain. A client behind a leaf node reaches the
+    hub's JetStream as ``$JS.<domain>.API.>`` (nats-server does not carry the plain
+    ``$JS.API.>`` across a leaf connection), so each API right is granted in that
+    form too; the hub maps it back onto the same API, same streams, same durables.
+    """
     principal(role, pool)  # validates both
     t = topology
     w, e, lg = t.work_stream, t.events_stream, t.logs_stream
@@ -238,7 +247,24 @@ def role_permissions(topology: Topology, role: str, pool: str = DEFAULT_POOL) ->
         pub = [*_info(e, lg), *_follow(e), *_follow(lg)]
         sub = []
     sub.append(f"{inbox_prefix(t, role, pool)}.>")
+    if js_domain is not None:
+        check_js_domain(js_domain)
+        local = f"{API}."
+        pub += [f"$JS.{js_domain}.API.{p[len(local) :]}" for p in pub if p.startswith(local)]
     return Permissions(tuple(dict.fromkeys(pub)), tuple(dict.fromkeys(sub)))
+
+
+_DOMAIN_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+
+
+def check_js_domain(domain: str) -> str:
+    """Return ``domain``, or raise ValueError: it becomes a subject token."""
+    if not _DOMAIN_RE.match(domain):
+        raise ValueError(
+            f"JetStream domain {domain!r} must match {_DOMAIN_RE.pattern} "
+            "(it is a token of the $JS.<domain>.API subjects)"
+        )
+    return domain
 
 
 def _runner_kv(topology: Topology) -> tuple[str, ...]:
