@@ -44,10 +44,66 @@ def unscored(row: dict[str, Any], cause: Callable[[str], str] = str) -> str:
     return text
 
 
+def _trials(n: int) -> str:
+    return f"{n} trial" + ("" if n == 1 else "s")
+
+
+def covered(total: str, usage: dict[str, Any]) -> str:
+    """``<total> over 10 of 12 trials; 2 unknown``: a sum and the trials it covers."""
+    n, k = usage["n_recorded"], usage["n_reported"]
+    if k == n:
+        return f"{total} over {_trials(n)}"
+    return f"{total} over {k} of {_trials(n)}; {n - k} unknown"
+
+
 def cost(row: dict[str, Any], per_scored: str = "") -> str:
-    """``$1.23 ($0.041<per_scored>)``: total cost, and the mean per scored trial."""
-    total = (row.get("usage") or {}).get("cost_usd")
-    if not total:
+    """``$0.42 over 10 of 12 trials; 2 unknown ($0.041<per_scored>)``.
+
+    The total says how many trials it covers; a cost no trial reported (no price for
+    the model, or no usage from the agent) reads "unknown", never $0 or a blank. The
+    mean per scored trial names its own coverage when some scored trials lack a cost.
+    "-" only for a row with no recorded trial.
+    """
+    usage = (row.get("usage") or {}).get("cost_usd")
+    if usage is None:
+        n = row.get("n_recorded", 0)
+        return f"unknown ({_trials(n)})" if n else "-"
+    if usage["sum"] is None:
+        return f"unknown ({_trials(usage['n_recorded'])})"
+    text = covered(f"${usage['sum']:.2f}", usage)
+    per = usage["mean_per_scored"]
+    if per is not None:
+        k, n = usage["n_scored_reported"], usage["n_scored"]
+        part = "" if k == n else f", {k} of {n} scored priced"
+        text += f" (${per:.3f}{per_scored}{part})"
+    return text
+
+
+def usage_cell(name: str, usage: dict[str, Any] | None) -> str:
+    """A usage figure with its coverage: ``12,345 over 10 of 12 trials; 2 unknown``."""
+    if usage is None:
         return "-"
-    per = total["mean_per_scored"]
-    return f"${total['sum']:.2f}" + (f" (${per:.3f}{per_scored})" if per is not None else "")
+    if usage["sum"] is None:
+        return f"unknown ({_trials(usage['n_recorded'])})"
+    fmt = "${:,.4f}" if name == "cost_usd" else "{:,.0f}"
+    text = covered(fmt.format(usage["sum"]), usage)
+    mean = usage["mean_per_scored"]
+    return text + (f" ({fmt.format(mean)})" if mean is not None else "")
+
+
+def shows_cost(rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether a table of these rows has a cost column: some trial reported a cost, or
+    some row names a model (an LLM agent, whose cost a reader expects: shown as
+    "unknown" rather than hidden). Oracle/nop-only tables stay without one."""
+    return any(
+        r.get("model") or ((r.get("usage") or {}).get("cost_usd") or {}).get("n_reported")
+        for r in rows
+    )
+
+
+def total_cost(report: dict[str, Any]) -> str:
+    """The experiment's cost over every recorded trial, with its coverage."""
+    usage = (report.get("usage") or {}).get("cost_usd")
+    if usage is None:
+        return "unknown (no trial recorded)"
+    return cost({"usage": {"cost_usd": usage}, "n_recorded": usage["n_recorded"]}, "/scored")

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Final
 
-from services.reports.formatting import cost, num, too_few, unscored, with_ci
+from services.reports.formatting import (
+    cost,
+    num,
+    shows_cost,
+    too_few,
+    total_cost,
+    unscored,
+    with_ci,
+)
 
 _CSS: Final = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;
@@ -133,7 +141,7 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
         f"<th>interval ({num(scale[0])} to {num(scale[1])})</th>"
         "<th>pass rate [95% CI]</th><th>pass@k</th>"
     ]
-    with_cost = any((r.get("usage") or {}).get("cost_usd") for r in rows)
+    with_cost = shows_cost(rows)
     out.append("<th>cost (per scored trial)</th></tr>" if with_cost else "</tr>")
     for i, r in enumerate(rows, 1):
         causes = unscored(r, _e)
@@ -231,6 +239,8 @@ def render_html(report: dict[str, Any]) -> str:
         f"{s['scored']} scored of {s['total']} trials; {s['unscored']} unscored "
         f"(never counted as zeros), {s['pending']} pending."
     )
+    if shows_cost(report["leaderboard"]):
+        summary += f" Cost: {total_cost(report)}."
     rules_text = (
         f"Scored trials only: a valid reward (including the agent's own timeouts and "
         f"refusals); infrastructure, verifier and cancelled trials are unscored. Pass: main "

@@ -31,7 +31,14 @@ from services.reports.scoring import (
     scored_reward,
 )
 
-__all__ = ["MIN_SCORED", "PASS_THRESHOLD", "LeaderboardRow", "leaderboard", "status_counts"]
+__all__ = [
+    "MIN_SCORED",
+    "PASS_THRESHOLD",
+    "LeaderboardRow",
+    "leaderboard",
+    "status_counts",
+    "usage_totals",
+]
 
 USAGE_FIELDS: Final = ("n_input_tokens", "n_cache_tokens", "n_output_tokens", "cost_usd")
 
@@ -120,22 +127,31 @@ def reward_key_means(
 def usage_totals(
     records: Sequence[TrialRecord], scored: Sequence[TrialRecord]
 ) -> dict[str, dict[str, Any]]:
-    """Tokens and cost where Harbor reported them.
+    """Tokens and cost, and how many trials each figure covers.
 
-    ``sum`` and ``n_reported`` cover every recorded trial (unscored trials cost money
-    too); ``mean_per_scored`` is the mean over the scored trials that report it.
-    Fields no trial reports are left out.
+    Per field (``USAGE_FIELDS``), whenever there are records: ``sum`` over the trials
+    that report it (``n_reported`` of ``n_recorded``; unscored trials cost money too),
+    None when none does: unknown, never 0. ``n_unknown`` trials report nothing (no
+    price for the model, or the agent did not report usage): a sum over a mix covers
+    only the others, and every rendering says so. ``mean_per_scored`` is the mean over
+    the ``n_scored_reported`` of ``n_scored`` scored trials that report it.
     """
+    if not records:
+        return {}
     out: dict[str, dict[str, Any]] = {}
     for name in USAGE_FIELDS:
         values = [v for r in records if (v := getattr(r.usage, name)) is not None]
-        if not values:
-            continue
         per_scored = [v for r in scored if (v := getattr(r.usage, name)) is not None]
-        total: float | int = math.fsum(values) if name == "cost_usd" else sum(values)
+        total: float | int | None = None
+        if values:
+            total = math.fsum(values) if name == "cost_usd" else sum(values)
         out[name] = {
+            "n_recorded": len(records),
             "n_reported": len(values),
+            "n_unknown": len(records) - len(values),
             "sum": total,
+            "n_scored": len(scored),
+            "n_scored_reported": len(per_scored),
             "mean_per_scored": stats.mean(per_scored) if per_scored else None,
         }
     return out

@@ -13,7 +13,7 @@ from typing import Any
 from schemas.record import TrialRecord
 from services.common.ports import ExperimentInfo
 from services.reports import stats
-from services.reports.leaderboard import LeaderboardRow, leaderboard, status_counts
+from services.reports.leaderboard import LeaderboardRow, leaderboard, status_counts, usage_totals
 from services.reports.scoring import (
     MIN_SCORED,
     PASS_THRESHOLD,
@@ -129,4 +129,7 @@ def build_report(
         "leaderboard": [r.as_dict() for r in rows],
         "tasks": task_matrix(recs, rows, min_scored),
         "failures": failure_causes(recs),
+        # Over every recorded trial, with how many report each figure (cost: unknown
+        # for a trial without a price or usage, never 0).
+        "usage": usage_totals(recs, [r for r in recs if scored_reward(r) is not None]),
     }

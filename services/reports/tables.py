@@ -9,7 +9,16 @@ from rich.console import Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from services.reports.formatting import cost, num, too_few, unscored, with_ci
+from services.reports.formatting import (
+    cost,
+    num,
+    shows_cost,
+    too_few,
+    total_cost,
+    unscored,
+    usage_cell,
+    with_ci,
+)
 
 
 def _pass_at_k_brief(pass_at_k: dict[str, float]) -> str:
@@ -34,7 +43,7 @@ def leaderboard_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
         "pass@k",
     ):
         table.add_column(col)
-    with_cost = any(r.get("usage", {}).get("cost_usd") for r in rows)
+    with_cost = shows_cost(rows)
     if with_cost:
         table.add_column("cost")
     for i, r in enumerate(rows, 1):
@@ -109,23 +118,18 @@ def reward_keys_table(rows: Sequence[dict[str, Any]]) -> Table | None:
 _USAGE_FIELDS = ("cost_usd", "n_input_tokens", "n_cache_tokens", "n_output_tokens")
 
 
-def _usage_cell(name: str, usage: dict[str, Any] | None) -> str:
-    if usage is None:
-        return "-"
-    fmt = "{:,.4f}" if name == "cost_usd" else "{:,.0f}"
-    mean = usage["mean_per_scored"]
-    return fmt.format(usage["sum"]) + (f" ({fmt.format(mean)})" if mean else "")
-
-
 def usage_table(rows: Sequence[dict[str, Any]]) -> Table | None:
-    """Tokens and cost per agent x model, where Harbor reported them."""
-    if not any(r.get("usage") for r in rows):
+    """Tokens and cost per agent x model, each with the trials it covers."""
+    reported = any(
+        (u or {}).get("n_reported") for r in rows for u in (r.get("usage") or {}).values()
+    )
+    if not (reported or shows_cost(rows)):
         return None
     return _per_agent_table(
-        "usage: sum over recorded trials (mean per scored trial)",
+        "usage: sum over recorded trials that report it (mean per scored trial)",
         _USAGE_FIELDS,
         rows,
-        lambda r: [_usage_cell(f, (r.get("usage") or {}).get(f)) for f in _USAGE_FIELDS],
+        lambda r: [usage_cell(f, (r.get("usage") or {}).get(f)) for f in _USAGE_FIELDS],
         "right",
     )
 
@@ -177,7 +181,8 @@ def report_renderable(report: dict[str, Any]) -> Group:
     parts: list[RenderableType] = [
         Text(
             f"{s['scored']} scored / {s['total']} trials; {s['unscored']} unscored, "
-            f"{s['pending']} pending",
+            f"{s['pending']} pending"
+            + (f"; cost {total_cost(report)}" if shows_cost(report["leaderboard"]) else ""),
         ),
         leaderboard_table(report["leaderboard"], title),
     ]

@@ -227,7 +227,19 @@ def test_row_as_dict() -> None:
                 "too_few": False,
             }
         },
-        "usage": {},
+        # Nothing reported: every figure is unknown for both trials, never 0.
+        "usage": {
+            name: {
+                "n_recorded": 2,
+                "n_reported": 0,
+                "n_unknown": 2,
+                "sum": None,
+                "n_scored": 1,
+                "n_scored_reported": 0,
+                "mean_per_scored": None,
+            }
+            for name in ("n_input_tokens", "n_cache_tokens", "n_output_tokens", "cost_usd")
+        },
     }
 
 
@@ -353,9 +365,19 @@ def test_usage_sums_every_trial_and_averages_scored_ones() -> None:
     ]
     failed = unscored("infrastructure").model_copy(update={"usage": Usage(cost_usd=0.25)})
     [r] = leaderboard([*paid, failed, scored(0.0)], min_scored=1)
-    assert r.usage["cost_usd"] == {"n_reported": 3, "sum": 1.25, "mean_per_scored": 0.5}
-    assert r.usage["n_input_tokens"] == {"n_reported": 2, "sum": 200, "mean_per_scored": 100}
-    assert "n_output_tokens" not in r.usage
+    counts = {"n_recorded": 4, "n_scored": 3}
+    assert r.usage["cost_usd"] == {
+        **counts,
+        **{"n_reported": 3, "n_unknown": 1, "sum": 1.25},
+        **{"n_scored_reported": 2, "mean_per_scored": 0.5},
+    }
+    assert r.usage["n_input_tokens"] == {
+        **counts,
+        **{"n_reported": 2, "n_unknown": 2, "sum": 200},
+        **{"n_scored_reported": 2, "mean_per_scored": 100},
+    }
+    assert r.usage["n_output_tokens"]["sum"] is None  # unknown, not 0
+    assert r.usage["n_output_tokens"]["n_unknown"] == 4
 
 
 @given(

@@ -166,4 +166,4 @@ def test_html_shows_cost_only_where_harbor_reported_it() -> None:
     assert "cost (per scored trial)" not in plain
     paid = [r.model_copy(update={"usage": Usage(cost_usd=0.5)}) for r in demo_records()]
     page = render_html(build_report("exp", paid, INFO))
-    assert "cost (per scored trial)" in page and "$6.50 ($0.500)" in page
+    assert "cost (per scored trial)" in page and "$6.50 over 13 trials ($0.500)" in page
