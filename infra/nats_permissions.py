@@ -80,14 +80,6 @@ def inbox_prefix(topology: Topology, role: str, pool: str = DEFAULT_POOL) -> str
     return f"_INBOX.{topology.prefix}.{principal(role, pool)}"
 
 
-def registry_key(pool: str, runner_id: str) -> str:
-    """Key of a runner's record in the runners bucket: ``<pool>.<runner_id>``.
-
-    The pool comes first so a runner user's write right can be one pool's keys.
-    """
-    return f"{check_pool(pool)}.{runner_id}"
-
-
 def kv_stream(bucket: str) -> str:
     """Backing stream of a KV bucket (NATS naming)."""
     return f"KV_{bucket}"
@@ -222,7 +214,7 @@ def role_permissions(
             *_kv_read(t.leases_bucket),
             *_kv_write(t.control_bucket, "runs.>"),
             *_kv_read(t.control_bucket),
-            *_kv_write(t.runners_bucket, f"{pool}.>"),
+            *_kv_write(t.runners_bucket, f"{pool}.>"),  # schemas.runners.registry_key
             *_kv_read(t.runners_bucket),
             *_obj_read(t.tasks_bucket),
             *_obj_write(t.results_bucket),

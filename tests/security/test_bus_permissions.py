@@ -38,9 +38,11 @@ from infra.nats_auth import (
 )
 from infra.nats_permissions import ROLES
 from infra.nats_provision import provision
+from schemas.runners import RunnerInfo
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
+from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.runner.consumer import ensure_runner_consumer
 from tests.conftest import skip_unless
 
@@ -271,13 +273,22 @@ async def test_a_pool_runner_takes_only_its_pools_work(roles: dict[str, Role]) -
 
 
 async def test_a_runner_writes_only_its_pools_registry_keys(roles: dict[str, Role]) -> None:
-    remote, runner = roles[f"runner-{POOL}"], roles["runner"]
+    remote, runner, submitter = roles[f"runner-{POOL}"], roles["runner"], roles["submitter"]
+    me = RunnerInfo(runner_id=f"r-{uuid.uuid4().hex[:6]}", host="h", pool=POOL, concurrency=1)
+    await (await NatsRunnerRegistry.open(remote.js, TOPO)).announce(me)
+    # The submitter lists live runners with the rights it has (no consumer needed).
+    listed = await (await NatsRunnerRegistry.open(submitter.js, TOPO)).live_runners()
+    assert me in listed
     kv = await remote.js.key_value(TOPO.runners_bucket)
-    assert await kv.put(f"{POOL}.probe-{uuid.uuid4().hex[:6]}", b"{}")
     key = f"{DEFAULT_POOL}.forged-{uuid.uuid4().hex[:6]}"
     await remote.denied(kv.put(key, b"{}"), "Publish", f"$KV.{TOPO.runners_bucket}.{key}")
     # Negative control: the default pool's runner owns that key.
     assert await (await runner.js.key_value(TOPO.runners_bucket)).put(key, b"{}")
+    # Nor may the submitter announce a runner (a fake pool would pass its own check).
+    sub_kv = await submitter.js.key_value(TOPO.runners_bucket)
+    await submitter.denied(
+        sub_kv.put(f"{POOL}.fake", b"{}"), "Publish", f"$KV.{TOPO.runners_bucket}.{POOL}.fake"
+    )
 
 
 async def test_runner_publishes_run_events_but_no_experiment_events(

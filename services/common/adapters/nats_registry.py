@@ -1,0 +1,162 @@
+"""The runner registry over a NATS KV bucket: who is alive, in which pool, able to run what.
+
+Each runner keeps one :class:`~schemas.runners.RunnerInfo` (JSON) under the key
+``<pool>.<runner_id>`` of ``Topology.runners_bucket``. The bucket's max age (set by
+the admin when provisioning, infra.nats_provision) is the record's time to live: a
+runner rewrites its record every ``ttl / HEARTBEATS_PER_TTL`` seconds
+(:func:`heartbeat`), so a runner that dies silently drops out after at most one TTL
+and one that stops cleanly deletes its record at once. Keys start with the pool so a
+runner user's write right is one pool's keys (infra/nats_permissions.py); a pool's
+runners share one user, so one runner could overwrite another of the SAME pool's
+record, not another pool's.
+
+The port, for services.common.ports (the submitter reads, the runner writes)::
+
+    class RunnerRegistry(Protocol):
+        async def announce(self, info: RunnerInfo) -> None: ...
+        async def withdraw(self, info: RunnerInfo) -> None: ...
+        async def live_runners(self) -> list[RunnerInfo]: ...
+
+services.common.adapters.memory_registry is the fake with the same contract
+(tests/integration/test_runner_registry.py runs one suite against both).
+
+Listing reads the bucket's subjects with ``STREAM.INFO`` (a subjects filter) and each
+record with a direct get: both rights the submitter and runners already have, so no
+role needs to create consumers on the bucket (which ``kv.keys()`` would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
+from nats.js.kv import KeyValue
+from pydantic import ValidationError
+
+from schemas.runners import RunnerInfo, registry_key
+from schemas.subjects import Topology
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+
+HEARTBEATS_PER_TTL = 3
+"""A record is rewritten this many times per TTL: two lost heartbeats drop no runner."""
+
+DEFAULT_TTL_S = 60.0
+"""The bucket's max age when a runner has to create it (no provisioned stack)."""
+
+
+class RunnerRegistry(Protocol):
+    """Where runners announce themselves and the submitter finds the live ones."""
+
+    async def announce(self, info: RunnerInfo) -> None:
+        """Write (or rewrite) the runner's record; it lives one TTL from now."""
+
+    async def withdraw(self, info: RunnerInfo) -> None:
+        """Remove the runner's record (a clean stop)."""
+
+    async def live_runners(self) -> list[RunnerInfo]:
+        """Records of every runner heard from within the TTL, sorted by pool and id."""
+
+
+class NatsRunnerRegistry:
+    """:class:`RunnerRegistry` over the KV bucket ``Topology.runners_bucket``."""
+
+    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str, ttl_s: float) -> None:
+        self._js = js
+        self._kv = kv
+        self._bucket = bucket
+        self.ttl_s = ttl_s
+
+    @classmethod
+    async def open(
+        cls, js: JetStreamContext, topology: Topology, *, create_ttl_s: float = DEFAULT_TTL_S
+    ) -> NatsRunnerRegistry:
+        """Bind the bucket; create it (TTL ``create_ttl_s``) only where it is missing.
+
+        On a stack with per-role users it exists (the admin provisioned it) and only
+        its status is read, which runners and the submitter may do.
+        """
+        name = topology.runners_bucket
+        try:
+            kv = await js.key_value(name)
+        except BucketNotFoundError:
+            kv = await js.create_key_value(
+                KeyValueConfig(
+                    bucket=name,
+                    history=1,
+                    ttl=create_ttl_s,
+                    storage=StorageType.FILE,
+                    direct=True,
+                )
+            )
+        ttl = (await kv.status()).ttl
+        return cls(js, kv, name, float(ttl) if ttl else create_ttl_s)
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often a runner should rewrite its record."""
+        return self.ttl_s / HEARTBEATS_PER_TTL
+
+    async def announce(self, info: RunnerInfo) -> None:
+        """Write the runner's record under ``<pool>.<runner_id>``."""
+        await self._kv.put(registry_key(info.pool, info.runner_id), info.model_dump_json().encode())
+
+    async def withdraw(self, info: RunnerInfo) -> None:
+        """Delete the runner's record (a delete marker; it expires with the TTL)."""
+        await self._kv.delete(registry_key(info.pool, info.runner_id))
+
+    async def live_runners(self) -> list[RunnerInfo]:
+        """Every record not expired nor deleted; a malformed one is logged and skipped."""
+        prefix = f"$KV.{self._bucket}."
+        state = (await self._js.stream_info(f"KV_{self._bucket}", subjects_filter=">")).state
+        out: list[RunnerInfo] = []
+        for subject in sorted(state.subjects or {}):
+            key = subject.removeprefix(prefix)
+            try:
+                entry = await self._kv.get(key)
+            except (KeyNotFoundError, KeyDeletedError):
+                continue  # withdrawn, or expired since the listing
+            try:
+                out.append(RunnerInfo.model_validate_json(entry.value or b""))
+            except ValidationError as exc:
+                log.warning("malformed runner record skipped", key=key, errors=exc.error_count())
+        return sorted(out, key=lambda r: (r.pool, r.runner_id))
+
+
+@contextlib.asynccontextmanager
+async def heartbeat(
+    registry: RunnerRegistry, info: RunnerInfo, interval_s: float
+) -> AsyncIterator[None]:
+    """Keep ``info`` announced while the block runs; withdraw it when the block ends.
+
+    The first announcement happens before the block starts (a failure there raises:
+    a runner that cannot announce itself should not start). Later ones that fail are
+    logged and retried at the next beat (a NATS blip must not stop a runner).
+    """
+    await registry.announce(info.seen_now())
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await registry.announce(info.seen_now())
+            except Exception as exc:  # noqa: BLE001 - reconnecting; try at the next beat
+                log.warning("runner heartbeat failed", error=f"{type(exc).__name__}: {exc}")
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        try:
+            await registry.withdraw(info)
+        except Exception as exc:  # noqa: BLE001 - the record expires with the TTL anyway
+            log.warning("runner withdrawal failed", error=f"{type(exc).__name__}: {exc}")
