@@ -125,6 +125,9 @@ def test_private_folders_are_private_to_each_host(hosts: Hosts) -> None:
         # Positive control: another process of the same host sees the files.
         again = a.run(["cat", *files])
         assert again.stdout.split() == [a.name] * len(files), again
+        # The hub can look into a host's disk (Host.path), and finds them there only.
+        assert a.path(files[1]).read_text().strip() == a.name
+        assert not b.path(files[1]).exists()
         # Neither the other host nor the hub sees them, at the same paths.
         for path in files:
             assert b.run(["test", "-e", path]).returncode == 1, path

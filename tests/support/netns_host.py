@@ -257,7 +257,10 @@ class Host:
             env: the whole environment (the hub's own when None). Point services at
                 ``hub_address`` (e.g. ``NatsServer(host=hosts.hub_address).url``) and
                 their data at ``data_dir``: the hub's loopback and files are not here.
-            cwd: working directory as the host sees it (the repository when None).
+            cwd: working directory as the host sees it; ``data_dir`` when None, so
+                relative paths (e.g. the runner's default ``.trialbus/runner``) land
+                on the host's own disk. The package imports from anywhere (editable
+                install), and the checkout is read-only here anyway.
             label: names the output files ``<host>.<n>.<label>.out|.err`` in ``log_dir``.
         """
         if not self.alive or self._pid1 is None:
@@ -270,7 +273,7 @@ class Host:
         # on the hub, which could put the process in a hub folder).
         command = [
             "nsenter", f"--target={self._pid1}", "--net", "--mount", "--pid", "--uts",
-            "--", "env", "-C", str(cwd or REPO), "--", *argv,
+            "--", "env", "-C", str(cwd or HOST_DATA_DIR), "--", *argv,
         ]  # fmt: skip
         with stdout.open("wb") as out, stderr.open("wb") as err:
             launcher = subprocess.Popen(
@@ -302,6 +305,16 @@ class Host:
             raise HostError(f"{self.name}: {argv} still running after {timeout} s") from None
         out = proc.stdout_path.read_text(errors="replace")
         return subprocess.CompletedProcess(argv, code, out, proc.stderr_path.read_text())
+
+    def path(self, path: str | os.PathLike[str]) -> Path:
+        """``path`` as this host sees it, readable from the hub (``/proc/<pid 1>/root``).
+
+        For inspecting a host's private disk from the test without spawning a process,
+        e.g. ``host.path(HOST_DATA_DIR) / "runner"``; valid while the host is up.
+        """
+        if self._pid1 is None:
+            raise HostDownError(f"{self.name} is down: its disk went with it")
+        return Path(f"/proc/{self._pid1}/root") / Path(path).relative_to("/")
 
     def pids(self) -> list[int]:
         """Pids of every process on this host's network (``ip netns pids``)."""
