@@ -1,7 +1,8 @@
 """Several "hosts" on one machine, for multi-host tests: namespaces, a bridge, cleanup.
 
 A host is what a runner on another machine would have: its own network (a network
-namespace with one address on a bridge, reaching nothing but the hub), its own disk
+namespace with one address on a bridge, its own loopback, no NAT: it reaches the root
+namespace's addresses, never its loopback, and nothing beyond the machine), its own disk
 (a mount namespace with a tmpfs over each private folder: the same path on every host
 shows different files), its own processes (a pid namespace: killing the host kills all
 of them, sandboxes included) and its own hostname. The hub stays in the root
@@ -15,7 +16,8 @@ Typical use (root only; see ``unavailable_reason``)::
 
     with Hosts(2, log_dir=tmp_path / "hosts") as hosts:
         nats = NatsServer(tmp_path / "nats", host=hosts.hub_address).start()
-        proc = hosts[0].spawn([python, "-m", "services.runner"], env={..., "NATS_URL": nats.url})
+        env = {**os.environ, "NATS_URL": nats.url}  # the hub's servers, via the bridge
+        runner = hosts[0].spawn([sys.executable, "-m", "services.runner"], env, label="runner")
         ...
         hosts[0].kill()  # the host dies: every process in it, and its disk
 
