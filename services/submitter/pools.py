@@ -1,0 +1,67 @@
+"""Can any live runner run this manifest? Pure logic over the runner registry's records.
+
+A manifest's trials go to the work subject of ``compute.pool``; a runner takes them
+only if it serves that pool, and can run them only if it offers everything the
+trials need: the capabilities in ``compute.requires`` and the environment itself
+when it is one runners detect (``local``, ``docker``; services.runner.capabilities).
+Cloud environments and ``module:Class`` ones are not detectable, so they add nothing.
+
+The submitter calls :func:`pool_refusal` with the live records
+(``RunnerRegistry.live_runners()``) before publishing, and refuses with its message.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from schemas.manifest import LOCAL_ENVIRONMENT_ALIAS, ComputeSpec
+from schemas.runners import RunnerInfo
+
+DETECTED_ENVIRONMENTS = frozenset({LOCAL_ENVIRONMENT_ALIAS, "docker"})
+"""Environments runners detect and announce as capabilities."""
+
+
+def required_capabilities(compute: ComputeSpec) -> tuple[str, ...]:
+    """What a runner must offer for ``compute``: its environment (when detectable) and
+    ``requires``, in that order, without repeats."""
+    env = [compute.environment] if compute.environment in DETECTED_ENVIRONMENTS else []
+    return tuple(dict.fromkeys([*env, *compute.requires]))
+
+
+def pool_refusal(
+    computes: ComputeSpec | Iterable[ComputeSpec], runners: Sequence[RunnerInfo]
+) -> str | None:
+    """None when, for every compute spec, a live runner of its pool offers all it needs;
+    else why not, naming the pool, what is missing and what the live pools offer, e.g.
+    ``no live runner in pool 'gpu' offers 'docker'; live pools: default (local) x2``.
+    """
+    specs = [computes] if isinstance(computes, ComputeSpec) else list(computes)
+    problems: list[str] = []
+    for pool, needed in dict.fromkeys((c.pool, required_capabilities(c)) for c in specs):
+        members = [r for r in runners if r.pool == pool]
+        if any(set(needed) <= r.offers for r in members):
+            continue
+        if not members:
+            problems.append(f"no live runner in pool {pool!r}")
+        elif len(needed) == 1:
+            problems.append(f"no live runner in pool {pool!r} offers {needed[0]!r}")
+        else:
+            wanted = ", ".join(repr(n) for n in needed)
+            problems.append(f"no live runner in pool {pool!r} offers all of {wanted}")
+    if not problems:
+        return None
+    return (
+        "; ".join(problems)
+        + f"; {live_pools_summary(runners)}"
+        + " (set compute.pool / compute.requires to what runs, or start a runner there)"
+    )
+
+
+def live_pools_summary(runners: Sequence[RunnerInfo]) -> str:
+    """``live pools: default (local) x2, gpu (docker, gpu) x1``, or ``no runner is live``."""
+    if not runners:
+        return "no runner is live"
+    groups = Counter((r.pool, ", ".join(sorted(r.offers)) or "nothing") for r in runners)
+    parts = [f"{pool} ({offers}) x{n}" for (pool, offers), n in sorted(groups.items())]
+    return "live pools: " + ", ".join(parts)

@@ -1,0 +1,82 @@
+"""Which manifests the live runner pools can run (services.submitter.pools)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schemas.manifest import ComputeSpec
+from schemas.runners import RunnerInfo
+from services.submitter.pools import pool_refusal, required_capabilities
+
+
+def _runner(
+    rid: str, pool: str = "default", caps: list[str] | None = None, **kw: Any
+) -> RunnerInfo:
+    return RunnerInfo(
+        runner_id=rid, host="h", pool=pool, capabilities=caps or [], concurrency=1, **kw
+    )
+
+
+LOCALS = [_runner("a", caps=["local"]), _runner("b", caps=["local"])]
+
+
+def test_the_default_manifest_runs_on_a_local_runner() -> None:
+    assert pool_refusal(ComputeSpec(), LOCALS) is None
+    # Control: no runner at all, or none able to run 'local', refuses it.
+    assert pool_refusal(ComputeSpec(), []) == (
+        "no live runner in pool 'default'; no runner is live (set compute.pool / "
+        "compute.requires to what runs, or start a runner there)"
+    )
+    assert "offers 'local'" in (pool_refusal(ComputeSpec(), [_runner("c")]) or "")
+
+
+def test_a_missing_capability_names_pool_need_and_what_is_live() -> None:
+    compute = ComputeSpec(environment="docker", pool="gpu")
+    runners = [*LOCALS, _runner("g", pool="gpu", caps=["local"], labels=["gpu"])]
+    message = pool_refusal(compute, runners)
+    assert message is not None
+    assert message.startswith(
+        "no live runner in pool 'gpu' offers 'docker'; "
+        "live pools: default (local) x2, gpu (gpu, local) x1"
+    )
+    # Control: a docker runner in that pool makes it runnable.
+    assert pool_refusal(compute, [*runners, _runner("d", pool="gpu", caps=["docker"])]) is None
+
+
+def test_the_right_capabilities_in_the_wrong_pool_do_not_count() -> None:
+    compute = ComputeSpec(pool="remote", requires=["gpu"])
+    message = pool_refusal(compute, [_runner("a", caps=["local"], labels=["gpu"])])
+    assert message is not None and message.startswith("no live runner in pool 'remote';")
+    assert pool_refusal(compute, [_runner("r", "remote", ["local"], labels=["gpu"])]) is None
+
+
+def test_all_requirements_must_meet_on_one_runner() -> None:
+    compute = ComputeSpec(requires=["gpu"])  # and 'local', the environment
+    split = [_runner("a", caps=["local"]), _runner("b", labels=["gpu"])]
+    assert "offers all of 'local', 'gpu'" in (pool_refusal(compute, split) or "")
+    assert pool_refusal(compute, [_runner("c", caps=["local"], labels=["gpu"])]) is None
+
+
+def test_undetectable_environments_add_no_requirement() -> None:
+    assert required_capabilities(ComputeSpec(environment="daytona")) == ()
+    assert required_capabilities(ComputeSpec(environment="pkg.mod:Env", requires=["x"])) == ("x",)
+    assert required_capabilities(ComputeSpec(requires=["local", "gpu"])) == ("local", "gpu")
+    assert pool_refusal(ComputeSpec(environment="daytona"), [_runner("a")]) is None
+
+
+def test_several_specs_report_every_problem() -> None:
+    specs = [ComputeSpec(), ComputeSpec(pool="a"), ComputeSpec(pool="b"), ComputeSpec(pool="a")]
+    message = pool_refusal(specs, LOCALS)
+    assert message is not None
+    assert message.count("no live runner in pool 'a'") == 1  # once per distinct need
+    assert "no live runner in pool 'b'" in message and "pool 'default'" not in message
+
+
+@pytest.mark.parametrize("bad", ["GPU", "has space", "x" * 40])
+def test_capabilities_are_validated(bad: str) -> None:
+    with pytest.raises(ValueError):
+        ComputeSpec(requires=[bad])
+    with pytest.raises(ValueError):
+        _runner("a", caps=[bad])
