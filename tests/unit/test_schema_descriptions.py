@@ -16,7 +16,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field, TypeAdapter
 
-from schemas import envelope, events, experiment_events, manifest, record, trial_events
+from schemas import envelope, events, experiment_events, manifest, record, runners, trial_events
 
 # schemas.harbor_result is not part of the contract: it reads Harbor's files leniently.
 CONTRACT_MODULES: tuple[ModuleType, ...] = (
@@ -25,6 +25,7 @@ CONTRACT_MODULES: tuple[ModuleType, ...] = (
     trial_events,
     record,
     manifest,
+    runners,
 )
 MODES: tuple[Literal["validation", "serialization"], ...] = ("validation", "serialization")
 
