@@ -150,6 +150,19 @@ def test_private_folders_are_private_to_each_host(hosts: Hosts) -> None:
         Path(shared).unlink(missing_ok=True)
 
 
+def test_hidden_folders_look_empty_inside_hosts(tmp_path: Path) -> None:
+    skip_unless(unavailable_reason())
+    tasks = Path(REPO) / "examples" / "tasks"
+    listing = sorted(p.name for p in tasks.iterdir())
+    assert listing  # control: the hub sees the example tasks
+    with Hosts(1, log_dir=tmp_path, hidden=[str(tasks)]) as hosts:
+        assert hosts[0].run(["ls", "-A", str(tasks)]).stdout == ""
+        # Control: without ``hidden`` a host sees the hub's checkout (read-only).
+        assert hosts[0].run(["ls", str(tasks.parent)]).stdout.split() == sorted(
+            p.name for p in tasks.parent.iterdir()
+        )
+
+
 def test_a_host_cannot_reach_the_hub_loopback(hosts: Hosts) -> None:
     with (
         socket.create_server(("127.0.0.1", 0)) as local,

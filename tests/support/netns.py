@@ -184,6 +184,8 @@ class Hosts:
         private_dirs: folders each host gets its own tmpfs over (``PRIVATE_DIRS``).
         readonly: folders bound read-only inside every host (the repository), so a
             write to a path the hub shares fails instead of going unnoticed.
+        hidden: existing folders that look empty (and read-only) inside every host,
+            e.g. the example tasks, to prove runners never read the hub's copy.
 
     Attributes:
         token: six hex digits naming this run's namespaces and links.
@@ -200,17 +202,23 @@ class Hosts:
         log_dir: Path | None = None,
         private_dirs: Sequence[str] = PRIVATE_DIRS,
         readonly: Sequence[str] = (REPO,),
+        hidden: Sequence[str] = (),
     ) -> None:
         if not 1 <= count <= MAX_HOSTS:
             raise ValueError(f"count must be 1..{MAX_HOSTS} (each host is a pid 1), not {count}")
-        if not all(d.startswith("/") for d in (*private_dirs, *readonly)):
-            raise ValueError(f"private and read-only folders must be absolute: {private_dirs}")
+        for d in (*private_dirs, *readonly, *hidden):
+            if not d.startswith("/"):
+                raise ValueError(f"folders given to Hosts must be absolute paths, not {d!r}")
+        for d in hidden:
+            if not Path(d).is_dir():
+                raise ValueError(f"hidden folder {d} is not an existing folder")
         self.count = count
         self.log_dir = (
             Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"{PREFIX}-logs-"))
         )
         self.private_dirs = tuple(private_dirs)
         self.readonly = tuple(readonly)
+        self.hidden = tuple(str(d) for d in hidden)
         self.token = secrets.token_hex(3)
         self.bridge = f"{PREFIX}b{self.token}"
         self.subnet = ""
@@ -245,6 +253,7 @@ class Hosts:
                     self.hub_address,
                     private_dirs=self.private_dirs,
                     readonly=self.readonly,
+                    hidden=self.hidden,
                     log_dir=self.log_dir,
                 )
                 self.hosts.append(host)

@@ -61,6 +61,8 @@ for d in cfg["private"]:
 for d in cfg["readonly"]:
     subprocess.run(["mount", "--bind", d, d], check=True)
     subprocess.run(["mount", "-o", "remount,bind,ro", d], check=True)
+for d in cfg["hidden"]:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,mode=0555", "hidden", d], check=True)
 socket.sethostname(cfg["name"])
 print("ready", flush=True)
 while True:
@@ -189,6 +191,7 @@ class Host:
         *,
         private_dirs: Sequence[str],
         readonly: Sequence[str],
+        hidden: Sequence[str] = (),
         log_dir: Path,
     ) -> None:
         self.name = name
@@ -198,6 +201,7 @@ class Host:
         self.data_dir = Path(HOST_DATA_DIR)
         self.private_dirs = tuple(private_dirs)
         self._readonly = tuple(readonly)
+        self._hidden = tuple(hidden)
         self._log_dir = log_dir
         self._keeper: subprocess.Popen[bytes] | None = None
         self._pid1: int | None = None
@@ -219,7 +223,12 @@ class Host:
         """
         if self.alive:
             raise HostError(f"{self.name} is already up")
-        config = {"name": self.name, "private": self.private_dirs, "readonly": self._readonly}
+        config = {
+            "name": self.name,
+            "private": self.private_dirs,
+            "readonly": self._readonly,
+            "hidden": self._hidden,
+        }
         with (self._log_dir / f"{self.name}.pid1.err").open("ab") as err:
             # --kill-child: when unshare dies (with the test process, by PDEATHSIG), pid 1
             # dies and the kernel takes every process of the host with it.
