@@ -81,9 +81,15 @@ def runner_settings(nats_url: str, topology: Topology) -> RunnerSettings:
     )
 
 
-async def stored(js: JetStreamContext, topology: Topology, trial_id: str, n: int) -> list[bytes]:
+async def stored(
+    js: JetStreamContext,
+    topology: Topology,
+    trial_id: str,
+    n: int,
+    experiment_id: str = "exp-live",
+) -> list[bytes]:
     """The raw payloads of the logs stream for ``trial_id``, once there are ``n``."""
-    subject = topology.log_subject("exp-live", trial_id)
+    subject = topology.log_subject(experiment_id, trial_id)
     deadline = time.monotonic() + 20
     while True:
         info = await js.stream_info(topology.logs_stream, subjects_filter=subject)
