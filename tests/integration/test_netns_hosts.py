@@ -32,10 +32,10 @@ from tests.support.netns import (
     REPO,
     HostDownError,
     Hosts,
+    netns_pids,
     sweep_stale,
     unavailable_reason,
 )
-from tests.support.netns_host import netns_pids
 
 PY = sys.executable
 # Exit 0 when a TCP connection to argv[1]:argv[2] succeeds, 1 (with the error) if not.

@@ -76,6 +76,7 @@ __all__ = [
     "HostError",
     "HostProcess",
     "Hosts",
+    "netns_pids",
     "sweep_stale",
     "unavailable_reason",
 ]

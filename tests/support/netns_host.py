@@ -82,6 +82,7 @@ class HostDownError(HostError):
 
 
 def ip(*args: str, check: bool = True) -> str:
+    """Run ``ip ARGS`` (iproute2); its stdout. Raises HostError quoting ip's message."""
     done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if check and done.returncode != 0:
         raise HostError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
@@ -89,6 +90,7 @@ def ip(*args: str, check: bool = True) -> str:
 
 
 def netns_pids(name: str) -> list[int]:
+    """Pids of the processes in network namespace ``name`` (none when it is gone)."""
     return [int(p) for p in ip("netns", "pids", name, check=False).split()]
 
 
@@ -103,6 +105,7 @@ def _children(pid: int) -> list[int]:
 
 
 def signal_pid(pid: int | None, sig: signal.Signals) -> None:
+    """Send ``sig`` to ``pid`` unless it is None or already gone."""
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
