@@ -171,22 +171,20 @@ class RedactingStream:
         return self._redactor.redact(text)
 
 
-def runner_secrets(
-    credentials_file: Path | None, urls: Mapping[str, str], role: str = "runner"
-) -> dict[str, str]:
+def runner_secrets(credentials_file: Path | None, urls: Mapping[str, str]) -> dict[str, str]:
     """The runner's own secrets a trial could find: its NATS password, URL passwords.
 
-    ``credentials_file``: the role's NATS credentials (named after its setting,
-    TRIALBUS_NATS_CREDENTIALS); skipped when it cannot be read (the runner would not
-    have connected with it either). ``urls``: setting name -> URL, whose
-    ``user:password@`` part, if any, is a secret (``LEDGER_URL=mongodb://u:p@host``).
+    ``credentials_file``: a NATS credentials file, whatever role it is for (named
+    after its setting, TRIALBUS_NATS_CREDENTIALS); skipped when it cannot be read (the
+    runner would not have connected with it either). ``urls``: setting name -> URL,
+    whose ``user:password@`` part, if any, is a secret (``LEDGER_URL=mongodb://u:p@h``).
     """
     found: dict[str, str] = {}
     if credentials_file is not None:
         from infra.nats_auth import CredentialsError, load_credentials
 
         with contextlib.suppress(CredentialsError, OSError):
-            found["TRIALBUS_NATS_CREDENTIALS"] = load_credentials(credentials_file, role).password
+            found["TRIALBUS_NATS_CREDENTIALS"] = load_credentials(credentials_file).password
     for name, url in urls.items():
         for one in url.split(","):
             with contextlib.suppress(ValueError):
