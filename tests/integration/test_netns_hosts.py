@@ -30,6 +30,7 @@ from tests.support.netns import (
     HOST_DATA_DIR,
     MARKER_DIR,
     REPO,
+    Host,
     HostDownError,
     Hosts,
     netns_pids,
@@ -215,6 +216,28 @@ def test_cleanup_removes_everything_even_on_interrupt(tmp_path: Path) -> None:
         assert len(names_left(made.token)) >= 5, names_left(made.token)  # 2 ns, bridge, 2 veths
         made[0].spawn(["sleep", "300"])
         raise KeyboardInterrupt
+    assert names_left(made.token) == []
+    assert not (MARKER_DIR / made.token).exists()
+
+
+def test_an_interrupt_while_creating_hosts_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    skip_unless(unavailable_reason())
+    real_boot = Host.boot
+    booted: list[str] = []
+
+    def boot_then_interrupt(host: Host) -> None:
+        if host.index == 1:  # the second host: the first is up, bridge and veths exist
+            booted.extend(names_left(host.name.split("-")[1]))
+            raise KeyboardInterrupt
+        real_boot(host)
+
+    monkeypatch.setattr(Host, "boot", boot_then_interrupt)
+    made = Hosts(2, log_dir=tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        made.start()
+    assert len(booted) >= 5, booted  # control: there was something to clean up
     assert names_left(made.token) == []
     assert not (MARKER_DIR / made.token).exists()
 
