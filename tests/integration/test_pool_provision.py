@@ -1,0 +1,103 @@
+"""Provisioning runner pools on a real nats-server: one durable per pool, no overlap.
+
+A work-queue stream refuses two consumers whose filters overlap, so the default pool's
+durable, which took ``work.>`` before pools existed, is narrowed to its pool when an
+installation is provisioned again, and the work waiting in it is not lost.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import BadRequestError
+
+from infra.embedded import BinaryNotFoundError, NatsServer, find_binary
+from infra.nats_provision import provision
+from schemas.subjects import DEFAULT_POOL, Topology
+from services.common.adapters.jetstream import ensure_streams
+from tests.conftest import skip_unless
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    try:
+        find_binary(NatsServer.binary_name, NatsServer.package)
+    except BinaryNotFoundError as exc:
+        skip_unless(str(exc))
+    with NatsServer(Path(tmp_path_factory.mktemp("pools"))) as server:
+        yield server.url
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
+    client = await nats.connect(nats_url)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def _legacy_durable(topo: Topology) -> ConsumerConfig:
+    """The default durable as trialbus created it before pools: every work subject."""
+    return ConsumerConfig(
+        durable_name=topo.runner_durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subject=topo.work_wildcard,
+        ack_wait=30,
+    )
+
+
+async def test_a_legacy_default_durable_is_narrowed_and_keeps_its_work(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    topo = Topology(f"p{uuid.uuid4().hex[:8]}")
+    await ensure_streams(js, topo)
+    await js.add_consumer(topo.work_stream, _legacy_durable(topo))
+    await js.publish(topo.work_subject("exp1"), b"waiting")
+    # Control: next to the legacy durable, a pool's durable is refused by the server.
+    gpu = ConsumerConfig(
+        durable_name=topo.runner_durable_for("gpu"),
+        ack_policy=AckPolicy.EXPLICIT,
+        filter_subject=topo.work_pool_filter("gpu"),
+    )
+    with pytest.raises(BadRequestError, match=r"(?i)unique|overlap"):
+        await js.add_consumer(topo.work_stream, gpu)
+
+    await provision(js, topo, lease_ttl_s=30, runner_ack_wait_s=30, pools=(DEFAULT_POOL, "gpu"))
+
+    default = await js.consumer_info(topo.work_stream, topo.runner_durable)
+    assert default.config.filter_subject == topo.work_pool_filter(DEFAULT_POOL)
+    gpu_info = await js.consumer_info(topo.work_stream, topo.runner_durable_for("gpu"))
+    assert gpu_info.config.filter_subject == topo.work_pool_filter("gpu")
+    # The waiting trial is still the default pool's, and a gpu trial goes to gpu.
+    await js.publish(topo.work_subject("exp1", "gpu"), b"gpu work")
+    for pool, body in ((DEFAULT_POOL, b"waiting"), ("gpu", b"gpu work")):
+        psub = await js.pull_subscribe_bind(topo.runner_durable_for(pool), stream=topo.work_stream)
+        msgs = await psub.fetch(batch=5, timeout=5)
+        assert [m.data for m in msgs] == [body]
+        await msgs[0].ack_sync()
+
+
+async def test_provisioning_again_changes_nothing(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    topo = Topology(f"p{uuid.uuid4().hex[:8]}")
+    pools = (DEFAULT_POOL, "remote")
+    await provision(js, topo, lease_ttl_s=30, runner_ack_wait_s=30, pools=pools)
+    before = {
+        p: (await js.consumer_info(topo.work_stream, topo.runner_durable_for(p))).created
+        for p in pools
+    }
+    await provision(js, topo, lease_ttl_s=30, runner_ack_wait_s=30, pools=pools)
+    after = {
+        p: (await js.consumer_info(topo.work_stream, topo.runner_durable_for(p))).created
+        for p in pools
+    }
+    assert after == before
