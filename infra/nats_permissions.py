@@ -23,7 +23,8 @@ proves them against a real nats-server.
   serves as a leaf node's remote credential: a leaf server for a remote pool then
   carries exactly that pool's traffic across the boundary.
 - ``importer`` / ``watcher`` consume events through their own durable and publish
-  ResultImported / ExperimentCompleted (+ the watcher's external announcements).
+  ResultImported / ExperimentCompleted (+ the watcher's external announcements, whose
+  trial folders it stores in the results bucket).
 - ``subscriber`` (CI, dashboards) reads events and logs through ephemeral consumers.
 
 Replies (JetStream acks, API answers, pulled messages) reach a client on its inbox.
@@ -231,8 +232,10 @@ def role_permissions(
     elif role == "watcher":
         pub = [
             *_events(t, "experiment_completed", "experiment_submitted", "trial_completed"),
-            *_info(w, e, lg),
+            *_info(w, e, lg, obj_stream(t.results_bucket)),
             *_durable(e, t.watcher_durable),
+            # An external Harbor job's trial folders are stored like a runner's results.
+            *_obj_write(t.results_bucket),
         ]
         sub = []
     else:  # subscriber
