@@ -31,6 +31,7 @@ from schemas.events import encode_event
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import JetStreamBus, ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_objects import BucketSettings, NatsObjectStore
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import prepare, publish_experiment
 
@@ -65,7 +66,8 @@ async def submit_once(nats_url: str, ledger_url: str, manifest_path: Path) -> Su
         t1 = time.perf_counter()
         prepared = prepare(manifest, manifest_path.parent)
         t2 = time.perf_counter()
-        result = await publish_experiment(prepared, JetStreamBus(js, topo), ledger)
+        tasks = await NatsObjectStore.open(js, topo.tasks_bucket, create=BucketSettings())
+        result = await publish_experiment(prepared, JetStreamBus(js, topo), ledger, tasks)
         t3 = time.perf_counter()
     finally:
         await ledger.close()

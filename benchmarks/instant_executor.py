@@ -24,6 +24,7 @@ from schemas.events import TrialRequested
 from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
 from services.common.ports import ExecutionOutcome, LogSink
 from services.common.settings import RunnerSettings
+from services.runner.app import trial_folders_root
 
 EXECUTOR_SPEC = "benchmarks.instant_executor:from_settings"
 """The runner's ``executor`` setting that selects this executor."""
@@ -110,7 +111,7 @@ class InstantExecutor:
             "finished_at": now,
         }
         (trial_dir / "result.json").write_text(json.dumps(result))
-        return ExecutionOutcome(kind="completed", trial_dir=trial_dir, job_dir=job_dir)
+        return ExecutionOutcome(kind="completed", trial_dir=trial_dir)
 
     def _released(self) -> asyncio.Event:
         """Set once ``hold_until`` exists; one watcher polls the file for every trial."""
@@ -130,7 +131,7 @@ def from_settings(settings: RunnerSettings) -> InstantExecutor:
     """Executor factory named by the runner's ``executor`` setting (``EXECUTOR_SPEC``)."""
     own = InstantSettings()
     return InstantExecutor(
-        settings.jobs_dir.resolve(),
+        trial_folders_root(settings),
         delay_s=own.delay_s,
         fail_with=own.fail_with,
         hold_until=own.hold_until,

@@ -34,6 +34,7 @@ from infra.stack import EmbeddedStack
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_objects import BucketSettings, NatsObjectStore
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of, prepare, publish_experiment
 
@@ -225,7 +226,8 @@ async def run_experiment(
         meter.start()
         t0 = time.perf_counter()
         prepared = prepare(load_manifest(manifest_path), manifest_path.parent)
-        result = await publish_experiment(prepared, JetStreamBus(js, topo), ledger)
+        tasks = await NatsObjectStore.open(js, topo.tasks_bucket, create=BucketSettings())
+        result = await publish_experiment(prepared, JetStreamBus(js, topo), ledger, tasks)
         submit_s = time.perf_counter() - t0
         expected.append(result.n_published)
         if len(imported) >= result.n_published:

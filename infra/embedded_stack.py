@@ -169,6 +169,9 @@ class EmbeddedStack(StartStop):
                 "TRIALBUS_HTTP_PORT": str(self.http_port),
                 "TRIALBUS_LOG_JSON": "true",
                 "TRIALBUS_SANDBOX_DIR": str((self.data_dir / "sandboxes").resolve()),
+                # The runners' own disk (trial folders until stored, the task cache);
+                # jobs_dir is the importer's: the job folders it rebuilds from the bucket.
+                "TRIALBUS_WORK_DIR": str((self.data_dir / "runner").resolve()),
             }
         )
         if self._api_tokens_file is not None:

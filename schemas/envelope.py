@@ -19,8 +19,15 @@ from pydantic import (
     model_serializer,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the event contract this code writes and the newest it reads."""
+
+# Ids name subjects, object names and folder names on the runners and the importer,
+# so an event can only carry ids that are one safe token: no '/', no leading '.',
+# no NATS wildcards, no spaces. Experiment ids are subject tokens: no '.' either.
+EXPERIMENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+TRIAL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$"
+RUN_ID_PATTERN = r"^(|[A-Za-z0-9][A-Za-z0-9_.:-]{0,299})$"
 
 
 def _utcnow() -> datetime:
@@ -56,8 +63,12 @@ class Envelope(BaseModel):
         le=SCHEMA_VERSION,
         description="Event contract version; newer versions are refused, not guessed.",
     )
-    experiment_id: str = Field(description="Experiment the event belongs to.")
-    trial_id: str | None = Field(default=None, description="Trial, where one applies.")
+    experiment_id: str = Field(
+        pattern=EXPERIMENT_ID_PATTERN, description="Experiment the event belongs to."
+    )
+    trial_id: str | None = Field(
+        default=None, pattern=TRIAL_ID_PATTERN, description="Trial, where one applies."
+    )
     correlation_id: str = Field(
         default="", description="Id shared by all events caused by one submission."
     )
@@ -71,8 +82,9 @@ class TrialEvent(Envelope):
     """An event about one trial: ``trial_id`` is required."""
 
     trial_id: str = Field(
+        pattern=TRIAL_ID_PATTERN,
         description="Trial the event is about: deterministic in (experiment, task, agent, "
-        "model, repetition), also Harbor's trial name."
+        "model, repetition), also Harbor's trial name.",
     )
 
 
@@ -87,6 +99,7 @@ class RunEvent(TrialEvent):
 
     run_id: str = Field(
         default="",
+        pattern=RUN_ID_PATTERN,
         description="Id of the run (work message) the event belongs to: trial_id for a "
         "trial's first run, trial_id:resume:<n> for a re-run, empty meaning trial_id; "
         "keys the run's events for dedup.",

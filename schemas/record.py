@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from schemas.objects import ObjectRef
+
 FailureClass = Literal["none", "agent", "verifier", "infrastructure", "cancelled"]
 RecordStatus = Literal["complete", "partial"]
 
@@ -102,8 +104,17 @@ class Usage(_Doc):
 
 
 class Artifacts(_Doc):
-    """Where the trial's files are (paths on the host that wrote them)."""
+    """Where the trial's files are: the stored archive, and the folder read.
 
+    Paths are on the host that built the record (the importer's job-folder mirror, or
+    the folder ``trialbus import`` read); the archive can be fetched from anywhere.
+    """
+
+    archive: ObjectRef | None = Field(
+        default=None,
+        description="The trial folder's archive in the results bucket (None: not stored, "
+        "e.g. imported from a job folder, or the attempt left no folder).",
+    )
     trial_dir: str | None = Field(default=None, description="Harbor trial folder.")
     job_dir: str | None = Field(default=None, description="Harbor job folder.")
     result_path: str | None = Field(

@@ -9,20 +9,43 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.envelope import RunEvent, TrialEvent, type_tag
+from schemas.envelope import TRIAL_ID_PATTERN, RunEvent, TrialEvent, type_tag
 from schemas.manifest import MAX_INT64, AgentSpec, ComputeSpec, RetrySpec
+from schemas.objects import SHA256_PATTERN, ObjectRef
 
+MAX_MESSAGE_CHARS = 4000
+"""Longest error message an event carries (runners cut Harbor's at 2,000)."""
 _ATTEMPT = "Which start of this run this is, 1 for the first; counted per run by the runners."
 
 
+TASK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+"""A task's name is its folder's name on the runner: one safe path component."""
+
+_TRIAL_NAME = (
+    "Harbor's name of the trial folder (trial_id for trials trialbus ran; the "
+    "folder's own name for external ones)."
+)
+_RESULT = (
+    "The trial folder, packed (.tar.gz, services.common.archive) in the results "
+    "bucket: result.json, verifier output, agent logs, artifacts."
+)
+
+
 class TaskRef(BaseModel):
-    """A resolved Harbor task (a folder on the runners' shared file system)."""
+    """A resolved Harbor task: its archive is in the tasks bucket under ``checksum``.
+
+    Never a path: runners fetch the archive by checksum, verify it and unpack it into
+    their own cache, so a runner needs no disk shared with the submitter.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(description="Task name (folder name).")
-    path: str = Field(description="Absolute task folder path.")
-    checksum: str = Field(description="sha256 of the task folder's files at submit time.")
+    name: str = Field(pattern=TASK_NAME_PATTERN, description="Task name (its folder's name).")
+    checksum: str = Field(
+        pattern=SHA256_PATTERN,
+        description="sha256 over the task folder's relative paths and file contents at "
+        "submit time; also the name of its archive in the tasks bucket.",
+    )
 
 
 class TrialRequested(RunEvent):
@@ -65,8 +88,8 @@ class TrialCompleted(RunEvent):
     """Harbor finished a trial and wrote its result.json (which may record an error)."""
 
     type: Literal["trial_completed"] = type_tag("trial_completed")
-    trial_dir: str = Field(description="Absolute path of the Harbor trial folder.")
-    job_dir: str = Field(description="Absolute path of the Harbor job folder.")
+    result: ObjectRef = Field(description=_RESULT)
+    trial_name: str = Field(pattern=TRIAL_ID_PATTERN, description=_TRIAL_NAME)
     source: Literal["runner", "external"] = Field(
         default="runner", description="'external': found by the watcher, not run by trialbus."
     )
@@ -81,6 +104,9 @@ class TrialCompleted(RunEvent):
         default=None, description="The agent's display name in reports, when known."
     )
     attempt: int = Field(default=1, ge=1, le=MAX_INT64, description=_ATTEMPT)
+    repetition: int | None = Field(
+        default=None, ge=0, le=MAX_INT64, description="The request's 0-based repetition index."
+    )
 
     def _dedup_suffix(self) -> tuple[str, ...]:
         return ("completed", str(self.attempt))
@@ -93,12 +119,16 @@ class TrialFailed(RunEvent):
     failure_class: Literal["agent", "verifier", "infrastructure", "cancelled"] = Field(
         description="What failed, by Harbor's error policy; only infrastructure is retried."
     )
-    error_type: str = Field(description="Exception class name ('UnknownError' when none).")
-    message: str = Field(description="The exception's message (may be empty).")
+    error_type: str = Field(
+        max_length=200, description="Exception class name ('UnknownError' when none)."
+    )
+    message: str = Field(
+        max_length=MAX_MESSAGE_CHARS, description="The exception's message (may be empty)."
+    )
     attempt: int = Field(ge=1, le=MAX_INT64, description=_ATTEMPT)
     final: bool = Field(description="False: the trial will be retried; True: it gives up.")
-    trial_dir: str | None = Field(
-        default=None, description="Absolute path of the Harbor trial folder, if one was made."
+    result: ObjectRef | None = Field(
+        default=None, description=_RESULT + " None when the attempt left no folder."
     )
     task: TaskRef | None = Field(
         default=None, description="The request's task, so a record can be written from this."

@@ -38,15 +38,20 @@ _CLASS_OF_CAUSE: dict[FailureCause, FailureClass] = {
 }
 
 # trialbus's own errors that Harbor's table does not know. A task whose environment
-# cannot be imitated or built (a failed Dockerfile RUN), or a runner without a needed
-# secret, fails the same way on every attempt: retrying only wastes time. (The local
-# environment's SandboxStartError stays retryable; see services/localenv/errors.py.)
+# cannot be imitated or built (a failed Dockerfile RUN), a runner without a needed
+# secret, or a task whose archive cannot be had, fails the same way on every attempt:
+# retrying only wastes time. (The local environment's SandboxStartError stays
+# retryable; see services/localenv/errors.py.)
 NOT_RETRYABLE_TRIALBUS = frozenset(
     {
         "LocalEnvironmentError",
         "UnsupportedEnvironmentError",
         "DockerfileBuildError",
         "MissingSecretError",
+        # The task's archive in the tasks bucket is gone (expired, deleted) or unsafe
+        # to unpack: another attempt fetches the same answer.
+        "ObjectMissing",
+        "ArchiveError",
     }
 )
 

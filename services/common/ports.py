@@ -277,7 +277,6 @@ class ExecutionOutcome:
 
     kind: Literal["completed", "failed"]
     trial_dir: Path | None = None
-    job_dir: Path | None = None
     exception_type: str | None = None
     message: str | None = None
 

@@ -43,6 +43,25 @@ class CommonSettings(BaseSettings):
         description="A role's NATS credentials file (infra/nats_auth.py, mode 0600); "
         "every NATS connection of the process uses it. Unset: no authentication.",
     )
+    tasks_bucket_max_bytes: int | None = Field(
+        default=4 * 1024**3,
+        ge=1,
+        description="Size limit of the tasks object store (task archives, stored once per "
+        "task version; a few KB to MB each). None: unlimited. Applied when it is created.",
+    )
+    results_bucket_max_bytes: int | None = Field(
+        default=20 * 1024**3,
+        ge=1,
+        description="Size limit of the results object store (one archive per finished "
+        "trial, KB to a few MB; capped by runner result_cap_bytes). A full bucket refuses "
+        "uploads (trials wait and retry), it never drops stored results. None: unlimited.",
+    )
+    results_ttl_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Age after which the server deletes stored trial folders (None: kept; "
+        "records in the ledger stay either way, only `trialbus export` needs them).",
+    )
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="JSON logs (default: when not a TTY).")
 
@@ -83,6 +102,28 @@ class RunnerSettings(CommonSettings):
         description="Characters per trial_log event; longer output is split.",
     )
     sandbox_dir: Path | None = Field(default=None, description="Scratch root of local sandboxes.")
+    work_dir: Path = Field(
+        default=Path(".trialbus/runner"),
+        description="The runner's own disk: trial folders (jobs/) until their upload is "
+        "confirmed, and the task cache (tasks/). Shared with no other process.",
+    )
+    task_cache_bytes: int = Field(
+        default=2 * 1024**3,
+        ge=0,
+        description="Soft size budget of the task cache; least recently used tasks go "
+        "first, tasks in use never.",
+    )
+    result_cap_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes of a trial folder stored per trial; files past it are "
+        "listed in the archive's manifest and the record, not stored.",
+    )
+    keep_trial_dirs: bool = Field(
+        default=False,
+        description="Keep each trial folder after its archive is stored (debugging); "
+        "default: deleted once the upload is confirmed.",
+    )
 
 
 class ImporterSettings(CommonSettings):

@@ -46,7 +46,7 @@ from services.common.archive import (
 from services.common.errors import InternalError, ObjectMissing
 from services.common.logging import get_logger
 from services.common.ports import ObjectStore
-from services.submitter.resolve import task_checksum
+from services.common.task_identity import task_checksum
 
 log = get_logger(__name__)
 

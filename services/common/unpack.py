@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.errors import UserInputError
-from services.submitter.resolve import task_checksum
+from services.common.task_identity import task_checksum
 
 MiB = 1024 * 1024
 _CHUNK = MiB

@@ -6,6 +6,8 @@ Connects, builds the adapters (JetStreamBus, MongoLedger) and hands each batch t
 
 from __future__ import annotations
 
+from typing import Any
+
 from faststream import FastStream
 from nats.aio.msg import Msg
 
@@ -18,10 +20,12 @@ from services.common.adapters.faststream_consumer import (
 )
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import Settle
 from services.common.logging import get_logger
 from services.common.ports import Ledger
 from services.common.settings import ImporterSettings
+from services.importer.folders import StoredTrials
 from services.importer.handlers import Incoming, handle_batch
 
 log = get_logger(__name__)
@@ -37,12 +41,16 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
     topo = settings.topology
     broker, auth = make_broker(settings, "importer")
     the_ledger: Ledger = ledger or MongoLedger(settings.ledger_url, settings.ledger_db)
-    state: dict[str, JetStreamBus] = {}
+    state: dict[str, Any] = {}
 
     async def on_events(raws: list[Msg]) -> list[Settle]:
         incoming = [Incoming(r.data, r.metadata.num_delivered) for r in raws]
         return await handle_batch(
-            incoming, the_ledger, state["bus"], transient_delay_s=settings.retry_delay_s
+            incoming,
+            the_ledger,
+            state["bus"],
+            state["trials"],
+            transient_delay_s=settings.retry_delay_s,
         )
 
     subscribe_batches(
@@ -61,7 +69,10 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
 
     @app.on_startup
     async def setup() -> None:
-        state["bus"] = JetStreamBus(await start_broker(broker, settings), topo)
+        js = await start_broker(broker, settings)
+        state["bus"] = JetStreamBus(js, topo)
+        results = await open_bucket(js, settings, "results")
+        state["trials"] = StoredTrials(results, settings.jobs_dir.resolve())
         await the_ledger.ensure_indexes()
         log.info("importer ready", stream=topo.events_stream)
 

@@ -17,6 +17,12 @@ settled on its own:
   and the cause is visible: an honest unscored record, never a lost trial, never a
   stuck batch (``record_failure_verdict``);
 - a bug while writing or announcing the batch naks the batch with the bug delay;
+- a TrialCompleted's trial folder comes from the results bucket (``StoredTrials``):
+  an archive that is damaged or unsafe gives at once a partial record saying so (a
+  redelivery would fetch the same bytes); one that is missing is waited for like a
+  bug (nak, then after BUG_MAX_DELIVERIES a partial record): it may be expired;
+- an ExperimentCompleted completes the experiment's job folder with Harbor's
+  job-level result.json (``StoredTrials.finish_job``), so ``harbor view`` shows it done;
 - a record whose trial_id the ledger holds under another experiment (a forged or
   misrouted event) is a conflict: not written, logged with both experiment ids, not
   announced, and its message acknowledged (redelivery could not change the answer).
@@ -34,16 +40,26 @@ from typing import Final
 from schemas.events import (
     Event,
     EventDecodeError,
+    ExperimentCompleted,
     ExperimentSubmitted,
     ResultImported,
     TrialCompleted,
     TrialFailed,
     parse_event,
 )
-from schemas.record import TrialRecord
-from services.common.errors import ACK, LedgerUnavailable, Settle, settle_error
+from schemas.record import Artifacts, TrialRecord
+from services.common.errors import (
+    ACK,
+    LedgerUnavailable,
+    ObjectCorrupt,
+    ObjectMissing,
+    Settle,
+    settle_error,
+)
 from services.common.logging import bound_event, get_logger
 from services.common.ports import EventBus, ExperimentInfo, Ledger, UpsertOutcome, record_order
+from services.common.unpack import ArchiveError
+from services.importer.folders import StoredTrials
 from services.importer.records import RecordContext, build_failed_record, build_record
 
 log = get_logger(__name__)
@@ -70,35 +86,78 @@ class BatchPlan:
     records: dict[str, TrialRecord] = field(default_factory=dict)
     correlation: dict[str, str] = field(default_factory=dict)
     experiments: list[ExperimentInfo] = field(default_factory=list)
+    completed: dict[str, int] = field(default_factory=dict)  # experiment id -> n_trials
+
+
+# Trial folders fetched and unpacked at once per batch: enough to hide the round trips
+# to the object store, few enough not to hold many archives in memory.
+FETCH_CONCURRENCY: Final = 16
 
 
 def _context_for_completed(ev: TrialCompleted) -> RecordContext:
     return RecordContext(
         experiment_id=ev.experiment_id,
         trial_id=ev.trial_id,
-        repetition=None,
+        repetition=ev.repetition,
         agent_label=ev.agent_label,
         environment=ev.environment,
         harbor_version=ev.harbor_version,
         runner_host=ev.runner_host,
         source=ev.source,
-        job_dir=Path(ev.job_dir),
         task_path=None,
         attempts=ev.attempt,
+        archive=ev.result,
     )
 
 
-def record_for(event: TrialCompleted | TrialFailed) -> TrialRecord:
-    """Build the ledger record of a finished trial (reads its files; never raises on them)."""
-    if isinstance(event, TrialCompleted):
-        return build_record(Path(event.trial_dir), _context_for_completed(event))
-    return build_failed_record(event)
+def _completed_record(trial_dir: Path, event: TrialCompleted) -> TrialRecord:
+    record = build_record(trial_dir, _context_for_completed(event))
+    if event.source != "external":
+        return record
+    # Read from a scratch copy: the folder itself is on the watcher's machine.
+    return record.model_copy(update={"artifacts": Artifacts(archive=event.result)})
 
 
-def _try_record_for(event: TrialCompleted | TrialFailed) -> TrialRecord | Exception:
+def unreadable_result_record(event: TrialCompleted, exc: BaseException) -> TrialRecord:
+    """The partial record of a trial whose stored folder cannot be used."""
+    failed = TrialFailed(
+        experiment_id=event.experiment_id,
+        trial_id=event.trial_id,
+        correlation_id=event.correlation_id,
+        failure_class="infrastructure",
+        error_type=type(exc).__name__,
+        message=f"stored trial folder {event.result.name} unusable: {exc}"[:2000],
+        attempt=event.attempt,
+        final=True,
+        result=event.result,
+        repetition=event.repetition,
+        runner_host=event.runner_host,
+    )
+    return build_failed_record(failed, _context_for_completed(event))
+
+
+async def record_for(event: TrialCompleted | TrialFailed, trials: StoredTrials) -> TrialRecord:
+    """Build the ledger record of a finished trial (never raises on its files' contents).
+
+    Raises ObjectMissing or a TransientError when the stored folder cannot be fetched
+    now; a damaged or unsafe one gives a partial record instead.
+    """
+    if isinstance(event, TrialFailed):
+        return build_failed_record(event)
+    try:
+        async with trials.folder(event) as trial_dir:
+            return await asyncio.to_thread(_completed_record, trial_dir, event)
+    except (ObjectCorrupt, ArchiveError) as exc:
+        return unreadable_result_record(event, exc)
+
+
+async def _try_record_for(
+    event: TrialCompleted | TrialFailed, trials: StoredTrials, limit: asyncio.Semaphore
+) -> TrialRecord | Exception:
     # A bug is returned, not raised: it must settle its own message, not the batch.
     try:
-        return record_for(event)
+        async with limit:
+            return await record_for(event, trials)
     except Exception as exc:  # noqa: BLE001 - every bug becomes a verdict (record_failure_verdict)
         return exc
 
@@ -108,12 +167,15 @@ def record_failure_verdict(
 ) -> Settle:
     """How to settle a message whose record could not be built (``exc`` was raised).
 
-    A nak leaves the trial to a later delivery: always for a TransientError, and for a
-    bug (settle_error's "bug" verdict) before the BUG_MAX_DELIVERIES-th delivery. ACK
-    means give up: the caller writes an ImporterError record and acknowledges it. A
-    message is never terminated here: its trial would be left with no record at all.
+    A nak leaves the trial to a later delivery: always for a TransientError but a
+    missing stored folder, and for it and a bug (settle_error's "bug" verdict) before
+    the BUG_MAX_DELIVERIES-th delivery. ACK means give up: the caller writes an
+    ImporterError record and acknowledges it. A message is never terminated here: its
+    trial would be left with no record at all.
     """
     verdict = settle_error(exc, transient_delay_s=transient_delay_s)
+    if isinstance(exc, ObjectMissing):
+        return verdict if delivered < BUG_MAX_DELIVERIES else ACK
     if verdict.reason == "transient":
         return verdict
     if verdict.reason == "bug" and delivered < BUG_MAX_DELIVERIES:
@@ -132,7 +194,7 @@ def importer_error_record(event: TrialCompleted | TrialFailed, exc: BaseExceptio
         message=f"importer could not build the record: {type(exc).__name__}: {exc}",
         attempt=event.attempt,
         final=True,
-        trial_dir=getattr(event, "trial_dir", None),
+        result=event.result,
     )
     return build_failed_record(failed)
 
@@ -144,7 +206,9 @@ def _prefer(new: TrialRecord, old: TrialRecord | None) -> TrialRecord:
     return new
 
 
-async def plan_batch(messages: Sequence[Incoming], *, transient_delay_s: float) -> BatchPlan:
+async def plan_batch(
+    messages: Sequence[Incoming], trials: StoredTrials, *, transient_delay_s: float
+) -> BatchPlan:
     """Decode a batch, build its records, and decide each message's verdict.
 
     File reads run off the event loop. Never raises for one message's sake.
@@ -163,11 +227,14 @@ async def plan_batch(messages: Sequence[Incoming], *, transient_delay_s: float) 
             plan.experiments.append(
                 ExperimentInfo(event.experiment_id, event.name, event.n_trials, event.manifest)
             )
+        elif isinstance(event, ExperimentCompleted):
+            plan.completed[event.experiment_id] = event.n_trials
         elif isinstance(event, TrialCompleted) or (isinstance(event, TrialFailed) and event.final):
             to_build.append((i, event))
     if not to_build:
         return plan
-    built = await asyncio.to_thread(lambda: [_try_record_for(ev) for _, ev in to_build])
+    limit = asyncio.Semaphore(FETCH_CONCURRENCY)
+    built = await asyncio.gather(*(_try_record_for(ev, trials, limit) for _, ev in to_build))
     for (i, ev), rec in zip(to_build, built, strict=True):
         if isinstance(rec, Exception):
             delivered = messages[i].delivered
@@ -198,14 +265,21 @@ def failed_batch_settles(plan: BatchPlan | None, n: int, verdict: Settle) -> lis
 
 
 async def handle_batch(
-    messages: Sequence[Incoming], ledger: Ledger, bus: EventBus, *, transient_delay_s: float
+    messages: Sequence[Incoming],
+    ledger: Ledger,
+    bus: EventBus,
+    trials: StoredTrials,
+    *,
+    transient_delay_s: float,
 ) -> list[Settle]:
     """Import one batch; returns the verdict of each message, in order (never raises)."""
     started = time.perf_counter()
     plan: BatchPlan | None = None
     try:
-        plan = await plan_batch(messages, transient_delay_s=transient_delay_s)
+        plan = await plan_batch(messages, trials, transient_delay_s=transient_delay_s)
         await apply_plan(plan, ledger, bus)
+        for experiment_id, n_trials in plan.completed.items():
+            await trials.finish_job(experiment_id, n_trials)
     except Exception as exc:  # noqa: BLE001 - settle_error decides; nothing is acked
         verdict = settle_error(exc, transient_delay_s=transient_delay_s)
         if verdict.reason == "transient":
@@ -294,7 +368,7 @@ async def _upsert_one_by_one(plan: BatchPlan, ledger: Ledger) -> UpsertOutcome:
                     f"{str(exc)[:500]}",
                     attempt=rec.attempts,
                     final=True,
-                    trial_dir=rec.artifacts.trial_dir,
+                    result=rec.artifacts.archive,
                 )
             )
             plan.records[trial_id] = stub

@@ -208,11 +208,16 @@ def scan_job_dir(job_dir: Path, *, as_new: bool = False) -> list[TrialDirInfo]:
     return found
 
 
-def _with_known(context: RecordContext, known: TrialRecord | None) -> RecordContext:
-    """Fill what a folder cannot tell from the ledger's record of the same trial."""
+def _with_known(context: RecordContext, known: TrialRecord | None, folder: Path) -> RecordContext:
+    """Fill what a folder cannot tell from the ledger's record of the same trial.
+
+    A folder the importer unpacked from the results bucket (the record names it)
+    keeps pointing at that archive.
+    """
     if known is None:
         return context
     p = known.provenance
+    same_folder = known.artifacts.trial_dir == str(folder.absolute())
     return dataclasses.replace(
         context,
         repetition=known.repetition,
@@ -223,11 +228,15 @@ def _with_known(context: RecordContext, known: TrialRecord | None) -> RecordCont
         source=p.source,
         task_path=p.task_path,
         attempts=known.attempts,
+        archive=known.artifacts.archive if same_folder else None,
     )
 
 
 def _build_all(infos: list[TrialDirInfo], known: dict[str, TrialRecord]) -> list[TrialRecord]:
-    return [build_record(i.trial_dir, _with_known(i.context, known.get(i.trial_id))) for i in infos]
+    return [
+        build_record(i.trial_dir, _with_known(i.context, known.get(i.trial_id), i.trial_dir))
+        for i in infos
+    ]
 
 
 def _start_build(

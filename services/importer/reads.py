@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+from services.common.archive import TRIAL_MANIFEST
 from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
 
 __all__ = ["MAX_FILE_BYTES", "get_path", "nonempty_str", "parse_object", "read_text", "short"]
@@ -91,3 +92,33 @@ def get_path(data: Mapping[str, Any] | None, *keys: str) -> Any:
 def nonempty_str(value: Any) -> str | None:
     """``value`` when it is a non-empty string, else None."""
     return value if isinstance(value, str) and value else None
+
+
+MAX_MANIFEST_BYTES: Final = 1024 * 1024
+
+
+def left_out_diagnostic(trial_dir: Path) -> str | None:
+    """A diagnostic when the runner left files out of the stored folder.
+
+    None when it has them all, and for a folder that was not unpacked from a stored
+    archive (no TRIAL_MANIFEST: e.g. a Harbor job folder given to ``trialbus import``).
+    """
+    got = read_inside(trial_dir, TRIAL_MANIFEST, MAX_MANIFEST_BYTES)
+    if isinstance(got, Unread):
+        return None
+    try:
+        manifest = json.loads(got)
+        left = manifest["left_out"]
+        more = int(manifest.get("left_out_not_listed", 0))
+    except (ValueError, KeyError, TypeError):
+        return f"{TRIAL_MANIFEST}: unreadable; what the runner left out is unknown"
+    if not left and not more:
+        return None
+    total = sum(int(x.get("size", 0)) for x in left if isinstance(x, dict))
+    first = ", ".join(
+        f"{x.get('name')} ({x.get('reason')})" for x in left[:3] if isinstance(x, dict)
+    )
+    return (
+        f"trial folder stored in part: {len(left) + more} file(s), {total} bytes listed, "
+        f"left out by the runner (e.g. {first}); see {TRIAL_MANIFEST}"
+    )

@@ -27,15 +27,17 @@ from pydantic import ValidationError
 from schemas.events import TrialFailed
 from schemas.harbor_result import HarborAgentResult, HarborTiming, HarborTrialResult
 from schemas.manifest import MAX_INT64
+from schemas.objects import ObjectRef
 from schemas.record import (
     Artifacts,
     Evaluation,
     PhaseTiming,
     Provenance,
+    RecordStatus,
     TrialRecord,
     Usage,
 )
-from services.importer.reads import get_path, nonempty_str
+from services.importer.reads import get_path, left_out_diagnostic, nonempty_str
 from services.importer.salvage import TrialRead, dotted, read_trial
 from services.importer.scoring import cut_message, evaluate
 
@@ -66,6 +68,8 @@ class RecordContext:
     job_dir: Path | None = None
     task_path: str | None = None
     attempts: int = 1
+    archive: ObjectRef | None = None
+    """The stored archive the folder was unpacked from, when it was."""
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -202,16 +206,23 @@ def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
     read = read_trial(trial_dir, errors)
     evaluation = evaluate(read, trial_dir, errors)
     usage = _usage(read.result, errors) if read.result else Usage()
+    # Decided before the packing diagnostic: the runner stores result.json and the
+    # verifier's output first, so files it left out never make the score partial.
+    status: RecordStatus = "complete" if read.result is not None and not errors else "partial"
+    left_out = left_out_diagnostic(trial_dir)
+    if left_out is not None:
+        errors.append(left_out)
     record = TrialRecord(
         trial_id=context.trial_id,
         experiment_id=context.experiment_id,
         repetition=context.repetition,
-        status="complete" if read.result is not None and not errors else "partial",
+        status=status,
         provenance=_provenance(read, context),
         timing=_timing(read.result),
         evaluation=evaluation,
         usage=usage,
         artifacts=Artifacts(
+            archive=context.archive,
             trial_dir=str(trial_dir),
             job_dir=str(context.job_dir.absolute() if context.job_dir else trial_dir.parent),
             result_path=str(result_path) if result_path.is_file() else None,
@@ -267,10 +278,7 @@ def build_failed_record(event: TrialFailed, context: RecordContext | None = None
     first_line = f": {cut_message(lines[0])}" if lines else ""
     cause = f"{event.failure_class}: {event.error_type}{first_line}"
     diagnostic = f"result.json: none; the trial failed before Harbor wrote one ({cause})"
-    trial_dir = Path(event.trial_dir).absolute() if event.trial_dir else None
     job_dir = context.job_dir if context and context.job_dir else None
-    if job_dir is None and trial_dir is not None:
-        job_dir = trial_dir.parent
     return TrialRecord(
         trial_id=event.trial_id,
         experiment_id=event.experiment_id,
@@ -280,7 +288,7 @@ def build_failed_record(event: TrialFailed, context: RecordContext | None = None
         status="partial",
         provenance=Provenance(
             task_name=event.task.name if event.task else _UNKNOWN,
-            task_path=event.task.path if event.task else (context.task_path if context else None),
+            task_path=context.task_path if context else None,
             task_checksum=event.task.checksum if event.task else None,
             agent_name=event.agent.agent_ref if event.agent else _UNKNOWN,
             agent_label=(context.agent_label if context else None)
@@ -298,7 +306,7 @@ def build_failed_record(event: TrialFailed, context: RecordContext | None = None
             exception_message=cut_message(event.message),
         ),
         artifacts=Artifacts(
-            trial_dir=str(trial_dir) if trial_dir else None,
+            archive=event.result,
             job_dir=str(job_dir.absolute()) if job_dir else None,
         ),
         errors=[diagnostic],

@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from pathlib import Path
 
 from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
+from services.common.adapters.nats_objects import open_bucket
 from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
 from services.common.service import install_stop_signals, load_factory
 from services.common.settings import RunnerSettings
+from services.common.task_cache import TaskCache
+from services.common.trial_folders import TrialFolders
 from services.runner.consumer import WorkConsumer, ensure_runner_consumer
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
@@ -24,10 +28,15 @@ from services.runner.live_logs import CoreNatsLogSinks
 log = get_logger(__name__)
 
 
-def build_executor(settings: RunnerSettings) -> Executor:
+def trial_folders_root(settings: RunnerSettings) -> Path:
+    """Where this runner's executor writes trial folders (until they are stored)."""
+    return (settings.work_dir / "jobs").resolve()
+
+
+def build_executor(settings: RunnerSettings, tasks: TaskCache) -> Executor:
     """The executor named by settings: Harbor, or a 'module:factory' called with them."""
     if settings.executor == "harbor":
-        return HarborExecutor(settings.jobs_dir.resolve(), settings.sandbox_dir)
+        return HarborExecutor(trial_folders_root(settings), tasks, settings.sandbox_dir)
     executor = load_factory(settings.executor)(settings)
     return executor  # type: ignore[return-value]
 
@@ -49,12 +58,23 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         coordinator = await NatsCoordinator.open(
             js, topo, lease_ttl_s=settings.ack_wait_s, replicas=settings.stream_replicas
         )
+        tasks = TaskCache(
+            (settings.work_dir / "tasks").resolve(),
+            await open_bucket(js, settings, "tasks"),
+            budget_bytes=settings.task_cache_bytes,
+        )
+        folders = TrialFolders(
+            await open_bucket(js, settings, "results"),
+            cap_bytes=settings.result_cap_bytes,
+            keep_local=settings.keep_trial_dirs,
+        )
         host = socket.gethostname()
         runner_id = settings.runner_id or f"{host}-{os.getpid()}"
         handler = TrialHandler(
             JetStreamBus(js, topo),
-            build_executor(settings),
+            build_executor(settings, tasks),
             coordinator,
+            folders,
             runner_id=runner_id,
             host=host,
             # Three beats per ack_wait: one lost beat never lets the message expire.

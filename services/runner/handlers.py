@@ -14,7 +14,9 @@ message the handler
 3. counts the start (Coordinator.next_attempt) and publishes TrialStarted;
 4. runs the Executor, with a heartbeat that keeps the message and the lease alive and
    stops the run when the experiment is cancelled;
-5. publishes what ``policy.decide`` says and returns its verdict. An ending (a
+5. stores the trial folder of an attempt that ends the run in the results bucket
+   (``TrialFolders``: no disk is shared with the importer), publishes what
+   ``policy.decide`` says, deletes the local folder, and returns its verdict. An ending (a
    TrialCompleted or a final TrialFailed, cancellations included) is stored with the
    coordinator first, then published, then acknowledged; if another runner stored
    one first (it ran the same message after ack_wait), that ending is published
@@ -45,6 +47,7 @@ from schemas.events import (
 from services.common.errors import ACK, InternalError, Settle, nak, settle_error
 from services.common.logging import get_logger
 from services.common.ports import Coordinator, EventBus, ExecutionOutcome, Executor, Lease, LogSink
+from services.common.trial_folders import TrialFolders
 from services.runner import policy
 
 log = get_logger(__name__)
@@ -89,6 +92,7 @@ class TrialHandler:
         bus: EventBus,
         executor: Executor,
         coordinator: Coordinator,
+        folders: TrialFolders,
         *,
         runner_id: str,
         host: str,
@@ -99,6 +103,7 @@ class TrialHandler:
         self._bus = bus
         self._executor = executor
         self._coord = coordinator
+        self._folders = folders
         self.runner_id = runner_id
         self._who = policy.RunnerIdentity(host=host, harbor_version=executor.version)
         self._heartbeat_s = heartbeat_s
@@ -156,14 +161,17 @@ class TrialHandler:
             )
             outcome = await self._execute(request, attempt, lease, keep_alive)
             if outcome is None:
-                decision = policy.cancelled(
-                    request, attempt, self._who.host, self._trial_dir_of(request)
-                )
+                decision = policy.cancelled(request, attempt, self._who.host)
                 verdict = await self._publish(request, decision, bound)
                 bound.info("trial cancelled")
                 return verdict
-            decision = policy.decide(request, attempt, outcome, self._who)
+            result = None
+            if outcome.trial_dir is not None and not policy.should_retry(request, attempt, outcome):
+                result = await self._folders.upload(request, attempt, outcome.trial_dir)
+            decision = policy.decide(request, attempt, outcome, self._who, result)
             verdict = await self._publish(request, decision, bound)
+            if outcome.trial_dir is not None:
+                await self._folders.discard(outcome.trial_dir)
             bound.info("trial settled", outcome=outcome.kind, exception=outcome.exception_type)
             return verdict
         finally:
@@ -224,13 +232,3 @@ class TrialHandler:
                     return
             except Exception as exc:  # noqa: BLE001 - a missed beat is retried next tick
                 log.warning("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
-
-    def _trial_dir_of(self, request: TrialRequested) -> str | None:
-        # Only some executors know where a trial's folder is (HarborExecutor does);
-        # the cancelled event names it when they do.
-        locate = getattr(self._executor, "trial_dir_for", None)
-        if not callable(locate):
-            return None
-        with contextlib.suppress(Exception):
-            return str(locate(request))
-        return None

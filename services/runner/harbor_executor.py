@@ -7,6 +7,10 @@ and runs in a process forked per attempt (services.runner.isolation): nothing a 
 changes in its process (litellm's prices, environment, working directory, logging,
 imported modules) reaches the runner or the next trial, and the runner's event loop
 never runs Harbor's synchronous start-up.
+
+The task folder comes from the runner's TaskCache (fetched from the tasks bucket by
+checksum, verified, unpacked once per task and pinned while the trial runs); a task
+that cannot be had ends the attempt as a failure naming why, never a hung message.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 from schemas.events import TrialRequested
+from services.common.errors import ObjectCorrupt, ObjectMissing
 from services.common.harbor_jobs import job_dir_for
 from services.common.ports import ExecutionOutcome, LogSink
+from services.common.task_cache import TaskCache
+from services.common.unpack import ArchiveError
 from services.runner.isolation import TrialProcesses
 from services.runner.trial_process import MissingSecretError, TrialJob
 
@@ -31,10 +38,12 @@ class HarborExecutor:
     def __init__(
         self,
         jobs_root: Path,
+        tasks: TaskCache,
         sandbox_dir: Path | None = None,
         processes: TrialProcesses | None = None,
     ) -> None:
         self._jobs_root = jobs_root
+        self._tasks = tasks
         self._sandbox_dir = sandbox_dir
         self._processes = processes or TrialProcesses()
         self.version = dist_version("harbor")
@@ -47,20 +56,32 @@ class HarborExecutor:
         self, request: TrialRequested, attempt: int, on_log: LogSink | None
     ) -> ExecutionOutcome:
         """Run one attempt in a fresh process; cancellation stops that process."""
-        job = TrialJob(
-            request_json=request.model_dump_json(),
-            attempt=attempt,
-            jobs_root=str(self._jobs_root),
-            sandbox_dir=str(self._sandbox_dir) if self._sandbox_dir is not None else None,
-            live_logs=on_log is not None,
-        )
-        outcome = await self._processes.run(job, on_log, llm=request.agent.model is not None)
+        task = request.task
+        try:
+            async with self._tasks.use(task.checksum, task.name) as task_dir:
+                job = TrialJob(
+                    request_json=request.model_dump_json(),
+                    attempt=attempt,
+                    task_dir=str(task_dir),
+                    jobs_root=str(self._jobs_root),
+                    sandbox_dir=str(self._sandbox_dir) if self._sandbox_dir is not None else None,
+                    live_logs=on_log is not None,
+                )
+                outcome = await self._processes.run(
+                    job, on_log, llm=request.agent.model is not None
+                )
+        except (ObjectMissing, ObjectCorrupt, ArchiveError) as exc:
+            # ObjectCorrupt is retried (a fresh download may be whole); a missing or
+            # unsafe archive is final (services.common.failures).
+            return ExecutionOutcome(
+                kind="failed",
+                exception_type=type(exc).__name__,
+                message=f"task {task.name} ({task.checksum[:12]}): {exc}"[:2000],
+            )
         trial_dir = outcome.get("trial_dir")
-        job_dir = outcome.get("job_dir") or job_dir_for(self._jobs_root, request.experiment_id)
         return ExecutionOutcome(
             kind=outcome["kind"],
             trial_dir=Path(trial_dir) if trial_dir else None,
-            job_dir=Path(job_dir),
             exception_type=outcome.get("exception_type"),
             message=outcome.get("message"),
         )

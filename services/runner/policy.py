@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.events import TrialCompleted, TrialFailed, TrialRequested
+from schemas.objects import ObjectRef
 from schemas.record import FailureClass
+from schemas.trial_events import MAX_MESSAGE_CHARS
 from services.common.errors import ACK, InternalError, Settle, nak
 from services.common.failures import classify, is_retryable
 from services.common.ports import ExecutionOutcome
@@ -61,9 +63,16 @@ def should_retry(request: TrialRequested, attempt: int, outcome: ExecutionOutcom
 
 
 def decide(
-    request: TrialRequested, attempt: int, outcome: ExecutionOutcome, who: RunnerIdentity
+    request: TrialRequested,
+    attempt: int,
+    outcome: ExecutionOutcome,
+    who: RunnerIdentity,
+    result: ObjectRef | None = None,
 ) -> Decision:
     """The events and the verdict for attempt ``attempt`` that ended with ``outcome``.
+
+    ``result``: the stored trial folder of an attempt that ends the run (required for
+    a completed one: TrialCompleted points at it).
 
     - retryable and attempts left: TrialFailed(final=False), nak after the backoff;
     - completed (Harbor wrote result.json): TrialCompleted, ack;
@@ -77,16 +86,17 @@ def decide(
             nak(delay, "retry"),
         )
     if outcome.kind == "completed":
-        if outcome.trial_dir is None or outcome.job_dir is None:
+        if result is None:
             raise InternalError(
-                f"executor reported trial {request.trial_id} completed without its folders"
+                f"trial {request.trial_id} completed without its stored trial folder"
             )
         completed = TrialCompleted(
             experiment_id=request.experiment_id,
             trial_id=request.trial_id,
             correlation_id=request.correlation_id,
-            trial_dir=str(outcome.trial_dir),
-            job_dir=str(outcome.job_dir),
+            result=result,
+            trial_name=request.trial_id,
+            repetition=request.repetition,
             runner_host=who.host,
             harbor_version=who.harbor_version,
             environment=request.compute.environment,
@@ -95,12 +105,11 @@ def decide(
             run_id=request.dedup_id(),
         )
         return Decision((completed,), ACK)
-    return Decision((failed_event(request, attempt, outcome, who.host, final=True),), ACK)
+    final = failed_event(request, attempt, outcome, who.host, final=True, result=result)
+    return Decision((final,), ACK)
 
 
-def cancelled(
-    request: TrialRequested, attempt: int, host: str, trial_dir: str | None = None
-) -> Decision:
+def cancelled(request: TrialRequested, attempt: int, host: str) -> Decision:
     """The experiment was cancelled (before or during this attempt): final, ack."""
     outcome = ExecutionOutcome(
         kind="failed", exception_type="CancelledError", message="experiment cancelled"
@@ -112,7 +121,6 @@ def cancelled(
         host,
         final=True,
         failure_class="cancelled",
-        trial_dir=trial_dir,
     )
     return Decision((event,), ACK)
 
@@ -125,7 +133,7 @@ def failed_event(
     *,
     final: bool,
     failure_class: FailureClass | None = None,
-    trial_dir: str | None = None,
+    result: ObjectRef | None = None,
 ) -> TrialFailed:
     """The TrialFailed of an attempt; the failure class follows Harbor's error policy."""
     failure = failure_class or classify(outcome.exception_type)
@@ -136,11 +144,11 @@ def failed_event(
         # A failed attempt with no exception at all still failed: count it against
         # the infrastructure, never as an agent's or a verifier's result.
         failure_class="infrastructure" if failure == "none" else failure,
-        error_type=outcome.exception_type or "UnknownError",
-        message=outcome.message or "",
+        error_type=(outcome.exception_type or "UnknownError")[:200],
+        message=(outcome.message or "")[:MAX_MESSAGE_CHARS],
         attempt=attempt,
         final=final,
-        trial_dir=trial_dir or (str(outcome.trial_dir) if outcome.trial_dir else None),
+        result=result,
         task=request.task,
         agent=request.agent,
         repetition=request.repetition,

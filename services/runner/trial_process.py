@@ -43,22 +43,30 @@ class TrialJob:
 
     request_json: str
     attempt: int
+    task_dir: str
     jobs_root: str
     sandbox_dir: str | None
     live_logs: bool
 
 
 Outcome = dict[str, Any]
-"""ExecutionOutcome's fields as plain data (kind, trial_dir, job_dir, exception_type,
-message): what crosses the pipe."""
+"""ExecutionOutcome's fields as plain data (kind, trial_dir, exception_type, message):
+what crosses the pipe."""
 
 
-def failed(exception_type: str, message: str, **dirs: str | None) -> Outcome:
+def failed(exception_type: str, message: str, trial_dir: str | None = None) -> Outcome:
     """A ``failed`` outcome."""
-    return {"kind": "failed", "exception_type": exception_type, "message": message, **dirs}
+    return {
+        "kind": "failed",
+        "exception_type": exception_type,
+        "message": message,
+        "trial_dir": trial_dir,
+    }
 
 
-def trial_config(req: TrialRequested, job_dir: Path, sandbox_dir: str | None) -> Any:
+def trial_config(
+    req: TrialRequested, task_dir: Path, job_dir: Path, sandbox_dir: str | None
+) -> Any:
     """Harbor's TrialConfig for one request (the agent's secrets stay templates)."""
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 
@@ -73,7 +81,7 @@ def trial_config(req: TrialRequested, job_dir: Path, sandbox_dir: str | None) ->
     if compute.environment_import_path and sandbox_dir is not None:
         env_kwargs.setdefault("scratch_dir", sandbox_dir)
     return TrialConfig(
-        task=TaskConfig(path=Path(req.task.path)),
+        task=TaskConfig(path=task_dir),
         trial_name=req.trial_id,
         trials_dir=job_dir,
         timeout_multiplier=compute.timeout_multiplier,
@@ -132,10 +140,10 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
         attempts_dir.mkdir(exist_ok=True)
         shutil.move(trial_dir, attempts_dir / f"{request.trial_id}.{job.attempt - 1}")
     try:
-        trial = await Trial.create(trial_config(request, job_dir, job.sandbox_dir))
+        config = trial_config(request, Path(job.task_dir), job_dir, job.sandbox_dir)
+        trial = await Trial.create(config)
     except Exception as exc:  # noqa: BLE001 - every cause becomes a TrialFailed
-        message = str(exc)[:2000] or type(exc).__name__
-        return failed(type(exc).__name__, message, job_dir=str(job_dir))
+        return failed(type(exc).__name__, str(exc)[:2000] or type(exc).__name__)
     if job.live_logs:
 
         async def forward(entry: LogEntry) -> None:
@@ -149,12 +157,10 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
             exc_info.exception_type if exc_info else "MissingResult",
             "Harbor finished without writing result.json",
             trial_dir=str(trial_dir),
-            job_dir=str(job_dir),
         )
     return {
         "kind": "completed",
         "trial_dir": str(trial_dir),
-        "job_dir": str(job_dir),
         "exception_type": exc_info.exception_type if exc_info else None,
         "message": exc_info.exception_message[:2000] if exc_info else None,
     }

@@ -42,7 +42,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
             open_nats(settings, "trialbus-submitter", timeout_s=None) as nats,
             open_ledger(settings) as ledger,
         ):
-            app.state.ports = Ports(nats.bus, ledger, await nats.coordinator())
+            app.state.ports = Ports(nats.bus, ledger, await nats.coordinator(), await nats.tasks())
             log.info("submitter ready", port=settings.http_port)
             yield
 

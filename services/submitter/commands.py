@@ -57,6 +57,7 @@ async def submit_and_wait(
                 nats.bus,
                 ledger,
                 coordinator,
+                await nats.tasks(),
                 feed,
                 timeout_s=timeout_s,
                 progress=progress,

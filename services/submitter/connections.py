@@ -22,8 +22,9 @@ from infra.nats_auth import CredentialsError
 from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
+from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import TransientError, UserInputError
-from services.common.ports import Coordinator, EventBus, Ledger
+from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore
 from services.common.settings import CommonSettings
 
 CLI_CONNECT_TIMEOUT_S = 10.0
@@ -60,6 +61,7 @@ class NatsSide:
     settings: CommonSettings
     bus: EventBus
     _coordinator: Coordinator | None = field(default=None)
+    _tasks: ObjectStore | None = field(default=None)
 
     async def coordinator(self) -> Coordinator:
         """The Coordinator (KV buckets opened, created when missing, on first use)."""
@@ -71,6 +73,12 @@ class NatsSide:
                 replicas=self.settings.stream_replicas,
             )
         return self._coordinator
+
+    async def tasks(self) -> ObjectStore:
+        """The tasks bucket (created when missing and the credentials allow it)."""
+        if self._tasks is None:
+            self._tasks = await open_bucket(self.nc.jetstream(), self.settings, "tasks")
+        return self._tasks
 
     @contextlib.asynccontextmanager
     async def events_of(self, experiment_id: str) -> AsyncIterator[_SubscriptionFeed]:

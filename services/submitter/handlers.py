@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from schemas.events import ResultImported, TrialFailed, parse_event
 from services.common import errors as E
-from services.common.ports import Coordinator, EventBus, Ledger
+from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore
 from services.reports.leaderboard import status_counts
 from services.reports.queries import experiment_leaderboard, load_experiment
 from services.submitter.submit import PreparedExperiment, SubmitResult, publish_experiment
@@ -55,11 +55,16 @@ class SubmitOutcome:
 
 
 async def submit(
-    prepared: PreparedExperiment, bus: EventBus, ledger: Ledger, coordinator: Coordinator
+    prepared: PreparedExperiment,
+    bus: EventBus,
+    ledger: Ledger,
+    coordinator: Coordinator,
+    tasks: ObjectStore,
 ) -> SubmitResult:
-    """Publish a prepared experiment; resubmitting lifts an earlier cancellation."""
+    """Upload its tasks and publish a prepared experiment; resubmitting lifts an
+    earlier cancellation."""
     await coordinator.uncancel(prepared.experiment_id)
-    return await publish_experiment(prepared, bus, ledger)
+    return await publish_experiment(prepared, bus, ledger, tasks)
 
 
 def exit_code_for(counts: dict[str, int]) -> int:
@@ -74,6 +79,7 @@ async def submit_and_wait(
     bus: EventBus,
     ledger: Ledger,
     coordinator: Coordinator,
+    tasks: ObjectStore,
     feed: EventFeed | None,
     *,
     timeout_s: float,
@@ -81,7 +87,7 @@ async def submit_and_wait(
 ) -> SubmitOutcome:
     """Submit; with a ``feed`` (opened before this call, so no completion slips past),
     follow the experiment until every trial is recorded or ``timeout_s`` passes."""
-    result = await submit(prepared, bus, ledger, coordinator)
+    result = await submit(prepared, bus, ledger, coordinator, tasks)
     summary = result.as_dict()
     if feed is None:
         return SubmitOutcome(summary, E.EXIT_OK)

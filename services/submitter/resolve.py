@@ -1,33 +1,35 @@
-"""Resolving a manifest's task entries to Harbor task folders on disk."""
+"""Resolving a manifest's task entries to Harbor task folders on disk.
+
+The folders are on the submitter's disk only: ``resolve_tasks`` names each by its
+content checksum (``TaskRef``, what events carry) and keeps the folder beside it
+(``ResolvedTask``) for the upload of its archive to the tasks bucket.
+"""
 
 from __future__ import annotations
 
 import glob
-import hashlib
+import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.events import TaskRef
 from schemas.manifest import DatasetRef, ExperimentManifest, TaskPath
+from schemas.trial_events import TASK_NAME_PATTERN
 from services.common.errors import ManifestError
+from services.common.task_identity import task_checksum
 
 # What makes a folder a Harbor task (see Harbor's task format).
 _REQUIRED = ("task.toml", "instruction.md")
-_MAX_TASK_FILES = 20_000
+_TASK_NAME_RE = re.compile(TASK_NAME_PATTERN)
 
 
-def task_checksum(task_dir: Path) -> str:
-    """sha256 over the task folder's relative file paths and contents."""
-    h = hashlib.sha256()
-    files = sorted(p for p in task_dir.rglob("*") if p.is_file())
-    if len(files) > _MAX_TASK_FILES:
-        raise ManifestError(
-            f"{task_dir}: more than {_MAX_TASK_FILES} files; is this a task folder?"
-        )
-    for p in files:
-        h.update(p.relative_to(task_dir).as_posix().encode() + b"\0")
-        h.update(hashlib.sha256(p.read_bytes()).digest())
-    return h.hexdigest()
+@dataclass(frozen=True, slots=True)
+class ResolvedTask:
+    """A task as events name it, and the folder it was read from (submitter side)."""
+
+    ref: TaskRef
+    folder: Path
 
 
 def check_task_dir(task_dir: Path, where: str) -> None:
@@ -57,11 +59,11 @@ def check_task_dir(task_dir: Path, where: str) -> None:
 
 def resolve_tasks(
     manifest: ExperimentManifest, base_dir: Path, tasks_root: Path | None = None
-) -> list[TaskRef]:
+) -> list[ResolvedTask]:
     """Task folders of a manifest, in manifest order, each once."""
     base = base_dir.resolve()
     root = tasks_root.resolve() if tasks_root else None
-    seen: dict[Path, TaskRef] = {}
+    seen: dict[Path, ResolvedTask] = {}
     names: dict[str, Path] = {}
     for i, spec in enumerate(manifest.tasks):
         where = f"tasks[{i}]"
@@ -97,13 +99,18 @@ def resolve_tasks(
             if task_dir in seen:
                 continue
             name = task_dir.name
+            if not _TASK_NAME_RE.match(name):
+                raise ManifestError(
+                    f"{where}: task folder name {name!r} must match {TASK_NAME_PATTERN} "
+                    "(letters, digits, '_', '.', '-'; the name is the folder's name on "
+                    "every runner); rename the folder"
+                )
             if name in names:
                 raise ManifestError(
                     f"{where}: two task folders are named {name!r} ({names[name]} and "
                     f"{task_dir}); task names must be unique within an experiment"
                 )
             names[name] = task_dir
-            seen[task_dir] = TaskRef(
-                name=name, path=str(task_dir), checksum=task_checksum(task_dir)
-            )
+            ref = TaskRef(name=name, checksum=task_checksum(task_dir))
+            seen[task_dir] = ResolvedTask(ref, task_dir)
     return list(seen.values())

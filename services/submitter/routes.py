@@ -32,7 +32,7 @@ from services.common.errors import (
     UserInputError,
 )
 from services.common.logging import get_logger
-from services.common.ports import Coordinator, EventBus, ExperimentInfo, Ledger
+from services.common.ports import Coordinator, EventBus, ExperimentInfo, Ledger, ObjectStore
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
@@ -61,6 +61,7 @@ class Ports:
     bus: EventBus
     ledger: Ledger
     coordinator: Coordinator
+    tasks: ObjectStore
 
 
 def _ports(request: Request) -> Ports:
@@ -181,7 +182,9 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         # An admin resubmitting keeps the recorded owner; anyone else is the owner.
         by = (owner or identity).record() if identity.admin else identity.record()
         prepared = dataclasses.replace(prepared, submitted_by=by)
-        result = await handlers.submit(prepared, ports.bus, ports.ledger, ports.coordinator)
+        result = await handlers.submit(
+            prepared, ports.bus, ports.ledger, ports.coordinator, ports.tasks
+        )
         log.info("experiment submitted", experiment_id=result.experiment_id, by=identity.label)
         return result.as_dict()
 

@@ -1,8 +1,11 @@
 """Expanding a manifest into trials and publishing them.
 
-Publishing is idempotent twice over: each TrialRequested carries its trial_id as the
-JetStream dedup id (a CI retry within the dedup window publishes nothing new), and
-trials the ledger already scored are not published again at all (resume).
+Before any trial is published, the archive of every task goes to the tasks bucket
+(named by its checksum: a task already there is not uploaded again), so a runner on
+any machine can fetch what a TrialRequested names. Publishing is idempotent twice
+over: each TrialRequested carries its trial_id as the JetStream dedup id (a CI retry
+within the dedup window publishes nothing new), and trials the ledger already scored
+are not published again at all (resume).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from typing import Any
 from schemas.events import ExperimentSubmitted, TaskRef, TrialRequested
 from schemas.ids import experiment_id_for, trial_id_for
 from schemas.manifest import ExperimentManifest
-from services.common.ports import EventBus, Ledger
-from services.submitter.resolve import resolve_tasks
+from services.common.errors import ManifestError
+from services.common.ports import EventBus, Ledger, ObjectStore
+from services.common.task_cache import upload_task
+from services.submitter.resolve import ResolvedTask, resolve_tasks
 
 
 def canonical_manifest(manifest: ExperimentManifest) -> dict[str, Any]:
@@ -90,7 +95,7 @@ class PreparedExperiment:
 
     manifest: ExperimentManifest
     experiment_id: str
-    tasks: list[TaskRef]
+    tasks: list[ResolvedTask]
     trials: list[TrialRequested]
     correlation_id: str
     submitted_by: dict[str, str] | None = None
@@ -106,14 +111,31 @@ def prepare(
     experiment_id = experiment_id_of(manifest)
     tasks = resolve_tasks(manifest, base_dir, tasks_root)
     correlation_id = uuid.uuid4().hex
-    trials = expand_trials(manifest, experiment_id, tasks, correlation_id)
+    trials = expand_trials(manifest, experiment_id, [t.ref for t in tasks], correlation_id)
     return PreparedExperiment(manifest, experiment_id, tasks, trials, correlation_id)
 
 
+async def upload_tasks(prepared: PreparedExperiment, store: ObjectStore) -> None:
+    """Store every task's archive the bucket lacks.
+
+    Raises ArchiveError (a UserInputError naming the entry) for a folder the runners
+    would refuse to unpack, before anything of the experiment is published.
+    """
+    for task in prepared.tasks:
+        ref = await upload_task(store, task.folder)
+        if ref.name != task.ref.checksum:
+            # The folder changed between resolving and packing: its trials would name
+            # an archive that is not the one stored.
+            raise ManifestError(
+                f"task folder {task.folder} changed while it was submitted; submit again"
+            )
+
+
 async def publish_experiment(
-    prepared: PreparedExperiment, bus: EventBus, ledger: Ledger | None
+    prepared: PreparedExperiment, bus: EventBus, ledger: Ledger | None, tasks: ObjectStore
 ) -> SubmitResult:
-    """Publish ExperimentSubmitted, then every trial that still needs running."""
+    """Upload the tasks, publish ExperimentSubmitted, then every trial still to run."""
+    await upload_tasks(prepared, tasks)
     scored: set[str] = set()
     unscored_versions: dict[str, str] = {}
     if ledger is not None:

@@ -23,10 +23,13 @@ from services.common.adapters.faststream_consumer import (
 )
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_objects import open_bucket
+from services.common.archive import DEFAULT_TRIAL_CAP_BYTES
 from services.common.errors import Settle
 from services.common.logging import get_logger
 from services.common.ports import Ledger
 from services.common.settings import WatcherSettings
+from services.common.trial_folders import TrialFolders
 from services.watcher.handlers import Watcher, handle_batch
 
 log = get_logger(__name__)
@@ -82,7 +85,9 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
     @app.on_startup
     async def setup() -> None:
         js = await start_broker(broker, settings)
-        state["watcher"] = Watcher(the_ledger, JetStreamBus(js, topo), settings.jobs_dir)
+        results = await open_bucket(js, settings, "results")
+        folders = TrialFolders(results, cap_bytes=DEFAULT_TRIAL_CAP_BYTES, keep_local=True)
+        state["watcher"] = Watcher(the_ledger, JetStreamBus(js, topo), settings.jobs_dir, folders)
 
     @app.after_startup
     async def start_scanning() -> None:

@@ -24,9 +24,9 @@ from schemas.events import (
     parse_event,
 )
 from services.common.errors import ACK, Settle, settle_error
-from services.common.harbor_jobs import job_dir_for, read_marker, write_job_result
 from services.common.logging import bound_event, get_logger
 from services.common.ports import EventBus, Ledger
+from services.common.trial_folders import TrialFolders
 from services.importer.jobdir import scan_job_dir
 from services.watcher.logic import RecordTally, completion_of, finished_external_jobs
 
@@ -40,10 +40,13 @@ class Watcher:
     seen since the ledger was last counted, so most batches need no ledger query.
     """
 
-    def __init__(self, ledger: Ledger, bus: EventBus, jobs_dir: Path) -> None:
+    def __init__(
+        self, ledger: Ledger, bus: EventBus, jobs_dir: Path, folders: TrialFolders
+    ) -> None:
         self._ledger = ledger
         self._bus = bus
         self._jobs_dir = jobs_dir
+        self._folders = folders
         self._announced_jobs: set[Path] = set()
         self._refused_reads: set[str] = set()  # logged once each, not on every scan
         self._tallies: dict[str, RecordTally] = {}
@@ -73,10 +76,6 @@ class Watcher:
             return
         self._tallies.pop(experiment_id, None)
         self._correlation.pop(experiment_id, None)
-        job_dir = job_dir_for(self._jobs_dir, experiment_id)
-        if read_marker(job_dir) is not None:
-            # Harbor's own job summary, so `harbor view` shows the job as finished.
-            await asyncio.to_thread(write_job_result, job_dir, experiment_id, done.n_trials)
         await self._bus.publish(done)
         log.info("experiment completed", experiment_id=experiment_id, n_scored=done.n_scored)
 
@@ -94,7 +93,9 @@ class Watcher:
         """Announce the trials of finished Harbor jobs made outside trialbus.
 
         Returns how many TrialCompleted were published. A job is announced once per
-        process, and a trial the ledger already holds is not announced again.
+        process, and a trial the ledger already holds is not announced again. Each
+        trial folder is stored in the results bucket first: the importer may run on
+        another machine.
         """
         n = 0
         refused: list[str] = []
@@ -117,19 +118,22 @@ class Watcher:
                     name=job.name,
                     n_trials=len(trials),
                     n_published=0,
-                    manifest={"source": "external harbor job", "job_dir": str(job), "agents": []},
+                    manifest={"source": "external harbor job", "job_name": job.name, "agents": []},
                 ),
                 msg_id=f"{experiment_id}:external-submitted",
             )
             for t in trials:
                 if await self._ledger.get_record(t.trial_id) is not None:
                     continue
+                stored = await self._folders.store_as(
+                    f"external/{experiment_id}/{t.trial_id}.tar.gz", t.trial_dir
+                )
                 await self._bus.publish(
                     TrialCompleted(
                         experiment_id=experiment_id,
                         trial_id=t.trial_id,
-                        trial_dir=str(t.trial_dir),
-                        job_dir=str(job),
+                        result=stored,
+                        trial_name=t.trial_dir.name,
                         source="external",
                     )
                 )

@@ -51,6 +51,13 @@ class Case:
         return list(self.spec.get("expect", []))
 
     @property
+    def expect_stored(self) -> list[str]:
+        """What the record says when the folder came through the results bucket (a
+        runner packs it first: links and special files stay out, listed); default
+        ``expect``."""
+        return list(self.spec.get("expect_stored", self.expect))
+
+    @property
     def generate(self) -> str | None:
         value = self.spec.get("generate")
         return str(value) if value else None

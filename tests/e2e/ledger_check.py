@@ -24,7 +24,6 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 
 from schemas.events import (
     Event,
@@ -172,9 +171,10 @@ def _staleness(
                 f"{outcome.failure_class!r}"
             )
     else:
-        expected_dir = str(Path(outcome.trial_dir).absolute())
-        if rec.artifacts.trial_dir != expected_dir:
-            return f"record points at {rec.artifacts.trial_dir}, the run wrote {expected_dir}"
+        stored = rec.artifacts.archive
+        if stored != outcome.result:
+            named = stored.name if stored else None
+            return f"record was built from {named}, the run stored {outcome.result.name}"
         finished = rec.timing.finished_at
         if finished is not None and finished > outcome.occurred_at + CLOCK_SLACK:
             return f"result finished at {finished}, after its run completed"

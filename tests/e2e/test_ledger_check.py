@@ -22,6 +22,7 @@ from schemas.events import (
     TrialStarted,
     encode_event,
 )
+from schemas.objects import ObjectRef
 from schemas.record import Artifacts, Evaluation, PhaseTiming, Provenance, TrialRecord
 from services.common.adapters.mongo_ledger import MongoLedger
 from tests.e2e.conftest import Stacks
@@ -49,12 +50,19 @@ def started(trial: str, attempt: int, when: float, runner: str = "runner-0") -> 
     )
 
 
+def stored(trial: str, attempt: int) -> ObjectRef:
+    """The results-bucket reference of one attempt's trial folder."""
+    return ObjectRef(
+        bucket="RESULTS", name=f"{EXP}/{trial}/{attempt}.tar.gz", size=1, sha256="ab" * 32
+    )
+
+
 def completed(trial: str, attempt: int, when: float) -> TrialCompleted:
     return TrialCompleted(
         experiment_id=EXP,
         trial_id=trial,
-        trial_dir=f"/jobs/{EXP}/{trial}",
-        job_dir=f"/jobs/{EXP}",
+        result=stored(trial, attempt),
+        trial_name=trial,
         attempt=attempt,
         run_id=trial,
         occurred_at=at(when),
@@ -80,7 +88,7 @@ def record(trial: str, attempt: int, finished: float, reward: float = 1.0) -> Tr
         provenance=Provenance(task_name="hello-file", agent_name="nop"),
         timing=PhaseTiming(started_at=at(finished - 1), finished_at=at(finished)),
         evaluation=Evaluation(rewards={"reward": reward}, main_reward=reward, reward_valid=True),
-        artifacts=Artifacts(trial_dir=f"/jobs/{EXP}/{trial}"),
+        artifacts=Artifacts(archive=stored(trial, attempt)),
         attempts=attempt,
     )
 

@@ -40,7 +40,7 @@ from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 
 from infra.stack import ServiceProcess
-from schemas.events import TrialCompleted, encode_event
+from schemas.events import encode_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
@@ -56,6 +56,7 @@ from tests.bad_inputs.corpus import Case, cases, event_bytes, materialize_result
 from tests.harbor_fixtures import HarborTrials
 from tests.support import importer_process
 from tests.support.importer_process import until
+from tests.support.stored_results import completed_from
 
 pytestmark = pytest.mark.integration
 
@@ -72,16 +73,6 @@ TIMEOUT_S = 60.0
 def importer_env() -> dict[str, str]:
     """Several batches, each mixing good and poison."""
     return {"TRIALBUS_BATCH_SIZE": "16"}
-
-
-def _completed(trial_id: str, trial_dir: Path) -> bytes:
-    event = TrialCompleted(
-        experiment_id=EXPERIMENT,
-        trial_id=trial_id,
-        trial_dir=str(trial_dir),
-        job_dir=str(trial_dir.parent),
-    )
-    return encode_event(event)
 
 
 def _log_events(importer: ServiceProcess, name: str) -> list[dict[str, Any]]:
@@ -109,28 +100,39 @@ async def test_poison_and_malformed_results_are_settled_and_nothing_is_lost(
     bad: dict[str, Case] = {}
     messages: list[tuple[str, bytes]] = []
     done_subject = topology.event_subject("trial_completed", EXPERIMENT)
+    folders: list[Path] = []
     for name in GOOD:
         for copy in range(2):
             trial_id = f"good-{name}-{copy}".replace("_", "-")
             good[trial_id] = name
-            trial_dir = harbor_trials.copy(name, job_dir, trial_id)
-            messages.append((done_subject, _completed(trial_id, trial_dir)))
+            folders.append(harbor_trials.copy(name, job_dir, trial_id))
     for case in cases("results"):
         trial_id = f"bad-{case.name}"
         bad[trial_id] = case
-        trial_dir = materialize_result(case, harbor_trials["oracle"], job_dir / trial_id)
-        messages.append((done_subject, _completed(trial_id, trial_dir)))
-    vanished = "bad-trial-folder-vanished"
-    messages.append((done_subject, _completed(vanished, job_dir / vanished)))
-    poison = [*cases("events")]
-    for case in poison:
-        messages.append((topology.event_subject("poison", "x"), event_bytes(case)))
-    random.Random(7).shuffle(messages)
+        folders.append(materialize_result(case, harbor_trials["oracle"], job_dir / trial_id))
 
     nc = await nats.connect(nats_url)
     ledger = MongoLedger(ledger_url, ledger_db)
     try:
         js: JetStreamContext = nc.jetstream()
+        for folder in folders:
+            event = await completed_from(js, topology, EXPERIMENT, folder)
+            messages.append((done_subject, encode_event(event)))
+        # A stored folder whose bytes no longer match the event: recorded as unusable.
+        damaged_event = await completed_from(js, topology, EXPERIMENT, folders[0])
+        damaged = "bad-stored-folder-damaged"
+        damaged_event = damaged_event.model_copy(
+            update={
+                "trial_id": damaged,
+                "trial_name": damaged,
+                "result": damaged_event.result.model_copy(update={"sha256": "0" * 64}),
+            }
+        )
+        messages.append((done_subject, encode_event(damaged_event)))
+        poison = [*cases("events")]
+        for case in poison:
+            messages.append((topology.event_subject("poison", "x"), event_bytes(case)))
+        random.Random(7).shuffle(messages)
         # Over the server's max_payload (1 MiB): refused before it reaches the stream.
         with pytest.raises(MaxPayloadError):
             await js.publish(done_subject, b"x" * (1024 * 1024 + 1))
@@ -163,16 +165,21 @@ async def test_poison_and_malformed_results_are_settled_and_nothing_is_lost(
         await nc.close()
 
     # Exactly one record per trial, one ResultImported each, nothing else.
-    assert set(records) == {*good, *bad, vanished}
+    assert set(records) == {*good, *bad, damaged}
     assert announced == expected
     for trial_id, name in good.items():
         record = records[trial_id]
         assert record.status == "complete" and record.errors == [], record.errors
         assert record.evaluation.reward_valid is (name in SCORED)
+    wrong = []
     for trial_id, case in bad.items():
-        _assert_diagnosed(records[trial_id], case)
-    assert records[vanished].status == "partial"
-    assert records[vanished].errors[0].startswith("result.json: missing")
+        try:
+            _assert_diagnosed(records[trial_id], case)
+        except AssertionError as exc:
+            wrong.append(str(exc))
+    assert wrong == []
+    assert records[damaged].status == "partial"
+    assert records[damaged].evaluation.exception_type == "ObjectCorrupt"
 
     # Poison: each terminated once on first delivery; no batch was ever retried.
     assert info.num_pending == 0 and info.num_ack_pending == 0 and info.num_redelivered == 0
@@ -188,7 +195,7 @@ async def test_poison_and_malformed_results_are_settled_and_nothing_is_lost(
 
 def _assert_diagnosed(record: TrialRecord, case: Case) -> None:
     assert record.status == case.spec.get("status", "partial"), (case.id, record.errors)
-    for fragment in case.expect:
+    for fragment in case.expect_stored:
         assert any(fragment in line for line in record.errors), (case.id, record.errors)
 
 
@@ -244,8 +251,10 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
         nc = await nats.connect(nats_url)
         try:
             js = nc.jetstream()
-            for trial_id, trial_dir in (("bug-1", tmp_path / "bug-1"), ("good-1", good_dir)):
-                await js.publish(subject, _completed(trial_id, trial_dir))
+            bug_dir = harbor_trials.copy("oracle", tmp_path, "bug-1")
+            for trial_dir in (bug_dir, good_dir):
+                event = await completed_from(js, topology, EXPERIMENT, trial_dir)
+                await js.publish(subject, encode_event(event))
 
             async def recorded(trial_id: str) -> bool:
                 return await ledger.get_record(trial_id) is not None

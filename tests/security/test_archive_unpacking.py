@@ -24,7 +24,7 @@ from services.common.archive import (
     unpack_task,
     unpack_trial,
 )
-from services.submitter.resolve import task_checksum
+from services.common.task_identity import task_checksum
 
 REPO = Path(__file__).resolve().parents[2]
 HELLO = REPO / "examples" / "tasks" / "hello-file"

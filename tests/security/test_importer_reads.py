@@ -22,7 +22,8 @@ import nats
 import pytest
 
 from infra.service_process import ServiceProcess
-from schemas.events import TrialCompleted, encode_event
+from schemas.events import encode_event
+from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
@@ -33,6 +34,7 @@ from tests.security import reads_support
 from tests.security.reads_support import LIMIT_S, PLANTED, bounded, plant, release
 from tests.support import importer_process
 from tests.support.importer_process import until
+from tests.support.stored_results import completed_from
 
 harbor_trials = harbor_fixtures.harbor_trials  # the session's real Harbor trial folders
 importer = importer_process.importer  # the importer as its own process, ready
@@ -175,6 +177,9 @@ def test_paths_that_could_leave_the_folder_are_refused_by_the_helper(tmp_path: P
 
 
 # -- end to end: the importer service, as its own process, on the real bus and ledger -----
+# Folders reach the importer as a runner stores them (pack_trial: links and special
+# files are left out and listed, never followed); the importer unpacks them with no
+# links allowed and reads them with the checks above.
 
 
 async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
@@ -209,9 +214,7 @@ async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
     try:
         js = nc.jetstream()
         for trial in trials:
-            event = TrialCompleted(
-                experiment_id="reads", trial_id=trial.name, trial_dir=str(trial), job_dir=str(job)
-            )
+            event = await completed_from(js, topology, "reads", trial)
             await js.publish(
                 topology.event_subject("trial_completed", "reads"), encode_event(event)
             )
@@ -226,12 +229,17 @@ async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
         await ledger.close()
         await nc.close()
 
-    for name, (_, why) in PLANTED.items():
+    def left_out(record: TrialRecord, entry: str) -> bool:
+        return any(f"{entry} (symbolic link (not followed))" in e for e in record.errors) or any(
+            f"{entry} (FIFO (not followed))" in e for e in record.errors
+        )
+
+    for name in PLANTED:
         linked, copied = records[planted[name][True].name], records[planted[name][False].name]
-        assert why in linked.errors and token not in linked.model_dump_json(), name
+        assert left_out(linked, name) and token not in linked.model_dump_json(), name
         assert token in copied.model_dump_json(), name  # negative control: read
-    fifo_errors = records["reward-fifo"].errors
-    assert "verifier/reward.txt: not a regular file (a FIFO); not read" in fifo_errors
+        assert not left_out(copied, name), name
+    assert left_out(records["reward-fifo"], "verifier/reward.txt")
     assert (
         f"verifier/reward.txt: {MAX_FILE_BYTES + 1} bytes exceeds the 16 MiB limit; not read"
         in records["reward-oversized"].errors

@@ -17,8 +17,10 @@ import structlog
 
 from schemas.events import TrialCompleted
 from services.common.adapters.memory import InMemoryLedger, RecordingBus
+from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.folder_reads import MAX_FILE_BYTES
 from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES, read_marker, write_job_result
+from services.common.trial_folders import TrialFolders
 from services.importer.jobdir import JobDirError, experiment_id_for_job
 from services.watcher.handlers import Watcher
 from services.watcher.logic import finished_external_jobs
@@ -112,10 +114,12 @@ async def test_the_watcher_says_once_which_job_result_it_did_not_read(tmp_path: 
         (jobs / name / "t-1" / "trial.log").write_text("started\n")
     (jobs / "linked" / "result.json").symlink_to(tmp_path / "host.json")
     shutil.copyfile(tmp_path / "host.json", jobs / "regular" / "result.json")  # control
-    watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs)
+    folders = TrialFolders(InMemoryObjectStore("RESULTS"), cap_bytes=1 << 20, retry_delays_s=())
+    watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs, folders)
     with structlog.testing.capture_logs() as logs:
         assert await watcher.scan_external() == 1
         assert await watcher.scan_external() == 0
-    assert [c.job_dir for c in bus.of_type(TrialCompleted)] == [str(jobs / "regular")]
+    [announced] = bus.of_type(TrialCompleted)
+    assert announced.result.name.startswith("external/harbor-regular/")
     warned = [e["problem"] for e in logs if e["event"] == "external job result not read"]
     assert warned == [f"{jobs / 'linked' / 'result.json'}: a symbolic link; not followed"]

@@ -28,8 +28,8 @@ from schemas.events import TrialFailed, encode_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
-from services.importer.handlers import record_for
 from services.importer.jobdir import scoped_trial_id
+from services.importer.records import build_failed_record
 from tests import harbor_fixtures
 from tests.harbor_fixtures import HarborTrials
 from tests.support import importer_process
@@ -173,7 +173,7 @@ async def test_the_importer_refuses_a_forged_event_for_another_experiments_trial
         victim = _final_failure("victim", "victim-trial").model_copy(
             update={"error_type": "Real", "message": "the victim's own record"}
         )
-        await ledger.upsert_records([record_for(victim)])
+        await ledger.upsert_records([build_failed_record(victim)])
         stored = await ledger.get_record("victim-trial")
         js = nc.jetstream()
         forged = _final_failure("forger", "victim-trial")

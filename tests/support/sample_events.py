@@ -23,9 +23,13 @@ from schemas.events import (
     TrialStarted,
 )
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+from schemas.objects import ObjectRef
 
 WHEN = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
-TASK = TaskRef(name="hello-file", path="/tasks/hello-file", checksum="ab" * 32)
+TASK = TaskRef(name="hello-file", checksum="ab" * 32)
+RESULT = ObjectRef(
+    bucket="TRIALBUS_RESULTS", name="exp-1/t1:resume:2/3.tar.gz", size=2048, sha256="cd" * 32
+)
 AGENT = AgentSpec(
     name="terminus-2",
     model="anthropic/claude-sonnet-4",
@@ -88,18 +92,19 @@ def instances() -> dict[str, Envelope]:
         "trial_completed": TrialCompleted(
             **env(7),
             trial_id="t1",
-            trial_dir="/jobs/j/t1",
-            job_dir="/jobs/j",
+            result=RESULT,
+            trial_name="t1",
             source="external",
             runner_host="node-a",
             harbor_version="0.1.0",
             environment="docker",
             agent_label="mine",
             attempt=3,
+            repetition=1,
             run_id="t1:resume:2",
         ),
         "trial_completed_defaults": TrialCompleted(
-            **env(8), trial_id="t1", trial_dir="/jobs/j/t1", job_dir="/jobs/j"
+            **env(8), trial_id="t1", result=RESULT, trial_name="t1"
         ),
         "trial_failed": TrialFailed(
             **env(9),
@@ -109,7 +114,7 @@ def instances() -> dict[str, Envelope]:
             message="build failed",
             attempt=1,
             final=True,
-            trial_dir="/jobs/j/t1",
+            result=RESULT,
             task=TASK,
             agent=AGENT,
             repetition=0,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from schemas.events import TaskRef, TrialRequested
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.ports import ExecutionOutcome, LogSink
+from services.common.trial_folders import TrialFolders
 
 
 def make_request(
@@ -25,7 +28,7 @@ def make_request(
         experiment_id=experiment_id,
         correlation_id="corr-1",
         trial_id=trial_id,
-        task=TaskRef(name="hello", path="/tasks/hello", checksum="ab" * 32),
+        task=TaskRef(name="hello", checksum="ab" * 32),
         agent=AgentSpec(name="oracle"),
         repetition=0,
         compute=ComputeSpec(environment="docker", n_concurrent_trials=limit),
@@ -41,10 +44,12 @@ def completed(
     tmp: Path, trial_id: str = "hello__0001", error: str | None = None
 ) -> ExecutionOutcome:
     """Harbor wrote result.json (possibly recording ``error``)."""
+    trial_dir = tmp / "job" / trial_id
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / "result.json").write_text(json.dumps({"trial_name": trial_id}))
     return ExecutionOutcome(
         kind="completed",
-        trial_dir=tmp / "job" / trial_id,
-        job_dir=tmp / "job",
+        trial_dir=trial_dir,
         exception_type=error,
         message=f"{error} happened" if error else None,
     )
@@ -53,6 +58,11 @@ def completed(
 def failed(error: str | None) -> ExecutionOutcome:
     """No result.json came out of the attempt."""
     return ExecutionOutcome(kind="failed", exception_type=error, message="no result")
+
+
+def trial_folders() -> TrialFolders:
+    """Trial folders stored in memory, uploaded at once (no retry pauses)."""
+    return TrialFolders(InMemoryObjectStore("RESULTS"), cap_bytes=1 << 20, retry_delays_s=())
 
 
 Script = Callable[[TrialRequested, int], ExecutionOutcome]

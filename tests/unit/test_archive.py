@@ -28,7 +28,7 @@ from services.common.archive import (
     unpack_task,
     unpack_trial,
 )
-from services.submitter.resolve import task_checksum
+from services.common.task_identity import task_checksum
 from tests.harbor_fixtures import EXAMPLE_TASKS, HarborTrials
 
 EXAMPLES = sorted(p for p in EXAMPLE_TASKS.iterdir() if p.is_dir())

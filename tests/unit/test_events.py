@@ -24,7 +24,8 @@ from schemas.events import (
     encode_event,
     parse_event,
 )
-from tests.support.sample_events import WHEN, instances
+from schemas.trial_events import MAX_MESSAGE_CHARS
+from tests.support.sample_events import RESULT, WHEN, instances
 
 COMMON: dict[str, Any] = {
     "experiment_id": "exp-1",
@@ -191,7 +192,7 @@ def test_trial_requested_dedups_on_trial_id() -> None:
 def test_trial_completed_dedup_id_is_stable_per_run_and_attempt() -> None:
     def completed(trial_id: str, **kw: Any) -> TrialCompleted:
         return TrialCompleted(
-            experiment_id="e", trial_id=trial_id, trial_dir="/d", job_dir="/j", **kw
+            experiment_id="e", trial_id=trial_id, result=RESULT, trial_name=trial_id, **kw
         )
 
     first = completed("t1", attempt=1)
@@ -266,3 +267,56 @@ def test_run_id_is_serialized_last_and_can_be_left_out() -> None:
     started = TrialStarted(**COMMON, trial_id="t1", runner_id="r", host="h", attempt=1)
     assert list(started.model_dump())[-1] == "run_id"
     assert "run_id" not in started.model_dump(exclude={"run_id"})
+
+
+# -- nothing in an event names a host path ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value"),
+    [
+        ("trial_requested", "experiment_id", "../etc"),
+        ("trial_requested", "experiment_id", "exp.1"),  # a subject token: no dots
+        ("trial_requested", "experiment_id", "exp/1"),
+        ("trial_requested", "trial_id", "../../root"),
+        ("trial_requested", "trial_id", ".hidden"),
+        ("trial_requested", "trial_id", "a b"),
+        ("trial_requested", "trial_id", "t>"),
+        ("trial_requested", "run_id", "t1:resume/../x"),
+        ("trial_completed", "trial_name", "../t1"),
+        ("trial_completed", "trial_name", "/abs"),
+    ],
+)
+def test_ids_that_could_name_a_path_or_a_subject_are_refused(
+    name: str, field: str, value: str
+) -> None:
+    event = json.loads(encode_event(instances()[name]))
+    event[field] = value
+    with pytest.raises(EventDecodeError, match=field):
+        parse_event(json.dumps(event).encode())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("name", "../../etc"), ("name", "a/b"), ("checksum", "not-hex"), ("path", "/tasks/x")],
+)
+def test_a_task_is_named_by_checksum_never_by_path(field: str, value: str) -> None:
+    event = json.loads(encode_event(instances()["trial_requested"]))
+    event["task"][field] = value
+    with pytest.raises(EventDecodeError, match=f"task.{field}"):
+        parse_event(json.dumps(event).encode())
+
+
+def test_the_id_checks_pass_the_ids_trialbus_makes() -> None:
+    # Negative control of the two tests above: unchanged events parse.
+    for name in ("trial_requested", "trial_completed"):
+        assert parse_event(encode_event(instances()[name])) == instances()[name]
+
+
+def test_event_messages_are_bounded() -> None:
+    event = json.loads(encode_event(instances()["trial_failed"]))
+    event["message"] = "x" * (MAX_MESSAGE_CHARS + 1)
+    with pytest.raises(EventDecodeError, match="message"):
+        parse_event(json.dumps(event).encode())
+    event["message"] = "x" * MAX_MESSAGE_CHARS
+    assert isinstance(parse_event(json.dumps(event).encode()), TrialFailed)

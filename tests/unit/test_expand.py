@@ -13,7 +13,8 @@ from schemas.events import TaskRef
 from schemas.ids import slug, trial_id_for
 from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
-from services.submitter.resolve import resolve_tasks, task_checksum
+from services.common.task_identity import task_checksum
+from services.submitter.resolve import resolve_tasks
 from services.submitter.submit import expand_trials, experiment_id_of
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -32,7 +33,7 @@ def make(**fields: Any) -> ExperimentManifest:
 
 
 def tasks(*names: str) -> list[TaskRef]:
-    return [TaskRef(name=n, path=f"/t/{n}", checksum="0" * 64) for n in names]
+    return [TaskRef(name=n, checksum="0" * 64) for n in names]
 
 
 def make_task(
@@ -72,8 +73,8 @@ def test_expansion_is_tasks_x_agents_x_repetitions() -> None:
 
 def test_trial_ids_are_unique_safe_and_deterministic() -> None:
     m = make(agents=[{"name": "oracle"}, {"name": "nop", "model": "m"}], repetitions=5)
-    first = [t.trial_id for t in expand_trials(m, "exp", tasks("Hello World!", "b.c"))]
-    again = [t.trial_id for t in expand_trials(m, "exp", tasks("Hello World!", "b.c"))]
+    first = [t.trial_id for t in expand_trials(m, "exp", tasks("Hello-World", "b.c"))]
+    again = [t.trial_id for t in expand_trials(m, "exp", tasks("Hello-World", "b.c"))]
     assert first == again
     assert len(set(first)) == len(first) == 20
     assert all(TRIAL_ID_RE.match(i) for i in first), first
@@ -81,7 +82,7 @@ def test_trial_ids_are_unique_safe_and_deterministic() -> None:
 
 
 def test_trial_id_reads_as_the_task_name() -> None:
-    [trial] = expand_trials(make(), "exp", tasks("Count Words"))
+    [trial] = expand_trials(make(), "exp", tasks("Count_Words"))
     assert trial.trial_id.startswith("count-words__")
 
 
@@ -169,16 +170,28 @@ def test_explicit_experiment_id_wins() -> None:
 
 def test_glob_resolves_every_example_task_sorted() -> None:
     refs = resolve_tasks(make(tasks=["tasks/*"]), EXAMPLES)
-    assert [r.name for r in refs] == [
+    assert [r.ref.name for r in refs] == [
         "broken-verifier",
         "count-words",
         "hello-file",
         "multi-metric",
     ]
     for r in refs:
-        assert r.path == str((EXAMPLE_TASKS / r.name).resolve())
-        assert r.checksum == task_checksum(EXAMPLE_TASKS / r.name)
-        assert re.fullmatch(r"[0-9a-f]{64}", r.checksum)
+        assert r.folder == (EXAMPLE_TASKS / r.ref.name).resolve()
+        assert r.ref.checksum == task_checksum(EXAMPLE_TASKS / r.ref.name)
+        assert re.fullmatch(r"[0-9a-f]{64}", r.ref.checksum)
+
+
+@pytest.mark.parametrize("name", ["Hello World", ".hidden-task", "a:b"])
+def test_a_task_folder_name_that_is_not_one_safe_token_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    shutil.copytree(EXAMPLE_TASKS / "hello-file", tmp_path / name)
+    with pytest.raises(ManifestError, match=f"task folder name '{re.escape(name)}' must match"):
+        resolve_tasks(make(tasks=[name]), tmp_path)
+    # Negative control: the same folder under a plain name resolves.
+    shutil.copytree(EXAMPLE_TASKS / "hello-file", tmp_path / "hello_World-2.0")
+    assert resolve_tasks(make(tasks=["hello_World-2.0"]), tmp_path)[0].ref.name == "hello_World-2.0"
 
 
 def test_manifest_order_is_kept_and_duplicates_collapse() -> None:
@@ -193,7 +206,7 @@ def test_manifest_order_is_kept_and_duplicates_collapse() -> None:
             "tasks/count-words",
         ]
     )
-    assert [r.name for r in resolve_tasks(m, EXAMPLES)] == [
+    assert [r.ref.name for r in resolve_tasks(m, EXAMPLES)] == [
         "multi-metric",
         "hello-file",
         "count-words",
@@ -238,7 +251,7 @@ def test_tests_folder_with_another_test_script_is_enough(tmp_path: Path) -> None
     task = make_task(tmp_path / "py-task", test=False)
     (task / "tests").mkdir()
     (task / "tests" / "test.py").write_text("")
-    assert [r.name for r in resolve_tasks(make(tasks=["py-task"]), tmp_path)] == ["py-task"]
+    assert [r.ref.name for r in resolve_tasks(make(tasks=["py-task"]), tmp_path)] == ["py-task"]
 
 
 @pytest.mark.parametrize("path", ["../outside", "tasks/../../outside", "/ABS/outside"])
@@ -248,7 +261,7 @@ def test_path_escaping_the_tasks_root_is_refused(tmp_path: Path, path: str) -> N
     outside = make_task(tmp_path / "outside").resolve()
     path = path.replace("/ABS", str(tmp_path))
     m = make(tasks=["tasks/inside", path])
-    assert resolve_tasks(make(tasks=["tasks/inside"]), root, root)[0].name == "inside"
+    assert resolve_tasks(make(tasks=["tasks/inside"]), root, root)[0].ref.name == "inside"
     assert resolve_error(m, root, root) == (
         f"tasks[1]: {path!r} resolves to {outside}, outside the tasks root {root.resolve()}"
     )
@@ -261,7 +274,7 @@ def test_symlink_out_of_the_tasks_root_is_refused(tmp_path: Path) -> None:
     (root / "sneaky").symlink_to(outside)
     assert "outside the tasks root" in resolve_error(make(tasks=["sneaky"]), root, root)
     # Without a tasks root the same link is an ordinary task.
-    assert resolve_tasks(make(tasks=["sneaky"]), root)[0].path == str(outside)
+    assert resolve_tasks(make(tasks=["sneaky"]), root)[0].folder == outside
 
 
 def test_two_folders_with_the_same_name_are_refused(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ becomes an acknowledged ImporterError record (docstring of services.importer.han
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,9 +15,17 @@ from typing import Any
 
 import pytest
 
-from schemas.events import ResultImported, TrialCompleted, TrialFailed, encode_event
+from schemas.events import (
+    ExperimentCompleted,
+    ResultImported,
+    TrialCompleted,
+    TrialFailed,
+    encode_event,
+)
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from services.common.adapters.memory import InMemoryLedger, RecordingBus
+from services.common.adapters.memory_objects import InMemoryObjectStore
+from services.common.archive import pack_trial
 from services.common.errors import (
     ACK,
     BUG_RETRY_DELAY_S,
@@ -30,6 +39,7 @@ from services.common.errors import (
 )
 from services.common.ports import UpsertOutcome
 from services.importer import handlers
+from services.importer.folders import StoredTrials
 from services.importer.handlers import (
     BUG_MAX_DELIVERIES,
     BatchPlan,
@@ -102,15 +112,23 @@ def buggy_importer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handlers, "build_record", build)
 
 
-def completed(trial_id: str, tmp_path: Path) -> bytes:
-    # A folder with no result.json: a real (partial) record, no Harbor fixture needed.
-    trial_dir = tmp_path / trial_id
+def stored_trials(jobs_root: Path = Path("/nonexistent/jobs")) -> StoredTrials:
+    """An importer's view of a results bucket held in memory."""
+    return StoredTrials(InMemoryObjectStore("RESULTS"), jobs_root)
+
+
+async def completed(trial_id: str, trials: StoredTrials, tmp_path: Path) -> bytes:
+    # A stored folder with no result.json: a real (partial) record, no Harbor fixture.
+    folder = tmp_path / "runner" / trial_id
+    folder.mkdir(parents=True)
+    (folder / "trial.log").write_text("no result")
+    ref = await trials.store.put(f"e/{trial_id}/1.tar.gz", pack_trial(folder).data)
     return encode_event(
         TrialCompleted(
             experiment_id="e",
             trial_id=trial_id,
-            trial_dir=str(trial_dir),
-            job_dir=str(tmp_path),
+            result=ref,
+            trial_name=trial_id,
             correlation_id=f"corr-{trial_id}",
         )
     )
@@ -147,10 +165,11 @@ def test_record_failure_verdict(exc: Exception, delivered: int, expected: Settle
 async def test_a_bug_naks_only_its_message_and_the_rest_of_the_batch_lands(
     tmp_path: Path,
 ) -> None:
-    ledger, bus = InMemoryLedger(), RecordingBus()
-    batch = [Incoming(failed("good")), Incoming(completed(BUG, tmp_path)), Incoming(b"{")]
+    ledger, bus, trials = InMemoryLedger(), RecordingBus(), stored_trials(tmp_path / "jobs")
+    bugged = await completed(BUG, trials, tmp_path)
+    batch = [Incoming(failed("good")), Incoming(bugged), Incoming(b"{")]
 
-    settles = await handle_batch(batch, ledger, bus, transient_delay_s=DELAY)
+    settles = await handle_batch(batch, ledger, bus, trials, transient_delay_s=DELAY)
 
     assert settles == [ACK, BUG_NAK, TERM]
     assert await ledger.get_record(BUG) is None
@@ -163,13 +182,13 @@ async def test_a_bug_naks_only_its_message_and_the_rest_of_the_batch_lands(
 async def test_after_max_deliveries_a_bug_becomes_an_importer_error_record(
     tmp_path: Path,
 ) -> None:
-    ledger, bus = InMemoryLedger(), RecordingBus()
+    ledger, bus, trials = InMemoryLedger(), RecordingBus(), stored_trials(tmp_path / "jobs")
     batch = [
-        Incoming(completed(BUG, tmp_path), delivered=BUG_MAX_DELIVERIES),
-        Incoming(completed("fine", tmp_path), delivered=BUG_MAX_DELIVERIES),
+        Incoming(await completed(BUG, trials, tmp_path), delivered=BUG_MAX_DELIVERIES),
+        Incoming(await completed("fine", trials, tmp_path), delivered=BUG_MAX_DELIVERIES),
     ]
 
-    settles = await handle_batch(batch, ledger, bus, transient_delay_s=DELAY)
+    settles = await handle_batch(batch, ledger, bus, trials, transient_delay_s=DELAY)
 
     assert settles == [ACK, ACK]
     record = await ledger.get_record(BUG)
@@ -198,9 +217,13 @@ async def test_ledger_down_naks_the_batch_but_still_terminates_poison() -> None:
     batch = [Incoming(failed("a")), Incoming(b"not json"), Incoming(failed("b"))]
     transient = nak(DELAY, "transient")
 
-    down = await handle_batch(batch, DownLedger(), RecordingBus(), transient_delay_s=DELAY)
+    down = await handle_batch(
+        batch, DownLedger(), RecordingBus(), stored_trials(), transient_delay_s=DELAY
+    )
     # Negative control: the same batch against a reachable ledger is acknowledged.
-    up = await handle_batch(batch, InMemoryLedger(), RecordingBus(), transient_delay_s=DELAY)
+    up = await handle_batch(
+        batch, InMemoryLedger(), RecordingBus(), stored_trials(), transient_delay_s=DELAY
+    )
 
     assert down == [transient, TERM, transient]
     assert up == [ACK, TERM, ACK]
@@ -211,10 +234,12 @@ async def test_a_failed_announcement_naks_the_batch_as_settle_error_says() -> No
     bus.fail_next.append(AttributeError("a bug in the bus"))
     unconfirmed.fail_next.append(TransientError("publish not confirmed"))
     batch = [Incoming(failed("a"))]
-    assert await handle_batch(batch, InMemoryLedger(), bus, transient_delay_s=DELAY) == [BUG_NAK]
-    assert await handle_batch(batch, InMemoryLedger(), unconfirmed, transient_delay_s=DELAY) == [
-        nak(DELAY, "transient")
-    ]
+    assert await handle_batch(
+        batch, InMemoryLedger(), bus, stored_trials(), transient_delay_s=DELAY
+    ) == [BUG_NAK]
+    assert await handle_batch(
+        batch, InMemoryLedger(), unconfirmed, stored_trials(), transient_delay_s=DELAY
+    ) == [nak(DELAY, "transient")]
 
 
 def test_failed_batch_settles_keeps_poison_terminated() -> None:
@@ -272,14 +297,16 @@ async def test_an_event_for_another_experiments_trial_is_acked_logged_and_not_an
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ledger, bus = InMemoryLedger(), RecordingBus()
-    await handle_batch([Incoming(failed("t1"))], ledger, bus, transient_delay_s=DELAY)
+    await handle_batch(
+        [Incoming(failed("t1"))], ledger, bus, stored_trials(), transient_delay_s=DELAY
+    )
     stored = await ledger.get_record("t1")
     assert stored is not None and stored.experiment_id == "e"
     bus.published.clear()
     batch = [Incoming(forged_failure("t1", "forger")), Incoming(forged_failure("t2", "forger"))]
 
     monkeypatch.setattr(handlers, "log", recorder := LogRecorder())
-    settles = await handle_batch(batch, ledger, bus, transient_delay_s=DELAY)
+    settles = await handle_batch(batch, ledger, bus, stored_trials(), transient_delay_s=DELAY)
     logs = recorder.entries
 
     # Acknowledged: a redelivery could not change the answer (no poison loop).
@@ -298,10 +325,134 @@ async def test_an_event_for_another_experiments_trial_is_acked_logged_and_not_an
 async def test_the_same_event_for_the_stored_experiment_is_announced() -> None:
     # Negative control of the test above: only the experiment differs.
     ledger, bus = InMemoryLedger(), RecordingBus()
-    await handle_batch([Incoming(failed("t1"))], ledger, bus, transient_delay_s=DELAY)
+    await handle_batch(
+        [Incoming(failed("t1"))], ledger, bus, stored_trials(), transient_delay_s=DELAY
+    )
     bus.published.clear()
 
-    settles = await handle_batch([Incoming(failed("t1"))], ledger, bus, transient_delay_s=DELAY)
+    settles = await handle_batch(
+        [Incoming(failed("t1"))], ledger, bus, stored_trials(), transient_delay_s=DELAY
+    )
 
     assert settles == [ACK]
     assert [(e.trial_id, e.changed) for e in bus.of_type(ResultImported)] == [("t1", False)]
+
+
+# -- trial folders come from the results bucket ---------------------------------------
+
+
+async def test_a_stored_trial_folder_becomes_the_importers_job_folder(tmp_path: Path) -> None:
+    ledger, bus, trials = InMemoryLedger(), RecordingBus(), stored_trials(tmp_path / "jobs")
+    event = await completed("t1", trials, tmp_path)
+
+    assert await handle_batch([Incoming(event)], ledger, bus, trials, transient_delay_s=DELAY) == [
+        ACK
+    ]
+
+    placed = tmp_path / "jobs" / "e" / "t1"
+    assert (placed / "trial.log").read_text() == "no result"
+    assert (tmp_path / "jobs" / "e" / "trialbus.json").is_file()  # a trialbus job folder
+    record = await ledger.get_record("t1")
+    assert record is not None
+    assert record.artifacts.trial_dir == str(placed)
+    assert record.artifacts.archive == TrialCompleted.model_validate_json(event).result
+    # Redelivered: the folder is replaced by the same contents, not duplicated.
+    await handle_batch([Incoming(event)], ledger, bus, trials, transient_delay_s=DELAY)
+    assert sorted(p.name for p in (tmp_path / "jobs" / "e").iterdir()) == [
+        "config.json",
+        "t1",
+        "trialbus.json",
+    ]
+
+
+async def test_a_damaged_stored_folder_gives_a_partial_record_at_once(tmp_path: Path) -> None:
+    ledger, bus, trials = InMemoryLedger(), RecordingBus(), stored_trials(tmp_path / "jobs")
+    good = TrialCompleted.model_validate_json(await completed("t1", trials, tmp_path))
+    damaged = good.model_copy(
+        update={"result": good.result.model_copy(update={"sha256": "0" * 64})}
+    )
+
+    settles = await handle_batch(
+        [Incoming(encode_event(damaged))], ledger, bus, trials, transient_delay_s=DELAY
+    )
+
+    assert settles == [ACK]  # a redelivery would fetch the same bytes
+    record = await ledger.get_record("t1")
+    assert record is not None and record.status == "partial"
+    assert record.evaluation.exception_type == "ObjectCorrupt"
+    assert not record.evaluation.reward_valid
+    # Negative control: the undamaged reference builds the folder's own record.
+    await handle_batch([Incoming(encode_event(good))], ledger, bus, trials, transient_delay_s=DELAY)
+    record = await ledger.get_record("t1")
+    assert record is not None and record.evaluation.exception_type is None
+
+
+async def test_a_missing_stored_folder_is_waited_for_then_recorded_as_missing(
+    tmp_path: Path,
+) -> None:
+    ledger, bus, trials = InMemoryLedger(), RecordingBus(), stored_trials(tmp_path / "jobs")
+    event = await completed("t1", trials, tmp_path)
+    await trials.store.delete("e/t1/1.tar.gz")  # expired before the importer got to it
+
+    early = await handle_batch(
+        [Incoming(event, delivered=1)], ledger, bus, trials, transient_delay_s=DELAY
+    )
+    assert early == [nak(DELAY, "transient")] and await ledger.get_record("t1") is None
+
+    late = await handle_batch(
+        [Incoming(event, delivered=BUG_MAX_DELIVERIES)],
+        ledger,
+        bus,
+        trials,
+        transient_delay_s=DELAY,
+    )
+    assert late == [ACK]
+    record = await ledger.get_record("t1")
+    assert record is not None and record.evaluation.exception_type == "ImporterError"
+    assert "ObjectMissing" in (record.evaluation.exception_message or "")
+
+
+async def test_an_external_trial_is_read_from_a_scratch_copy_not_mirrored(
+    tmp_path: Path,
+) -> None:
+    ledger, bus, trials = InMemoryLedger(), RecordingBus(), stored_trials(tmp_path / "jobs")
+    runner_event = TrialCompleted.model_validate_json(await completed("t1", trials, tmp_path))
+    external = runner_event.model_copy(update={"source": "external"})
+
+    await handle_batch(
+        [Incoming(encode_event(external))], ledger, bus, trials, transient_delay_s=DELAY
+    )
+
+    record = await ledger.get_record("t1")
+    assert record is not None and record.provenance.source == "external"
+    assert record.artifacts.trial_dir is None and record.artifacts.archive == external.result
+    # Its own job folder is on the watcher's machine: nothing lands under jobs/<exp>.
+    assert not (tmp_path / "jobs" / "e").exists()
+    assert list((tmp_path / "jobs" / ".scratch").iterdir()) == []
+
+
+@pytest.mark.parametrize("made_by_trialbus", [True, False])
+async def test_completion_writes_harbor_job_result_for_trialbus_jobs_only(
+    tmp_path: Path, made_by_trialbus: bool
+) -> None:
+    jobs = tmp_path / "jobs"
+    job_dir = jobs / "exp"
+    job_dir.mkdir(parents=True)
+    if made_by_trialbus:
+        (job_dir / "trialbus.json").write_text(json.dumps({"experiment_id": "exp"}))
+    done = ExperimentCompleted(experiment_id="exp", n_trials=1, n_scored=0, n_partial=1)
+
+    settles = await handle_batch(
+        [Incoming(encode_event(done))],
+        InMemoryLedger(),
+        RecordingBus(),
+        stored_trials(jobs),
+        transient_delay_s=DELAY,
+    )
+
+    assert settles == [ACK]
+    result = job_dir / "result.json"
+    assert result.is_file() is made_by_trialbus
+    if made_by_trialbus:
+        written = json.loads(result.read_text())
+        assert written["n_total_trials"] == 1 and written["finished_at"]

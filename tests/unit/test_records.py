@@ -16,6 +16,9 @@ import pytest
 
 from schemas.events import TaskRef, TrialFailed
 from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH, AgentSpec
+from schemas.objects import ObjectRef
+from services.common.archive import pack_trial
+from services.common.unpack import unpack_trial
 from services.importer.reads import MAX_FILE_BYTES
 from services.importer.records import RecordContext, build_failed_record, build_record
 from services.importer.scoring import main_reward_key
@@ -492,6 +495,9 @@ def test_offset_less_timestamps_are_taken_as_utc(
 # -- build_failed_record ---------------------------------------------------------------------
 
 
+STORED = ObjectRef(bucket="RESULTS", name="exp-1/t/1.tar.gz", size=10, sha256="cd" * 32)
+
+
 def test_failed_record_from_trial_failed_event() -> None:
     event = TrialFailed(
         experiment_id="exp-1",
@@ -501,8 +507,8 @@ def test_failed_record_from_trial_failed_event() -> None:
         message="bwrap: setting up uid map: Permission denied\nsecond line of detail",
         attempt=3,
         final=True,
-        trial_dir="/jobs/exp-1/hello-file__abc",
-        task=TaskRef(name="hello-file", path="/tasks/hello-file", checksum="abc123"),
+        result=STORED,
+        task=TaskRef(name="hello-file", checksum="ab" * 32),
         agent=AgentSpec(name="oracle", label="Oracle"),
         repetition=1,
         runner_host="runner-2",
@@ -523,14 +529,10 @@ def test_failed_record_from_trial_failed_event() -> None:
     )
     assert ev.exception_message == event.message
     p = record.provenance
-    assert (p.task_name, p.task_path, p.task_checksum) == (
-        "hello-file",
-        "/tasks/hello-file",
-        "abc123",
-    )
+    assert (p.task_name, p.task_path, p.task_checksum) == ("hello-file", None, "ab" * 32)
     assert (p.agent_name, p.agent_label, p.runner_host) == ("oracle", "Oracle", "runner-2")
-    assert record.artifacts.trial_dir == "/jobs/exp-1/hello-file__abc"
-    assert record.artifacts.job_dir == "/jobs/exp-1"
+    # No path on the wire: the record points at the stored folder.
+    assert (record.artifacts.archive, record.artifacts.trial_dir) == (STORED, None)
 
 
 def test_failed_record_with_little_information() -> None:
@@ -549,3 +551,20 @@ def test_failed_record_with_little_information() -> None:
     ]
     assert record.provenance.task_name == "unknown"
     assert record.artifacts.trial_dir is None
+
+
+def test_files_the_runner_left_out_are_reported_without_unscoring_the_trial(
+    harbor_trials: HarborTrials, tmp_path: Path
+) -> None:
+    trial = harbor_trials.copy("oracle", tmp_path)
+    (trial / "agent" / "huge.bin").write_bytes(b"x" * 4096)
+    # The runner's archive, capped so the agent's big file stays out, then unpacked.
+    cap = sum(p.stat().st_size for p in trial.rglob("*") if p.is_file()) - 4096
+    unpacked = unpack_trial(pack_trial(trial, cap_bytes=cap).data, tmp_path / "unpacked")
+    record = build_record(unpacked, RecordContext(experiment_id="exp", trial_id="t"))
+    [note] = [e for e in record.errors if "left out by the runner" in e]
+    assert "agent/huge.bin (over the per-trial cap" in note
+    assert record.status == "complete" and record.evaluation.reward_valid
+    # Negative control: with room for everything, nothing is reported.
+    whole = unpack_trial(pack_trial(trial).data, tmp_path / "whole")
+    assert build_record(whole, RecordContext(experiment_id="exp", trial_id="t")).errors == []

@@ -9,7 +9,9 @@ Tests wait on events (the executor running, the handler's result), never on slee
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,11 +25,20 @@ from schemas.events import (
     TrialStarted,
     encode_event,
 )
+from schemas.objects import ObjectRef
 from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
+from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.errors import ACK, TERM, Settle, TransientError
 from services.common.ports import ExecutionOutcome, LogSink
+from services.common.unpack import unpack_trial
 from services.runner.handlers import SLOT_WAIT_S, TrialHandler
-from tests.unit.runner_support import ScriptedExecutor, completed, failed, make_request
+from tests.unit.runner_support import (
+    ScriptedExecutor,
+    completed,
+    failed,
+    make_request,
+    trial_folders,
+)
 
 RETRYABLE = "EnvironmentStartTimeoutError"
 
@@ -77,10 +88,12 @@ class World:
         self.coord = coord or InMemoryCoordinator(lease_ttl_s=ttl_s, clock=self.clock)
         self.executor = executor
         self.sinks: list[TrialRequested] = []
+        self.folders = trial_folders()
         self.handler = TrialHandler(
             self.bus,
             executor,
             self.coord,
+            self.folders,
             runner_id=runner_id,
             host="node-a",
             heartbeat_s=heartbeat_s,
@@ -307,8 +320,8 @@ async def test_when_another_runner_ended_the_run_first_its_ending_is_published(
     theirs = TrialCompleted(
         experiment_id=req.experiment_id,
         trial_id=req.trial_id,
-        trial_dir=str(tmp_path / "other" / req.trial_id),
-        job_dir=str(tmp_path / "other"),
+        result=ObjectRef(bucket="RESULTS", name="theirs", size=1, sha256="ee" * 32),
+        trial_name=req.trial_id,
         attempt=2,
         run_id=req.dedup_id(),
     )
@@ -318,8 +331,8 @@ async def test_when_another_runner_ended_the_run_first_its_ending_is_published(
     executor.release.set()
     assert await asyncio.wait_for(task, 10) == ACK
     # Ours (attempt 1) is not published: the run ends once, as the other runner said.
-    assert [(e.attempt, e.trial_dir) for e in world.bus.of_type(TrialCompleted)] == [
-        (2, theirs.trial_dir)
+    assert [(e.attempt, e.result) for e in world.bus.of_type(TrialCompleted)] == [
+        (2, theirs.result)
     ]
     # Negative control: alone, the same handler publishes its own ending.
     alone = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
@@ -419,3 +432,41 @@ async def test_the_recording_bus_dedups_by_msg_id_like_jetstream() -> None:
     assert await bus.publish_many([second, replay]) == [True, False]
     assert await bus.publish(replay, msg_id="explicit") is True
     assert len(bus.published) == 3
+
+
+# -- the trial folder travels in the results bucket, not as a path ----------------------
+
+
+async def test_a_completed_trial_points_at_its_stored_folder_and_the_local_copy_goes(
+    tmp_path: Path,
+) -> None:
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    req = make_request()
+    assert await world.handle(req) == ACK
+    [event] = world.bus.of_type(TrialCompleted)
+    assert event.result.name == f"{req.experiment_id}/{req.dedup_id()}/1.tar.gz"
+    assert (event.trial_name, event.repetition) == (req.trial_id, req.repetition)
+    data = await world.folders.store.get(event.result)
+    unpacked = unpack_trial(data, tmp_path / "unpacked")
+    assert json.loads((unpacked / "result.json").read_text()) == {"trial_name": req.trial_id}
+    # The runner's folder is a cache: gone once the ending is published.
+    assert not (tmp_path / "job" / req.trial_id).exists()
+
+
+async def test_kept_trial_folders_stay(tmp_path: Path) -> None:
+    # Negative control of the deletion above: the setting keeps them.
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    world.handler._folders = replace(world.folders, keep_local=True)
+    assert await world.handle(make_request()) == ACK
+    assert (tmp_path / "job" / make_request().trial_id / "result.json").is_file()
+
+
+async def test_an_upload_that_is_not_confirmed_hands_the_trial_back(tmp_path: Path) -> None:
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    full = InMemoryObjectStore("RESULTS", max_bytes=10)  # refuses every archive
+    world.handler._folders = replace(world.folders, store=full)
+    verdict = await world.handle(make_request())
+    assert (verdict.action, verdict.reason) == ("nak", "transient")
+    # Nothing claims the run ended: no ending stored, none published.
+    assert world.bus.of_type(TrialCompleted) == []
+    assert await world.coord.ending(make_request().dedup_id()) is None

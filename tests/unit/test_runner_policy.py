@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from schemas.events import TrialCompleted, TrialFailed
+from schemas.objects import ObjectRef
 from services.common.errors import ACK, InternalError, Settle
-from services.common.ports import ExecutionOutcome
 from services.runner.policy import (
     Decision,
     RunnerIdentity,
@@ -23,6 +23,9 @@ RETRYABLE = "EnvironmentStartTimeoutError"  # Harbor: sandbox failed, retry may 
 NOT_RETRYABLE = "AgentTimeoutError"  # Harbor: the agent's own result, final
 
 
+STORED = ObjectRef(bucket="RESULTS", name="exp-1/hello__0001/1.tar.gz", size=9, sha256="ab" * 32)
+
+
 def only(decision: Decision) -> TrialCompleted | TrialFailed:
     assert len(decision.events) == 1, decision.events
     return decision.events[0]
@@ -30,13 +33,17 @@ def only(decision: Decision) -> TrialCompleted | TrialFailed:
 
 def test_a_clean_completion_is_published_and_acked(tmp_path: Path) -> None:
     req = make_request()
-    decision = decide(req, 1, completed(tmp_path), WHO)
+    decision = decide(req, 1, completed(tmp_path), WHO, STORED)
     event = only(decision)
     assert isinstance(event, TrialCompleted)
     assert decision.settle == ACK
     assert (event.trial_id, event.attempt, event.run_id) == (req.trial_id, 1, req.dedup_id())
     assert (event.runner_host, event.harbor_version) == ("node-a", "0.25.0")
-    assert event.trial_dir == str(tmp_path / "job" / req.trial_id)
+    assert (event.result, event.trial_name, event.repetition) == (
+        STORED,
+        req.trial_id,
+        req.repetition,
+    )
     assert event.agent_label == req.agent.display
 
 
@@ -57,7 +64,7 @@ def test_a_retryable_error_with_attempts_left_is_retried_after_the_backoff(
         assert event.failure_class == "infrastructure"
         assert decision.settle == Settle("nak", delay, "retry")
     # Negative control: the last allowed attempt is final and acknowledged.
-    last = decide(req, 3, outcome, WHO)
+    last = decide(req, 3, outcome, WHO, STORED)
     assert last.settle == ACK
     if outcome_kind == "completed":
         # Harbor wrote a result (recording the error): it is what gets imported.
@@ -82,7 +89,7 @@ def test_a_non_retryable_error_is_final_at_once(tmp_path: Path) -> None:
     assert event.final is True and event.failure_class == "agent"
     assert failure.settle == ACK
     # A completed trial whose agent timed out is a result, not a retry.
-    result = decide(req, 1, completed(tmp_path, error=NOT_RETRYABLE), WHO)
+    result = decide(req, 1, completed(tmp_path, error=NOT_RETRYABLE), WHO, STORED)
     assert isinstance(only(result), TrialCompleted)
     assert result.settle == ACK
 
@@ -106,14 +113,23 @@ def test_each_attempt_has_its_own_dedup_id(tmp_path: Path) -> None:
     assert again in ids
 
 
-def test_a_completion_without_its_folders_is_a_bug_not_a_result() -> None:
-    with pytest.raises(InternalError, match="without its folders"):
-        decide(make_request(), 1, ExecutionOutcome(kind="completed"), WHO)
+def test_a_completion_without_its_stored_folder_is_a_bug_not_a_result(tmp_path: Path) -> None:
+    with pytest.raises(InternalError, match="without its stored trial folder"):
+        decide(make_request(), 1, completed(tmp_path), WHO)
+    # Negative control: with the folder stored, the same outcome is a result.
+    assert isinstance(
+        only(decide(make_request(), 1, completed(tmp_path), WHO, STORED)), TrialCompleted
+    )
+
+
+def test_a_final_failure_carries_the_stored_folder_when_there_is_one() -> None:
+    event = only(decide(make_request(), 1, failed(NOT_RETRYABLE), WHO, STORED))
+    assert isinstance(event, TrialFailed) and event.result == STORED
 
 
 def test_a_cancelled_trial_is_final_and_acked() -> None:
     req = make_request()
-    decision = cancelled(req, 2, "node-a", trial_dir="/jobs/j/t")
+    decision = cancelled(req, 2, "node-a")
     event = only(decision)
     assert isinstance(event, TrialFailed)
     assert (event.failure_class, event.error_type, event.final) == (
@@ -121,7 +137,7 @@ def test_a_cancelled_trial_is_final_and_acked() -> None:
         "CancelledError",
         True,
     )
-    assert (event.attempt, event.trial_dir, event.runner_host) == (2, "/jobs/j/t", "node-a")
+    assert (event.attempt, event.result, event.runner_host) == (2, None, "node-a")
     assert decision.settle == ACK
 
 

@@ -17,12 +17,14 @@ import pytest
 from schemas.events import EVENT_TYPES, encode_event, parse_event
 from tests.support.sample_events import instances
 
-# Captured from the models as they were before the refactor (commit bffb854):
+# Schema version 2 (no host paths on the wire: TaskRef without path, TrialCompleted
+# and TrialFailed point at their stored trial folder; pools in compute). Version 1 was
+# captured before the models were refactored (commit bffb854).
 # name -> (encode_event bytes, dedup_id()).
 GOLDEN: dict[str, tuple[bytes, str]] = {
     "experiment_submitted": (
         b'{"event_id":"00000000000000000000000000000001",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":null,"correlation_id":"corr-1",'
         b'"type":"experiment_submitted","name":"demo","n_trials":6,"n_published":4,'
         b'"manifest":{"name":"demo","repetitions":3}}',
@@ -30,44 +32,43 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
     ),
     "trial_requested": (
         b'{"event_id":"00000000000000000000000000000002",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"hello-file__0123456789abcdef",'
         b'"correlation_id":"corr-1","type":"trial_requested","task":{"name":"hello-file",'
-        b'"path":"/tasks/hello-file",'
         b'"checksum":"abababababababababababababababababababababababababababababababab"},'
         b'"agent":{"name":"terminus-2","import_path":null,'
         b'"model":"anthropic/claude-sonnet-4","label":"t2","kwargs":{"temperature":0.5,'
         b'"nested":{"a":[1,2]}},"api_key_env":["ANTHROPIC_API_KEY"]},"repetition":2,'
         b'"compute":{"environment":"docker","environment_kwargs":{"cpus":2},'
-        b'"n_concurrent_trials":8,"timeout_multiplier":1.0,"pool":"default","requires":[]},'
-        b'"retry":{"max_attempts":5,'
-        b'"backoff_seconds":2.0,"max_backoff_seconds":60.0},"run_id":""}',
+        b'"n_concurrent_trials":8,"timeout_multiplier":1.0,"pool":"default",'
+        b'"requires":[]},"retry":{"max_attempts":5,"backoff_seconds":2.0,'
+        b'"max_backoff_seconds":60.0},"run_id":""}',
         "hello-file__0123456789abcdef",
     ),
     "trial_requested_resumed": (
         b'{"event_id":"00000000000000000000000000000003",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
-        b'"type":"trial_requested","task":{"name":"hello-file","path":"/tasks/hello-file",'
+        b'"type":"trial_requested","task":{"name":"hello-file",'
         b'"checksum":"abababababababababababababababababababababababababababababababab"},'
         b'"agent":{"name":null,"import_path":"pkg.mod:Agent","model":null,"label":null,'
         b'"kwargs":{},"api_key_env":[]},"repetition":0,"compute":{"environment":"local",'
         b'"environment_kwargs":{},"n_concurrent_trials":4,"timeout_multiplier":1.0,'
-        b'"pool":"default","requires":[]},'
-        b'"retry":{"max_attempts":3,"backoff_seconds":2.0,"max_backoff_seconds":60.0},'
-        b'"run_id":"t1:resume:2"}',
+        b'"pool":"default","requires":[]},"retry":{"max_attempts":3,'
+        b'"backoff_seconds":2.0,"max_backoff_seconds":60.0},"run_id":"t1:resume:2"}',
         "t1:resume:2",
     ),
     "trial_started": (
         b'{"event_id":"00000000000000000000000000000004",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
-        b'"type":"trial_started","runner_id":"r-1","host":"node-a","attempt":2,"run_id":""}',
+        b'"type":"trial_started","runner_id":"r-1","host":"node-a","attempt":2,'
+        b'"run_id":""}',
         "t1:started:2",
     ),
     "trial_started_resumed": (
         b'{"event_id":"00000000000000000000000000000005",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
         b'"type":"trial_started","runner_id":"r-1","host":"node-a","attempt":1,'
         b'"run_id":"t1:resume:2"}',
@@ -75,38 +76,45 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
     ),
     "trial_log": (
         b'{"event_id":"00000000000000000000000000000006",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
-        b'"type":"trial_log","phase":"agent","stream":"stderr",'
-        b'"text":"h\xc3\xa9llo \\"q\\"\\n"}',
+        b'"type":"trial_log","phase":"agent","stream":"stderr","text":"h\xc3\xa9llo \\"q\\"\\n"}',
         "00000000000000000000000000000006",
     ),
     "trial_completed": (
         b'{"event_id":"00000000000000000000000000000007",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
-        b'"type":"trial_completed","trial_dir":"/jobs/j/t1","job_dir":"/jobs/j",'
-        b'"source":"external","runner_host":"node-a","harbor_version":"0.1.0",'
-        b'"environment":"docker","agent_label":"mine","attempt":3,"run_id":"t1:resume:2"}',
+        b'"type":"trial_completed","result":{"bucket":"TRIALBUS_RESULTS",'
+        b'"name":"exp-1/t1:resume:2/3.tar.gz","size":2048,'
+        b'"sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"},'
+        b'"trial_name":"t1","source":"external","runner_host":"node-a",'
+        b'"harbor_version":"0.1.0","environment":"docker","agent_label":"mine",'
+        b'"attempt":3,"repetition":1,"run_id":"t1:resume:2"}',
         "t1:resume:2:completed:3",
     ),
     "trial_completed_defaults": (
         b'{"event_id":"00000000000000000000000000000008",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
-        b'"type":"trial_completed","trial_dir":"/jobs/j/t1","job_dir":"/jobs/j",'
-        b'"source":"runner","runner_host":null,"harbor_version":null,"environment":null,'
-        b'"agent_label":null,"attempt":1,"run_id":""}',
+        b'"type":"trial_completed","result":{"bucket":"TRIALBUS_RESULTS",'
+        b'"name":"exp-1/t1:resume:2/3.tar.gz","size":2048,'
+        b'"sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"},'
+        b'"trial_name":"t1","source":"runner","runner_host":null,"harbor_version":null,'
+        b'"environment":null,"agent_label":null,"attempt":1,"repetition":null,'
+        b'"run_id":""}',
         "t1:completed:1",
     ),
     "trial_failed": (
         b'{"event_id":"00000000000000000000000000000009",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
         b'"type":"trial_failed","failure_class":"infrastructure",'
         b'"error_type":"SandboxBuildFailedError","message":"build failed","attempt":1,'
-        b'"final":true,"trial_dir":"/jobs/j/t1","task":{"name":"hello-file",'
-        b'"path":"/tasks/hello-file",'
+        b'"final":true,"result":{"bucket":"TRIALBUS_RESULTS",'
+        b'"name":"exp-1/t1:resume:2/3.tar.gz","size":2048,'
+        b'"sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"},'
+        b'"task":{"name":"hello-file",'
         b'"checksum":"abababababababababababababababababababababababababababababababab"},'
         b'"agent":{"name":"terminus-2","import_path":null,'
         b'"model":"anthropic/claude-sonnet-4","label":"t2","kwargs":{"temperature":0.5,'
@@ -116,16 +124,16 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
     ),
     "trial_failed_retry": (
         b'{"event_id":"0000000000000000000000000000000a",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
         b'"type":"trial_failed","failure_class":"agent","error_type":"X","message":"m",'
-        b'"attempt":2,"final":false,"trial_dir":null,"task":null,"agent":null,'
+        b'"attempt":2,"final":false,"result":null,"task":null,"agent":null,'
         b'"repetition":null,"runner_host":null,"run_id":""}',
         "t1:failed:2:0",
     ),
     "result_imported": (
         b'{"event_id":"0000000000000000000000000000000b",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
         b'"type":"result_imported","status":"complete","scored":true,"main_reward":0.75,'
         b'"changed":true}',
@@ -133,7 +141,7 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
     ),
     "result_imported_partial": (
         b'{"event_id":"0000000000000000000000000000000c",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
         b'"type":"result_imported","status":"partial","scored":false,"main_reward":null,'
         b'"changed":false}',
@@ -141,7 +149,7 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
     ),
     "experiment_completed": (
         b'{"event_id":"0000000000000000000000000000000d",'
-        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":1,'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
         b'"experiment_id":"exp-1","trial_id":null,"correlation_id":"corr-1",'
         b'"type":"experiment_completed","n_trials":6,"n_scored":5,"n_partial":1}',
         "exp-1:completed:6:5:1",

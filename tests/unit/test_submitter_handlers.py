@@ -20,7 +20,9 @@ from schemas.manifest import ExperimentManifest
 from schemas.record import FailureClass, Provenance, TrialRecord
 from services.common import errors as E
 from services.common.adapters.memory import InMemoryCoordinator, InMemoryLedger, RecordingBus
+from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.ports import ExperimentInfo
+from services.common.unpack import unpack_task
 from services.reports.queries import load_experiment
 from services.submitter import handlers
 from services.submitter.submit import PreparedExperiment, prepare
@@ -106,22 +108,33 @@ async def _submit_and_wait(
         RecordingBus(),
         ledger,
         InMemoryCoordinator(lease_ttl_s=60),
+        InMemoryObjectStore("TASKS"),
         feed,
         timeout_s=timeout_s,
         progress=progress,
     )
 
 
-async def test_submit_lifts_an_earlier_cancellation_and_publishes_every_trial() -> None:
+async def test_submit_lifts_an_earlier_cancellation_and_publishes_every_trial(
+    tmp_path: Path,
+) -> None:
     prepared = _prepared()
     bus, ledger = RecordingBus(), InMemoryLedger()
     coordinator = InMemoryCoordinator(lease_ttl_s=60)
     await coordinator.cancel(prepared.experiment_id)
     assert await coordinator.is_cancelled(prepared.experiment_id)  # the control: it was set
 
-    result = await handlers.submit(prepared, bus, ledger, coordinator)
+    tasks = InMemoryObjectStore("TASKS")
+    result = await handlers.submit(prepared, bus, ledger, coordinator, tasks)
 
     assert not await coordinator.is_cancelled(prepared.experiment_id)
+    # Every task's archive is stored, named by its checksum, before its trials go out.
+    [task] = prepared.tasks
+    stored = await tasks.info(task.ref.checksum)
+    assert stored is not None
+    # It unpacks (verified against the checksum) into the task a runner would run.
+    unpacked = unpack_task(await tasks.get(stored), tmp_path / "t", task.ref.checksum)
+    assert (unpacked / "task.toml").read_bytes() == (task.folder / "task.toml").read_bytes()
     assert [e.experiment_id for e in bus.of_type(ExperimentSubmitted)] == [prepared.experiment_id]
     assert [t.trial_id for t in bus.of_type(TrialRequested)] == result.published_ids
     assert result.n_published == len(prepared.trials) == 2
@@ -132,7 +145,9 @@ async def test_resubmitting_skips_scored_trials() -> None:
     bus, ledger = RecordingBus(), InMemoryLedger()
     await ledger.upsert_records([_record(prepared, 0, 1.0), _record(prepared, 1, None, "verifier")])
 
-    result = await handlers.submit(prepared, bus, ledger, InMemoryCoordinator(lease_ttl_s=60))
+    result = await handlers.submit(
+        prepared, bus, ledger, InMemoryCoordinator(lease_ttl_s=60), InMemoryObjectStore("TASKS")
+    )
 
     assert result.n_already_scored == 1
     assert [t.trial_id for t in bus.of_type(TrialRequested)] == [prepared.trials[1].trial_id]

@@ -22,7 +22,7 @@ from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.archive import ArchiveError, pack_task
 from services.common.errors import InternalError, ObjectCorrupt, ObjectMissing
 from services.common.task_cache import TaskCache, task_object_name, upload_task
-from services.submitter.resolve import task_checksum
+from services.common.task_identity import task_checksum
 from tests.harbor_fixtures import EXAMPLE_TASKS
 
 NAMES = ["hello-file", "count-words", "multi-metric"]

@@ -25,6 +25,7 @@ from schemas.events import TaskRef, TrialRequested
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
 from services.runner.harbor_executor import HarborExecutor
 from tests.e2e.cli import ROOT
+from tests.support.tasks import stored_task
 
 # tests.support.probe_agent.PROBE_ENV, not imported: this process must never load the
 # agent's module (one of the checks below).
@@ -33,13 +34,13 @@ PROBE_ENV = "TRIALBUS_PROBE_LEAK"
 HELLO_FILE = ROOT / "examples" / "tasks" / "hello-file"
 
 
-def probe_request(trial_id: str, agent: str = "ProbeAgent") -> TrialRequested:
+def probe_request(trial_id: str, task: TaskRef, agent: str = "ProbeAgent") -> TrialRequested:
     """A work message for the probe agent on hello-file, in the local environment."""
     return TrialRequested(
         experiment_id=f"exp-{trial_id}",
         correlation_id="corr",
         trial_id=trial_id,
-        task=TaskRef(name="hello-file", path=str(HELLO_FILE), checksum="ab" * 32),
+        task=task,
         agent=AgentSpec(import_path=f"tests.support.probe_agent:{agent}"),
         repetition=0,
         compute=ComputeSpec(environment="local", n_concurrent_trials=2),
@@ -58,8 +59,14 @@ def runner_state() -> dict[str, Any]:
     }
 
 
-async def run_probe(executor: HarborExecutor, trial_id: str) -> dict[str, Any]:
-    outcome = await executor.run(probe_request(trial_id), 1, None)
+async def probe_executor(tmp_path: Path) -> tuple[HarborExecutor, TaskRef]:
+    """A HarborExecutor whose task cache holds hello-file, and the task's ref."""
+    task, cache = await stored_task(HELLO_FILE, tmp_path / "task-cache")
+    return HarborExecutor(tmp_path / "jobs", cache, tmp_path / "sandboxes"), task
+
+
+async def run_probe(executor: HarborExecutor, task: TaskRef, trial_id: str) -> dict[str, Any]:
+    outcome = await executor.run(probe_request(trial_id, task), 1, None)
     assert outcome.kind == "completed" and outcome.trial_dir is not None, outcome
     report: dict[str, Any] = json.loads((outcome.trial_dir / "agent" / "probe.json").read_text())
     return report
@@ -77,14 +84,14 @@ async def max_loop_lag(started: asyncio.Event, stop: asyncio.Event, tick_s: floa
 
 
 async def test_state_changed_by_a_trial_stays_in_that_trial(tmp_path: Path) -> None:
-    executor = HarborExecutor(tmp_path / "jobs", tmp_path / "sandboxes")
+    executor, task = await probe_executor(tmp_path)
     ours = runner_state()
     started, stop = asyncio.Event(), asyncio.Event()
     lag = asyncio.create_task(max_loop_lag(started, stop))
     await started.wait()  # its first tick is armed: any blocking from here shows
-    first = await run_probe(executor, "probe-1")
+    first = await run_probe(executor, task, "probe-1")
     stop.set()
-    second = await run_probe(executor, "probe-2")
+    second = await run_probe(executor, task, "probe-2")
 
     # Negative control: within one trial the probe does see each change it makes.
     for key in ("price", "env", "cwd", "root_level", "root_handlers", "module_runs"):
@@ -102,8 +109,8 @@ async def test_state_changed_by_a_trial_stays_in_that_trial(tmp_path: Path) -> N
 
 
 async def test_cancelling_a_run_stops_its_process(tmp_path: Path) -> None:
-    executor = HarborExecutor(tmp_path / "jobs", tmp_path / "sandboxes")
-    request = probe_request("sleepy-1", agent="SleepyAgent")
+    executor, task = await probe_executor(tmp_path)
+    request = probe_request("sleepy-1", task, agent="SleepyAgent")
     run = asyncio.create_task(executor.run(request, 1, None))
     started = executor.trial_dir_for(request) / "agent" / "started"
     deadline = time.monotonic() + 120

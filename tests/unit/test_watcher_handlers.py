@@ -17,7 +17,9 @@ from schemas.events import (
     TrialCompleted,
     encode_event,
 )
+from schemas.objects import ObjectRef
 from services.common.adapters.memory import InMemoryLedger, RecordingBus
+from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.errors import (
     ACK,
     BUG_RETRY_DELAY_S,
@@ -26,6 +28,8 @@ from services.common.errors import (
     nak,
 )
 from services.common.ports import ExperimentInfo
+from services.common.trial_folders import TrialFolders
+from services.common.unpack import unpack_trial
 from services.watcher.handlers import Watcher, handle_batch
 from tests.unit.test_watcher_logic import record
 
@@ -38,7 +42,12 @@ async def setup(
     ledger, bus = InMemoryLedger(), RecordingBus()
     await ledger.upsert_experiment(ExperimentInfo("exp", "Exp", n_trials, {}))
     await ledger.upsert_records([record(t) for t in trial_ids])
-    return ledger, bus, Watcher(ledger, bus, tmp_path / "jobs")
+    return ledger, bus, Watcher(ledger, bus, tmp_path / "jobs", folders())
+
+
+def folders() -> TrialFolders:
+    """Trial folders stored in memory (the results bucket), no retry pauses."""
+    return TrialFolders(InMemoryObjectStore("RESULTS"), cap_bytes=1 << 20, retry_delays_s=())
 
 
 # -- completion ----------------------------------------------------------------------------
@@ -92,24 +101,15 @@ async def test_recheck_asks_only_about_experiments_with_imports_since_the_count(
     assert len(bus.of_type(ExperimentCompleted)) == 1
 
 
-@pytest.mark.parametrize("made_by_trialbus", [True, False])
-async def test_completion_writes_harbor_job_result_for_trialbus_jobs_only(
-    tmp_path: Path, made_by_trialbus: bool
-) -> None:
+async def test_completion_leaves_job_folders_to_the_importer(tmp_path: Path) -> None:
+    # The watcher may run on another machine than the importer's job folders.
     _, bus, watcher = await setup(tmp_path, 1, ["a"])
     job_dir = tmp_path / "jobs" / "exp"
     job_dir.mkdir(parents=True)
-    if made_by_trialbus:
-        (job_dir / "trialbus.json").write_text(json.dumps({"experiment_id": "exp"}))
-
+    (job_dir / "trialbus.json").write_text(json.dumps({"experiment_id": "exp"}))
     await watcher.check("exp", "corr", ["a"])
-
     assert len(bus.of_type(ExperimentCompleted)) == 1
-    result = job_dir / "result.json"
-    assert result.is_file() is made_by_trialbus
-    if made_by_trialbus:
-        written = json.loads(result.read_text())
-        assert written["n_total_trials"] == 1 and written["finished_at"]
+    assert not (job_dir / "result.json").exists()
 
 
 # -- external Harbor jobs ------------------------------------------------------------------
@@ -139,23 +139,28 @@ async def test_scan_announces_each_unrecorded_trial_of_a_finished_external_job_o
     harbor_job(jobs, "empty", [])
     ledger, bus = InMemoryLedger(), RecordingBus()
     await ledger.upsert_records([record("t-2", experiment_id="harbor-my-job")])
-    watcher = Watcher(ledger, bus, jobs)
+    stored = folders()
+    watcher = Watcher(ledger, bus, jobs, stored)
 
     assert await watcher.scan_external() == 2
     [submitted] = bus.of_type(ExperimentSubmitted)
     assert (submitted.experiment_id, submitted.n_trials) == ("harbor-my-job", 3)
-    assert submitted.manifest["job_dir"] == str(job.absolute())
+    assert submitted.manifest["job_name"] == "My Job"
     completed = bus.of_type(TrialCompleted)
     assert [c.trial_id for c in completed] == ["t-1", "t-3"]  # t-2 is recorded already
     assert {c.source for c in completed} == {"external"}
-    assert completed[0].trial_dir == str((job / "t-1").absolute())
+    # No path travels: the folder is in the results bucket, named by the event.
+    assert completed[0].trial_name == "t-1"
+    data = await stored.store.get(completed[0].result)
+    unpacked = unpack_trial(data, tmp_path / "unpacked")
+    assert (unpacked / "trial.log").read_text() == (job / "t-1" / "trial.log").read_text()
 
     # A second scan announces nothing: the job was announced.
     n_published = len(bus.published)
     assert await watcher.scan_external() == 0
     assert len(bus.published) == n_published
     # A restarted watcher announces the job again, but with the same dedup ids.
-    assert await Watcher(ledger, bus, jobs).scan_external() == 2
+    assert await Watcher(ledger, bus, jobs, stored).scan_external() == 2
     assert len(bus.published) == n_published
     assert "harbor-my-job:external-submitted" in bus.duplicates
 
@@ -163,7 +168,7 @@ async def test_scan_announces_each_unrecorded_trial_of_a_finished_external_job_o
 async def test_scan_picks_up_a_job_once_it_finishes(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
     job = harbor_job(jobs, "later", ["t-1"], finished=False)
-    watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs)
+    watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs, folders())
     assert await watcher.scan_external() == 0
     (job / "result.json").write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z"}))
     assert await watcher.scan_external() == 1
@@ -237,7 +242,7 @@ class FailingLedger(InMemoryLedger):
 async def test_a_failed_check_naks_the_batch_but_terminates_its_poison(
     tmp_path: Path, error: Exception | None, verdict: object
 ) -> None:
-    watcher = Watcher(FailingLedger(error), RecordingBus(), tmp_path / "jobs")
+    watcher = Watcher(FailingLedger(error), RecordingBus(), tmp_path / "jobs", folders())
     batch = [imported("a"), b"{}", imported("b")]
     assert await handle_batch(watcher, batch, transient_delay_s=DELAY) == [verdict, TERM, verdict]
 
@@ -245,6 +250,9 @@ async def test_a_failed_check_naks_the_batch_but_terminates_its_poison(
 async def test_events_that_need_no_check_are_acked_without_asking_the_ledger(
     tmp_path: Path,
 ) -> None:
-    watcher = Watcher(FailingLedger(RuntimeError("must not be asked")), RecordingBus(), tmp_path)
-    event = TrialCompleted(experiment_id="exp", trial_id="a", trial_dir="/x", job_dir="/")
+    watcher = Watcher(
+        FailingLedger(RuntimeError("must not be asked")), RecordingBus(), tmp_path, folders()
+    )
+    stored = ObjectRef(bucket="RESULTS", name="exp/a/1.tar.gz", size=1, sha256="ab" * 32)
+    event = TrialCompleted(experiment_id="exp", trial_id="a", result=stored, trial_name="a")
     assert await handle_batch(watcher, [encode_event(event)], transient_delay_s=DELAY) == [ACK]

@@ -24,6 +24,7 @@ import base64
 import contextlib
 import hashlib
 from dataclasses import dataclass
+from typing import Literal
 
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -40,6 +41,7 @@ from nats.js.object_store import ObjectStore as JsObjectStore
 
 from schemas.objects import ObjectRef
 from services.common.errors import InternalError, ObjectCorrupt, ObjectMissing, TransientError
+from services.common.settings import CommonSettings
 
 _UNAVAILABLE = (NatsTimeoutError, NoRespondersError, ConnectionClosedError, TimeoutError)
 # JetStream's error codes for a stream at its max_bytes (discard=new: 10077, "maximum
@@ -215,3 +217,34 @@ class NatsObjectStore:
                 await self._store.delete(name)
         except _UNAVAILABLE as exc:
             raise TransientError(f"{self._bucket}/{name}: {type(exc).__name__}") from exc
+
+
+async def open_bucket(
+    js: JetStreamContext, settings: CommonSettings, kind: Literal["tasks", "results"]
+) -> NatsObjectStore:
+    """The tasks or results bucket of ``settings``' topology, created when missing.
+
+    Where one NATS user per role is in force, the admin creates both buckets when the
+    stack is provisioned (infra/nats_provision.py) and the roles only open them.
+    """
+    topology = settings.topology
+    if kind == "tasks":
+        bucket, limits = (
+            topology.tasks_bucket,
+            BucketSettings(
+                max_bytes=settings.tasks_bucket_max_bytes,
+                replicas=settings.stream_replicas,
+                description="trialbus task archives, named by content checksum",
+            ),
+        )
+    else:
+        bucket, limits = (
+            topology.results_bucket,
+            BucketSettings(
+                max_bytes=settings.results_bucket_max_bytes,
+                ttl_s=settings.results_ttl_s,
+                replicas=settings.stream_replicas,
+                description="trialbus trial folders, named by run and attempt",
+            ),
+        )
+    return await NatsObjectStore.open(js, bucket, create=limits)

@@ -1,0 +1,73 @@
+"""A finished trial's folder, stored in the results bucket: what TrialCompleted points at.
+
+The runner (and the watcher, for external jobs) shares no disk with the importer: when
+an attempt ends, its Harbor trial folder is packed (services.common.archive.pack_trial:
+deterministic, capped, overflow listed in the archive's manifest, nothing followed) and
+stored under a name keyed by
+the run and attempt. The event carries the ObjectRef (bucket, name, size, sha256); the
+local folder is only a cache, deleted once the run's ending is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.events import TrialRequested
+from schemas.objects import ObjectRef
+from services.common.archive import pack_trial
+from services.common.errors import TransientError
+from services.common.logging import get_logger
+from services.common.ports import ObjectStore
+
+log = get_logger(__name__)
+
+# A put that is not confirmed is tried again after these pauses before the trial's
+# message is handed back (which would run the whole trial again).
+UPLOAD_RETRY_DELAYS_S = (1.0, 3.0, 10.0)
+
+
+def result_object_name(request: TrialRequested, attempt: int) -> str:
+    """Object name of one attempt's trial folder: keyed by experiment, run and attempt."""
+    return f"{request.experiment_id}/{request.dedup_id()}/{attempt}.tar.gz"
+
+
+@dataclass(frozen=True, slots=True)
+class TrialFolders:
+    """Stores trial folders in the results bucket (and tidies the local copies)."""
+
+    store: ObjectStore
+    cap_bytes: int
+    keep_local: bool = False
+    retry_delays_s: tuple[float, ...] = UPLOAD_RETRY_DELAYS_S
+
+    async def upload(self, request: TrialRequested, attempt: int, folder: Path) -> ObjectRef:
+        """Pack and store one attempt's folder (see ``store_as``)."""
+        return await self.store_as(result_object_name(request, attempt), folder)
+
+    async def store_as(self, name: str, folder: Path) -> ObjectRef:
+        """Pack ``folder`` and store it as ``name``; TransientError when not confirmed."""
+        archive = await asyncio.to_thread(pack_trial, folder, self.cap_bytes)
+        if archive.left_out:
+            log.warning(
+                "trial folder stored in part",
+                object=name,
+                left_out=len(archive.left_out),
+                left_out_bytes=sum(f.size for f in archive.left_out),
+            )
+        for delay in (*self.retry_delays_s, None):
+            try:
+                return await self.store.put(name, archive.data)
+            except TransientError as exc:
+                if delay is None:
+                    raise
+                log.warning("trial folder upload failed; retrying", error=str(exc), delay_s=delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def discard(self, folder: Path) -> None:
+        """Delete the local copy of an uploaded trial folder (unless kept by setting)."""
+        if not self.keep_local:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
