@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Self
 
 from infra.embedded import LedgerServer, NatsServer, free_port
-from infra.managed_process import StartStop
+from infra.managed_process import LOOPBACK, StartStop
 from infra.nats_auth import AuthFiles
 from infra.service_process import ServiceProcess
 from infra.stack_nats import (
@@ -61,6 +61,9 @@ class EmbeddedStack(StartStop):
     runner_env: Mapping[str, str] = field(default_factory=dict)
     http_port: int | None = None
     nats_port: int | None = None
+    nats_host: str = LOOPBACK
+    """Where the stack's own nats-server listens (runners on other hosts need an
+    address they can reach, e.g. a bridge's)."""
     ledger_port: int | None = None
     services: dict[str, ServiceProcess] = field(default_factory=dict)
     _nats: NatsServer | None = None
@@ -126,6 +129,7 @@ class EmbeddedStack(StartStop):
                     self.nats_auth_dir,
                     Topology(self.prefix),
                     port=self.nats_port,
+                    host=self.nats_host,
                     ack_wait_s=runner_ack_wait_s({**self.extra_env, **self.runner_env}),
                 )
                 self.nats_url = self._nats.url
@@ -205,7 +209,8 @@ class EmbeddedStack(StartStop):
 
         Without authentication the services declare their durables, so one existing is
         the sign; with it the admin made them beforehand, so the sign is a pull request
-        waiting on each (a consumer bound and fetching).
+        waiting on each (a consumer bound and fetching). A stack with ``n_runners=0``
+        does not wait for the runners' durable: its runners join from elsewhere.
         """
         asyncio.run(self._wait_ready(timeout))
 
@@ -216,8 +221,9 @@ class EmbeddedStack(StartStop):
         durables = [
             (topo.events_stream, topo.importer_durable),
             (topo.events_stream, topo.watcher_durable),
-            (topo.work_stream, topo.runner_durable),
         ]
+        if self.n_runners:  # runners started elsewhere (other hosts) are not awaited
+            durables.append((topo.work_stream, topo.runner_durable))
         deadline = time.monotonic() + timeout_s
         nc = await connect_stack(self.nats_url or "", self._auth)
         try:

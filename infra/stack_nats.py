@@ -18,6 +18,7 @@ import nats
 from nats.aio.client import Client as NatsClient
 
 from infra.embedded import NatsServer
+from infra.managed_process import LOOPBACK
 from infra.nats_auth import AuthFiles, connect_as, include_directive, load_credentials, write_auth
 from infra.nats_provision import provision
 from schemas.subjects import Topology
@@ -33,18 +34,26 @@ def runner_ack_wait_s(env: Mapping[str, str]) -> float:
 
 
 def start_authenticated_nats(
-    nats_dir: Path, auth_dir: Path, topology: Topology, *, port: int | None, ack_wait_s: float
+    nats_dir: Path,
+    auth_dir: Path,
+    topology: Topology,
+    *,
+    port: int | None,
+    ack_wait_s: float,
+    host: str = LOOPBACK,
 ) -> tuple[NatsServer, AuthFiles]:
     """nats-server in ``nats_dir`` with the users written to ``auth_dir``, provisioned.
 
-    ``ack_wait_s`` is the runners' (see :func:`runner_ack_wait_s`). Raises the
-    server's start-up error, or the admin's connection or JetStream error.
+    ``ack_wait_s`` is the runners' (see :func:`runner_ack_wait_s`); ``host`` is the
+    address it listens on (another than loopback when runners join from other
+    machines or network namespaces). Raises the server's start-up error, or the
+    admin's connection or JetStream error.
     """
     auth = write_auth(auth_dir, topology)
     # The include is the NatsServer's whole config, written again on every (re)start:
     # a supervised restart comes back with the same users.
     config = include_directive(nats_dir / "nats-server.conf", auth.server_config)
-    server = NatsServer(nats_dir, port=port, config=config).start()
+    server = NatsServer(nats_dir, port=port, config=config, host=host).start()
     try:
         asyncio.run(_provision(server.url, auth, topology, ack_wait_s))
     except BaseException:
