@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
+from infra.nats_auth import RoleCredentials, connect_as
 from schemas.events import Event, ResultImported, parse_event
 from schemas.subjects import Topology
 
@@ -37,28 +38,37 @@ def server_list(nats_url: str) -> list[str]:
     return [u.strip() for u in nats_url.split(",") if u.strip()]
 
 
-async def connect(nats_url: str) -> Client:
-    """A client that keeps reconnecting through a server restart (faults are on purpose)."""
+async def connect(nats_url: str, credentials: RoleCredentials | None = None) -> Client:
+    """A client that keeps reconnecting through a server restart (faults are on purpose).
+
+    ``credentials``: a role to connect as, on a server with users (e.g. the admin's of
+    an EmbeddedStack's own nats-server); anonymous when None.
+    """
 
     async def quiet(_exc: Exception) -> None:
         # Disconnections are the faults under test; the tap reports what it missed
         # through eventually()'s timeout message instead.
         return None
 
-    return await nats.connect(
-        servers=server_list(nats_url),
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,
-        error_cb=quiet,
-    )
+    options: dict[str, Any] = {
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.25,
+        "error_cb": quiet,
+    }
+    if credentials is not None:
+        return await connect_as(server_list(nats_url), credentials, name="e2e-tap", **options)
+    return await nats.connect(servers=server_list(nats_url), **options)
 
 
 class EventTap:
     """Every event of one topology's events stream, in order, kept up to date."""
 
-    def __init__(self, nats_url: str, topology: Topology) -> None:
+    def __init__(
+        self, nats_url: str, topology: Topology, credentials: RoleCredentials | None = None
+    ) -> None:
         self.nats_url = nats_url
         self.topology = topology
+        self.credentials = credentials
         self.events: list[Event] = []
         self._last_seq = 0
         self._imported: dict[str, set[str]] = {}
@@ -68,7 +78,7 @@ class EventTap:
     async def start(self) -> Self:
         """Subscribe from the stream's first message (start the stack first: the
         services declare the streams)."""
-        self._nc = await connect(self.nats_url)
+        self._nc = await connect(self.nats_url, self.credentials)
         await self._nc.jetstream().subscribe(
             self.topology.events_wildcard,
             ordered_consumer=True,
@@ -159,9 +169,11 @@ class EventTap:
         return time.monotonic() - t0
 
 
-async def read_events(nats_url: str, topology: Topology) -> list[Event]:
+async def read_events(
+    nats_url: str, topology: Topology, credentials: RoleCredentials | None = None
+) -> list[Event]:
     """Every event in the stream now, read afresh (what a checker should judge)."""
-    nc = await connect(nats_url)
+    nc = await connect(nats_url, credentials)
     try:
         js = nc.jetstream()
         total = (await js.stream_info(topology.events_stream)).state.last_seq

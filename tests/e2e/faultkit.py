@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from benchmarks.instant_executor import EXECUTOR_SPEC as INSTANT_EXECUTOR
+from infra.nats_auth import RoleCredentials
 from infra.stack import EmbeddedStack
 from schemas.ids import trial_id_for
 from schemas.manifest import ExperimentManifest, TaskPath
@@ -117,13 +118,15 @@ async def judge(
     *,
     recovery_s: float | None = None,
     nats_url: str | None = None,
+    credentials: RoleCredentials | None = None,
 ) -> LedgerCheck:
     """Check the experiment (events read afresh + ledger), print and keep its figures.
 
-    The ``fault:`` line is what docs/reliability.md quotes.
+    The ``fault:`` line is what docs/reliability.md quotes. ``credentials``: the role
+    to read the events as, when the stack's nats-server has users (its admin).
     """
     topo = Topology(stack.prefix)
-    events = await read_events(nats_url or stack.nats_url or "", topo)
+    events = await read_events(nats_url or stack.nats_url or "", topo, credentials)
     records = await ledger_records(stack, submitted.experiment_id)
     check = check_ledger(submitted.experiment_id, set(submitted.trial_ids), events, records)
     rec = f" recovery_s={recovery_s:.1f}" if recovery_s is not None else ""
