@@ -143,10 +143,15 @@ def _kv_write(bucket: str, keys: str = ">") -> list[str]:
 
 
 def _obj_read(bucket: str) -> list[str]:
-    # object_store.get: the meta by STREAM.MSG.GET (last by subject), then the chunks
-    # through an ordered consumer.
+    # NatsObjectStore.get: the meta by STREAM.MSG.GET (last by subject), then the chunks
+    # by direct gets (services/common/adapters/nats_objects.py says why); nats-py's own
+    # object_store.get reads the chunks through an ordered consumer instead.
     s = obj_stream(bucket)
-    return [f"{API}.STREAM.MSG.GET.{s}", *_follow(s)]
+    return [
+        f"{API}.STREAM.MSG.GET.{s}",
+        f"{API}.DIRECT.GET.{s}",
+        *_follow(s),
+    ]
 
 
 def _obj_write(bucket: str) -> list[str]:

@@ -42,6 +42,7 @@ from schemas.runners import RunnerInfo
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
+from services.common.adapters.nats_objects import NatsObjectStore
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.runner.consumer import ensure_runner_consumer
 from tests.conftest import skip_unless
@@ -408,6 +409,19 @@ async def test_task_archives_and_results(roles: dict[str, Role]) -> None:
     await importer.denied(
         results.put(f"run-{name}", b"forged"), "Publish", f"$O.{TOPO.results_bucket}.C.*"
     )
+    # The services read through NatsObjectStore (chunks by direct gets), as themselves.
+    stored = await (await NatsObjectStore.open(runner.js, TOPO.results_bucket)).put(
+        f"run2-{name}", b"result two"
+    )
+    for reader, bucket in ((importer, TOPO.results_bucket), (runner, TOPO.tasks_bucket)):
+        store = await NatsObjectStore.open(reader.js, bucket)
+        if bucket == TOPO.results_bucket:
+            assert await store.get(stored) == b"result two"
+        else:
+            ref = await (await NatsObjectStore.open(submitter.js, bucket)).put(f"{name}-2", b"t")
+            assert await store.get(ref) == b"t"
+        await reader.nc.flush()
+        assert reader.errors.empty(), reader.errors.get_nowait()
     # A subscriber reads neither.
     subscriber = roles["subscriber"]
     await subscriber.denied(
