@@ -11,8 +11,9 @@ proves them against a real nats-server.
 - ``admin`` owns the installation's streams, buckets and durable consumers: the only
   role that may create, update, delete or purge them (scoped to this installation's
   names, so two installations sharing a cluster cannot touch each other's).
-- ``submitter`` publishes work and ExperimentSubmitted, follows events, sets cancel
-  flags, uploads task archives and reads the runner registry.
+- ``submitter`` publishes work and ExperimentSubmitted, follows events and live logs
+  (the dashboard shows them), sets cancel flags, uploads task archives and reads the
+  runner registry.
 - ``runner`` consumes work through its pool's durable only, publishes its run events
   and live logs, uses the leases / attempt-counter keys and its pool's runner-registry
   keys, reads tasks and writes results. No work, no experiment events, no cancel
@@ -204,6 +205,8 @@ def role_permissions(
             *_info(w, e, lg, kv_stream(t.leases_bucket), kv_stream(t.control_bucket)),
             *_info(kv_stream(t.runners_bucket), obj_stream(t.tasks_bucket)),
             *_follow(e),
+            # The dashboard streams a trial's live log to the browser (read only).
+            *_follow(lg),
             *_kv_write(t.control_bucket, "cancel.>"),
             *_kv_read(t.runners_bucket),
             *_obj_write(t.tasks_bucket),
