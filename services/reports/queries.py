@@ -95,3 +95,8 @@ async def comparison(
         records_of(records_b, side_b.agent, side_b.model),
     )
     return result.as_dict()
+
+
+async def trial_record(ledger: Ledger, trial_id: str) -> TrialRecord | None:
+    """One trial's record (the dashboard's trial page); None while it has none yet."""
+    return await ledger.get_record(trial_id)
