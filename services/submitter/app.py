@@ -20,6 +20,7 @@ from services.common.logging import configure_logging, get_logger
 from services.common.settings import SubmitterSettings
 from services.submitter.api_tokens import ApiConfigError
 from services.submitter.connections import open_ledger, open_nats
+from services.submitter.dashboard import build_dashboard
 from services.submitter.http_security import api_access, secure
 from services.submitter.routes import ERROR_HANDLERS, Ports, build_router
 
@@ -43,6 +44,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
             open_ledger(settings) as ledger,
         ):
             app.state.ports = Ports(nats.bus, ledger, await nats.coordinator(), await nats.tasks())
+            app.state.nats = nats  # the dashboard's live feeds subscribe on it
             log.info("submitter ready", port=settings.http_port)
             yield
 
@@ -53,6 +55,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
         exception_handlers=ERROR_HANDLERS,
     )
     app.include_router(build_router(settings))
+    app.include_router(build_dashboard(settings))
     secure(app, access)
     return app
 

@@ -8,10 +8,17 @@ puts two ASGI middlewares in front of the app, outermost first:
    so a web page that rebinds its own name to 127.0.0.1 cannot reach the API.
 2. ``ApiGuard``, in this order, before the body is read: a browser's cross-origin
    request (``Origin`` of another host) is a 403; a missing or unknown bearer token a
-   401 (every path but /healthz); a body that is not JSON or YAML a 415; a body larger
-   than ``api_max_body_bytes`` a 413, judged from Content-Length and again while the
-   body streams in. The body is then read (bounded) and handed to the route, with the
+   401 (every path but /healthz and the dashboard's login page; a browser asking for a
+   dashboard page is sent to the login page instead); a body that is not JSON or YAML
+   a 415 (the login form alone may post a form); a body larger than
+   ``api_max_body_bytes`` a 413, judged from Content-Length and again while the body
+   streams in. The body is then read (bounded) and handed to the route, with the
    caller's ``Identity`` in ``request.state.identity``.
+
+A browser authenticates with the session cookie the login page sets (``SESSION_COOKIE``:
+the token itself, HttpOnly, SameSite=Strict). The cookie is a read pass: it is honoured
+on GET and HEAD only, so nothing a page (or another site) makes a browser send can
+submit or cancel; writes need the ``Authorization`` header (docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI
 from starlette.datastructures import Headers
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.responses import JSONResponse
+from starlette.requests import cookie_parser
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common.logging import get_logger
@@ -43,8 +51,18 @@ log = get_logger(__name__)
 MANIFEST_MEDIA_TYPES = frozenset({"application/json", "application/yaml", "application/x-yaml"})
 """What a body may be. Not text/plain: a web page can send that cross-site without a
 CORS preflight, and so without the API's consent."""
-OPEN_PATHS = frozenset({"/healthz"})
-"""Paths answered without a token (health checks), still behind the Host check."""
+LOGIN_PATH = "/ui/login"
+"""The dashboard's login page: answered without a token (it is where one is given)."""
+DASHBOARD_PREFIX = "/ui/"
+SESSION_COOKIE = "trialbus_session"
+"""The browser's credential: the API token, set by the login page (HttpOnly,
+SameSite=Strict) and honoured on safe methods only (``COOKIE_METHODS``)."""
+COOKIE_METHODS = frozenset({"GET", "HEAD"})
+FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
+"""What the login form posts; accepted on ``LOGIN_PATH`` only."""
+OPEN_PATHS = frozenset({"/healthz", LOGIN_PATH})
+"""Paths answered without a token (health checks, the login page), still behind the
+Host and Origin checks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +132,13 @@ def api_access(settings: SubmitterSettings) -> ApiAccess:
     return ApiAccess(table, hosts, settings.api_max_body_bytes)
 
 
+def identify_token(access: ApiAccess, token: str) -> Identity | None:
+    """Who ``token`` is under ``access`` (the login form checks a typed token this way)."""
+    if access.tokens is None:
+        return ANONYMOUS
+    return access.tokens.identify(token.strip()) if token.strip() else None
+
+
 def media_type(content_type: str | None) -> str:
     """``application/json; charset=utf-8`` -> ``application/json``."""
     return (content_type or "").split(";", 1)[0].strip().lower()
@@ -134,6 +159,14 @@ def bearer_token(authorization: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
+def session_token(headers: Headers, method: str) -> str | None:
+    """The session cookie's token on a safe method (``COOKIE_METHODS``), else None."""
+    if method.upper() not in COOKIE_METHODS:
+        return None
+    token = cookie_parser(headers.get("cookie", "")).get(SESSION_COOKIE, "").strip()
+    return token or None
+
+
 class ApiGuard:
     """ASGI middleware: origin, token, media type and size, checked before the body."""
 
@@ -150,6 +183,9 @@ class ApiGuard:
         refusal = self._refusal(scope, headers)
         if refusal is not None:
             status, answer, extra = refusal
+            response: Response = JSONResponse(answer, status, extra)
+            if status == 401 and _wants_login_page(scope):
+                response = RedirectResponse(LOGIN_PATH, status_code=303)
             client = scope.get("client")
             log.info(
                 "HTTP request refused",
@@ -161,7 +197,8 @@ class ApiGuard:
             if _declares_body(headers):
                 # Close rather than drain: the unread body is never received.
                 extra = {**(extra or {}), "Connection": "close"}
-            await JSONResponse(answer, status, extra)(scope, receive, send)
+                response.headers.update(extra)
+            await response(scope, receive, send)
             return
         if not _declares_body(headers):
             await self.app(scope, receive, send)
@@ -179,24 +216,26 @@ class ApiGuard:
             if origin_host is None or not host_allowed(origin_host, self.access.allowed_hosts):
                 return 403, {"error": "cross-origin requests are not accepted"}, None
         if scope["path"] not in OPEN_PATHS:
-            identity = self._identify(headers)
+            identity = self._identify(headers, scope["method"])
             if identity is None:
                 detail = {"detail": "missing or wrong bearer token"}
                 return 401, detail, {"WWW-Authenticate": "Bearer"}
             scope.setdefault("state", {})["identity"] = identity
         if _declares_body(headers):
             declared = media_type(headers.get("content-type"))
-            if declared not in MANIFEST_MEDIA_TYPES:
+            form_ok = scope["path"] == LOGIN_PATH and declared == FORM_MEDIA_TYPE
+            if declared not in MANIFEST_MEDIA_TYPES and not form_ok:
                 return 415, {"error": _media_message(declared)}, None
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.access.max_body_bytes:
                 return 413, {"error": self._too_large()}, None
         return None
 
-    def _identify(self, headers: Headers) -> Identity | None:
+    def _identify(self, headers: Headers, method: str) -> Identity | None:
         if self.access.tokens is None:
             return ANONYMOUS
-        token = bearer_token(headers.get("authorization"))
+        # The header wins; the cookie counts only where a browser reads (GET, HEAD).
+        token = bearer_token(headers.get("authorization")) or session_token(headers, method)
         return None if token is None else self.access.tokens.identify(token)
 
     def _too_large(self) -> str:
@@ -227,6 +266,11 @@ class ApiGuard:
                 return b"".join(chunks)
 
 
+def _wants_login_page(scope: Scope) -> bool:
+    """A browser's unauthenticated read of a dashboard page: send it to log in."""
+    return scope["method"] in COOKIE_METHODS and str(scope["path"]).startswith(DASHBOARD_PREFIX)
+
+
 def _declares_body(headers: Headers) -> bool:
     length = headers.get("content-length")
     return "transfer-encoding" in headers or (length is not None and length.strip() != "0")
@@ -253,6 +297,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 def secure(app: FastAPI, access: ApiAccess) -> None:
     """Put the Host check and the guard in front of every route of ``app``."""
+    app.state.api_access = access  # the login form checks typed tokens against it
     app.add_middleware(ApiGuard, access=access)
     # Starlette compares an IPv6 Host with its brackets ("[::1]"); Origin hosts have none.
     trusted = [f"[{h}]" if ":" in h else h for h in access.allowed_hosts]

@@ -1,0 +1,233 @@
+"""The web dashboard (``/ui/``): server-rendered pages over the one read path.
+
+Pages: the experiments list (``/ui/``, filter ``?q=``), an experiment (leaderboard,
+trials, live progress) and a trial (its record and live log); two Server-Sent Events
+streams feed the live parts (dashboard_stream.py). Numbers come from
+services.reports.queries, as the CLI's and the JSON API's do.
+
+Security (docs/security.md, "Dashboard"): every page is a GET behind http_security's
+guard (the login form excepted); a browser authenticates with the session cookie the
+login form sets; templates autoescape every value; every answer carries a strict
+Content-Security-Policy (scripts and styles from this origin only, no inline script),
+``X-Frame-Options: DENY`` and no-store caching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from schemas.record import TrialRecord
+from services.common.errors import ExperimentNotFound
+from services.common.settings import SubmitterSettings
+from services.reports import queries
+from services.submitter import dashboard_views as views
+from services.submitter.dashboard_stream import experiment_stream, log_stream, sections
+from services.submitter.dashboard_views import experiment_url, trial_url
+from services.submitter.http_security import SESSION_COOKIE, ApiAccess, identify_token
+from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
+from services.submitter.routes import Ports
+
+STATIC = Path(__file__).parent / "static"
+STATIC_TYPES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
+"""The only static files served (a fixed list: no path from a request reaches the disk)."""
+SESSION_MAX_AGE_S = 12 * 3600
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+"""Sent with every dashboard answer."""
+
+
+def render(template: str, request: Request, status: int = 200, **context: Any) -> HTMLResponse:
+    """A page from ``template``, with the security headers."""
+    identity = getattr(request.state, "identity", None)
+    context.setdefault("data", {})
+    context.setdefault("title", "trialbus")
+    html = views.PAGES.get_template(template).render(
+        identity=identity.label if identity is not None else None, **context
+    )
+    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+
+
+def _not_found(request: Request, what: str) -> HTMLResponse:
+    return render("message.html", request, 404, title="Not found", message=what)
+
+
+def record_sections(record: TrialRecord) -> list[dict[str, Any]]:
+    """The trial page's tables: each part of the record as (field, text) pairs."""
+
+    def items(model: BaseModel) -> list[tuple[str, str]]:
+        out = []
+        for key, value in model.model_dump(mode="json").items():
+            if value is None or value == {} or value == []:
+                continue
+            text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+            out.append((key, text))
+        return out
+
+    summary = [
+        ("experiment", record.experiment_id),
+        ("status", record.status),
+        ("repetition", str(record.repetition)),
+        ("attempts", str(record.attempts)),
+    ]
+    return [
+        {"title": "Summary", "fields": summary},
+        {"title": "Evaluation", "fields": items(record.evaluation)},
+        {"title": "Errors", "fields": [(str(i + 1), e) for i, e in enumerate(record.errors)]},
+        {"title": "Timing", "fields": items(record.timing)},
+        {"title": "Usage", "fields": items(record.usage)},
+        {"title": "Provenance", "fields": items(record.provenance)},
+        {"title": "Artifacts", "fields": items(record.artifacts)},
+    ]
+
+
+def build_dashboard(settings: SubmitterSettings) -> APIRouter:
+    """The dashboard's routes, under ``/ui``."""
+    router = APIRouter(prefix="/ui", include_in_schema=False)
+    topology = settings.topology
+
+    def ports(request: Request) -> Ports:
+        found: Ports = request.app.state.ports
+        return found
+
+    def feeds(request: Request) -> LiveFeeds:
+        return LiveFeeds(request.app.state.nats.nc, topology)
+
+    @router.get("/login")
+    async def login_page(request: Request) -> Response:
+        return render("login.html", request, title="Log in", error=None)
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        access: ApiAccess = request.app.state.api_access
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        token = (form.get("token") or [""])[0]
+        if identify_token(access, token) is None:
+            return render("login.html", request, 401, title="Log in", error="Unknown token.")
+        answer = RedirectResponse("/ui/", status_code=303, headers=SECURITY_HEADERS)
+        answer.set_cookie(
+            SESSION_COOKIE,
+            token.strip(),
+            max_age=SESSION_MAX_AGE_S,
+            path="/ui",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return answer
+
+    @router.get("/logout")
+    async def logout() -> Response:
+        answer = RedirectResponse("/ui/login", status_code=303, headers=SECURITY_HEADERS)
+        answer.delete_cookie(SESSION_COOKIE, path="/ui", httponly=True, samesite="strict")
+        return answer
+
+    @router.get("/static/{name}")
+    async def static(name: str) -> Response:
+        if name not in STATIC_TYPES:
+            return Response("not found", 404, headers=SECURITY_HEADERS)
+        body = await asyncio.to_thread((STATIC / name).read_bytes)
+        return Response(body, media_type=STATIC_TYPES[name], headers=SECURITY_HEADERS)
+
+    @router.get("/")
+    async def experiments(request: Request, q: str = "") -> Response:
+        ledger, live = ports(request).ledger, feeds(request)
+        rows = []
+        for exp_id in await ledger.experiment_ids():
+            _, info, records = await queries.load_experiment(ledger, exp_id, required=False)
+            started: dict[str, Any] = {}
+            if len(records) < (info.n_trials if info else 0) and valid_experiment_id(exp_id):
+                started = await live.started_trials(exp_id)
+            row = views.experiment_row(exp_id, info, records, started)
+            if row.matches(q):
+                rows.append({**_row_dict(row), "url": experiment_url(exp_id)})
+        return render("experiments.html", request, title="Experiments", rows=rows, q=q)
+
+    @router.get("/experiments/{experiment_id}")
+    async def experiment(request: Request, experiment_id: str) -> Response:
+        ledger, live = ports(request).ledger, feeds(request)
+        if not valid_experiment_id(experiment_id):
+            return _not_found(request, f"{experiment_id!r} is not an experiment id.")
+        try:
+            _, info, records = await queries.load_experiment(ledger, experiment_id)
+        except ExperimentNotFound as exc:
+            return _not_found(request, str(exc))
+        started = await live.started_trials(experiment_id)
+        row = views.experiment_row(experiment_id, info, records, started)
+        parts = await sections(ledger, experiment_id, records, started)
+        return render(
+            "experiment.html",
+            request,
+            title=row.name,
+            data={"events-url": f"{experiment_url(experiment_id)}/events"},
+            name=row.name,
+            submitted_by=row.submitted_by,
+            started=row.started,
+            progress=row.progress,
+            report_url=f"/experiments/{quote(experiment_id, safe='')}/report.html",
+            **parts.context,
+        )
+
+    @router.get("/experiments/{experiment_id}/events")
+    async def experiment_events(request: Request, experiment_id: str) -> Response:
+        if not valid_experiment_id(experiment_id):
+            return _not_found(request, f"{experiment_id!r} is not an experiment id.")
+        stream = experiment_stream(ports(request).ledger, feeds(request), experiment_id)
+        return _sse(stream)
+
+    @router.get("/trials/{trial_id}")
+    async def trial(request: Request, trial_id: str) -> Response:
+        if not valid_trial_id(trial_id):
+            return _not_found(request, f"{trial_id!r} is not a trial id.")
+        record = await queries.trial_record(ports(request).ledger, trial_id)
+        exp_id = record.experiment_id if record else None
+        return render(
+            "trial.html",
+            request,
+            title=trial_id,
+            data={"log-url": f"{trial_url(trial_id)}/log"},
+            trial_id=trial_id,
+            experiment_id=exp_id,
+            experiment_url=experiment_url(exp_id) if exp_id else None,
+            sections=record_sections(record) if record else [],
+        )
+
+    @router.get("/trials/{trial_id}/log")
+    async def trial_log(request: Request, trial_id: str) -> Response:
+        if not valid_trial_id(trial_id):
+            return _not_found(request, f"{trial_id!r} is not a trial id.")
+        return _sse(log_stream(feeds(request), trial_id))
+
+    return router
+
+
+def _row_dict(row: views.ExperimentRow) -> dict[str, Any]:
+    return {
+        "experiment_id": row.experiment_id,
+        "name": row.name,
+        "submitted_by": row.submitted_by,
+        "progress": row.progress,
+        "started": row.started,
+        "duration_s": row.duration_s,
+    }
+
+
+def _sse(stream: Any) -> StreamingResponse:
+    # X-Accel-Buffering: a proxy in front must pass events on as they come.
+    headers = {**SECURITY_HEADERS, "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)

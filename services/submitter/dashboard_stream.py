@@ -1,0 +1,147 @@
+"""The dashboard's live parts: Server-Sent Events streams and the fragments they carry.
+
+- ``experiment_stream``: on connect, then at most once per ``UPDATE_INTERVAL_S`` after
+  any event of the experiment, a ``progress`` event (counts, state, and the
+  leaderboard and trial tables rendered again from the ledger through the one read
+  path); each event of the experiment also as a short ``trial`` line. The
+  subscription opens before the first snapshot, so no event between them is missed.
+- ``log_stream``: a trial's ``trial_log`` events (oldest the logs stream holds first),
+  as ``log`` events.
+
+Both send a comment every ``KEEPALIVE_S`` while quiet (proxies drop idle connections)
+and end when the browser goes away (Starlette cancels the generator, whose
+subscription is then closed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from schemas.events import (
+    Envelope,
+    ExperimentCompleted,
+    ResultImported,
+    TrialCompleted,
+    TrialFailed,
+    TrialLog,
+    TrialStarted,
+)
+from schemas.record import TrialRecord
+from services.common.ports import Ledger
+from services.reports import formatting, queries
+from services.submitter import dashboard_views as views
+from services.submitter.live_feeds import LiveFeeds
+
+TRIAL_ROWS_MAX = 500
+"""Trials listed on an experiment page (running ones first); the report lists all."""
+UPDATE_INTERVAL_S = 1.0
+KEEPALIVE_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sections:
+    """The experiment page's live tables: their template context, and as HTML."""
+
+    context: dict[str, Any]
+
+    def html(self) -> dict[str, str]:
+        """Element id -> the fragment that replaces its content."""
+        return {
+            "leaderboard": views.PAGES.get_template("_leaderboard.html").render(**self.context),
+            "trials": views.PAGES.get_template("_trials.html").render(**self.context),
+        }
+
+
+async def sections(
+    ledger: Ledger,
+    experiment_id: str,
+    records: Sequence[TrialRecord],
+    started: Mapping[str, TrialStarted],
+) -> Sections:
+    """The leaderboard (``queries.experiment_leaderboard``, as the JSON API) and trials."""
+    _, board = await queries.experiment_leaderboard(ledger, experiment_id, required=False)
+    rows = views.trial_rows(records, started)
+    shown = rows[:TRIAL_ROWS_MAX]
+    return Sections(
+        {
+            "board": [views.leaderboard_cells(r) for r in board],
+            "trials": [{**asdict(t), "url": views.trial_url(t.trial_id)} for t in shown],
+            "hidden": len(rows) - len(shown),
+            "experiment_id": experiment_id,
+        }
+    )
+
+
+def sse(event: str, data: Any) -> str:
+    """One Server-Sent Event; JSON on one line (it escapes every newline)."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def describe(event: Envelope) -> dict[str, Any] | None:
+    """The live events list's line for an experiment event; None for other events."""
+    detail: str
+    if isinstance(event, TrialStarted):
+        detail = f"attempt {event.attempt} on {event.host}"
+    elif isinstance(event, TrialCompleted):
+        detail = f"attempt {event.attempt} finished"
+    elif isinstance(event, TrialFailed):
+        detail = f"{event.failure_class}: {event.error_type}" + ("" if event.final else " (retry)")
+    elif isinstance(event, ResultImported):
+        detail = f"{event.status}, reward {formatting.num(event.main_reward)}"
+        detail = detail if event.scored else f"{event.status}, unscored"
+    elif isinstance(event, ExperimentCompleted):
+        detail = f"{event.n_scored} of {event.n_trials} scored"
+    else:
+        return None
+    return {
+        "type": str(getattr(event, "type", "")),
+        "trial_id": event.trial_id,
+        "at": event.occurred_at.strftime("%H:%M:%S"),
+        "detail": detail,
+    }
+
+
+async def progress_event(ledger: Ledger, live: LiveFeeds, experiment_id: str) -> str:
+    """The ``progress`` event: counts and the tables, read afresh."""
+    _, info, records = await queries.load_experiment(ledger, experiment_id, required=False)
+    started = await live.started_trials(experiment_id)
+    parts = await sections(ledger, experiment_id, records, started)
+    progress = views.progress(records, info, started)
+    return sse("progress", {"progress": progress.as_dict(), "sections": parts.html()})
+
+
+async def experiment_stream(
+    ledger: Ledger, live: LiveFeeds, experiment_id: str
+) -> AsyncIterator[str]:
+    """The experiment page's live feed (see the module doc)."""
+    async with live.experiment_events(experiment_id) as feed:
+        yield await progress_event(ledger, live, experiment_id)
+        dirty, last = False, time.monotonic()
+        while True:
+            since = time.monotonic() - last
+            event = await feed.next(max(0.05, UPDATE_INTERVAL_S - since) if dirty else KEEPALIVE_S)
+            line = describe(event) if event is not None else None
+            if line is not None:
+                yield sse("trial", line)
+                dirty = True
+            if dirty and time.monotonic() - last >= UPDATE_INTERVAL_S:
+                yield await progress_event(ledger, live, experiment_id)
+                dirty, last = False, time.monotonic()
+            elif event is None and not dirty:
+                yield ": keepalive\n\n"
+
+
+async def log_stream(live: LiveFeeds, trial_id: str) -> AsyncIterator[str]:
+    """A trial's live log (see the module doc)."""
+    async with live.trial_log(trial_id) as feed:
+        yield ": following\n\n"  # the browser knows at once that the stream is open
+        while True:
+            event = await feed.next(KEEPALIVE_S)
+            if isinstance(event, TrialLog) and event.trial_id == trial_id:
+                yield sse("log", {"phase": event.phase, "stream": event.stream, "text": event.text})
+            elif event is None:
+                yield ": keepalive\n\n"

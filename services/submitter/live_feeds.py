@@ -1,0 +1,132 @@
+"""What the dashboard reads live from NATS: an experiment's events, a trial's log, and
+which trials have started. The one place the dashboard touches nats-py.
+
+Everything here is read only, through ephemeral ordered consumers (the submitter role
+may follow the events and logs streams, infra/nats_permissions.py). Subjects are built
+from ids checked against the schemas' patterns, so a crafted id cannot widen a
+subscription with ``*``, ``>`` or ``.``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from schemas.envelope import EXPERIMENT_ID_PATTERN, TRIAL_ID_PATTERN
+from schemas.events import Envelope, TrialStarted, parse_event
+from schemas.subjects import Topology
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+
+HISTORY_TIMEOUT_S = 2.0
+"""How long reading an experiment's past TrialStarted events may take at most."""
+
+_EXPERIMENT_RE = re.compile(EXPERIMENT_ID_PATTERN)
+_TRIAL_RE = re.compile(TRIAL_ID_PATTERN)
+
+
+def valid_experiment_id(experiment_id: str) -> bool:
+    """Whether ``experiment_id`` is an id the bus could carry (safe in a subject)."""
+    return bool(_EXPERIMENT_RE.fullmatch(experiment_id))
+
+
+def valid_trial_id(trial_id: str) -> bool:
+    """Whether ``trial_id`` is an id the bus could carry (safe in a subject)."""
+    return bool(_TRIAL_RE.fullmatch(trial_id))
+
+
+@dataclass(slots=True)
+class EventFeed:
+    """Decoded events of one ordered consumer; undecodable messages are skipped."""
+
+    sub: JetStreamContext.PushSubscription
+
+    async def next(self, timeout_s: float) -> Envelope | None:
+        """The next event, or None when none arrived within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = await self.sub.next_msg(timeout=left)
+            except TimeoutError:
+                return None
+            try:
+                return parse_event(msg.data)
+            except ValueError:
+                continue  # not ours to judge: the importer terminates poison
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class LiveFeeds:
+    """Subscriptions the dashboard opens on the submitter's NATS connection."""
+
+    nc: NatsClient
+    topology: Topology
+
+    @contextlib.asynccontextmanager
+    async def _follow(self, subject: str, deliver: DeliverPolicy) -> AsyncIterator[EventFeed]:
+        sub = await self.nc.jetstream().subscribe(
+            subject, ordered_consumer=True, deliver_policy=deliver
+        )
+        try:
+            yield EventFeed(sub)
+        finally:
+            with contextlib.suppress(Exception):  # closing: nothing left to lose
+                await sub.unsubscribe()
+
+    def experiment_events(
+        self, experiment_id: str
+    ) -> contextlib.AbstractAsyncContextManager[EventFeed]:
+        """The experiment's events published from now on (ValueError for a bad id)."""
+        if not valid_experiment_id(experiment_id):
+            raise ValueError(f"not an experiment id: {experiment_id!r}")
+        return self._follow(self.topology.event_filter("*", experiment_id), DeliverPolicy.NEW)
+
+    def trial_log(self, trial_id: str) -> contextlib.AbstractAsyncContextManager[EventFeed]:
+        """The trial's live log from the oldest line the logs stream still holds.
+
+        A trial id is unique across experiments (it hashes the experiment id), so the
+        experiment token of the subject is a wildcard: a running trial's page needs no
+        record to know its experiment.
+        """
+        if not valid_trial_id(trial_id):
+            raise ValueError(f"not a trial id: {trial_id!r}")
+        subject = f"{self.topology.prefix}.logs.*.{trial_id}"
+        return self._follow(subject, DeliverPolicy.ALL)
+
+    async def started_trials(self, experiment_id: str) -> dict[str, TrialStarted]:
+        """The latest TrialStarted of each trial of the experiment the stream holds.
+
+        Reads the history (at most ``HISTORY_TIMEOUT_S``): the stream's count for the
+        subject first, so an experiment with none costs one request, not a timeout.
+        """
+        if not valid_experiment_id(experiment_id):
+            raise ValueError(f"not an experiment id: {experiment_id!r}")
+        subject = self.topology.event_subject("trial_started", experiment_id)
+        js = self.nc.jetstream()
+        info = await js.stream_info(self.topology.events_stream, subjects_filter=subject)
+        expected = sum((info.state.subjects or {}).values())
+        started: dict[str, TrialStarted] = {}
+        if expected == 0:
+            return started
+        deadline = time.monotonic() + HISTORY_TIMEOUT_S
+        seen = 0
+        async with self._follow(subject, DeliverPolicy.ALL) as feed:
+            while seen < expected and (left := deadline - time.monotonic()) > 0:
+                event = await feed.next(left)
+                if event is None:
+                    break
+                seen += 1
+                if isinstance(event, TrialStarted):
+                    started[event.trial_id] = event
+        if seen < expected:
+            log.warning("started trials read in part", experiment_id=experiment_id, seen=seen)
+        return started

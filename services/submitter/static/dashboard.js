@@ -1,0 +1,61 @@
+// trialbus dashboard: live updates over Server-Sent Events. No framework, no build.
+// Text from the server is set with textContent; the only HTML taken as HTML is the
+// server's own autoescaped fragments (the leaderboard and trial tables).
+"use strict";
+(function () {
+  const main = document.querySelector("main");
+  const status = document.getElementById("live-status");
+  const setStatus = (text) => { if (status) status.textContent = text; };
+  const MAX_EVENTS = 50;
+  const MAX_LOG_CHARS = 200000;
+
+  function followExperiment(url) {
+    const source = new EventSource(url);
+    source.onopen = () => setStatus("live");
+    source.onerror = () => setStatus("reconnecting");
+    source.addEventListener("progress", (e) => {
+      const data = JSON.parse(e.data);
+      for (const [key, value] of Object.entries(data.progress)) {
+        for (const el of document.querySelectorAll(`[data-count="${key}"]`)) {
+          el.textContent = String(value);
+          if (key === "state") el.className = `state state-${value}`;
+        }
+      }
+      for (const [id, html] of Object.entries(data.sections || {})) {
+        const el = document.getElementById(id);
+        if (el) el.innerHTML = html;
+      }
+      main.dataset.updates = String(Number(main.dataset.updates || "0") + 1);
+      const state = data.progress.state;
+      if (state === "complete" || state === "cancelled") {
+        source.close();
+        setStatus(`${state} (live updates ended)`);
+      }
+    });
+    source.addEventListener("trial", (e) => {
+      const d = JSON.parse(e.data);
+      const list = document.getElementById("live-events");
+      const item = document.createElement("li");
+      item.textContent = [d.at, d.type, d.trial_id, d.detail].filter(Boolean).join(" ");
+      list.prepend(item);
+      while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();
+    });
+  }
+
+  function followLog(url) {
+    const pre = document.getElementById("log");
+    const source = new EventSource(url);
+    source.onopen = () => setStatus("live");
+    source.onerror = () => setStatus("reconnecting");
+    source.addEventListener("log", (e) => {
+      const d = JSON.parse(e.data);
+      pre.append(document.createTextNode(d.text));
+      if (pre.textContent.length > MAX_LOG_CHARS) {
+        pre.textContent = pre.textContent.slice(-MAX_LOG_CHARS);
+      }
+    });
+  }
+
+  if (main.dataset.eventsUrl) followExperiment(main.dataset.eventsUrl);
+  if (main.dataset.logUrl) followLog(main.dataset.logUrl);
+})();
