@@ -26,30 +26,12 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams
 from services.common.logging import get_logger
+from services.runner.consumer import runner_durable_config
 
 log = get_logger(__name__)
 
 EVENTS_ACK_WAIT_S = 10.0
 """ack_wait of the importer's and watcher's durables (their apps' ACK_WAIT_S)."""
-
-
-def runner_durable_config(topology: Topology, ack_wait_s: float, pool: str) -> ConsumerConfig:
-    """The durable pull consumer shared by the runners of ``pool``.
-
-    Filtered on the pool's work subjects: a work-queue stream refuses two consumers
-    whose filters overlap, so no pool's durable may take ``work.>``.
-    """
-    durable = topology.runner_durable_for(pool)
-    return ConsumerConfig(
-        name=durable,
-        durable_name=durable,
-        ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL,
-        filter_subject=topology.work_pool_filter(pool),
-        ack_wait=ack_wait_s,
-        max_deliver=-1,  # attempts are counted (KV) and bounded by the runner
-        max_ack_pending=100_000,
-    )
 
 
 async def ensure_runner_durables(

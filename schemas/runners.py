@@ -3,7 +3,7 @@
 Each runner process keeps one :class:`RunnerInfo` under the key ``<pool>.<runner_id>``
 of ``Topology.runners_bucket``, rewritten every heartbeat; a runner that stops
 heartbeating drops out when the bucket's max age passes. The submitter reads the live
-records to refuse a manifest no live runner can run (services.submitter.pools).
+records to refuse a manifest no live runner can run (services.common.pools).
 """
 
 from __future__ import annotations

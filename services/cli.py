@@ -252,6 +252,38 @@ def import_(
 
 
 @app.command()
+def export(
+    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    dest: Annotated[
+        Path, typer.Argument(help="Folder to write <experiment>/ into (harbor view DEST).")
+    ],
+    json_out: JsonOpt = False,
+) -> None:
+    """Write an experiment's Harbor job folder from the ledger and the results bucket."""
+    from services.submitter.commands import export_job
+
+    # Reads the results bucket, which the importer role may.
+    settings = settings_for(CommonSettings, role="importer")
+    summary = _run(lambda: export_job(settings, experiment, dest))
+    if _printed_as_json(summary, json_out):
+        return
+    err.print(
+        f"wrote {summary['job_dir']}: {summary['written']} of {summary['trials']} trial "
+        f"folders ({summary['bytes_fetched']} bytes fetched); open it with "
+        f"`harbor view {dest}`",
+        highlight=False,
+    )
+    if summary["without_folder"]:
+        err.print(
+            f"  {len(summary['without_folder'])} trials have no stored folder (they never "
+            "made one, or were imported from a job folder)",
+            highlight=False,
+        )
+    for trial_id, why in list(summary["unavailable"].items())[:20]:
+        err.print(f"  {trial_id}: not exported: {why}", highlight=False)
+
+
+@app.command()
 def up(
     data_dir: Annotated[Path, typer.Option(help="Servers' storage and job folders.")] = Path(
         ".trialbus"

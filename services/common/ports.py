@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol
 from schemas.events import Envelope, TrialRequested
 from schemas.objects import ObjectRef
 from schemas.record import TrialRecord
+from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 
 # -- EventBus ----------------------------------------------------------------------------
@@ -319,3 +320,19 @@ class ObjectStore(Protocol):
 
     async def delete(self, name: str) -> None:
         """Remove an object (a missing one is not an error)."""
+
+
+# -- RunnerRegistry ----------------------------------------------------------------------
+
+
+class RunnerRegistry(Protocol):
+    """Where runners announce themselves and the submitter finds the live ones."""
+
+    async def announce(self, info: RunnerInfo) -> None:
+        """Write (or rewrite) the runner's record; it lives one TTL from now."""
+
+    async def withdraw(self, info: RunnerInfo) -> None:
+        """Remove the runner's record (a clean stop)."""
+
+    async def live_runners(self) -> list[RunnerInfo]:
+        """Records of every runner heard from within the TTL, sorted by pool and id."""

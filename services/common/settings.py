@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.subjects import Topology
+from schemas.subjects import DEFAULT_POOL, POOL_PATTERN, Topology
 
 
 class CommonSettings(BaseSettings):
@@ -44,17 +44,19 @@ class CommonSettings(BaseSettings):
         "every NATS connection of the process uses it. Unset: no authentication.",
     )
     tasks_bucket_max_bytes: int | None = Field(
-        default=4 * 1024**3,
+        default=None,
         ge=1,
         description="Size limit of the tasks object store (task archives, stored once per "
-        "task version; a few KB to MB each). None: unlimited. Applied when it is created.",
+        "task version; a few KB to MB each), applied when it is created. JetStream "
+        "reserves a limit on the server up front, used or not. None: unlimited.",
     )
     results_bucket_max_bytes: int | None = Field(
-        default=20 * 1024**3,
+        default=None,
         ge=1,
         description="Size limit of the results object store (one archive per finished "
-        "trial, KB to a few MB; capped by runner result_cap_bytes). A full bucket refuses "
-        "uploads (trials wait and retry), it never drops stored results. None: unlimited.",
+        "trial, KB to a few MB; capped by runner result_cap_bytes), reserved like the "
+        "tasks bucket's. A full bucket refuses uploads (trials wait and retry), it never "
+        "drops stored results. None: unlimited.",
     )
     results_ttl_s: float | None = Field(
         default=None,
@@ -83,6 +85,21 @@ class RunnerSettings(CommonSettings):
     ack_wait_s: float = Field(default=60.0, gt=1, description="Redelivery after silence.")
     heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval.")
     runner_id: str | None = Field(default=None, description="Default: host-pid.")
+    pool: str = Field(
+        default=DEFAULT_POOL,
+        pattern=POOL_PATTERN,
+        description="Pool whose work this runner takes (manifests choose compute.pool).",
+    )
+    labels: list[str] = Field(
+        default_factory=list,
+        description="Capabilities the operator declares (e.g. gpu), matched against a "
+        "manifest's compute.requires; environments (local, docker) are detected.",
+    )
+    nats_js_domain: str | None = Field(
+        default=None,
+        description="JetStream domain of the hub, for a runner behind a leaf node "
+        "(docs/operations.md, pools behind a boundary).",
+    )
     executor: str = Field(
         default="harbor",
         description="'harbor', or 'module:factory': a callable given these settings "
@@ -174,4 +191,9 @@ class SubmitterSettings(CommonSettings):
     )
     tasks_root: Path | None = Field(
         default=None, description="When set, task paths must stay inside this folder."
+    )
+    check_runners: bool = Field(
+        default=True,
+        description="Refuse a manifest no live runner can run (its pool and capabilities); "
+        "off: queue it for runners that start later.",
     )

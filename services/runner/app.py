@@ -11,15 +11,18 @@ import os
 import socket
 from pathlib import Path
 
+from schemas.runners import RunnerInfo
 from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import open_bucket
+from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
 from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
 from services.common.service import install_stop_signals, load_factory
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
 from services.common.trial_folders import TrialFolders
+from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumer
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
@@ -51,10 +54,9 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         role="runner",
     )
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(domain=settings.nats_js_domain)
         topo = settings.topology
         await ensure_streams(js, topo, settings.stream_replicas)
-        await ensure_runner_consumer(js, topo, settings.ack_wait_s)
         coordinator = await NatsCoordinator.open(
             js, topo, lease_ttl_s=settings.ack_wait_s, replicas=settings.stream_replicas
         )
@@ -70,24 +72,47 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         )
         host = socket.gethostname()
         runner_id = settings.runner_id or f"{host}-{os.getpid()}"
+        executor = build_executor(settings, tasks)
+        info = RunnerInfo(
+            runner_id=runner_id,
+            host=host,
+            pool=settings.pool,
+            capabilities=await asyncio.to_thread(detect_environments),
+            labels=settings.labels,
+            harbor_version=executor.version,
+            concurrency=settings.concurrency,
+        )
+        registry = await NatsRunnerRegistry.open(js, topo, create_ttl_s=settings.ack_wait_s)
         handler = TrialHandler(
             JetStreamBus(js, topo),
-            build_executor(settings, tasks),
+            executor,
             coordinator,
             folders,
             runner_id=runner_id,
             host=host,
             # Three beats per ack_wait: one lost beat never lets the message expire.
             heartbeat_s=min(settings.heartbeat_s, settings.ack_wait_s / 3),
+            offers=info.offers,
             log_sinks=CoreNatsLogSinks.from_settings(nc.publish, settings)
             if settings.publish_logs
             else None,
         )
         consumer = WorkConsumer(
-            js, topo, handler.handle, concurrency=settings.concurrency, runner_id=runner_id
+            js,
+            topo,
+            handler.handle,
+            concurrency=settings.concurrency,
+            runner_id=runner_id,
+            pool=settings.pool,
         )
         install_stop_signals(consumer.stop)
-        await consumer.run()
+        log.info("runner capabilities", pool=info.pool, offers=sorted(info.offers))
+        # Announced (pool, capabilities) while it takes work; withdrawn when it stops.
+        # Announced before its durable is made: whoever waits for the durable (the
+        # embedded stack's readiness) then finds the runner live.
+        async with heartbeat(registry, info, registry.heartbeat_s):
+            await ensure_runner_consumer(js, topo, settings.ack_wait_s, settings.pool)
+            await consumer.run()
         log.info("runner draining", in_flight=len(consumer.in_flight))
         await consumer.drain(drain_grace_s)
     finally:

@@ -2,7 +2,7 @@
 
 A runner publishes its capabilities in the runner registry
 (services.common.adapters.nats_registry); the submitter refuses a manifest whose
-``compute.requires`` no live runner of its pool offers (services.submitter.pools).
+``compute.requires`` no live runner of its pool offers (services.common.pools).
 
 - ``local``: bubblewrap creates a sandbox here (``bwrap --ro-bind / / --unshare-all
   true``: the namespaces trialbus's local environment needs).

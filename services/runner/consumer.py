@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from schemas.subjects import Topology
+from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import apply_settle
 from services.common.errors import Settle, settle_error
 from services.common.logging import get_logger
@@ -39,25 +39,41 @@ class MessageHandler(Protocol):
 FETCH_TIMEOUT_S = 1.0
 
 
+def runner_durable_config(
+    topology: Topology, ack_wait_s: float, pool: str = DEFAULT_POOL
+) -> ConsumerConfig:
+    """The durable pull consumer shared by the runners of ``pool``.
+
+    Filtered on the pool's work subjects: a work-queue stream refuses two consumers
+    whose filters overlap, so no pool's durable may take ``work.>``.
+    """
+    durable = topology.runner_durable_for(pool)
+    return ConsumerConfig(
+        name=durable,
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subject=topology.work_pool_filter(pool),
+        ack_wait=ack_wait_s,
+        max_deliver=-1,  # attempts are counted (KV) and bounded by the runner
+        max_ack_pending=100_000,
+    )
+
+
 async def ensure_runner_consumer(
-    js: JetStreamContext, topology: Topology, ack_wait_s: float
+    js: JetStreamContext, topology: Topology, ack_wait_s: float, pool: str = DEFAULT_POOL
 ) -> None:
-    """Create the runners' shared durable pull consumer if it does not exist yet."""
+    """Create the pool's shared durable pull consumer if it does not exist yet.
+
+    With per-role NATS users the admin created it when provisioning (and narrowed one
+    left from before pools); then this only looks.
+    """
+    config = runner_durable_config(topology, ack_wait_s, pool)
+    assert config.durable_name is not None
     try:
-        await js.consumer_info(topology.work_stream, topology.runner_durable)
+        await js.consumer_info(topology.work_stream, config.durable_name)
     except NotFoundError:
-        await js.add_consumer(
-            topology.work_stream,
-            ConsumerConfig(
-                durable_name=topology.runner_durable,
-                ack_policy=AckPolicy.EXPLICIT,
-                deliver_policy=DeliverPolicy.ALL,
-                filter_subject=topology.work_wildcard,
-                ack_wait=ack_wait_s,
-                max_deliver=-1,  # attempts are counted (KV) and bounded by the runner
-                max_ack_pending=100_000,
-            ),
-        )
+        await js.add_consumer(topology.work_stream, config)
 
 
 async def apply_verdict(msg: Msg, verdict: Settle) -> None:
@@ -83,8 +99,10 @@ class WorkConsumer:
         *,
         concurrency: int,
         runner_id: str = "",
+        pool: str = DEFAULT_POOL,
     ) -> None:
         self._js = js
+        self._pool = pool
         self._topology = topology
         self._handle = handle
         self._concurrency = concurrency
@@ -96,8 +114,15 @@ class WorkConsumer:
     async def run(self) -> None:
         """Fetch and handle trials until ``stop()`` (in-flight trials go on)."""
         topo = self._topology
-        psub = await self._js.pull_subscribe_bind(topo.runner_durable, stream=topo.work_stream)
-        log.info("runner ready", runner_id=self._runner_id, concurrency=self._concurrency)
+        psub = await self._js.pull_subscribe_bind(
+            topo.runner_durable_for(self._pool), stream=topo.work_stream
+        )
+        log.info(
+            "runner ready",
+            runner_id=self._runner_id,
+            pool=self._pool,
+            concurrency=self._concurrency,
+        )
         try:
             while not self._stopping.is_set():
                 await self._slots.acquire()

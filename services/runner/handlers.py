@@ -9,7 +9,10 @@ message the handler
    publish and the ack): then it re-publishes the stored ending (same dedup id, so
    JetStream drops it if it got through) and acknowledges, without running or
    counting an attempt;
-2. hands it back (nak, short random delay) while the experiment has no free
+2. ends the run at once (final TrialFailed, RunnerLacksCapability) when this runner
+   does not offer what the trial needs: its pool was chosen for runners that can
+   (the submitter checked the live ones), so one that cannot is misconfigured;
+   hands it back (nak, short random delay) while the experiment has no free
    concurrency slot, so other experiments' trials keep flowing;
 3. counts the start (Coordinator.next_attempt) and publishes TrialStarted;
 4. runs the Executor, with a heartbeat that keeps the message and the lease alive and
@@ -46,6 +49,7 @@ from schemas.events import (
 )
 from services.common.errors import ACK, InternalError, Settle, nak, settle_error
 from services.common.logging import get_logger
+from services.common.pools import required_capabilities
 from services.common.ports import Coordinator, EventBus, ExecutionOutcome, Executor, Lease, LogSink
 from services.common.trial_folders import TrialFolders
 from services.runner import policy
@@ -97,6 +101,7 @@ class TrialHandler:
         runner_id: str,
         host: str,
         heartbeat_s: float,
+        offers: frozenset[str] | None = None,
         log_sinks: LogSinks | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -107,6 +112,7 @@ class TrialHandler:
         self.runner_id = runner_id
         self._who = policy.RunnerIdentity(host=host, harbor_version=executor.version)
         self._heartbeat_s = heartbeat_s
+        self._offers = offers
         self._log_sinks = log_sinks
         self._rng = rng or random.Random()
 
@@ -141,6 +147,11 @@ class TrialHandler:
             return ACK
         if await coord.is_cancelled(request.experiment_id):
             return await self._publish(request, policy.cancelled(request, 1, self._who.host), bound)
+        missing = self._missing(request)
+        if missing:
+            decision = policy.lacking(request, self._who.host, missing)
+            bound.error("trial needs what this runner does not offer", missing=missing)
+            return await self._publish(request, decision, bound)
         limit = request.compute.n_concurrent_trials
         lease = await coord.acquire(request.experiment_id, limit, self.runner_id)
         if lease is None:
@@ -178,6 +189,11 @@ class TrialHandler:
             # Best effort: an unreleased lease expires with its TTL anyway.
             with contextlib.suppress(Exception):
                 await coord.release(lease)
+
+    def _missing(self, request: TrialRequested) -> list[str]:
+        if self._offers is None:
+            return []
+        return [c for c in required_capabilities(request.compute) if c not in self._offers]
 
     async def _publish(
         self, request: TrialRequested, decision: policy.Decision, bound: Any

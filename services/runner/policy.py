@@ -125,6 +125,22 @@ def cancelled(request: TrialRequested, attempt: int, host: str) -> Decision:
     return Decision((event,), ACK)
 
 
+RUNNER_LACKS_CAPABILITY = "RunnerLacksCapability"
+
+
+def lacking(request: TrialRequested, host: str, missing: list[str]) -> Decision:
+    """This runner cannot run the trial (final, ack): its pool's runners should all
+    offer what the submitter found a live one of them offering."""
+    outcome = ExecutionOutcome(
+        kind="failed",
+        exception_type=RUNNER_LACKS_CAPABILITY,
+        message=f"runner on {host} (pool {request.compute.pool!r}) does not offer "
+        f"{', '.join(repr(m) for m in missing)}; give every runner of a pool the same "
+        "environments and labels",
+    )
+    return Decision((failed_event(request, 1, outcome, host, final=True),), ACK)
+
+
 def failed_event(
     request: TrialRequested,
     attempt: int,

@@ -13,9 +13,11 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Concatenate
 
+from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import ManifestError
 from services.common.ports import Ledger
 from services.common.settings import CommonSettings, SubmitterSettings
+from services.importer.export import export_experiment
 from services.submitter import handlers
 from services.submitter.connections import open_ledger, open_nats, try_open_nats
 from services.submitter.handlers import EventFeed, Printer, SubmitOutcome
@@ -61,6 +63,7 @@ async def submit_and_wait(
                 feed,
                 timeout_s=timeout_s,
                 progress=progress,
+                runners=await nats.runners(),
             )
 
 
@@ -81,6 +84,14 @@ async def import_job(
         try_open_nats(settings, "trialbus-import") as nats,
     ):
         return await handlers.import_job(ledger, nats.bus if nats else None, job_dir, as_new=as_new)
+
+
+async def export_job(settings: CommonSettings, experiment_id: str, dest: Path) -> dict[str, Any]:
+    """``trialbus export``: the experiment's Harbor job folder, from ledger and bucket."""
+    async with open_nats(settings, "trialbus-export") as nats, open_ledger(settings) as ledger:
+        results = await open_bucket(nats.nc.jetstream(), settings, "results")
+        summary = await export_experiment(ledger, results, experiment_id, dest)
+    return summary.as_dict()
 
 
 async def read[**P, T](

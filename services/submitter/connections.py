@@ -23,8 +23,9 @@ from services.common.adapters.jetstream import JetStreamBus, connect, ensure_str
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import open_bucket
+from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import TransientError, UserInputError
-from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore
+from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
 from services.common.settings import CommonSettings
 
 CLI_CONNECT_TIMEOUT_S = 10.0
@@ -62,6 +63,7 @@ class NatsSide:
     bus: EventBus
     _coordinator: Coordinator | None = field(default=None)
     _tasks: ObjectStore | None = field(default=None)
+    _runners: RunnerRegistry | None = field(default=None)
 
     async def coordinator(self) -> Coordinator:
         """The Coordinator (KV buckets opened, created when missing, on first use)."""
@@ -73,6 +75,16 @@ class NatsSide:
                 replicas=self.settings.stream_replicas,
             )
         return self._coordinator
+
+    async def runners(self) -> RunnerRegistry | None:
+        """The runner registry, or None when the settings say not to check runners."""
+        if not getattr(self.settings, "check_runners", False):
+            return None
+        if self._runners is None:
+            self._runners = await NatsRunnerRegistry.open(
+                self.nc.jetstream(), self.settings.topology
+            )
+        return self._runners
 
     async def tasks(self) -> ObjectStore:
         """The tasks bucket (created when missing and the credentials allow it)."""

@@ -20,7 +20,9 @@ from typing import Any, Protocol
 
 from schemas.events import ResultImported, TrialFailed, parse_event
 from services.common import errors as E
-from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore
+from services.common.errors import ManifestError
+from services.common.pools import pool_refusal
+from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
 from services.reports.leaderboard import status_counts
 from services.reports.queries import experiment_leaderboard, load_experiment
 from services.submitter.submit import PreparedExperiment, SubmitResult, publish_experiment
@@ -54,15 +56,26 @@ class SubmitOutcome:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -> None:
+    """Raise ManifestError when no live runner of the manifest's pool can run it."""
+    refusal = pool_refusal(prepared.manifest.compute, await runners.live_runners())
+    if refusal is not None:
+        raise ManifestError(f"compute: {refusal}")
+
+
 async def submit(
     prepared: PreparedExperiment,
     bus: EventBus,
     ledger: Ledger,
     coordinator: Coordinator,
     tasks: ObjectStore,
+    runners: RunnerRegistry | None = None,
 ) -> SubmitResult:
     """Upload its tasks and publish a prepared experiment; resubmitting lifts an
-    earlier cancellation."""
+    earlier cancellation. With ``runners``, a manifest no live runner can run is
+    refused before anything is published."""
+    if runners is not None:
+        await check_runners(prepared, runners)
     await coordinator.uncancel(prepared.experiment_id)
     return await publish_experiment(prepared, bus, ledger, tasks)
 
@@ -84,10 +97,11 @@ async def submit_and_wait(
     *,
     timeout_s: float,
     progress: Printer | None,
+    runners: RunnerRegistry | None = None,
 ) -> SubmitOutcome:
     """Submit; with a ``feed`` (opened before this call, so no completion slips past),
     follow the experiment until every trial is recorded or ``timeout_s`` passes."""
-    result = await submit(prepared, bus, ledger, coordinator, tasks)
+    result = await submit(prepared, bus, ledger, coordinator, tasks, runners)
     summary = result.as_dict()
     if feed is None:
         return SubmitOutcome(summary, E.EXIT_OK)

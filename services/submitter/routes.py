@@ -32,7 +32,14 @@ from services.common.errors import (
     UserInputError,
 )
 from services.common.logging import get_logger
-from services.common.ports import Coordinator, EventBus, ExperimentInfo, Ledger, ObjectStore
+from services.common.ports import (
+    Coordinator,
+    EventBus,
+    ExperimentInfo,
+    Ledger,
+    ObjectStore,
+    RunnerRegistry,
+)
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
@@ -62,6 +69,7 @@ class Ports:
     ledger: Ledger
     coordinator: Coordinator
     tasks: ObjectStore
+    runners: RunnerRegistry | None = None
 
 
 def _ports(request: Request) -> Ports:
@@ -183,7 +191,7 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         by = (owner or identity).record() if identity.admin else identity.record()
         prepared = dataclasses.replace(prepared, submitted_by=by)
         result = await handlers.submit(
-            prepared, ports.bus, ports.ledger, ports.coordinator, ports.tasks
+            prepared, ports.bus, ports.ledger, ports.coordinator, ports.tasks, ports.runners
         )
         log.info("experiment submitted", experiment_id=result.experiment_id, by=identity.label)
         return result.as_dict()

@@ -4,11 +4,18 @@ Harbor trials in the local (bubblewrap) environment, driven by the real CLI."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from infra.managed_process import free_port
 from infra.stack import EmbeddedStack
 from tests.e2e.cli import ROOT, Cli
 from tests.e2e.faultkit import Submitted, expected_trial_ids, judge, ledger_records
@@ -16,6 +23,7 @@ from tests.e2e.faultkit import Submitted, expected_trial_ids, judge, ledger_reco
 pytestmark = pytest.mark.e2e
 
 MANIFEST = ROOT / "examples" / "experiment.yaml"
+BIN = Path(sys.executable).parent
 
 
 async def _records(stack: EmbeddedStack, experiment_id: str) -> dict[str, Any]:
@@ -52,7 +60,9 @@ EXPECTED: dict[tuple[str, str], tuple[float | None, str, dict[str, float]]] = {
 }
 
 
-async def test_example_experiment_end_to_end(stack: EmbeddedStack, cli: Cli) -> None:
+async def test_example_experiment_end_to_end(
+    stack: EmbeddedStack, cli: Cli, tmp_path: Path
+) -> None:
     # 1. Submit and wait. Unscored trials (the broken verifier) make the exit code 1.
     first = cli.run("submit", str(MANIFEST), "--wait", "--json")
     assert first.returncode == 1, first.stderr
@@ -130,6 +140,50 @@ async def test_example_experiment_end_to_end(stack: EmbeddedStack, cli: Cli) -> 
     submitted = Submitted(exp, expected_trial_ids(MANIFEST, exp), 24)
     check = await judge("pipeline: submit, resume, re-import", stack, submitted)
     assert check.ok, check.explain()
+
+    # 7. Export: the job folder again, from the ledger and the results bucket only,
+    # byte for byte what the importer keeps; and `harbor view` serves it.
+    dest = tmp_path / "export"
+    exported = cli.run("export", exp, str(dest), "--json")
+    assert exported.returncode == 0, exported.stderr
+    written = json.loads(exported.stdout)
+    assert (written["trials"], written["written"], written["without_folder"]) == (24, 24, [])
+    for tid in reimported:
+        ours = (dest / exp / tid / "result.json").read_bytes()
+        assert ours == (job_dir / tid / "result.json").read_bytes(), tid
+    trial = next(t for t, r in reimported.items() if r.evaluation.main_reward == 1.0)
+    served = harbor_view_trial(dest, exp, trial)
+    assert served["verifier_result"]["rewards"]["reward"] == 1.0
+
+
+def harbor_view_trial(folder: Path, job: str, trial: str) -> dict[str, Any]:
+    """Start ``harbor view folder`` and fetch one trial as its web app does."""
+    port = free_port()
+    log = (folder.parent / "harbor-view.log").open("wb")
+    view = subprocess.Popen(
+        [str(BIN / "harbor"), "view", str(folder), "--port", str(port), "--jobs", "--no-build"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api/jobs/{job}/trials/{trial}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            assert view.poll() is None, (folder.parent / "harbor-view.log").read_text()
+            try:
+                answer = httpx.get(url, timeout=5)
+            except httpx.TransportError:
+                answer = None
+            if answer is not None and answer.status_code == 200:
+                data: dict[str, Any] = answer.json()
+                return data
+            assert time.monotonic() < deadline, f"harbor view never served {url}: {answer}"
+            time.sleep(0.2)
+    finally:
+        os.killpg(view.pid, signal.SIGTERM)
+        view.wait(10)
+        log.close()
 
 
 def test_bad_manifest_is_refused_naming_the_field(cli: Cli, tmp_path: Path) -> None:

@@ -134,10 +134,15 @@ async def test_the_cli_submits_and_imports_with_its_documented_output(
         "NATS_URL": f"nats://127.0.0.1:{_closed_port()}",
         "TRIALBUS_LEDGER_DB": f"{ledger_db}-offline",
     }
+    manifest = str(REPO / "examples" / "experiment.yaml")
+    # No runner runs here: with the live-runner check on, the submission is refused
+    # naming the pool; with it off it is queued for runners that start later.
+    refused = await asyncio.to_thread(run_module, env, "submit", manifest, "--json")
+    assert refused.returncode == 2, refused.stderr
+    assert "compute: no live runner in pool 'default'; no runner is live" in refused.stderr
+    queue_only = {**env, "TRIALBUS_CHECK_RUNNERS": "false"}
     submitted, imported, unannounced = await asyncio.gather(
-        asyncio.to_thread(
-            run_module, env, "submit", str(REPO / "examples" / "experiment.yaml"), "--json"
-        ),
+        asyncio.to_thread(run_module, queue_only, "submit", manifest, "--json"),
         asyncio.to_thread(run_module, env, "import", str(_job(tmp_path, "cli-json")), "--json"),
         asyncio.to_thread(run_module, offline, "import", str(_job(tmp_path, "cli-text"))),
     )

@@ -470,3 +470,26 @@ async def test_an_upload_that_is_not_confirmed_hands_the_trial_back(tmp_path: Pa
     # Nothing claims the run ended: no ending stored, none published.
     assert world.bus.of_type(TrialCompleted) == []
     assert await world.coord.ending(make_request().dedup_id()) is None
+
+
+# -- a runner that cannot run a trial ends it with one clear message ---------------------
+
+
+async def test_a_runner_without_the_trials_environment_ends_it_naming_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id))
+    world = World(executor)
+    world.handler._offers = frozenset({"local"})  # make_request asks for docker
+    req = make_request()
+
+    assert await world.handle(req) == ACK
+
+    assert executor.calls == []
+    [failed_event] = world.bus.of_type(TrialFailed)
+    assert (failed_event.error_type, failed_event.final) == ("RunnerLacksCapability", True)
+    assert "does not offer 'docker'" in failed_event.message
+    # Negative control: a runner that offers docker runs it.
+    able = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    able.handler._offers = frozenset({"local", "docker"})
+    assert await able.handle(req) == ACK and len(able.executor.calls) == 1

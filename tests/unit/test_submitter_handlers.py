@@ -18,9 +18,12 @@ from schemas.events import (
 )
 from schemas.manifest import ExperimentManifest
 from schemas.record import FailureClass, Provenance, TrialRecord
+from schemas.runners import RunnerInfo
 from services.common import errors as E
 from services.common.adapters.memory import InMemoryCoordinator, InMemoryLedger, RecordingBus
 from services.common.adapters.memory_objects import InMemoryObjectStore
+from services.common.adapters.memory_registry import MemoryRunnerRegistry
+from services.common.errors import ManifestError
 from services.common.ports import ExperimentInfo
 from services.common.unpack import unpack_task
 from services.reports.queries import load_experiment
@@ -248,3 +251,34 @@ async def test_importing_something_that_is_not_a_folder_names_it(tmp_path: Path)
     missing = tmp_path / "no-such-job"
     with pytest.raises(E.UserInputError, match="no-such-job: not a folder"):
         await handlers.import_job(InMemoryLedger(), RecordingBus(), missing)
+
+
+async def test_a_manifest_no_live_runner_can_run_is_refused_before_anything_is_published() -> None:
+    prepared = _prepared()  # environment local, pool default
+    bus, runners = RecordingBus(), MemoryRunnerRegistry()
+    await runners.announce(
+        RunnerInfo(runner_id="r-gpu", host="h", pool="gpu", capabilities=["local"], concurrency=1)
+    )
+    with pytest.raises(ManifestError, match=r"no live runner in pool 'default'.*gpu \(local\)"):
+        await handlers.submit(
+            prepared,
+            bus,
+            InMemoryLedger(),
+            InMemoryCoordinator(lease_ttl_s=60),
+            InMemoryObjectStore("TASKS"),
+            runners,
+        )
+    assert bus.published == []
+    # Negative control: once a default-pool runner that can run it is live, it goes out.
+    await runners.announce(
+        RunnerInfo(runner_id="r-1", host="h", capabilities=["local"], concurrency=2)
+    )
+    result = await handlers.submit(
+        prepared,
+        bus,
+        InMemoryLedger(),
+        InMemoryCoordinator(lease_ttl_s=60),
+        InMemoryObjectStore("TASKS"),
+        runners,
+    )
+    assert result.n_published == len(prepared.trials)

@@ -1,4 +1,4 @@
-"""Which manifests the live runner pools can run (services.submitter.pools)."""
+"""Which manifests the live runner pools can run (services.common.pools)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from schemas.manifest import ComputeSpec
 from schemas.runners import RunnerInfo
-from services.submitter.pools import pool_refusal, required_capabilities
+from services.common.pools import pool_refusal, required_capabilities
 
 
 def _runner(

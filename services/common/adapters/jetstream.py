@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from schemas.events import Envelope, TrialLog, encode_event
+from schemas.events import Envelope, TrialLog, TrialRequested, encode_event
 from schemas.subjects import Topology
 from services.common.errors import InternalError, Settle, TransientError
 from services.common.logging import get_logger
@@ -127,8 +127,8 @@ async def connect(
 def subject_for(topology: Topology, event: Envelope) -> str:
     """Subject an event is published to."""
     event_type: str = getattr(event, "type")  # noqa: B009 - every concrete event has one
-    if event_type == "trial_requested":
-        return topology.work_subject(event.experiment_id)
+    if isinstance(event, TrialRequested):
+        return topology.work_subject(event.experiment_id, event.compute.pool)
     if isinstance(event, TrialLog):
         return topology.log_subject(event.experiment_id, event.trial_id)
     return topology.event_subject(event_type, event.experiment_id)

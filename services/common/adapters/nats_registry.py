@@ -10,14 +10,8 @@ runner user's write right is one pool's keys (infra/nats_permissions.py); a pool
 runners share one user, so one runner could overwrite another of the SAME pool's
 record, not another pool's.
 
-The port, for services.common.ports (the submitter reads, the runner writes)::
-
-    class RunnerRegistry(Protocol):
-        async def announce(self, info: RunnerInfo) -> None: ...
-        async def withdraw(self, info: RunnerInfo) -> None: ...
-        async def live_runners(self) -> list[RunnerInfo]: ...
-
-services.common.adapters.memory_registry is the fake with the same contract
+The port is services.common.ports.RunnerRegistry (the submitter reads, the runner
+writes). services.common.adapters.memory_registry is the fake with the same contract
 (tests/integration/test_runner_registry.py runs one suite against both).
 
 Listing reads the bucket's subjects with ``STREAM.INFO`` (a subjects filter) and each
@@ -30,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Protocol
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
@@ -41,6 +34,7 @@ from pydantic import ValidationError
 from schemas.runners import RunnerInfo, registry_key
 from schemas.subjects import Topology
 from services.common.logging import get_logger
+from services.common.ports import RunnerRegistry
 
 log = get_logger(__name__)
 
@@ -49,19 +43,6 @@ HEARTBEATS_PER_TTL = 3
 
 DEFAULT_TTL_S = 60.0
 """The bucket's max age when a runner has to create it (no provisioned stack)."""
-
-
-class RunnerRegistry(Protocol):
-    """Where runners announce themselves and the submitter finds the live ones."""
-
-    async def announce(self, info: RunnerInfo) -> None:
-        """Write (or rewrite) the runner's record; it lives one TTL from now."""
-
-    async def withdraw(self, info: RunnerInfo) -> None:
-        """Remove the runner's record (a clean stop)."""
-
-    async def live_runners(self) -> list[RunnerInfo]:
-        """Records of every runner heard from within the TTL, sorted by pool and id."""
 
 
 class NatsRunnerRegistry:
