@@ -43,7 +43,13 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
             open_nats(settings, "trialbus-submitter", timeout_s=None) as nats,
             open_ledger(settings) as ledger,
         ):
-            app.state.ports = Ports(nats.bus, ledger, await nats.coordinator(), await nats.tasks())
+            app.state.ports = Ports(
+                nats.bus,
+                ledger,
+                await nats.coordinator(),
+                await nats.tasks(),
+                await nats.runners(),
+            )
             app.state.nats = nats  # the dashboard's live feeds subscribe on it
             log.info("submitter ready", port=settings.http_port)
             yield
