@@ -53,6 +53,9 @@ from tests.support.netns import HOST_DATA_DIR, Host, HostProcess, Hosts, unavail
 
 pytestmark = pytest.mark.e2e
 
+REPO_TASKS = MANIFEST.parent / "tasks"
+"""The checkout's example tasks: hidden inside the hosts."""
+
 CONCURRENCY = 2
 """Trial slots per host: 4 in all, as the single-machine pipeline test has."""
 ACK_WAIT_S = 10
@@ -109,7 +112,7 @@ def connected_ips(stack: EmbeddedStack) -> set[str]:
 
 def copy_example(dest: Path) -> Path:
     """The example manifest and its tasks in ``dest`` (the hub's /tmp: hosts cannot see it)."""
-    shutil.copytree(MANIFEST.parent / "tasks", dest / "tasks")
+    shutil.copytree(REPO_TASKS, dest / "tasks")
     shutil.copy2(MANIFEST, dest / MANIFEST.name)
     return dest / MANIFEST.name
 
@@ -149,10 +152,8 @@ async def test_runners_on_two_hosts_without_shared_disk(
     stacks: Stacks, topology: Topology, tmp_path: Path
 ) -> None:
     skip_unless(unavailable_reason())
-    repo_tasks = MANIFEST.parent / "tasks"
     manifest = copy_example(tmp_path / "examples")
-    with Hosts(2, log_dir=tmp_path / "hosts", hidden=[str(repo_tasks)]) as hosts:
-        h0, h1 = hosts
+    with Hosts(2, log_dir=tmp_path / "hosts", hidden=[str(REPO_TASKS)]) as hosts:
         stack = await stacks.start(
             nats_url=None,  # its own nats-server, with users, where the hosts reach it
             nats_host=hosts.hub_address,
@@ -160,107 +161,120 @@ async def test_runners_on_two_hosts_without_shared_disk(
             runner_env={"TRIALBUS_ACK_WAIT_S": str(ACK_WAIT_S)},
         )
         admin = load_credentials(stack.nats_credentials("admin") or Path(), "admin")
-        runners = [start_runner(stack, h) for h in hosts]
         tap = EventTap(stack.nats_url or "", topology, admin)
-        stacks.taps.append(tap)
-        await tap.start()
+        try:
+            await tap.start()
+            await scenario(stacks, stack, hosts, tap, manifest)
+        finally:
+            # The hub stops while the bridge still exists: once its address is gone,
+            # each service's NATS connection waits out its timeouts on close (22 s).
+            await tap.close()
+            await asyncio.to_thread(stack.stop)
+            stacks.made.remove(stack)
 
-        async def both_connected() -> bool:
-            for r in runners:
-                assert r.running, r.output()
-            return {h0.address, h1.address} <= await asyncio.to_thread(connected_ips, stack)
 
-        await wait_for(both_connected, "both hosts' runners connected", DEADLINE_S)
+async def scenario(
+    stacks: Stacks, stack: EmbeddedStack, hosts: Hosts, tap: EventTap, manifest: Path
+) -> None:
+    """Runners on both hosts, submit, kill host 0 while busy, then every check."""
+    h0, h1 = hosts
+    topology = tap.topology
+    runners = [start_runner(stack, h) for h in hosts]
 
-        t0 = time.monotonic()
-        cli = stacks.cli(stack, TRIALBUS_NATS_CREDENTIALS=str(stack.nats_credentials("submitter")))
-        submitted = await submit(cli, manifest)
-        exp = submitted.experiment_id
-        # The single-machine run's experiment (and so trial) ids: same manifest.
-        original = ExperimentManifest.model_validate(yaml.safe_load(MANIFEST.read_text()))
-        assert exp == experiment_id_of(original)
-        assert submitted.trial_ids == expected_trial_ids(MANIFEST, exp)
-        assert len(submitted.trial_ids) == submitted.n_published == 24
-
-        # 3. Kill host 0 once it has finished a trial and is running others.
-        def busy_host0(events: Sequence[Event]) -> set[str] | None:
-            for r in runners:
-                assert r.running, r.output()
-            done = any(isinstance(e, TrialCompleted) and e.runner_host == h0.name for e in events)
-            running = in_flight(events, exp, h0.name)
-            return running if done and running else None
-
-        interrupted = await tap.eventually(busy_host0, f"{h0.name} busy", DEADLINE_S)
-        assert len(tap.imported(exp)) < 24  # mid-experiment
-        await asyncio.to_thread(h0.kill)
-        killed_at = time.monotonic() - t0
-        assert not h0.alive and runners[0].poll() is not None
-        # The hub no longer sees the dead host (its connection went with it).
-        await wait_for(
-            lambda: h0.address not in connected_ips(stack), f"{h0.name} gone", DEADLINE_S
-        )
-
-        await tap.all_imported(exp, set(submitted.trial_ids), DEADLINE_S)
-        wall_s = time.monotonic() - t0
-        assert runners[1].running, runners[1].output()
-
-        # 1. Exactly the single-machine ledger.
-        records = {r.trial_id: r for r in await ledger_records(stack, exp)}
-        assert set(records) == set(submitted.trial_ids)
-        seen: dict[tuple[str, str], int] = {}
-        for rec in records.values():
-            key = (rec.provenance.task_name, rec.provenance.agent_name)
-            reward, failure, rewards = EXPECTED[key]
-            seen[key] = seen.get(key, 0) + 1
-            assert rec.evaluation.main_reward == reward, rec
-            assert rec.evaluation.failure_class == failure, rec
-            assert rec.evaluation.rewards == rewards, rec
-        assert seen == {k: 3 for k in EXPECTED}
-
-        # 2. Both hosts ran trials; what host 0 left unfinished, host 1 ran.
-        by_host = {h.name: 0 for h in hosts}
-        for rec in records.values():
-            by_host[rec.provenance.runner_host or "?"] += 1
-        assert set(by_host) == {h0.name, h1.name} and min(by_host.values()) > 0, by_host
-        assert {records[t].provenance.runner_host for t in interrupted} == {h1.name}
-
-        # 3. Nothing lost or doubled, judged from the events and the ledger.
-        check = await judge("multi-host: kill a runner host", stack, submitted, credentials=admin)
-        assert check.ok, check.explain()
-        assert check.reruns >= len(interrupted)  # control: the kill did cost runs
-
-        # 4. Every trial's result.json reached the hub's job folder through the bucket.
-        jobs = stack.jobs_dir / exp
-        assert all((jobs / t / "result.json").is_file() for t in records)
-        stored = [r.artifacts.archive for r in records.values()]
-        assert all(a is not None and a.bucket == topology.results_bucket for a in stored)
-        assert all(
-            Path(r.artifacts.trial_dir or "/").is_relative_to(jobs) for r in records.values()
-        )
-        # Runners wrote only to their own disks: none of it is on the hub (where the
-        # data folder is only the hosts' empty mount point) ...
-        hub_data = Path(HOST_DATA_DIR)
-        assert not hub_data.exists() or not any(hub_data.iterdir())
-        # ... where the surviving host keeps the tasks it fetched (by checksum) ...
-        moved, archives = await buckets(stack, topology)
-        cache = h1.path(HOST_DATA_DIR) / "work" / "tasks"
-        cached = {p.name for p in cache.iterdir() if not p.name.startswith(".")}
-        assert cached and cached <= archives and len(archives) == 4, (cached, archives)
-        # ... having never seen the task folders: hidden there, visible on the hub.
-        assert h1.run(["ls", "-A", str(repo_tasks)]).stdout == ""
-        assert h1.run(["test", "-e", str(manifest.parent / "tasks")]).returncode == 1
-        assert (manifest.parent / "tasks").is_dir() and any(repo_tasks.iterdir())
-
-        results_bytes = sum(a.size for a in stored if a is not None)
-        print(
-            f"multi-host: trials={len(records)} hosts=2 by_host={json.dumps(by_host)} "
-            f"killed={h0.name} at_s={killed_at:.1f} interrupted={len(interrupted)} "
-            f"reruns={check.reruns} result_archives_bytes={results_bytes} "
-            f"tasks_stream_bytes={moved[topology.tasks_bucket]} "
-            f"results_stream_bytes={moved[topology.results_bucket]} wall_s={wall_s:.1f}"
-        )
+    async def both_connected() -> bool:
         for r in runners:
-            r.terminate()
+            assert r.running, r.output()
+        return {h0.address, h1.address} <= await asyncio.to_thread(connected_ips, stack)
+
+    await wait_for(both_connected, "both hosts' runners connected", DEADLINE_S)
+
+    t0 = time.monotonic()
+    cli = stacks.cli(stack, TRIALBUS_NATS_CREDENTIALS=str(stack.nats_credentials("submitter")))
+    submitted = await submit(cli, manifest)
+    exp = submitted.experiment_id
+    # The single-machine run's experiment (and so trial) ids: same manifest.
+    original = ExperimentManifest.model_validate(yaml.safe_load(MANIFEST.read_text()))
+    assert exp == experiment_id_of(original)
+    assert submitted.trial_ids == expected_trial_ids(MANIFEST, exp)
+    assert len(submitted.trial_ids) == submitted.n_published == 24
+
+    # 3. Kill host 0 once it has finished a trial and is running others.
+    def busy_host0(events: Sequence[Event]) -> bool:
+        for r in runners:
+            assert r.running, r.output()
+        done = any(isinstance(e, TrialCompleted) and e.runner_host == h0.name for e in events)
+        return done and bool(in_flight(events, exp, h0.name))
+
+    await tap.eventually(busy_host0, f"{h0.name} busy", DEADLINE_S)
+    assert len(tap.imported(exp)) < 24  # mid-experiment
+    await asyncio.to_thread(h0.kill)
+    killed_at = time.monotonic() - t0
+    assert not h0.alive and runners[0].poll() is not None
+    # The hub no longer sees the dead host (its connection went with it).
+    await wait_for(lambda: h0.address not in connected_ips(stack), f"{h0.name} gone", DEADLINE_S)
+
+    await tap.all_imported(exp, set(submitted.trial_ids), DEADLINE_S)
+    wall_s = time.monotonic() - t0
+    assert runners[1].running, runners[1].output()
+
+    # 1. Exactly the single-machine ledger.
+    records = {r.trial_id: r for r in await ledger_records(stack, exp)}
+    assert set(records) == set(submitted.trial_ids)
+    seen: dict[tuple[str, str], int] = {}
+    for rec in records.values():
+        key = (rec.provenance.task_name, rec.provenance.agent_name)
+        reward, failure, rewards = EXPECTED[key]
+        seen[key] = seen.get(key, 0) + 1
+        assert rec.evaluation.main_reward == reward, rec
+        assert rec.evaluation.failure_class == failure, rec
+        assert rec.evaluation.rewards == rewards, rec
+    assert seen == {k: 3 for k in EXPECTED}
+
+    # 2. Both hosts ran trials; what host 0 left unfinished (the runs it started and
+    # never ended, judged once everything is in), host 1 ran.
+    interrupted = in_flight(tap.events, exp, h0.name)
+    assert interrupted, "the kill interrupted no trial (it came between two)"
+    by_host = {h.name: 0 for h in hosts}
+    for rec in records.values():
+        by_host[rec.provenance.runner_host or "?"] += 1
+    assert set(by_host) == {h0.name, h1.name} and min(by_host.values()) > 0, by_host
+    assert {records[t].provenance.runner_host for t in interrupted} == {h1.name}
+
+    # 3. Nothing lost or doubled, judged from the events and the ledger.
+    check = await judge(
+        "multi-host: kill a runner host", stack, submitted, credentials=tap.credentials
+    )
+    assert check.ok, check.explain()
+    assert check.reruns >= len(interrupted)  # control: the kill did cost runs
+
+    # 4. Every trial's result.json reached the hub's job folder through the bucket.
+    jobs = stack.jobs_dir / exp
+    assert all((jobs / t / "result.json").is_file() for t in records)
+    stored = [r.artifacts.archive for r in records.values()]
+    assert all(a is not None and a.bucket == topology.results_bucket for a in stored)
+    assert all(Path(r.artifacts.trial_dir or "/").is_relative_to(jobs) for r in records.values())
+    # Runners wrote only to their own disks: none of it is on the hub (where the data
+    # folder is only the hosts' empty mount point) ...
+    hub_data = Path(HOST_DATA_DIR)
+    assert not hub_data.exists() or not any(hub_data.iterdir())
+    # ... where the surviving host keeps the tasks it fetched (by checksum) ...
+    moved, archives = await buckets(stack, topology)
+    cache = h1.path(HOST_DATA_DIR) / "work" / "tasks"
+    cached = {p.name for p in cache.iterdir() if not p.name.startswith(".")}
+    assert cached and cached <= archives and len(archives) == 4, (cached, archives)
+    # ... having never seen the task folders: hidden there, visible on the hub.
+    assert h1.run(["ls", "-A", str(REPO_TASKS)]).stdout == ""
+    assert h1.run(["test", "-e", str(manifest.parent / "tasks")]).returncode == 1
+    assert (manifest.parent / "tasks").is_dir() and any(REPO_TASKS.iterdir())
+
+    results_bytes = sum(a.size for a in stored if a is not None)
+    print(
+        f"multi-host: trials={len(records)} hosts=2 by_host={json.dumps(by_host)} "
+        f"killed={h0.name} at_s={killed_at:.1f} interrupted={len(interrupted)} "
+        f"reruns={check.reruns} result_archives_bytes={results_bytes} "
+        f"tasks_stream_bytes={moved[topology.tasks_bucket]} "
+        f"results_stream_bytes={moved[topology.results_bucket]} wall_s={wall_s:.1f}"
+    )
 
 
 async def wait_for(
