@@ -36,7 +36,11 @@ from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_
 from services.submitter.routes import Ports
 
 STATIC = Path(__file__).parent / "static"
-STATIC_TYPES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
+STATIC_TYPES = {
+    "dashboard.css": "text/css",
+    "dashboard.js": "text/javascript",
+    "favicon.svg": "image/svg+xml",
+}
 """The only static files served (a fixed list: no path from a request reaches the disk)."""
 SESSION_MAX_AGE_S = 12 * 3600
 SECURITY_HEADERS = {
@@ -46,7 +50,9 @@ SECURITY_HEADERS = {
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: with it Chrome sends "Origin: null" on the login form's POST,
+    # which the guard refuses as cross-origin.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 """Sent with every dashboard answer."""
@@ -178,6 +184,7 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
             name=row.name,
             submitted_by=row.submitted_by,
             started=row.started,
+            duration=row.duration_s,
             progress=row.progress,
             report_url=f"/experiments/{quote(experiment_id, safe='')}/report.html",
             **parts.context,

@@ -110,8 +110,13 @@ async def progress_event(ledger: Ledger, live: LiveFeeds, experiment_id: str) ->
     _, info, records = await queries.load_experiment(ledger, experiment_id, required=False)
     started = await live.started_trials(experiment_id)
     parts = await sections(ledger, experiment_id, records, started)
-    progress = views.progress(records, info, started)
-    return sse("progress", {"progress": progress.as_dict(), "sections": parts.html()})
+    row = views.experiment_row(experiment_id, info, records, started)
+    shown = {
+        **row.progress.as_dict(),
+        "started": views.when(row.started),
+        "duration": views.duration(row.duration_s),
+    }
+    return sse("progress", {"progress": shown, "sections": parts.html()})
 
 
 async def experiment_stream(

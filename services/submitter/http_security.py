@@ -60,9 +60,15 @@ SameSite=Strict) and honoured on safe methods only (``COOKIE_METHODS``)."""
 COOKIE_METHODS = frozenset({"GET", "HEAD"})
 FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
 """What the login form posts; accepted on ``LOGIN_PATH`` only."""
-OPEN_PATHS = frozenset({"/healthz", LOGIN_PATH})
-"""Paths answered without a token (health checks, the login page), still behind the
-Host and Origin checks."""
+DASHBOARD_STATIC = (
+    "/ui/static/dashboard.css",
+    "/ui/static/dashboard.js",
+    "/ui/static/favicon.svg",
+)
+"""The login page's style, script and icon: the same for everyone, so open."""
+OPEN_PATHS = frozenset({"/healthz", LOGIN_PATH, *DASHBOARD_STATIC})
+"""Paths answered without a token (health checks, the login page and its files), still
+behind the Host and Origin checks."""
 
 
 @dataclass(frozen=True, slots=True)
