@@ -51,7 +51,7 @@ def _wait_known(api: httpx.Client, experiment_id: str) -> None:
         time.sleep(0.2)
 
 
-async def test_experiment_page_updates_live_until_complete(stacks: Stacks, tmp_path: Path) -> None:
+async def test_experiment_page_updates_live_until_complete(stacks: Stacks) -> None:
     from playwright.async_api import async_playwright
 
     chromium = _chromium()
