@@ -228,7 +228,10 @@ async def scenario(
         assert rec.evaluation.main_reward == reward, rec
         assert rec.evaluation.failure_class == failure, rec
         assert rec.evaluation.rewards == rewards, rec
+        assert rec.evaluation.reward_valid is (reward is not None), rec
     assert seen == {k: 3 for k in EXPECTED}
+    broken = [r for r in records.values() if r.provenance.task_name == "broken-verifier"]
+    assert {r.evaluation.exception_type for r in broken} == {"RewardFileNotFoundError"}
 
     # 2. Both hosts ran trials; what host 0 left unfinished (the runs it started and
     # never ended, judged once everything is in), host 1 ran.
