@@ -21,8 +21,10 @@ import pytest
 from fastapi import FastAPI
 
 from schemas.record import Evaluation, Provenance, TrialRecord
+from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.common.settings import SubmitterSettings
 from services.submitter.api_tokens import token_digest
@@ -65,7 +67,7 @@ def client(
 
     @asynccontextmanager
     async def open_client(
-        no_auth: bool = False, tasks_root: Path = EXAMPLE_TASKS
+        no_auth: bool = False, tasks_root: Path = EXAMPLE_TASKS, check_runners: bool = False
     ) -> AsyncIterator[httpx.AsyncClient]:
         settings = SubmitterSettings(
             nats_url=nats_url,
@@ -75,6 +77,8 @@ def client(
             api_tokens_file=None if no_auth else tokens_file,
             api_no_auth=no_auth,
             tasks_root=tasks_root,
+            # No runner runs in these tests: queue the work (one test turns it on).
+            check_runners=check_runners,
             log_json=True,
         )
         app: FastAPI = create_app(settings)
@@ -327,3 +331,31 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     assert "no experiment 'no-such-experiment' in the ledger" in unknown.stderr
     assert missing.status_code == 404
     assert missing.json() == {"detail": "no experiment 'no-such-experiment' in the ledger"}
+
+
+async def test_a_manifest_no_live_runner_can_run_is_a_422_until_one_is_live(
+    client: Client, nats_url: str, topology: Topology
+) -> None:
+    manifest = (
+        (EXAMPLE_TASKS.parent / "experiment.yaml")
+        .read_text()
+        .replace("name: ", "name: pool-check-", 1)
+    )
+    async with client(check_runners=True, tasks_root=EXAMPLE_TASKS.parent) as api:
+        refused = await _post_yaml(api, manifest)
+        assert refused.status_code == 422, refused.text
+        assert "no live runner in pool 'default'" in refused.json()["error"]
+        assert await _work_messages(nats_url, topology) == 0
+        # Negative control: a live runner of the pool (announced in the registry, as
+        # a runner process does) lets the same manifest through.
+        nc = await nats.connect(nats_url)
+        try:
+            registry = await NatsRunnerRegistry.open(nc.jetstream(), topology)
+            await registry.announce(
+                RunnerInfo(runner_id="r-1", host="h", capabilities=["local"], concurrency=1)
+            )
+        finally:
+            await nc.close()
+        accepted = await _post_yaml(api, manifest)
+        assert accepted.status_code == 202, accepted.text
+        assert await _work_messages(nats_url, topology) == 24

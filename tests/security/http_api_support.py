@@ -70,6 +70,9 @@ def write_tokens_file(path: Path, entries: Mapping[str, tuple[str, dict[str, obj
 def service_env(base: Mapping[str, str], **overrides: str) -> dict[str, str]:
     """The process environment: ours without TRIALBUS_*, then ``base`` and overrides."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    # No runner runs in these tests: manifests are queued, not refused for want of one
+    # (tests/integration/test_http_api.py covers that refusal).
+    env["TRIALBUS_CHECK_RUNNERS"] = "false"
     env.update(base)
     env.update(overrides)
     return env
