@@ -33,6 +33,7 @@ from services.common.settings import SubmitterSettings
 from services.submitter.api_tokens import token_digest
 from services.submitter.app import create_app
 from services.submitter.dashboard_views import leaderboard_cells
+from services.submitter.http_security import SESSION_COOKIE
 
 pytestmark = pytest.mark.integration
 
@@ -154,9 +155,14 @@ async def test_a_browser_logs_in_with_a_cookie_that_only_reads(server: str) -> N
             assert attribute.lower() in cookie.lower(), cookie
         _assert_secure_page(await web.get("/ui/"))  # the client keeps the cookie
 
-        # The cookie is a read pass: it never authorizes a write ...
-        post = await web.post("/experiments", json={"name": "x"})
-        assert post.status_code == 401
+        # The cookie is a read pass: it never authorizes a write (sent by hand: a browser
+        # keeps it to /ui, and it must not count anywhere else either) ...
+        cookie_only = {"Cookie": f"{SESSION_COOKIE}={TOKEN}"}
+        async with _client(server) as bare:
+            read = await bare.get("/experiments/x/status", headers=cookie_only)
+            assert read.status_code == 404  # a GET with the cookie passes the guard
+            post = await bare.post("/experiments", json={"name": "x"}, headers=cookie_only)
+            assert post.status_code == 401
         # ... nor a request another site's page makes the browser send.
         foreign = await web.get("/ui/", headers={"Origin": "http://evil.example"})
         assert foreign.status_code == 403
