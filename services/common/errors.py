@@ -60,6 +60,11 @@ class ObjectCorrupt(TrialbusError):
     """Fetched bytes do not match the reference's size or sha256 (never used as is)."""
 
 
+class ObjectAccessDenied(TrialbusError):
+    """The NATS user may not read or write a bucket (a permissions violation the server
+    reported): configuration, not a blip; the message names the right that is missing."""
+
+
 class PoisonMessage(TrialbusError):
     """A message that can never be processed (malformed, unknown type or version)."""
 

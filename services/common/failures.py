@@ -52,6 +52,7 @@ NOT_RETRYABLE_TRIALBUS = frozenset(
         # to unpack: another attempt fetches the same answer.
         "ObjectMissing",
         "ArchiveError",
+        "ObjectAccessDenied",
         "RunnerLacksCapability",
     }
 )

@@ -19,7 +19,7 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 from schemas.events import TrialRequested
-from services.common.errors import ObjectCorrupt, ObjectMissing
+from services.common.errors import ObjectAccessDenied, ObjectCorrupt, ObjectMissing
 from services.common.harbor_jobs import job_dir_for
 from services.common.ports import ExecutionOutcome, LogSink
 from services.common.task_cache import TaskCache
@@ -70,7 +70,7 @@ class HarborExecutor:
                 outcome = await self._processes.run(
                     job, on_log, llm=request.agent.model is not None
                 )
-        except (ObjectMissing, ObjectCorrupt, ArchiveError) as exc:
+        except (ObjectMissing, ObjectCorrupt, ObjectAccessDenied, ArchiveError) as exc:
             # ObjectCorrupt is retried (a fresh download may be whole); a missing or
             # unsafe archive is final (services.common.failures).
             return ExecutionOutcome(

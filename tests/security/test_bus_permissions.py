@@ -44,6 +44,7 @@ from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import NatsObjectStore
 from services.common.adapters.nats_registry import NatsRunnerRegistry
+from services.common.errors import ObjectAccessDenied
 from services.runner.consumer import ensure_runner_consumer
 from tests.conftest import skip_unless
 
@@ -422,6 +423,14 @@ async def test_task_archives_and_results(roles: dict[str, Role]) -> None:
             assert await store.get(ref) == b"t"
         await reader.nc.flush()
         assert reader.errors.empty(), reader.errors.get_nowait()
+    # A missing right is named, not retried as a timeout forever: the adapter sees the
+    # server's refusal and raises ObjectAccessDenied (a runner's trial then fails with
+    # that message). Control: the same put as a role with the right stored above.
+    importer_results = await NatsObjectStore.open(importer.js, TOPO.results_bucket)
+    with pytest.raises(ObjectAccessDenied, match=f"right on bucket {TOPO.results_bucket}"):
+        await importer_results.put(f"forged-{name}", b"forged")
+    while not importer.errors.empty():  # the refusal, seen by the error callback too
+        importer.errors.get_nowait()
     # A subscriber reads neither.
     subscriber = roles["subscriber"]
     await subscriber.denied(

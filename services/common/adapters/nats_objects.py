@@ -40,7 +40,14 @@ from nats.js.errors import (
 from nats.js.object_store import ObjectStore as JsObjectStore
 
 from schemas.objects import ObjectRef
-from services.common.errors import InternalError, ObjectCorrupt, ObjectMissing, TransientError
+from services.common.errors import (
+    InternalError,
+    ObjectAccessDenied,
+    ObjectCorrupt,
+    ObjectMissing,
+    TransientError,
+    TrialbusError,
+)
 from services.common.settings import CommonSettings
 
 _UNAVAILABLE = (NatsTimeoutError, NoRespondersError, ConnectionClosedError, TimeoutError)
@@ -110,6 +117,26 @@ class NatsObjectStore:
         """The bucket's name (as ObjectRef.bucket)."""
         return self._bucket
 
+    def _unavailable(self, where: str, what: str, exc: BaseException) -> TrialbusError:
+        """A timeout, unless the server refused this bucket to our user meanwhile.
+
+        A request the server refuses (permissions) gets no answer, only an -ERR that
+        nats-py hands to the error callback and keeps as ``last_error``: without this
+        check a missing right looks like an endless series of timeouts.
+        """
+        nc = getattr(self._js, "_nc", None)
+        # nats-py keeps the server's -ERR lowercased.
+        err = str(getattr(nc, "last_error", None) or "")
+        low = err.lower()
+        ours = self._stream.lower() in low or f"$o.{self._bucket.lower()}." in low
+        if "permissions violation" in low and ours:
+            return ObjectAccessDenied(
+                f"{where}: {what} refused: the NATS user lacks a right on bucket "
+                f"{self._bucket} (server said: {err.removeprefix('nats: ')}); see "
+                "infra/nats_permissions.py for the role's rights"
+            )
+        return TransientError(f"{where}: {what}: {type(exc).__name__}")
+
     def _ref(self, info: ObjectInfo) -> ObjectRef:
         digest = (info.digest or "").partition("=")[2]
         return ObjectRef(
@@ -138,9 +165,7 @@ class NatsObjectStore:
         try:
             info = await self._store.put(name, data)
         except _UNAVAILABLE as exc:
-            raise TransientError(
-                f"{self._bucket}/{name}: upload not confirmed: {type(exc).__name__}"
-            ) from exc
+            raise self._unavailable(f"{self._bucket}/{name}", "upload not confirmed", exc) from exc
         except APIError as exc:
             if exc.err_code in _STORE_FULL:
                 raise TransientError(
@@ -169,7 +194,7 @@ class NatsObjectStore:
                 f"{where}: no such object (never stored, deleted or expired)"
             ) from None
         except _UNAVAILABLE as exc:
-            raise TransientError(f"{where}: download failed: {type(exc).__name__}") from exc
+            raise self._unavailable(where, "download failed", exc) from exc
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
             stored = self._ref(info)
             damaged = len(data) != stored.size or hashlib.sha256(data).hexdigest() != stored.sha256
@@ -208,7 +233,7 @@ class NatsObjectStore:
         except ObjectNotFoundError:
             return None
         except _UNAVAILABLE as exc:
-            raise TransientError(f"{self._bucket}/{name}: {type(exc).__name__}") from exc
+            raise self._unavailable(f"{self._bucket}/{name}", "lookup failed", exc) from exc
 
     async def delete(self, name: str) -> None:
         """Remove an object (a missing one is not an error)."""
@@ -216,7 +241,7 @@ class NatsObjectStore:
             with contextlib.suppress(ObjectNotFoundError):
                 await self._store.delete(name)
         except _UNAVAILABLE as exc:
-            raise TransientError(f"{self._bucket}/{name}: {type(exc).__name__}") from exc
+            raise self._unavailable(f"{self._bucket}/{name}", "delete failed", exc) from exc
 
 
 async def open_bucket(
