@@ -3,7 +3,9 @@
 Each runner process keeps one :class:`RunnerInfo` under the key ``<pool>.<runner_id>``
 of ``Topology.runners_bucket``, rewritten every heartbeat; a runner that stops
 heartbeating drops out when the bucket's max age passes. The submitter reads the live
-records to refuse a manifest no live runner can run (services.common.pools).
+records to refuse a manifest no live runner can run (services.common.pools), and
+each runner's :class:`RunnerPolicy` (what a manifest may ask of it) to refuse early
+what the runner would refuse anyway (services.common.runner_policy).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from schemas.manifest import CAPABILITY_PATTERN
 from schemas.subjects import DEFAULT_POOL, POOL_PATTERN, check_pool
@@ -22,6 +24,144 @@ RUNNER_ID_PATTERN = r"^[A-Za-z0-9_=-][A-Za-z0-9_.=-]{0,127}$"
 
 
 Capability = Annotated[str, Field(pattern=CAPABILITY_PATTERN)]
+
+
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+
+DEFAULT_SECRET_NAMES = (
+    "ANTHROPIC_API_KEY",
+    "OPENAI_API_KEY",
+    "GEMINI_API_KEY",
+    "GOOGLE_API_KEY",
+    "MISTRAL_API_KEY",
+    "GROQ_API_KEY",
+    "DEEPSEEK_API_KEY",
+    "OPENROUTER_API_KEY",
+    "TOGETHER_API_KEY",
+    "TOGETHERAI_API_KEY",
+    "FIREWORKS_API_KEY",
+    "XAI_API_KEY",
+    "COHERE_API_KEY",
+    "CEREBRAS_API_KEY",
+    "DASHSCOPE_API_KEY",
+    "MOONSHOT_API_KEY",
+    "PERPLEXITYAI_API_KEY",
+    "HF_TOKEN",
+)
+"""Model provider keys a runner passes to agents unless its policy file says otherwise."""
+
+FORBIDDEN_SECRET_PREFIXES = (
+    "TRIALBUS_",
+    "NATS_",
+    "LEDGER_",
+    "AWS_",
+    "AZURE_",
+    "GOOGLE_APPLICATION",
+)
+FORBIDDEN_SECRET_NAMES = frozenset(
+    {
+        "HOME",
+        "PATH",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "PWD",
+        "TMPDIR",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "SSH_AUTH_SOCK",
+        "DOCKER_HOST",
+        "KUBECONFIG",
+    }
+)
+"""Runner variables no policy may hand to a trial: the runner's own credentials and
+settings, cloud credentials it holds for itself, and what decides how programs run."""
+
+
+def forbidden_secret_name(name: str) -> bool:
+    """Whether ``name`` is a runner variable no policy may pass to a trial."""
+    upper = name.upper()
+    return upper in FORBIDDEN_SECRET_NAMES or upper.startswith(FORBIDDEN_SECRET_PREFIXES)
+
+
+class EnvironmentRule(BaseModel):
+    """What a manifest may set in ``compute.environment_kwargs`` for one environment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kwargs: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Keys a manifest may set (values as given); any other key is refused.",
+    )
+    path_kwargs: dict[Annotated[str, Field(max_length=64)], list[str]] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Keys whose value is a host path, each with the absolute folders the "
+        "value must lie in (e.g. cache_dir: [/srv/layers]). None by default.",
+    )
+
+
+class RunnerPolicy(BaseModel):
+    """What a manifest may ask of a runner; the runner operator decides (policy file,
+    ``TRIALBUS_POLICY_FILE``). The defaults are the safe policy of a runner without one.
+    Published in the runner registry so the submitter refuses early what runners
+    would refuse."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    environments: dict[Annotated[str, Field(max_length=200)], EnvironmentRule] = Field(
+        default_factory=lambda: {"local": EnvironmentRule(), "docker": EnvironmentRule()},
+        max_length=64,
+        description="Allowed compute.environment values (a name or 'module:Class') and the "
+        "environment_kwargs each accepts. Default: local and docker, no kwargs.",
+    )
+    agent_names: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        default=None,
+        max_length=256,
+        description="Allowed Harbor agent names; None: every agent Harbor ships.",
+    )
+    agent_import_paths: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Allowed agent 'module:Class' import paths (imported on the runner). "
+        "None by default.",
+    )
+    secret_names: list[EnvName] = Field(
+        default_factory=lambda: list(DEFAULT_SECRET_NAMES),
+        max_length=256,
+        description="Runner variables an agent's api_key_env, and a task's ${NAME} "
+        "templates, may name. Default: common model provider keys.",
+    )
+    extra_secret_names: list[EnvName] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Added to secret_names (the operator's own keys, e.g. MYLLM_API_KEY).",
+    )
+    endpoint_hosts: list[Annotated[str, Field(max_length=255)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Hosts (or host:port) agent kwargs may send requests to (api_base, "
+        "base_url, any URL). None by default: agents use their provider's endpoint.",
+    )
+
+    @field_validator("secret_names", "extra_secret_names")
+    @classmethod
+    def _no_runner_secrets(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if forbidden_secret_name(name):
+                raise ValueError(
+                    f"{name} is one of the runner's own variables (TRIALBUS_*, NATS_*, "
+                    "LEDGER_*, AWS_*, HOME, PATH, ...); no policy may pass it to a trial"
+                )
+        return names
+
+    @property
+    def allowed_secrets(self) -> frozenset[str]:
+        """Every variable name a trial may be given."""
+        return frozenset(self.secret_names) | frozenset(self.extra_secret_names)
 
 
 def _utcnow() -> datetime:
@@ -56,6 +196,11 @@ class RunnerInfo(BaseModel):
         default=None, max_length=64, description="Version of Harbor the runner uses."
     )
     concurrency: int = Field(ge=1, le=4096, description="Trials it runs at once.")
+    policy: RunnerPolicy | None = Field(
+        default=None,
+        description="What manifests may ask of this runner (its policy file, or the safe "
+        "default); None from runners older than the policy: not checked at submit.",
+    )
     started_at: AwareDatetime = Field(
         default_factory=_utcnow, description="When the runner process started (UTC)."
     )

@@ -119,6 +119,11 @@ class RunnerSettings(CommonSettings):
         description="Characters per trial_log event; longer output is split.",
     )
     sandbox_dir: Path | None = Field(default=None, description="Scratch root of local sandboxes.")
+    policy_file: Path | None = Field(
+        default=None,
+        description="What manifests may ask of this runner (environments and their kwargs, "
+        "agents, secret names, endpoints; docs/security.md). Unset: the safe default.",
+    )
     work_dir: Path = Field(
         default=Path(".trialbus/runner"),
         description="The runner's own disk: trial folders (jobs/) until their upload is "

@@ -1,0 +1,264 @@
+"""What a manifest may ask of a runner: the runner operator's policy, as pure checks.
+
+A work message names an environment and its kwargs, an agent (by name or by
+``module:Class``, imported on the runner), the runner variables its ``api_key_env``
+hands to the agent, and agent kwargs that may point the agent (and its API key) at
+another host; the task it names may template runner variables (``${NAME}``) into
+its environment. The manifest author chooses all of that; the runner operator
+decides what of it a runner accepts (schemas.runners.RunnerPolicy, loaded from
+``TRIALBUS_POLICY_FILE``; safe defaults without one).
+
+The runner enforces it in each trial's process before Harbor's TrialConfig is built
+(services.runner.trial_process): a refusal is a final TrialFailed whose
+exception_type is ``PolicyRefused``. The submitter checks the same rules against the
+policies live runners publish (services.common.pools) and refuses early. Messages
+name the field and the rule, never a value that could be a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import ValidationError
+
+from schemas.manifest import (
+    LOCAL_ENVIRONMENT_ALIAS,
+    LOCAL_ENVIRONMENT_IMPORT_PATH,
+    AgentSpec,
+    ComputeSpec,
+)
+from schemas.runners import RunnerPolicy, forbidden_secret_name
+
+POLICY_REFUSED = "PolicyRefused"
+"""exception_type of a trial the runner refused (final: services.common.failures)."""
+
+MAX_POLICY_BYTES = 1 << 20
+
+# Agent kwargs whose value is where the agent sends its requests. Any string value
+# holding a URL counts too, whatever its key (e.g. an env mapping of OPENAI_BASE_URL).
+_ENDPOINT_KEY_RE = re.compile(
+    r"(^|_)(api_base|base_url|endpoint|api_url|url|host|server|proxy|address)$", re.I
+)
+# Harbor's template forms (harbor.utils.env): ${NAME} and ${NAME:-default}.
+_TEMPLATE_RE = re.compile(r"\$\{([^}:]+)")
+# Docker compose interpolates $NAME and ${NAME} from the runner's environment; $$ escapes.
+_COMPOSE_VAR_RE = re.compile(r"(?<!\$)\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+_COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+
+
+class PolicyRefused(Exception):
+    """A request asks for something the runner's policy does not allow.
+
+    ``str()`` names each refused field and the rule; it never holds a secret value.
+    """
+
+    def __init__(self, refusals: list[str]) -> None:
+        super().__init__("runner policy: " + "; ".join(refusals))
+        self.refusals = refusals
+
+
+class PolicyFileError(ValueError):
+    """The policy file cannot be read or is not a valid policy (names file and field)."""
+
+
+def load_policy(path: Path | None) -> RunnerPolicy:
+    """The policy in ``path`` (YAML or JSON), or the safe default when ``path`` is None."""
+    if path is None:
+        return RunnerPolicy()
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        raise PolicyFileError(f"policy file {path}: cannot be read ({exc.strerror})") from exc
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyFileError(f"policy file {path}: larger than {MAX_POLICY_BYTES} bytes")
+    try:
+        data = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw.decode())
+    except (ValueError, yaml.YAMLError) as exc:
+        raise PolicyFileError(f"policy file {path}: not valid YAML/JSON ({exc})") from exc
+    try:
+        return RunnerPolicy.model_validate(data or {})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise PolicyFileError(f"policy file {path}: {problems}") from None
+
+
+def request_refusals(
+    policy: RunnerPolicy, agent: AgentSpec, compute: ComputeSpec, where: str = "agent"
+) -> list[str]:
+    """Why ``policy`` refuses this agent on this compute spec (empty: allowed)."""
+    return [*agent_refusals(policy, agent, where), *compute_refusals(policy, compute)]
+
+
+def agent_refusals(policy: RunnerPolicy, agent: AgentSpec, where: str = "agent") -> list[str]:
+    """Refusals for the agent's name or import path, api_key_env and endpoints."""
+    out: list[str] = []
+    if agent.import_path is not None and agent.import_path not in policy.agent_import_paths:
+        out.append(
+            f"{where}.import_path: {agent.import_path!r} is not in the runner policy's "
+            "agent_import_paths (code named by a manifest is imported on the runner)"
+        )
+    if (
+        agent.name is not None
+        and policy.agent_names is not None
+        and agent.name not in policy.agent_names
+    ):
+        out.append(f"{where}.name: {agent.name!r} is not in the runner policy's agent_names")
+    allowed = policy.allowed_secrets
+    for i, name in enumerate(agent.api_key_env):
+        if forbidden_secret_name(name):
+            out.append(
+                f"{where}.api_key_env[{i}]: {name} is one of the runner's own variables "
+                "(TRIALBUS_*, NATS_*, LEDGER_*, AWS_*, HOME, PATH, ...): never passed to a trial"
+            )
+        elif name not in allowed:
+            out.append(
+                f"{where}.api_key_env[{i}]: {name} is not in the runner policy's "
+                "secret_names (add it to extra_secret_names on the runners to allow it)"
+            )
+    for field, host in _endpoints(agent.kwargs, f"{where}.kwargs"):
+        if not _host_allowed(host, policy.endpoint_hosts):
+            out.append(
+                f"{field}: host {host!r} is not in the runner policy's endpoint_hosts "
+                "(an agent's API key would be sent there)"
+            )
+    return out
+
+
+def compute_refusals(policy: RunnerPolicy, compute: ComputeSpec) -> list[str]:
+    """Refusals for compute.environment and compute.environment_kwargs."""
+    env = compute.environment
+    if env == LOCAL_ENVIRONMENT_IMPORT_PATH:
+        env = LOCAL_ENVIRONMENT_ALIAS
+    rule = policy.environments.get(env)
+    if rule is None:
+        return [
+            f"compute.environment: {env!r} is not in the runner policy's environments "
+            f"(allowed: {', '.join(sorted(policy.environments)) or 'none'})"
+        ]
+    out: list[str] = []
+    for key, value in compute.environment_kwargs.items():
+        field = f"compute.environment_kwargs.{key}"
+        if key in rule.path_kwargs:
+            roots = rule.path_kwargs[key]
+            if not all(_path_inside(p, roots) for p in _leaves(value)):
+                out.append(
+                    f"{field}: a path outside the folders the runner policy allows for it "
+                    f"({', '.join(roots) or 'none'})"
+                )
+        elif key not in rule.kwargs:
+            out.append(
+                f"{field}: not a key the runner policy allows for environment {env!r} "
+                "(host paths and sandbox limits are the runner operator's)"
+            )
+    return out
+
+
+def task_template_refusals(policy: RunnerPolicy, task_dir: Path, task_name: str) -> list[str]:
+    """Refusals for runner variables a task templates into its environment: ``${NAME}``
+    anywhere in task.toml, ``$NAME`` in the task's compose file."""
+    allowed = policy.allowed_secrets
+    found: list[tuple[str, str]] = []
+    toml_file = task_dir / "task.toml"
+    if toml_file.is_file():
+        try:
+            data = tomllib.loads(toml_file.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError):
+            data = {}  # Harbor reports a broken task.toml itself
+        for field, text in _strings(data, "task.toml"):
+            found.extend((field, m.group(1).strip()) for m in _TEMPLATE_RE.finditer(text))
+    for name in _COMPOSE_FILES:
+        compose = task_dir / "environment" / name
+        if compose.is_file() and not compose.is_symlink():
+            text = compose.read_text(errors="replace")
+            field = f"environment/{name}"
+            found.extend((field, m.group(1)) for m in _COMPOSE_VAR_RE.finditer(text))
+    return [
+        f"task {task_name}: {field}: ${{{var}}} names a runner variable the runner policy "
+        "does not allow (secret_names)"
+        for field, var in dict.fromkeys(found)
+        if var not in allowed or forbidden_secret_name(var)
+    ]
+
+
+def check_request(policy: RunnerPolicy, agent: AgentSpec, compute: ComputeSpec) -> None:
+    """Raise PolicyRefused when ``policy`` refuses the request."""
+    refusals = request_refusals(policy, agent, compute)
+    if refusals:
+        raise PolicyRefused(refusals)
+
+
+def _endpoints(value: Any, where: str, key: str = "") -> Iterator[tuple[str, str]]:
+    """(field, host) of every endpoint in agent kwargs, at any depth."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _endpoints(v, f"{where}.{k}", str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _endpoints(v, f"{where}[{i}]", key)
+    elif isinstance(value, str):
+        text = value.strip()
+        if "://" in text:
+            yield where, _host_of(text)
+        elif _ENDPOINT_KEY_RE.search(key) and text:
+            yield where, _host_of("//" + text)
+
+
+def _host_of(url: str) -> str:
+    """``host`` or ``host:port`` of a URL; never its user or password."""
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        return f"{host}:{parts.port}" if parts.port else host
+    except ValueError:
+        return "(unparsable URL)"
+
+
+def _host_allowed(host: str, allowed: list[str]) -> bool:
+    bare = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    names = {a.lower() for a in allowed}
+    return bool(host) and (host in names or bare in names)
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+def _path_inside(value: Any, roots: list[str]) -> bool:
+    """Whether ``value`` is an absolute path lexically inside one of ``roots``."""
+    if not isinstance(value, str) or not os.path.isabs(value) or "\x00" in value:
+        return False
+    path = os.path.normpath(value)
+    for root in roots:
+        base = os.path.normpath(root)
+        if os.path.isabs(base) and (path == base or path.startswith(base.rstrip("/") + "/")):
+            return True
+    return False
+
+
+def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{where} {k}" if where.endswith(".toml") else f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{where}[{i}]")
+    elif isinstance(value, str):
+        yield where, value
