@@ -54,6 +54,9 @@ NOT_RETRYABLE_TRIALBUS = frozenset(
         "ArchiveError",
         "ObjectAccessDenied",
         "RunnerLacksCapability",
+        # The runner's policy refused the request (services/common/runner_policy.py):
+        # the same request meets the same policy on every attempt.
+        "PolicyRefused",
     }
 )
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 from pathlib import Path
 
-from schemas.runners import RunnerInfo
+from schemas.runners import RunnerInfo, RunnerPolicy
 from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import open_bucket
 from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
+from services.common.errors import EXIT_USER_ERROR
 from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
+from services.common.runner_policy import PolicyFileError, load_policy
 from services.common.service import install_stop_signals, load_factory
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
@@ -36,10 +39,15 @@ def trial_folders_root(settings: RunnerSettings) -> Path:
     return (settings.work_dir / "jobs").resolve()
 
 
-def build_executor(settings: RunnerSettings, tasks: TaskCache) -> Executor:
-    """The executor named by settings: Harbor, or a 'module:factory' called with them."""
+def build_executor(
+    settings: RunnerSettings, tasks: TaskCache, policy: RunnerPolicy | None = None
+) -> Executor:
+    """The executor named by settings: Harbor (enforcing ``policy``), or a
+    'module:factory' called with them."""
     if settings.executor == "harbor":
-        return HarborExecutor(trial_folders_root(settings), tasks, settings.sandbox_dir)
+        return HarborExecutor(
+            trial_folders_root(settings), tasks, settings.sandbox_dir, policy=policy
+        )
     executor = load_factory(settings.executor)(settings)
     return executor  # type: ignore[return-value]
 
@@ -47,6 +55,8 @@ def build_executor(settings: RunnerSettings, tasks: TaskCache) -> Executor:
 async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
     """Run until SIGTERM/SIGINT, then drain: finish or hand back in-flight trials."""
     configure_logging(settings.log_level, settings.log_json)
+    # Read before connecting: a broken policy file stops the runner at once (exit 2).
+    policy = load_policy(settings.policy_file)
     nc = await connect(
         settings.nats_servers,
         name="trialbus-runner",
@@ -72,7 +82,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         )
         host = socket.gethostname()
         runner_id = settings.runner_id or f"{host}-{os.getpid()}"
-        executor = build_executor(settings, tasks)
+        executor = build_executor(settings, tasks, policy)
         info = RunnerInfo(
             runner_id=runner_id,
             host=host,
@@ -81,6 +91,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             labels=settings.labels,
             harbor_version=executor.version,
             concurrency=settings.concurrency,
+            policy=policy,
         )
         registry = await NatsRunnerRegistry.open(js, topo, create_ttl_s=settings.ack_wait_s)
         handler = TrialHandler(
@@ -106,7 +117,12 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             pool=settings.pool,
         )
         install_stop_signals(consumer.stop)
-        log.info("runner capabilities", pool=info.pool, offers=sorted(info.offers))
+        log.info(
+            "runner capabilities",
+            pool=info.pool,
+            offers=sorted(info.offers),
+            policy_file=str(settings.policy_file or "default"),
+        )
         # Announced (pool, capabilities) while it takes work; withdrawn when it stops.
         # Announced before its durable is made: whoever waits for the durable (the
         # embedded stack's readiness) then finds the runner live.
@@ -121,4 +137,8 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
 
 def main() -> None:
     """Entry point of ``python -m services.runner``."""
-    asyncio.run(serve(RunnerSettings()))
+    try:
+        asyncio.run(serve(RunnerSettings()))
+    except PolicyFileError as exc:
+        print(f"trialbus runner: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USER_ERROR) from None

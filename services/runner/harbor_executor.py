@@ -11,6 +11,8 @@ never runs Harbor's synchronous start-up.
 The task folder comes from the runner's TaskCache (fetched from the tasks bucket by
 checksum, verified, unpacked once per task and pinned while the trial runs); a task
 that cannot be had ends the attempt as a failure naming why, never a hung message.
+A request the runner's policy refuses (services.common.runner_policy) ends as a final
+failure, ``PolicyRefused``, before Harbor builds anything.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 from schemas.events import TrialRequested
+from schemas.runners import RunnerPolicy
 from services.common.errors import ObjectAccessDenied, ObjectCorrupt, ObjectMissing
 from services.common.harbor_jobs import job_dir_for
 from services.common.ports import ExecutionOutcome, LogSink
@@ -41,8 +44,12 @@ class HarborExecutor:
         tasks: TaskCache,
         sandbox_dir: Path | None = None,
         processes: TrialProcesses | None = None,
+        policy: RunnerPolicy | None = None,
     ) -> None:
         self._jobs_root = jobs_root
+        # What manifests may ask of this runner; enforced in each trial's process
+        # before Harbor sees the request (None: the safe default policy).
+        self._policy_json = policy.model_dump_json() if policy is not None else None
         self._tasks = tasks
         self._sandbox_dir = sandbox_dir
         self._processes = processes or TrialProcesses()
@@ -66,6 +73,7 @@ class HarborExecutor:
                     jobs_root=str(self._jobs_root),
                     sandbox_dir=str(self._sandbox_dir) if self._sandbox_dir is not None else None,
                     live_logs=on_log is not None,
+                    policy_json=self._policy_json,
                 )
                 outcome = await self._processes.run(
                     job, on_log, llm=request.agent.model is not None

@@ -28,7 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from schemas.events import TrialRequested
+from schemas.runners import RunnerPolicy
 from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
+from services.common.runner_policy import (
+    POLICY_REFUSED,
+    request_refusals,
+    task_template_refusals,
+)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -47,6 +53,8 @@ class TrialJob:
     jobs_root: str
     sandbox_dir: str | None
     live_logs: bool
+    policy_json: str | None = None
+    """The runner's policy (schemas.runners.RunnerPolicy as JSON); None: the safe default."""
 
 
 Outcome = dict[str, Any]
@@ -119,12 +127,29 @@ def job_config(req: TrialRequested, job_dir: Path) -> dict[str, Any]:
     }
 
 
+def policy_refusals(job: TrialJob, request: TrialRequested) -> list[str]:
+    """What the runner's policy refuses in this request and its task (empty: allowed).
+
+    Checked before Harbor sees the request: nothing it names is imported, no runner
+    variable is resolved, no folder is made."""
+    policy = (
+        RunnerPolicy.model_validate_json(job.policy_json) if job.policy_json else RunnerPolicy()
+    )
+    return [
+        *request_refusals(policy, request.agent, request.compute),
+        *task_template_refusals(policy, Path(job.task_dir), request.task.name),
+    ]
+
+
 async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
     """Run one attempt with Harbor; live output goes to ``conn`` as it comes."""
     from harbor.trial.hooks import LogEntry
     from harbor.trial.trial import Trial
 
     request = TrialRequested.model_validate_json(job.request_json)
+    refusals = policy_refusals(job, request)
+    if refusals:
+        return failed(POLICY_REFUSED, ("runner policy: " + "; ".join(refusals))[:2000])
     job_dir = job_dir_for(Path(job.jobs_root), request.experiment_id)
     ensure_job_dir(
         job_dir,

@@ -23,6 +23,7 @@ import pytest
 
 from schemas.events import TaskRef, TrialRequested
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+from schemas.runners import RunnerPolicy
 from services.runner.harbor_executor import HarborExecutor
 from tests.e2e.cli import ROOT
 from tests.support.tasks import stored_task
@@ -62,7 +63,11 @@ def runner_state() -> dict[str, Any]:
 async def probe_executor(tmp_path: Path) -> tuple[HarborExecutor, TaskRef]:
     """A HarborExecutor whose task cache holds hello-file, and the task's ref."""
     task, cache = await stored_task(HELLO_FILE, tmp_path / "task-cache")
-    return HarborExecutor(tmp_path / "jobs", cache, tmp_path / "sandboxes"), task
+    # The runner imports only the agent import paths its policy lists.
+    policy = RunnerPolicy(
+        agent_import_paths=[f"tests.support.probe_agent:{a}" for a in ("ProbeAgent", "SleepyAgent")]
+    )
+    return HarborExecutor(tmp_path / "jobs", cache, tmp_path / "sandboxes", policy=policy), task
 
 
 async def run_probe(executor: HarborExecutor, task: TaskRef, trial_id: str) -> dict[str, Any]:
