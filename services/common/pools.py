@@ -7,16 +7,23 @@ when it is one runners detect (``local``, ``docker``; services.runner.capabiliti
 Cloud environments and ``module:Class`` ones are not detectable, so they add nothing.
 
 The submitter calls :func:`pool_refusal` with the live records
-(``RunnerRegistry.live_runners()``) before publishing, and refuses with its message.
+(``RunnerRegistry.live_runners()``) before publishing, and refuses with its message;
+then :func:`policy_refusal`: what those runners' policies would refuse anyway.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
-from schemas.manifest import LOCAL_ENVIRONMENT_ALIAS, ComputeSpec
+from schemas.manifest import LOCAL_ENVIRONMENT_ALIAS, ComputeSpec, ExperimentManifest
 from schemas.runners import RunnerInfo
+from services.common.runner_policy import (
+    agent_refusals,
+    compute_refusals,
+    task_template_refusals,
+)
 
 DETECTED_ENVIRONMENTS = frozenset({LOCAL_ENVIRONMENT_ALIAS, "docker"})
 """Environments runners detect and announce as capabilities."""
@@ -65,3 +72,51 @@ def live_pools_summary(runners: Sequence[RunnerInfo]) -> str:
     groups = Counter((r.pool, ", ".join(sorted(r.offers)) or "nothing") for r in runners)
     parts = [f"{pool} ({offers}) x{n}" for (pool, offers), n in sorted(groups.items())]
     return "live pools: " + ", ".join(parts)
+
+
+def policy_refusal(
+    manifest: ExperimentManifest,
+    runners: Sequence[RunnerInfo],
+    task_folders: Iterable[tuple[str, Path]] = (),
+) -> str | None:
+    """None when a live runner of the manifest's pool that offers what it needs would
+    accept every agent, the compute spec and the tasks' ``${NAME}`` templates under
+    its published policy (services.common.runner_policy); else the refusals of such a
+    runner, each naming the field and the rule. Runners that publish no policy (older
+    ones) are not second-guessed: the runner enforces its policy again either way.
+    """
+    compute = manifest.compute
+    needed = set(required_capabilities(compute))
+    members = sorted(
+        (r for r in runners if r.pool == compute.pool and needed <= r.offers),
+        key=lambda r: r.runner_id,
+    )
+    folders = list(task_folders)
+    first: tuple[RunnerInfo, list[str]] | None = None
+    for runner in members:
+        if runner.policy is None:
+            return None
+        refusals = [
+            *(
+                refusal
+                for i, agent in enumerate(manifest.agents)
+                for refusal in agent_refusals(runner.policy, agent, f"agents[{i}]")
+            ),
+            *compute_refusals(runner.policy, compute),
+            *(
+                refusal
+                for name, folder in folders
+                for refusal in task_template_refusals(runner.policy, folder, name)
+            ),
+        ]
+        if not refusals:
+            return None
+        first = first or (runner, list(dict.fromkeys(refusals)))
+    if first is None:
+        return None  # no runner to ask: pool_refusal says so
+    runner, refusals = first
+    return (
+        "; ".join(refusals) + f" (policy of runner {runner.runner_id!r} in pool {compute.pool!r}; "
+        "change the manifest, or ask the runner operator to allow it in the runners' "
+        "TRIALBUS_POLICY_FILE)"
+    )

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from schemas.events import ResultImported, TrialFailed, parse_event
 from services.common import errors as E
 from services.common.errors import ManifestError
-from services.common.pools import pool_refusal
+from services.common.pools import policy_refusal, pool_refusal
 from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
 from services.reports.leaderboard import status_counts
 from services.reports.queries import experiment_leaderboard, load_experiment
@@ -57,10 +57,17 @@ class SubmitOutcome:
 
 
 async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -> None:
-    """Raise ManifestError when no live runner of the manifest's pool can run it."""
-    refusal = pool_refusal(prepared.manifest.compute, await runners.live_runners())
+    """Raise ManifestError when no live runner of the manifest's pool can run it: none
+    offers what it needs, or their policies refuse it (the runners would refuse each
+    trial anyway)."""
+    live = await runners.live_runners()
+    refusal = pool_refusal(prepared.manifest.compute, live)
     if refusal is not None:
         raise ManifestError(f"compute: {refusal}")
+    folders = [(t.ref.name, t.folder) for t in prepared.tasks if t.folder is not None]
+    refusal = policy_refusal(prepared.manifest, live, folders)
+    if refusal is not None:
+        raise ManifestError(refusal)
 
 
 async def submit(
