@@ -96,7 +96,20 @@ class DatasetRef(_Strict):
     )
 
 
-TaskSpec = Annotated[TaskPath | DatasetRef, Field(union_mode="left_to_right")]
+class StoredTask(_Strict):
+    """A task already in the tasks bucket (uploaded with ``POST /tasks``), by checksum."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+        description="The task's name (its folder name on the runners), as uploaded.",
+    )
+    checksum: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="The checksum POST /tasks answered (sha256 over the task's files).",
+    )
+
+
+TaskSpec = Annotated[TaskPath | DatasetRef | StoredTask, Field(union_mode="left_to_right")]
 
 
 class AgentSpec(_Strict):

@@ -189,6 +189,13 @@ class SubmitterSettings(CommonSettings):
         le=64 * 1024 * 1024,
         description="Largest request body the HTTP API reads (413 beyond).",
     )
+    api_max_task_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1,
+        le=1024 * 1024 * 1024,
+        description="Largest task archive POST /tasks reads (413 beyond); unpacked, it "
+        "must also fit the task limits (files, bytes, compression ratio).",
+    )
     api_allowed_hosts: str | None = Field(
         default=None,
         description="Comma-separated Host header values the HTTP API answers (DNS "

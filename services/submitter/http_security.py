@@ -10,8 +10,9 @@ puts two ASGI middlewares in front of the app, outermost first:
    request (``Origin`` of another host) is a 403; a missing or unknown bearer token a
    401 (every path but /healthz and the dashboard's login page; a browser asking for a
    dashboard page is sent to the login page instead); a body that is not JSON or YAML
-   a 415 (the login form alone may post a form); a body larger than
-   ``api_max_body_bytes`` a 413, judged from Content-Length and again while the body
+   a 415 (the login form alone may post a form; ``/tasks`` takes a gzipped tar and
+   nothing else); a body larger than ``api_max_body_bytes`` (``api_max_task_bytes``
+   for ``/tasks``) a 413, judged from Content-Length and again while the body
    streams in. The body is then read (bounded) and handed to the route, with the
    caller's ``Identity`` in ``request.state.identity``.
 
@@ -58,6 +59,11 @@ SESSION_COOKIE = "trialbus_session"
 """The browser's credential: the API token, set by the login page (HttpOnly,
 SameSite=Strict) and honoured on safe methods only (``COOKIE_METHODS``)."""
 COOKIE_METHODS = frozenset({"GET", "HEAD"})
+TASKS_PATH = "/tasks"
+"""Task uploads: a gzipped tar of one task folder (the only non-manifest body)."""
+TASK_MEDIA_TYPES = frozenset({"application/gzip", "application/x-gzip"})
+"""What a task upload may be; like the manifest types, not sendable cross-site without
+a CORS preflight."""
 FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
 """What the login form posts; accepted on ``LOGIN_PATH`` only."""
 DASHBOARD_STATIC = (
@@ -79,6 +85,14 @@ class ApiAccess:
     """None: no authentication (only ever on a loopback address)."""
     allowed_hosts: tuple[str, ...]
     max_body_bytes: int
+    max_task_bytes: int = 64 * 1024 * 1024
+    """Body limit of a task upload (``TASKS_PATH``), a bigger one than a manifest's."""
+
+    def body_limit(self, path: str) -> tuple[int, str]:
+        """The body limit of ``path`` and the setting that sets it."""
+        if path == TASKS_PATH:
+            return self.max_task_bytes, "TRIALBUS_API_MAX_TASK_BYTES"
+        return self.max_body_bytes, "TRIALBUS_API_MAX_BODY_BYTES"
 
 
 def is_loopback(host: str) -> bool:
@@ -125,7 +139,7 @@ def api_access(settings: SubmitterSettings) -> ApiAccess:
                 "(TRIALBUS_API_TOKENS_FILE) or bind 127.0.0.1"
             )
         log.warning("HTTP API without authentication (loopback only)", host=settings.http_host)
-        return ApiAccess(None, hosts, settings.api_max_body_bytes)
+        return ApiAccess(None, hosts, settings.api_max_body_bytes, settings.api_max_task_bytes)
     if settings.api_tokens_file is None:
         raise ApiConfigError(
             "the HTTP API needs tokens: set TRIALBUS_API_TOKENS_FILE to a 0600 file of "
@@ -135,7 +149,7 @@ def api_access(settings: SubmitterSettings) -> ApiAccess:
         )
     table = load_token_table(settings.api_tokens_file)
     log.info("HTTP API tokens loaded", n_tokens=len(table), allowed_hosts=list(hosts))
-    return ApiAccess(table, hosts, settings.api_max_body_bytes)
+    return ApiAccess(table, hosts, settings.api_max_body_bytes, settings.api_max_task_bytes)
 
 
 def identify_token(access: ApiAccess, token: str) -> Identity | None:
@@ -229,12 +243,18 @@ class ApiGuard:
             scope.setdefault("state", {})["identity"] = identity
         if _declares_body(headers):
             declared = media_type(headers.get("content-type"))
-            form_ok = scope["path"] == LOGIN_PATH and declared == FORM_MEDIA_TYPE
-            if declared not in MANIFEST_MEDIA_TYPES and not form_ok:
+            path = scope["path"]
+            if path == TASKS_PATH:
+                if declared not in TASK_MEDIA_TYPES:
+                    return 415, {"error": _task_media_message(declared)}, None
+            elif declared not in MANIFEST_MEDIA_TYPES and not (
+                path == LOGIN_PATH and declared == FORM_MEDIA_TYPE
+            ):
                 return 415, {"error": _media_message(declared)}, None
             length = headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > self.access.max_body_bytes:
-                return 413, {"error": self._too_large()}, None
+            limit, _ = self.access.body_limit(path)
+            if length is not None and length.isdigit() and int(length) > limit:
+                return 413, {"error": self._too_large(path)}, None
         return None
 
     def _identify(self, headers: Headers, method: str) -> Identity | None:
@@ -244,12 +264,14 @@ class ApiGuard:
         token = bearer_token(headers.get("authorization")) or session_token(headers, method)
         return None if token is None else self.access.tokens.identify(token)
 
-    def _too_large(self) -> str:
-        limit = self.access.max_body_bytes
-        return (
-            f"request body larger than {limit} bytes (TRIALBUS_API_MAX_BODY_BYTES); "
-            "split the experiment into several manifests"
+    def _too_large(self, path: str) -> str:
+        limit, setting = self.access.body_limit(path)
+        fix = (
+            "make the task smaller (large data belongs in the task's image)"
+            if path == TASKS_PATH
+            else "split the experiment into several manifests"
         )
+        return f"request body larger than {limit} bytes ({setting}); {fix}"
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None once a 413 was sent (or the client went away)."""
@@ -261,10 +283,11 @@ class ApiGuard:
                 return None
             chunk: bytes = message.get("body", b"")
             size += len(chunk)
-            if size > self.access.max_body_bytes:
+            if size > self.access.body_limit(scope["path"])[0]:
                 # Stop reading here: the rest of the body is never received.
                 log.info("HTTP request refused", status=413, path=scope["path"])
-                refused = JSONResponse({"error": self._too_large()}, 413, {"Connection": "close"})
+                answer = {"error": self._too_large(scope["path"])}
+                refused = JSONResponse(answer, 413, {"Connection": "close"})
                 await refused(scope, receive, send)
                 return None
             chunks.append(chunk)
@@ -285,6 +308,14 @@ def _declares_body(headers: Headers) -> bool:
 def _media_message(declared: str) -> str:
     got = f"Content-Type {declared}" if declared else "a body without Content-Type"
     return f"{got} is not accepted; send the manifest as application/json or application/yaml"
+
+
+def _task_media_message(declared: str) -> str:
+    got = f"Content-Type {declared}" if declared else "a body without Content-Type"
+    return (
+        f"{got} is not accepted; send the task folder as a gzipped tar "
+        "(application/gzip), e.g. `tar czf - -C TASK_FOLDER .`"
+    )
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

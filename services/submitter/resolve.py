@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.events import TaskRef
-from schemas.manifest import DatasetRef, ExperimentManifest, TaskPath
+from schemas.manifest import DatasetRef, ExperimentManifest, StoredTask, TaskPath
 from schemas.trial_events import TASK_NAME_PATTERN
 from services.common.errors import ManifestError
 from services.common.task_identity import task_checksum
@@ -29,7 +29,8 @@ class ResolvedTask:
     """A task as events name it, and the folder it was read from (submitter side)."""
 
     ref: TaskRef
-    folder: Path
+    folder: Path | None
+    """None: already in the tasks bucket (a manifest's ``{name, checksum}`` entry)."""
 
 
 def check_task_dir(task_dir: Path, where: str) -> None:
@@ -63,8 +64,9 @@ def resolve_tasks(
     """Task folders of a manifest, in manifest order, each once."""
     base = base_dir.resolve()
     root = tasks_root.resolve() if tasks_root else None
-    seen: dict[Path, ResolvedTask] = {}
-    names: dict[str, Path] = {}
+    # Keyed by where a task comes from: a folder, or a stored archive.
+    seen: dict[str, ResolvedTask] = {}
+    names: dict[str, str] = {}
     for i, spec in enumerate(manifest.tasks):
         where = f"tasks[{i}]"
         if isinstance(spec, DatasetRef):
@@ -73,6 +75,16 @@ def resolve_tasks(
                 "this trialbus version; download the dataset with `harbor download` and "
                 "list its task folders (or a glob) instead"
             )
+        if isinstance(spec, StoredTask):
+            if spec.name in names:
+                raise ManifestError(
+                    f"{where}: two tasks are named {spec.name!r}; task names must be unique "
+                    "within an experiment"
+                )
+            names[spec.name] = f"the stored task {spec.checksum[:12]}"
+            ref = TaskRef(name=spec.name, checksum=spec.checksum)
+            seen[f"stored:{spec.checksum}:{spec.name}"] = ResolvedTask(ref, None)
+            continue
         assert isinstance(spec, TaskPath)
         pattern = spec.path if Path(spec.path).is_absolute() else str(base / spec.path)
         matches = (
@@ -96,7 +108,7 @@ def resolve_tasks(
                     f"{where}: {spec.path!r} resolves to {task_dir}, outside the tasks root {root}"
                 )
             check_task_dir(task_dir, where)
-            if task_dir in seen:
+            if str(task_dir) in seen:
                 continue
             name = task_dir.name
             if not _TASK_NAME_RE.match(name):
@@ -110,7 +122,7 @@ def resolve_tasks(
                     f"{where}: two task folders are named {name!r} ({names[name]} and "
                     f"{task_dir}); task names must be unique within an experiment"
                 )
-            names[name] = task_dir
+            names[name] = str(task_dir)
             ref = TaskRef(name=name, checksum=task_checksum(task_dir))
-            seen[task_dir] = ResolvedTask(ref, task_dir)
+            seen[str(task_dir)] = ResolvedTask(ref, task_dir)
     return list(seen.values())

@@ -48,6 +48,7 @@ from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
 from services.submitter.submit import PreparedExperiment, prepare
+from services.submitter.task_uploads import accept_task_upload
 
 SOURCE = "request body"
 log = get_logger(__name__)
@@ -195,6 +196,13 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         )
         log.info("experiment submitted", experiment_id=result.experiment_id, by=identity.label)
         return result.as_dict()
+
+    @router.post("/tasks", status_code=201)
+    async def upload_task(request: Request, name: str) -> dict[str, Any]:
+        """Store an uploaded task folder (a gzipped tar); answer its name and checksum,
+        which a manifest's task entry names: ``{name: ..., checksum: ...}``."""
+        ref = await accept_task_upload(await request.body(), name, _ports(request).tasks)
+        return {"name": ref.name, "checksum": ref.checksum}
 
     @router.post("/experiments/{experiment_id}/cancel")
     async def cancel(experiment_id: str, ports: PortsDep, identity: IdentityDep) -> dict[str, Any]:

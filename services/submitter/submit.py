@@ -121,7 +121,14 @@ async def upload_tasks(prepared: PreparedExperiment, store: ObjectStore) -> None
     Raises ArchiveError (a UserInputError naming the entry) for a folder the runners
     would refuse to unpack, before anything of the experiment is published.
     """
-    for task in prepared.tasks:
+    for i, task in enumerate(prepared.tasks):
+        if task.folder is None:
+            if await store.info(task.ref.checksum) is None:
+                raise ManifestError(
+                    f"tasks[{i}]: task {task.ref.name!r} ({task.ref.checksum[:12]}...) is not "
+                    f"in the tasks bucket {store.bucket}; upload it first (POST /tasks)"
+                )
+            continue
         ref = await upload_task(store, task.folder)
         if ref.name != task.ref.checksum:
             # The folder changed between resolving and packing: its trials would name

@@ -9,8 +9,10 @@ start-up refusals) is tested against a uvicorn process in tests/security/test_ht
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
+import tarfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -27,6 +29,7 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.common.settings import SubmitterSettings
+from services.common.task_identity import task_checksum
 from services.submitter.api_tokens import token_digest
 from services.submitter.app import create_app
 from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
@@ -359,3 +362,136 @@ async def test_a_manifest_no_live_runner_can_run_is_a_422_until_one_is_live(
         accepted = await _post_yaml(api, manifest)
         assert accepted.status_code == 202, accepted.text
         assert await _work_messages(nats_url, topology) == 24
+
+
+# -- POST /tasks (issue 10): a task folder uploaded as a gzipped tar, for CI with no
+# checkout next to the API. Unpacking is a trust boundary: every unsafe entry is a 4xx
+# naming it; the well-formed upload beside each one (the negative control) is accepted.
+
+HELLO = EXAMPLE_TASKS / "hello-file"
+AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/gzip"}
+
+
+def archive(folder: Path, *extra: tarfile.TarInfo) -> bytes:
+    """``tar czf - -C folder .`` as CI would make it, plus ``extra`` entries."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(folder, arcname=".")
+        for info in extra:
+            tar.addfile(info, io.BytesIO(b"x" * info.size) if info.isfile() else None)
+    return buf.getvalue()
+
+
+def entry(
+    name: str, kind: bytes = tarfile.REGTYPE, link: str = "", size: int = 1
+) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.size = size if kind == tarfile.REGTYPE else 0
+    return info
+
+
+async def test_an_uploaded_task_is_stored_by_checksum_and_a_manifest_runs_it(
+    client: Client, nats_url: str, topology: Topology
+) -> None:
+    async with client() as api:
+        answer = await api.post("/tasks?name=hello-file", content=archive(HELLO), headers=AUTH)
+        assert answer.status_code == 201, answer.text
+        # The same checksum a submission from a checkout records: one task, two doors.
+        assert answer.json() == {"name": "hello-file", "checksum": task_checksum(HELLO)}
+        manifest = {
+            "name": "uploaded-task",
+            "tasks": [answer.json()],
+            "agents": [{"name": "oracle"}],
+            "repetitions": 2,
+        }
+        submitted = await api.post(
+            "/experiments", json=manifest, headers={**AUTH, "Content-Type": "application/json"}
+        )
+        assert submitted.status_code == 202, submitted.text
+        experiment_id = submitted.json()["experiment_id"]
+        assert await _work_messages(nats_url, topology, experiment_id) == 2
+        # Negative control: a checksum never uploaded is refused, naming the task.
+        missing = {
+            **manifest,
+            "name": "not-uploaded",
+            "tasks": [{"name": "x", "checksum": "0" * 64}],
+        }
+        refused = await api.post(
+            "/experiments", json=missing, headers={**AUTH, "Content-Type": "application/json"}
+        )
+        assert refused.status_code == 422, refused.text
+        assert "task 'x' (000000000000...) is not in the tasks bucket" in refused.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (entry("/etc/evil"), "'/etc/evil': absolute path"),
+        (entry("tests/../../evil"), "'tests/../../evil': '..' in the path"),
+        (entry("escape", tarfile.SYMTYPE, "/etc/passwd"), "'escape'"),
+        (entry("tests/up", tarfile.SYMTYPE, "../../outside"), "'tests/up'"),
+        (entry("fifo", tarfile.FIFOTYPE), "'fifo'"),
+        (entry("dev", tarfile.CHRTYPE), "'dev'"),
+        (entry("hard", tarfile.LNKTYPE, "task.toml"), "'hard'"),
+    ],
+    ids=["absolute", "dotdot", "link-out", "link-up", "fifo", "device", "hardlink"],
+)
+async def test_an_unsafe_entry_is_refused_naming_it(
+    client: Client, extra: tarfile.TarInfo, named: str
+) -> None:
+    async with client() as api:
+        refused = await api.post("/tasks?name=evil", content=archive(HELLO, extra), headers=AUTH)
+        assert refused.status_code == 422, refused.text
+        assert named in refused.json()["error"], refused.json()
+        # Negative control: the same task without that entry is accepted.
+        fine = await api.post("/tasks?name=evil", content=archive(HELLO), headers=AUTH)
+        assert fine.status_code == 201, fine.text
+
+
+async def test_what_is_not_a_task_archive_is_a_client_error(client: Client, tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.md").write_text("no task here")
+    bomb = tarfile.TarInfo("zeros")
+    bomb.size = 300 * 1024 * 1024  # compresses ~1000:1
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.addfile(bomb, io.BytesIO(bytes(bomb.size)))
+    async with client() as api:
+        not_task = await api.post(
+            "/tasks?name=notes", content=archive(tmp_path / "notes"), headers=AUTH
+        )
+        assert (
+            not_task.status_code == 422 and "not a Harbor task folder" in not_task.json()["error"]
+        )
+        ratio = await api.post("/tasks?name=bomb", content=buf.getvalue(), headers=AUTH)
+        assert ratio.status_code == 422, ratio.text
+        bad_name = await api.post("/tasks?name=../x", content=archive(HELLO), headers=AUTH)
+        assert bad_name.status_code == 422 and "must match" in bad_name.json()["error"]
+        wrong_type = await api.post(
+            "/tasks?name=hello-file",
+            content=archive(HELLO),
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert wrong_type.status_code == 415 and "gzipped tar" in wrong_type.json()["error"]
+        unauthenticated = await api.post(
+            "/tasks?name=hello-file",
+            content=archive(HELLO),
+            headers={"Content-Type": "application/gzip"},
+        )
+        assert unauthenticated.status_code == 401
+
+
+async def test_the_task_body_limit_is_its_own(
+    client: Client, nats_url: str, topology: Topology
+) -> None:
+    # A manifest's 1 MiB limit does not apply to a task; the task limit does.
+    async with client() as api:
+        big = bytes(2 * 1024 * 1024)
+        too_big = await api.post(
+            "/experiments", content=big, headers={**AUTH, "Content-Type": "application/json"}
+        )
+        assert too_big.status_code == 413 and "TRIALBUS_API_MAX_BODY_BYTES" in too_big.text
+        task_sized = await api.post("/tasks?name=hello-file", content=big, headers=AUTH)
+        assert task_sized.status_code == 422  # read in full, then refused as not a tar.gz
