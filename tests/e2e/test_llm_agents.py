@@ -32,6 +32,7 @@ from tests.e2e.cli import ROOT, Cli
 from tests.e2e.conftest import Stacks
 from tests.e2e.faultkit import ledger_records
 from tests.support.model_stub import ModelStub
+from tests.support.runner_policy import policy_env
 
 pytestmark = pytest.mark.e2e
 
@@ -41,6 +42,13 @@ HELLO_FILE = ROOT / "examples" / "tasks" / "hello-file"
 # real key would be.
 API_KEY_ENV = "OPENAI_API_KEY"
 RUNNER_ENV = {API_KEY_ENV: "stub-key-not-secret"}
+
+
+def runner_env(tmp_path: Path) -> dict[str, str]:
+    """The key, and a runner policy letting agents send it to the stub (loopback)."""
+    return {**RUNNER_ENV, **policy_env(tmp_path / "policy", endpoint_hosts=["127.0.0.1"])}
+
+
 PRICES_A = {"input_cost_per_token": 2e-6, "output_cost_per_token": 8e-6}
 PRICES_B = {"input_cost_per_token": 5e-7, "output_cost_per_token": 1e-6}
 
@@ -129,7 +137,7 @@ async def test_prices_stay_with_their_experiment(
 ) -> None:
     # One runner, one slot: the three experiments run one after the other in the same
     # long-lived runner process, as they would on a shared machine.
-    stack = await stacks.start(concurrency=1, runner_env=RUNNER_ENV)
+    stack = await stacks.start(concurrency=1, runner_env=runner_env(tmp_path))
     cli = stacks.cli(stack)
     runs = [
         ("priced-a", {"model_info": {"max_input_tokens": 100000, **PRICES_A}}, PRICES_A),
@@ -193,7 +201,7 @@ PROVIDER_FAILURES: dict[str, tuple[str | None, str, bool, int, float | None]] = 
 async def test_provider_failures_are_classified(
     stacks: Stacks, stub: ModelStub, tmp_path: Path
 ) -> None:
-    stack = await stacks.start(concurrency=8, runner_env=RUNNER_ENV)
+    stack = await stacks.start(concurrency=8, runner_env=runner_env(tmp_path))
     tap = await stacks.tap(stack)
     cli = stacks.cli(stack)
     # A failing provider costs an attempt ~40-60 s of retries inside the agent (see

@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.stack import EmbeddedStack
 from services.localenv.images import resolve_base
 from services.localenv.sandbox import missing_host_tools
-from tests.e2e.cli import ROOT, Cli
+from tests.e2e.cli import ROOT
+from tests.e2e.conftest import Stacks
 from tests.e2e.faultkit import ledger_records
+from tests.support.runner_policy import policy_env
 from tests.support.sandbox_env import host_processes
 
 pytestmark = [
@@ -76,7 +77,13 @@ def host_snapshot() -> dict[str, Any]:
     }
 
 
-async def test_local_tasks_end_to_end(stack: EmbeddedStack, cli: Cli, tmp_path: Path) -> None:
+async def test_local_tasks_end_to_end(stacks: Stacks, tmp_path: Path) -> None:
+    # The layer cache goes to tmp_path (a host path): the runners' policy must allow it.
+    allow = policy_env(
+        tmp_path / "policy", environments={"local": {"path_kwargs": {"cache_dir": [str(tmp_path)]}}}
+    )
+    stack = await stacks.start(concurrency=4, runner_env=allow)
+    cli = stacks.cli(stack)
     before = host_snapshot()
     tasks = copy_tasks(tmp_path / "tasks")
     manifest = tmp_path / "local-tasks.yaml"

@@ -40,6 +40,7 @@ from nats.js.errors import NotFoundError
 from schemas.subjects import Topology
 from tests.e2e.cli import ROOT
 from tests.e2e.conftest import Stacks
+from tests.support.runner_policy import policy_env
 
 pytestmark = pytest.mark.e2e
 
@@ -187,7 +188,9 @@ async def test_secret_reaches_the_agent_and_nothing_else(
     ledger_db: str,
     secret: str,
 ) -> None:
-    stack = stacks.make(concurrency=2, runner_env={SECRET_ENV: secret})
+    # The runner passes only the variable names its policy lists (its operator's choice).
+    allow = policy_env(tmp_path / "policy", extra_secret_names=[SECRET_ENV])
+    stack = stacks.make(concurrency=2, runner_env={SECRET_ENV: secret, **allow})
     probe = _secret_task(tmp_path / "tasks" / "secret-probe", secret)
     manifest = tmp_path / "manifest.yaml"
     manifest.write_text(
