@@ -208,6 +208,9 @@ def role_permissions(
             # The dashboard streams a trial's live log to the browser (read only).
             *_follow(lg),
             *_kv_write(t.control_bucket, "cancel.>"),
+            # A submission lifts agent stops and stores the budget (runner/guards.py).
+            *_kv_write(t.control_bucket, "stops.>"),
+            *_kv_write(t.control_bucket, "budget.>"),
             *_kv_read(t.runners_bucket),
             *_obj_write(t.tasks_bucket),
         ]
@@ -222,6 +225,9 @@ def role_permissions(
             *_kv_write(t.leases_bucket),
             *_kv_read(t.leases_bucket),
             *_kv_write(t.control_bucket, "runs.>"),
+            # Agent stops and the experiment's running spend (runner/guards.py).
+            *_kv_write(t.control_bucket, "stops.>"),
+            *_kv_write(t.control_bucket, "spend.>"),
             *_kv_read(t.control_bucket),
             *_kv_write(t.runners_bucket, f"{pool}.>"),  # schemas.runners.registry_key
             *_kv_read(t.runners_bucket),

@@ -2,7 +2,8 @@
 
     EventBus     publish typed events (one, or many at once), each with a dedup id
     Ledger       TrialRecords and experiment metadata, keyed by trial_id
-    Coordinator  what runners share: concurrency leases, attempt counters, cancel flags
+    Coordinator  what runners share: concurrency leases, attempt counters, cancel flags,
+                 agent stops, budgets and spend
     Executor     runs one attempt of a trial
     ObjectStore  named blobs (task archives, trial folders) that any machine can fetch
 
@@ -221,13 +222,16 @@ class Lease:
 
 
 class Coordinator(Protocol):
-    """State the runners share: concurrency leases, attempt counters, cancel flags, endings.
+    """State the runners share: concurrency leases, attempt counters, cancel flags, endings,
+    agent stops and budgets.
 
     Leases make an experiment's ``compute.n_concurrent_trials`` a limit across all
     runners; a lease not renewed within its TTL expires, so a dead runner leaks none.
     A run's ending (its final event, stored before it is published and the work
     message acknowledged) lets a redelivered work message of a run that already ended
-    re-publish that ending instead of running the trial again.
+    re-publish that ending instead of running the trial again. An agent stop (a provider
+    refused the agent's key or quota) and an experiment's budget with its running
+    spend end later trials before they start (services/runner/guards.py).
     """
 
     async def acquire(self, experiment_id: str, limit: int, holder: str) -> Lease | None:
@@ -260,6 +264,77 @@ class Coordinator(Protocol):
 
     async def ending(self, run_id: str) -> bytes | None:
         """The encoded final event of ``run_id`` if the run has ended, else None."""
+
+    async def stop_agent(self, experiment_id: str, agent_key: str, reason: bytes) -> bytes:
+        """Stop the experiment's remaining trials of one agent configuration; first wins.
+
+        ``reason`` says why (services/runner/guards.py encodes it). Returns the stored
+        reason: ``reason`` itself, or the one another runner stored first.
+        """
+
+    async def agent_stop(
+        self, experiment_id: str, agent_key: str, *, fresh: bool = False
+    ) -> bytes | None:
+        """Why the agent's trials in the experiment are stopped, or None (cached unless
+        ``fresh``)."""
+
+    async def clear_agent_stops(self, experiment_id: str, agent_keys: Sequence[str]) -> None:
+        """Lift these agents' stops (a new submission of the experiment does)."""
+
+    async def set_budget(self, experiment_id: str, budget: bytes | None) -> None:
+        """Store the experiment's budget (the manifest's, encoded); None removes it."""
+
+    async def budget(self, experiment_id: str, *, fresh: bool = False) -> bytes | None:
+        """The experiment's stored budget, or None (cached unless ``fresh``)."""
+
+    async def add_spend(self, experiment_id: str, spend: Spend) -> Spend:
+        """Add one finished attempt's usage to the experiment's running total; the new total."""
+
+    async def spent(self, experiment_id: str, *, fresh: bool = False) -> Spend:
+        """The experiment's running total so far (cached unless ``fresh``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What an experiment's attempts used, as far as their result.json files say.
+
+    ``unpriced``: attempts that used tokens but reported no cost (no price known):
+    their tokens count, their cost cannot.
+    """
+
+    cost_usd: float = 0.0
+    tokens: int = 0
+    attempts: int = 0
+    unpriced: int = 0
+
+    def __add__(self, other: Spend) -> Spend:
+        return Spend(
+            self.cost_usd + other.cost_usd,
+            self.tokens + other.tokens,
+            self.attempts + other.attempts,
+            self.unpriced + other.unpriced,
+        )
+
+    def encode(self) -> bytes:
+        """The stored form (JSON)."""
+        return json.dumps(
+            {
+                "cost_usd": self.cost_usd,
+                "tokens": self.tokens,
+                "attempts": self.attempts,
+                "unpriced": self.unpriced,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> Spend:
+        """The stored form back (nothing stored: nothing spent)."""
+        if not data:
+            return cls()
+        raw = json.loads(data)
+        return cls(
+            float(raw["cost_usd"]), int(raw["tokens"]), int(raw["attempts"]), int(raw["unpriced"])
+        )
 
 
 # -- Executor ----------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import NatsObjectStore
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import ObjectAccessDenied
+from services.common.ports import Spend
 from services.runner.consumer import ensure_runner_consumer
 from tests.conftest import skip_unless
 
@@ -389,6 +390,29 @@ async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
         sub_coord.next_attempt(f"{exp}:t:1"),
         "Publish",
         f"$JS.API.DIRECT.GET.KV_{TOPO.control_bucket}.$KV.{TOPO.control_bucket}.runs.*",
+    )
+
+
+async def test_agent_stops_budgets_and_spend(roles: dict[str, Role]) -> None:
+    runner, submitter = roles["runner"], roles["submitter"]
+    exp = _exp()
+    coord = await NatsCoordinator.open(runner.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    sub_coord = await NatsCoordinator.open(submitter.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    # A runner stops an agent and adds to the spend; a submission lifts the stop and
+    # sets the budget, which the runner reads.
+    assert await coord.stop_agent(exp, "agent1", b"why") == b"why"
+    assert (await coord.add_spend(exp, Spend(tokens=5, attempts=1))).tokens == 5
+    await sub_coord.set_budget(exp, b'{"max_tokens": 9}')
+    assert await coord.budget(exp, fresh=True) == b'{"max_tokens": 9}'
+    await sub_coord.clear_agent_stops(exp, ["agent1"])
+    assert await coord.agent_stop(exp, "agent1", fresh=True) is None
+    # Negative controls: a runner sets no budget; a submitter writes no spend.
+    key = f"$KV.{TOPO.control_bucket}"
+    await runner.denied(coord.set_budget(exp, b"{}"), "Publish", f"{key}.budget.{exp}")
+    await submitter.denied(
+        sub_coord.add_spend(exp, Spend(tokens=1)),
+        "Publish",
+        f"$JS.API.DIRECT.GET.KV_{TOPO.control_bucket}.{key}.spend.{exp}",
     )
 
 

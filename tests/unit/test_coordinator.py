@@ -1,5 +1,5 @@
 """The Coordinator contract: leases with a limit and a TTL, attempt counters, cancel flags,
-run endings.
+run endings, agent stops, budgets and spend.
 
 ``CoordinatorContract`` holds the assertions; each adapter gets a subclass that
 provides a ``world``. Here it runs against InMemoryCoordinator on a hand-driven clock;
@@ -17,7 +17,7 @@ import pytest
 
 from services.common.adapters import nats_kv
 from services.common.adapters.memory import MAX_PROBES, InMemoryCoordinator
-from services.common.ports import Coordinator, Lease
+from services.common.ports import Coordinator, Lease, Spend
 
 
 @dataclass
@@ -124,6 +124,43 @@ class CoordinatorContract:
         assert not await world.a.is_cancelled("exp")
         assert not await world.b.is_cancelled("exp", fresh=True)
         await world.b.uncancel("never-cancelled")
+
+    async def test_an_agent_stop_is_seen_by_every_runner_and_lifted(self, world: World) -> None:
+        # Negative control: no agent is stopped until a runner stops it.
+        assert await world.b.agent_stop("exp", "agent1", fresh=True) is None
+        assert await world.a.stop_agent("exp", "agent1", b"first") == b"first"
+        # The first reason wins; the second runner is told the stored one.
+        assert await world.b.stop_agent("exp", "agent1", b"second") == b"first"
+        assert await world.b.agent_stop("exp", "agent1", fresh=True) == b"first"
+        # Per experiment and agent.
+        assert await world.b.agent_stop("exp", "agent2", fresh=True) is None
+        assert await world.b.agent_stop("exp-other", "agent1", fresh=True) is None
+        await world.a.clear_agent_stops("exp", ["agent1", "agent2"])
+        assert await world.b.agent_stop("exp", "agent1", fresh=True) is None
+        # Lifted, it can be stopped again (with a new reason).
+        assert await world.b.stop_agent("exp", "agent1", b"again") == b"again"
+        assert await world.a.agent_stop("exp", "agent1", fresh=True) == b"again"
+
+    async def test_budgets_and_spend_are_shared(self, world: World) -> None:
+        assert await world.b.budget("exp", fresh=True) is None
+        await world.a.set_budget("exp", b'{"max_tokens": 10}')
+        assert await world.b.budget("exp", fresh=True) == b'{"max_tokens": 10}'
+        assert await world.b.budget("exp-other", fresh=True) is None
+        await world.a.set_budget("exp", None)
+        assert await world.b.budget("exp", fresh=True) is None
+        # Totals add up across runners, also when they add at the same time.
+        assert await world.a.spent("exp", fresh=True) == Spend()
+        one = Spend(cost_usd=0.25, tokens=100, attempts=1, unpriced=0)
+        unpriced = Spend(tokens=10, attempts=1, unpriced=1)
+        await asyncio.gather(
+            *(
+                c.add_spend("exp", s)
+                for c, s in [(world.a, one), (world.b, one), (world.a, unpriced)]
+            )
+        )
+        total = await world.b.spent("exp", fresh=True)
+        assert total == Spend(cost_usd=0.5, tokens=210, attempts=3, unpriced=1)
+        assert await world.a.spent("exp-other", fresh=True) == Spend()
 
 
 class Clock:

@@ -22,6 +22,7 @@ from schemas.subjects import Topology
 from services.common.ports import (
     ExperimentInfo,
     Lease,
+    Spend,
     UpsertOutcome,
     collapse_batch,
     keeps_stored,
@@ -190,6 +191,9 @@ class InMemoryCoordinator:
         self._cancelled: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._endings: dict[str, bytes] = {}
+        self._stops: dict[tuple[str, str], bytes] = {}
+        self._budgets: dict[str, bytes] = {}
+        self._spent: dict[str, Spend] = {}
 
     def _live(self, key: str) -> tuple[str, int, float] | None:
         entry = self._leases.get(key)
@@ -254,3 +258,39 @@ class InMemoryCoordinator:
     async def ending(self, run_id: str) -> bytes | None:
         """The encoded final event of ``run_id`` if the run has ended, else None."""
         return self._endings.get(run_id)
+
+    async def stop_agent(self, experiment_id: str, agent_key: str, reason: bytes) -> bytes:
+        """Stop the agent's remaining trials unless a stop is stored; the stored reason."""
+        return self._stops.setdefault((experiment_id, agent_key), reason)
+
+    async def agent_stop(
+        self, experiment_id: str, agent_key: str, *, fresh: bool = False
+    ) -> bytes | None:
+        """Why the agent's trials are stopped, or None (always fresh here)."""
+        return self._stops.get((experiment_id, agent_key))
+
+    async def clear_agent_stops(self, experiment_id: str, agent_keys: Sequence[str]) -> None:
+        """Lift these agents' stops."""
+        for key in agent_keys:
+            self._stops.pop((experiment_id, key), None)
+
+    async def set_budget(self, experiment_id: str, budget: bytes | None) -> None:
+        """Store (or with None remove) the experiment's budget."""
+        if budget is None:
+            self._budgets.pop(experiment_id, None)
+        else:
+            self._budgets[experiment_id] = budget
+
+    async def budget(self, experiment_id: str, *, fresh: bool = False) -> bytes | None:
+        """The experiment's stored budget (always fresh here)."""
+        return self._budgets.get(experiment_id)
+
+    async def add_spend(self, experiment_id: str, spend: Spend) -> Spend:
+        """Add to the experiment's running total; the new total."""
+        total = self._spent.get(experiment_id, Spend()) + spend
+        self._spent[experiment_id] = total
+        return total
+
+    async def spent(self, experiment_id: str, *, fresh: bool = False) -> Spend:
+        """The experiment's running total (always fresh here)."""
+        return self._spent.get(experiment_id, Spend())

@@ -14,6 +14,17 @@
   whose run has an ending re-publishes it instead of running again. Inside ``runs.>``,
   the only part of the bucket a runner may write (infra/nats_permissions.py). No
   other key can collide: run ids end with a hex digest, never with ``.ended``.
+- **Agent stops** (bucket ``<P>_CONTROL``, key ``stops.<experiment>.<agent key>``):
+  why an agent configuration's remaining trials in the experiment end before they
+  start (a provider refused its key or quota); written with ``create`` by the runner
+  that saw the failure (the first reason wins), purged by the next submission.
+- **Budgets** (key ``budget.<experiment>``, written by the submitter) and the running
+  **spend** (key ``spend.<experiment>``, a JSON total each runner updates with a
+  compare-and-set after every attempt that reported usage).
+
+Reads that every delivery pays for (cancel, stop, budget, spend) are cached for
+``cache_s`` per runner unless asked ``fresh``: a flag or a total seen one second late
+lets at most that second's trials start.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Sequence
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
@@ -28,7 +40,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 
 from schemas.subjects import Topology
-from services.common.ports import Lease
+from services.common.ports import Lease, Spend
 
 MAX_PROBES = 64
 
@@ -46,6 +58,8 @@ class NatsCoordinator:
         self._control = control
         self._cache_s = cache_s
         self._cancelled: dict[str, tuple[float, bool]] = {}
+        # key -> (read at, value): the cached reads of stops, budgets and spend
+        self._reads: dict[str, tuple[float, bytes | None]] = {}
 
     @classmethod
     async def open(
@@ -152,6 +166,87 @@ class NatsCoordinator:
         except KeyNotFoundError:
             return None
         return entry.value
+
+    # -- agent stops, budgets, spend -----------------------------------------------------
+    async def stop_agent(self, experiment_id: str, agent_key: str, reason: bytes) -> bytes:
+        """Store ``reason`` unless a stop is stored (first wins); return the stored one."""
+        key = f"stops.{experiment_id}.{agent_key}"
+        while True:
+            try:
+                await self._control.create(key, reason)
+                self._reads[key] = (time.monotonic(), reason)
+                return reason
+            except KeyWrongLastSequenceError:
+                pass  # another runner stopped the agent first: its reason stands
+            stored = await self._read(key, fresh=True)
+            if stored is not None:
+                return stored
+
+    async def agent_stop(
+        self, experiment_id: str, agent_key: str, *, fresh: bool = False
+    ) -> bytes | None:
+        """Why the agent's trials are stopped, or None (cached for ``cache_s``)."""
+        return await self._read(f"stops.{experiment_id}.{agent_key}", fresh=fresh)
+
+    async def clear_agent_stops(self, experiment_id: str, agent_keys: Sequence[str]) -> None:
+        """Purge these agents' stops (keys are named, not listed: the submitter may not
+        read the control bucket)."""
+        for agent_key in agent_keys:
+            key = f"stops.{experiment_id}.{agent_key}"
+            with contextlib.suppress(KeyNotFoundError):
+                await self._control.purge(key)
+            self._reads.pop(key, None)
+
+    async def set_budget(self, experiment_id: str, budget: bytes | None) -> None:
+        """Store (or with None purge) the experiment's budget."""
+        key = f"budget.{experiment_id}"
+        if budget is None:
+            with contextlib.suppress(KeyNotFoundError):
+                await self._control.purge(key)
+        else:
+            await self._control.put(key, budget)
+        self._reads.pop(key, None)
+
+    async def budget(self, experiment_id: str, *, fresh: bool = False) -> bytes | None:
+        """The experiment's stored budget, or None (cached for ``cache_s``)."""
+        return await self._read(f"budget.{experiment_id}", fresh=fresh)
+
+    async def add_spend(self, experiment_id: str, spend: Spend) -> Spend:
+        """Add to the running total with a compare-and-set (runners race); the new total."""
+        key = f"spend.{experiment_id}"
+        while True:
+            try:
+                entry = await self._control.get(key)
+            except KeyNotFoundError:
+                try:
+                    await self._control.create(key, spend.encode())
+                    total = spend
+                except KeyWrongLastSequenceError:
+                    continue  # another runner wrote the first total: add to it
+            else:
+                total = Spend.decode(entry.value) + spend
+                try:
+                    await self._control.update(key, total.encode(), last=entry.revision)
+                except KeyWrongLastSequenceError:
+                    continue
+            self._reads[key] = (time.monotonic(), total.encode())
+            return total
+
+    async def spent(self, experiment_id: str, *, fresh: bool = False) -> Spend:
+        """The running total (cached for ``cache_s``)."""
+        return Spend.decode(await self._read(f"spend.{experiment_id}", fresh=fresh))
+
+    async def _read(self, key: str, *, fresh: bool) -> bytes | None:
+        now = time.monotonic()
+        cached = self._reads.get(key)
+        if cached is not None and not fresh and now - cached[0] < self._cache_s:
+            return cached[1]
+        try:
+            value = (await self._control.get(key)).value
+        except KeyNotFoundError:
+            value = None
+        self._reads[key] = (now, value)
+        return value
 
 
 def _ending_key(run_id: str) -> str:
