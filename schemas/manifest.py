@@ -242,6 +242,31 @@ class RetrySpec(_Strict):
     )
 
 
+class BudgetSpec(_Strict):
+    """A spending limit for the whole experiment, enforced by the runners."""
+
+    max_cost_usd: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Stop starting trials once the experiment's attempts cost this much "
+        "(USD, as the agents report it; attempts without a price count tokens only).",
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_INT64,
+        description="Stop starting trials once the experiment's attempts used this many "
+        "input + output tokens.",
+    )
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> BudgetSpec:
+        if self.max_cost_usd is None and self.max_tokens is None:
+            raise ValueError("give max_cost_usd, max_tokens or both (or leave budget out)")
+        return self
+
+
 class ExperimentManifest(_Strict):
     """An experiment: tasks x agents x repetitions."""
 
@@ -269,6 +294,14 @@ class ExperimentManifest(_Strict):
     retry: RetrySpec = Field(
         default_factory=RetrySpec,
         description="Retries of transient infrastructure failures.",
+    )
+    budget: BudgetSpec | None = Field(
+        default=None,
+        # Absent stays absent in the stored manifest and in ExperimentSubmitted, so a
+        # manifest without a budget keeps its bytes (and its derived experiment id).
+        exclude_if=lambda v: v is None,
+        description="Spending limit (USD and/or tokens). Once reached, trials not yet "
+        "started end unscored as BudgetExceeded; trials running finish.",
     )
 
     @field_validator("experiment_id")

@@ -22,6 +22,8 @@ unscored and retried, never counted as a zero.
 
 from __future__ import annotations
 
+import re
+
 from harbor.models.trial.error_policy import FailureCause, policy_for
 
 from schemas.record import FailureClass
@@ -57,6 +59,10 @@ NOT_RETRYABLE_TRIALBUS = frozenset(
         # The runner's policy refused the request (services/common/runner_policy.py):
         # the same request meets the same policy on every attempt.
         "PolicyRefused",
+        # Ended before starting: the agent was stopped, the budget spent
+        # (services/runner/guards.py). A resubmission re-runs them.
+        "AgentStopped",
+        "BudgetExceeded",
     }
 )
 
@@ -78,3 +84,52 @@ def is_retryable(exception_type: str | None) -> bool:
     if not exception_type or exception_type in NOT_RETRYABLE_TRIALBUS:
         return False
     return bool(policy_for(exception_type).retry)
+
+
+# -- errors that stop an agent's remaining trials ------------------------------------
+# A provider that refuses the agent's credentials, or an account with no credit left,
+# fails every trial of that agent configuration in the experiment the same way:
+# running the rest only burns time (and, with a quota, the user's patience). The first
+# such failure stops the agent's remaining trials in the experiment (services/runner/
+# guards.py). Rate limits and server errors (429 without a quota code, 5xx) pass on
+# their own and never stop an agent.
+
+# By exception type name: Harbor's and litellm's names for a refused key or account.
+STOPS_AGENT_AUTH = frozenset(
+    {
+        "AuthenticationError",  # litellm / openai: HTTP 401, invalid API key
+        "PermissionDeniedError",  # litellm / openai: HTTP 403
+        "AgentAuthenticationError",  # Harbor: an installed agent's CLI could not log in
+        "CallerCredentialAuthenticationError",  # litellm: the caller's own credential
+    }
+)
+STOPS_AGENT_QUOTA = frozenset(
+    {
+        "PaymentRequiredError",  # litellm: HTTP 402
+        "BudgetExceededError",  # litellm's own budget manager refused the call
+    }
+)
+# By message, for types that also carry passing failures: OpenAI reports an empty
+# account as a 429 RateLimitError with code ``insufficient_quota``, Anthropic as a 400
+# BadRequestError about the credit balance. Deliberately narrow: Gemini's per-minute
+# limits also say "exceeded your current quota", and those pass.
+_QUOTA_MESSAGE = re.compile(
+    r"insufficient_quota|credit balance is too low|payment required", re.IGNORECASE
+)
+
+
+def stops_agent(exception_type: str | None, message: str | None) -> str | None:
+    """Why this failure stops every trial of the agent ("authentication" or "quota").
+
+    None for every other failure, rate limits and server errors included.
+    """
+    if not exception_type:
+        return None
+    if exception_type in STOPS_AGENT_AUTH:
+        return "authentication"
+    if exception_type in STOPS_AGENT_QUOTA:
+        return "quota"
+    provider = policy_for(exception_type).cause == FailureCause.MODEL_PROVIDER_FAILED
+    if provider and message and _QUOTA_MESSAGE.search(message):
+        return "quota"
+    return None

@@ -14,6 +14,8 @@ message the handler
    (the submitter checked the live ones), so one that cannot is misconfigured;
    hands it back (nak, short random delay) while the experiment has no free
    concurrency slot, so other experiments' trials keep flowing;
+   ends it at once (final TrialFailed AgentStopped / BudgetExceeded) when a provider
+   refused its agent earlier in the experiment or the budget is spent (``guards``);
 3. counts the start (Coordinator.next_attempt) and publishes TrialStarted;
 4. runs the Executor, with a heartbeat that keeps the message and the lease alive and
    stops the run when the experiment is cancelled;
@@ -52,7 +54,7 @@ from services.common.logging import get_logger
 from services.common.pools import required_capabilities
 from services.common.ports import Coordinator, EventBus, ExecutionOutcome, Executor, Lease, LogSink
 from services.common.trial_folders import TrialFolders
-from services.runner import policy
+from services.runner import guards, policy
 
 log = get_logger(__name__)
 
@@ -147,6 +149,10 @@ class TrialHandler:
             return ACK
         if await coord.is_cancelled(request.experiment_id):
             return await self._publish(request, policy.cancelled(request, 1, self._who.host), bound)
+        refused = await guards.refusal(coord, request, self._who.host)
+        if refused is not None:  # its agent was stopped, or the budget is spent
+            bound.warning("trial not started: its agent is stopped or the budget spent")
+            return await self._publish(request, refused, bound)
         missing = self._missing(request)
         if missing:
             decision = policy.lacking(request, self._who.host, missing)
@@ -176,6 +182,7 @@ class TrialHandler:
                 verdict = await self._publish(request, decision, bound)
                 bound.info("trial cancelled")
                 return verdict
+            await guards.account(coord, request, outcome, bound)  # spend; agent stops
             result = None
             if outcome.trial_dir is not None and not policy.should_retry(request, attempt, outcome):
                 result = await self._folders.upload(request, attempt, outcome.trial_dir)

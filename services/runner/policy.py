@@ -17,7 +17,7 @@ from schemas.objects import ObjectRef
 from schemas.record import FailureClass
 from schemas.trial_events import MAX_MESSAGE_CHARS
 from services.common.errors import ACK, InternalError, Settle, nak
-from services.common.failures import classify, is_retryable
+from services.common.failures import classify, is_retryable, stops_agent
 from services.common.ports import ExecutionOutcome
 
 # Not a Harbor exception: the executor's name for "Harbor finished without writing
@@ -56,6 +56,8 @@ def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
 
 def should_retry(request: TrialRequested, attempt: int, outcome: ExecutionOutcome) -> bool:
     """Whether another attempt is worth it and the retry policy still allows one."""
+    if stops_agent(outcome.exception_type, outcome.message):
+        return False  # a refused key or an empty account fails every attempt alike
     retryable = is_retryable(outcome.exception_type)
     if outcome.kind == "failed":
         retryable = retryable or outcome.exception_type == MISSING_RESULT
@@ -139,6 +141,18 @@ def lacking(request: TrialRequested, host: str, missing: list[str]) -> Decision:
         "environments and labels",
     )
     return Decision((failed_event(request, 1, outcome, host, final=True),), ACK)
+
+
+AGENT_STOPPED = "AgentStopped"
+BUDGET_EXCEEDED = "BudgetExceeded"
+
+
+def refused(request: TrialRequested, host: str, error_type: str, message: str) -> Decision:
+    """The trial ends before it starts (final, ack, unscored infrastructure): its agent
+    was stopped (AGENT_STOPPED) or its experiment's budget is spent (BUDGET_EXCEEDED)."""
+    outcome = ExecutionOutcome(kind="failed", exception_type=error_type, message=message)
+    event = failed_event(request, 1, outcome, host, final=True, failure_class="infrastructure")
+    return Decision((event,), ACK)
 
 
 def failed_event(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from schemas.events import ResultImported, TrialFailed, parse_event
+from schemas.ids import agent_key
 from services.common import errors as E
 from services.common.errors import ManifestError
 from services.common.pools import policy_refusal, pool_refusal
@@ -79,11 +80,19 @@ async def submit(
     runners: RunnerRegistry | None = None,
 ) -> SubmitResult:
     """Upload its tasks and publish a prepared experiment; resubmitting lifts an
-    earlier cancellation. With ``runners``, a manifest no live runner can run is
-    refused before anything is published."""
+    earlier cancellation and agent stops, and stores the manifest's budget. With
+    ``runners``, a manifest no live runner can run is refused before anything is
+    published."""
     if runners is not None:
         await check_runners(prepared, runners)
     await coordinator.uncancel(prepared.experiment_id)
+    # Resubmitting is how a user says "fixed": lift the agents' stops (a refused key,
+    # an empty account; services/runner/guards.py) and store the budget as it is now.
+    manifest = prepared.manifest
+    keys = [agent_key(a.agent_ref, a.model, a.kwargs) for a in manifest.agents]
+    await coordinator.clear_agent_stops(prepared.experiment_id, keys)
+    budget = manifest.budget.model_dump_json().encode() if manifest.budget else None
+    await coordinator.set_budget(prepared.experiment_id, budget)
     return await publish_experiment(prepared, bus, ledger, tasks)
 
 

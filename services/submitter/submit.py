@@ -31,7 +31,10 @@ def canonical_manifest(manifest: ExperimentManifest) -> dict[str, Any]:
 
 
 def experiment_id_of(manifest: ExperimentManifest) -> str:
-    return manifest.experiment_id or experiment_id_for(manifest.name, canonical_manifest(manifest))
+    """The manifest's experiment id, or one derived from its content. The budget is left
+    out: raising it and resubmitting must go on with the same experiment."""
+    content = manifest.model_dump(mode="json", exclude={"experiment_id", "budget"})
+    return manifest.experiment_id or experiment_id_for(manifest.name, content)
 
 
 def expand_trials(

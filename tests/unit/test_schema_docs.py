@@ -27,6 +27,7 @@ from schemas.events import (
 )
 from schemas.manifest import (
     AgentSpec,
+    BudgetSpec,
     ComputeSpec,
     DatasetRef,
     ExperimentManifest,
@@ -123,7 +124,7 @@ def test_field_table_matches_the_model(event_type: str) -> None:
 
 def test_manifest_table_matches_the_manifest() -> None:
     top = {n: i.is_required() for n, i in ExperimentManifest.model_fields.items()}
-    nested = {"compute": ComputeSpec, "retry": RetrySpec}
+    nested = {"compute": ComputeSpec, "retry": RetrySpec, "budget": BudgetSpec}
     fields = {n: r for n, r in top.items() if n not in nested}
     for prefix, model in nested.items():
         fields |= {f"{prefix}.{n}": i.is_required() for n, i in model.model_fields.items()}
