@@ -79,11 +79,55 @@ def read_marker(job_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+AGENT_FIELDS: Final = ("name", "import_path", "model_name")
+"""What config.json says of each agent: what ``harbor view`` lists and filters on
+(kwargs and env stay in each trial's own config: they may name secrets)."""
+
+
+def record_agents(job_dir: Path, results: list[Any]) -> None:
+    """List every agent of the job's trials in its config.json (``agents``).
+
+    ``harbor view`` reads a job's agents from config.json, not from result.json; a
+    config without ``agents`` reads as Harbor's default, ``[oracle]``, whatever ran.
+    Agents the config already lists are kept (a job Harbor ran names its own); the
+    trials' others are added, in name order. A config that is missing or not a JSON
+    object is left alone (not a job folder trialbus made).
+    """
+    got = read_inside(job_dir, "config.json", MAX_MARKER_BYTES)
+    if isinstance(got, Unread):
+        return
+    try:
+        config = json.loads(got)
+    except (ValueError, RecursionError):
+        return
+    if not isinstance(config, dict):
+        return
+    listed = config.get("agents")
+    agents: list[Any] = list(listed) if isinstance(listed, list) else []
+    seen = {_agent_key(a) for a in agents if isinstance(a, dict)}
+    found = {
+        _agent_key(a): a
+        for r in results
+        if (a := r.config.agent.model_dump(include=set(AGENT_FIELDS)))
+    }
+    added = [found[k] for k in sorted(found, key=lambda k: tuple(v or "" for v in k))]
+    added = [a for a in added if _agent_key(a) not in seen]
+    if not added and isinstance(listed, list):
+        return
+    config["agents"] = agents + added
+    atomic_write(job_dir / "config.json", json.dumps(config, indent=2, default=str))
+
+
+def _agent_key(agent: dict[str, Any]) -> tuple[str | None, ...]:
+    return tuple(agent.get(f) for f in AGENT_FIELDS)
+
+
 def write_job_result(job_dir: Path, experiment_id: str, n_total_trials: int) -> dict[str, Any]:
     """Write Harbor's job-level result.json from the trial folders, with Harbor's own stats.
 
     Uses Harbor's JobStats, Mean metric and pass@k code so that ``harbor view`` and
-    trialbus's ledger can be compared figure for figure.
+    trialbus's ledger can be compared figure for figure; lists every trial's agent in
+    config.json (``record_agents``), where ``harbor view`` reads a job's agents.
     """
     from harbor.metrics.mean import Mean
     from harbor.models.job.result import JobResult, JobStats
@@ -112,6 +156,7 @@ def write_job_result(job_dir: Path, experiment_id: str, n_total_trials: int) -> 
     for key, pass_at_k in compute_pass_at_k_by_evals(results).items():
         if key in stats.evals:
             stats.evals[key].pass_at_k = pass_at_k
+    record_agents(job_dir, results)
     started = min((r.started_at for r in results if r.started_at), default=None)
     now = datetime.now(UTC)
     job = JobResult(
