@@ -31,6 +31,7 @@ th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:mi
 th{background:#f6f8fa;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 .few{color:#8c6d1f;font-style:italic}
+.few-bar svg{opacity:.4}
 .heat td.c{text-align:center;min-width:72px;font-variant-numeric:tabular-nums}
 .est{white-space:nowrap}
 .wide{overflow-x:auto}
@@ -47,7 +48,8 @@ _CAUSE_COLOURS: Final = {
     "verifier": "#8250df",
     "infrastructure": "#cf222e",
     "cancelled": "#6e7781",
-    "none": "#57606a",
+    "invalid_reward": "#57606a",
+    "no_reward": "#424a53",
 }
 _PASSED, _FAILED, _PENDING = "#1a7f37", "#8c959f", "#ffffff"
 
@@ -152,6 +154,11 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
             mean_cell = with_ci(r["mean_reward"], r.get("mean_reward_ci"))
             bar = interval_svg(r["mean_reward"], r.get("mean_reward_ci"), scale)
             rate_cell = with_ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True)
+            if r["too_few"]:  # shown, greyed, with why: never hidden
+                mean_cell = f'<span class="few">{mean_cell}</span><br>{_too_few(r)}'
+                rate_cell = f'<span class="few">{rate_cell}</span><br>{_too_few(r)}'
+                bar = f'<span class="few-bar">{bar}</span>'
+
         pak = r.get("pass_at_k") or {}
         pak_cell = ", ".join(f"@{k}&nbsp;{v:.3f}" for k, v in pak.items()) or "-"
         out.append(

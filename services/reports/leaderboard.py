@@ -4,8 +4,9 @@ Rules (docs/scoring.md, ``services.reports.scoring``): only records with a valid
 reward are scored; an unscored trial (infrastructure, verifier failure, cancelled) is
 shown with its cause and never enters a mean as a zero. A trial passes when its main
 reward is at least 1.0. Every row carries its denominators, 95% intervals and pass@k;
-a row with fewer than ``MIN_SCORED`` scored trials shows counts only (``too_few``).
-Rows are ranked by the lower bound of the mean reward's interval, not the point.
+a row with fewer than ``MIN_SCORED`` scored trials still carries its estimates and
+intervals, flagged ``too_few`` (renderings grey them out), but no pass@k. Rows are
+ranked by the lower bound of the mean reward's interval, not the point.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from services.reports.scoring import (
     is_binary,
     passes,
     scored_reward,
+    unscored_cause,
 )
 
 __all__ = [
@@ -45,7 +47,8 @@ USAGE_FIELDS: Final = ("n_input_tokens", "n_cache_tokens", "n_output_tokens", "c
 
 @dataclass(frozen=True, slots=True)
 class LeaderboardRow:
-    """One agent x model. Estimates are None when there are too few scored trials."""
+    """One agent x model. Estimates are None only without a scored trial; ``too_few``
+    flags those from fewer than ``min_scored``."""
 
     agent: str
     model: str | None
@@ -163,7 +166,7 @@ def build_row(
     """One leaderboard row from the records of one agent x model."""
     scored = [r for r in recs if scored_reward(r) is not None]
     rewards = [r for rec in scored if (r := scored_reward(rec)) is not None]
-    causes = Counter(r.evaluation.failure_class for r in recs if scored_reward(r) is None)
+    causes = Counter(unscored_cause(r) for r in recs if scored_reward(r) is None)
     n_passed = sum(1 for v in rewards if passes(v))
     mean = estimate_mean(rewards, min_scored)
     rate = estimate_rate(n_passed, len(rewards), min_scored)
@@ -198,12 +201,12 @@ def build_row(
 
 
 def rank_key(row: LeaderboardRow) -> tuple[int, float, float, str, str]:
-    """Rows with estimates first, by the lower bound of the mean reward's interval
-    (then the mean, then the name); then rows with too few scored trials; then rows
-    with none."""
-    if row.mean_reward_ci is not None and row.mean_reward is not None:
-        return (0, -row.mean_reward_ci[0], -row.mean_reward, row.agent, row.model or "")
-    return (1 if row.n_scored else 2, 0.0, 0.0, row.agent, row.model or "")
+    """Rows with enough scored trials first, then rows with too few, then rows with
+    none; within each, by the lower bound of the mean reward's interval (then the
+    mean, then the name)."""
+    tier = 2 if not row.n_scored else 1 if row.too_few else 0
+    low = row.mean_reward_ci[0] if row.mean_reward_ci else (row.mean_reward or 0.0)
+    return (tier, -low, -(row.mean_reward or 0.0), row.agent, row.model or "")
 
 
 def leaderboard(
@@ -244,6 +247,6 @@ def status_counts(records: Iterable[TrialRecord], info: ExperimentInfo | None) -
         "complete": sum(1 for r in recs if r.status == "complete"),
         "partial": sum(1 for r in recs if r.status == "partial"),
     }
-    for cause, n in sorted(Counter(r.evaluation.failure_class for r in unscored).items()):
+    for cause, n in sorted(Counter(unscored_cause(r) for r in unscored).items()):
         counts[f"unscored_{cause}"] = n
     return counts

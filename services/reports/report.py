@@ -21,6 +21,7 @@ from services.reports.scoring import (
     group_key,
     passes,
     scored_reward,
+    unscored_cause,
 )
 
 REPORT_VERSION = 1
@@ -40,10 +41,11 @@ def scoring_rules(min_scored: int) -> dict[str, Any]:
 
 
 def task_cell(records: Sequence[TrialRecord], min_scored: int) -> dict[str, Any]:
-    """One task x agent: counts always; rate and mean only from ``min_scored`` scored."""
+    """One task x agent: counts, rate and mean (None without a scored attempt;
+    ``too_few`` below ``min_scored``)."""
     rewards = [r for rec in records if (r := scored_reward(rec)) is not None]
     n_passed = sum(1 for v in rewards if passes(v))
-    causes = Counter(r.evaluation.failure_class for r in records if scored_reward(r) is None)
+    causes = Counter(unscored_cause(r) for r in records if scored_reward(r) is None)
     rate = estimate_rate(n_passed, len(rewards), min_scored)
     return {
         "n_recorded": len(records),
@@ -53,7 +55,7 @@ def task_cell(records: Sequence[TrialRecord], min_scored: int) -> dict[str, Any]
         "too_few": rate.too_few,
         "pass_rate": rate.value,
         "pass_rate_ci": rate.interval.as_list() if rate.interval else None,
-        "mean_reward": None if rate.too_few or not rewards else stats.mean(rewards),
+        "mean_reward": stats.mean(rewards) if rewards else None,
     }
 
 
@@ -91,11 +93,16 @@ def failure_causes(records: Iterable[TrialRecord]) -> list[dict[str, Any]]:
     table: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for rec in records:
         ev = rec.evaluation
-        if ev.failure_class == "none" and ev.exception_type is None:
+        unscored = scored_reward(rec) is None
+        if ev.failure_class == "none" and ev.exception_type is None and not unscored:
             continue
+        # An unscored trial without an exception is listed by its cause (invalid_reward,
+        # no_reward): no exception, but not nothing.
+        cls = unscored_cause(rec) if unscored else ev.failure_class
+        etype = ev.exception_type or ("-" if ev.failure_class == "none" else "unknown")
         agent, model = group_key(rec)
         label = agent if model is None else f"{agent}@{model}"
-        table[(ev.failure_class, ev.exception_type or "unknown")][label] += 1
+        table[(cls, etype)][label] += 1
     return [
         {
             "failure_class": cls,

@@ -47,19 +47,27 @@ def leaderboard_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
     if with_cost:
         table.add_column("cost")
     for i, r in enumerate(rows, 1):
-        few = r.get("mean_reward") is None
-        cells = [
+        cells: list[str | Text] = [
             str(i),
             r["agent"],
             r["model"] or "-",
             f"{r['n_scored']} / {r['n_trials']}",
             unscored(r),
-            too_few(r) if few else with_ci(r["mean_reward"], r.get("mean_reward_ci")),
-            too_few(r) if few else with_ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True),
+            _estimate(r, with_ci(r["mean_reward"], r.get("mean_reward_ci"))),
+            _estimate(r, with_ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True)),
             _pass_at_k_brief(r.get("pass_at_k") or {}),
         ]
         table.add_row(*cells, *([cost(r, "/scored")] if with_cost else []))
     return table
+
+
+def _estimate(row: dict[str, Any], text: str) -> str | Text:
+    """An estimate's cell: as it is, or greyed with why when too few trials back it."""
+    if not row.get("too_few"):
+        return text
+    if not row["n_scored"]:
+        return Text(too_few(row), style="dim")
+    return Text(f"{text}\n{too_few(row)}", style="dim")
 
 
 def _per_agent_table(
@@ -98,8 +106,9 @@ def _key_estimate(est: dict[str, Any] | None) -> str:
     if est is None:
         return "-"
     if est["value"] is None:
-        return f"too few (n={est['n']})"
-    return f"{with_ci(est['value'], est['ci'])} (n={est['n']})"
+        return f"none scored (n={est['n']})"
+    few = ", too few" if est.get("too_few") else ""
+    return f"{with_ci(est['value'], est['ci'])} (n={est['n']}{few})"
 
 
 def reward_keys_table(rows: Sequence[dict[str, Any]]) -> Table | None:

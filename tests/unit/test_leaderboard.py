@@ -291,10 +291,12 @@ def on_task(reward: float, task: str, agent: str = "oracle", **kw: Any) -> Trial
     )
 
 
-def test_too_few_scored_trials_show_counts_not_numbers() -> None:
+def test_too_few_scored_trials_give_flagged_estimates_without_pass_at_k() -> None:
     [r] = leaderboard([scored(1.0)] * 4 + [unscored("infrastructure")])
     assert (r.n_scored, r.n_passed, r.too_few, r.min_scored) == (4, 4, True, MIN_SCORED)
-    assert r.mean_reward is r.pass_rate is r.mean_reward_ci is r.pass_rate_ci is None
+    # Wilson at 4/4: the number is given, and its width says how little it means.
+    assert r.mean_reward == r.pass_rate == 1.0
+    assert r.pass_rate_ci == r.mean_reward_ci == [pytest.approx(0.5101, abs=1e-4), 1.0]
     assert r.pass_at_k == {}
     [five] = leaderboard([scored(1.0)] * 5)
     assert five.too_few is False and five.mean_reward == 1.0
