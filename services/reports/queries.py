@@ -15,6 +15,7 @@ from typing import Any
 from schemas.record import TrialRecord
 from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.ports import ExperimentInfo, Ledger
+from services.reports.budget import spent_line
 from services.reports.compare import compare, pick_side, records_of
 from services.reports.leaderboard import leaderboard, status_counts
 from services.reports.report import build_report
@@ -40,10 +41,15 @@ async def load_experiment(
     return experiment_id, info, records
 
 
-async def experiment_status(ledger: Ledger, experiment_id: str) -> dict[str, int]:
-    """Counts of an experiment's trials by state (``status_counts``)."""
+async def experiment_status(ledger: Ledger, experiment_id: str) -> dict[str, int | str]:
+    """Counts of an experiment's trials by state (``status_counts``), and with a budget
+    in the manifest, ``budget``: what the recorded trials spent of it."""
     _, info, records = await load_experiment(ledger, experiment_id)
-    return status_counts(records, info)
+    status: dict[str, int | str] = dict(status_counts(records, info))
+    spent = spent_line(records, info)
+    if spent is not None:
+        status["budget"] = spent
+    return status
 
 
 async def experiment_leaderboard(

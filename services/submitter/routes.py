@@ -218,8 +218,8 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         return await handlers.cancel(ports.ledger, ports.coordinator, experiment_id)
 
     @router.get("/experiments/{experiment_id}/status")
-    async def status(experiment_id: str, ports: PortsDep) -> dict[str, int]:
-        """Counts by state (as `trialbus status --json`)."""
+    async def status(experiment_id: str, ports: PortsDep) -> dict[str, int | str]:
+        """Counts by state, and spend against a budget (as `trialbus status --json`)."""
         return await queries.experiment_status(ports.ledger, experiment_id)
 
     @router.get("/experiments/{experiment_id}/leaderboard")
