@@ -22,7 +22,8 @@ from schemas.runners import RunnerInfo
 from services.common.runner_policy import (
     agent_refusals,
     compute_refusals,
-    task_template_refusals,
+    task_templates,
+    template_refusals,
 )
 
 DETECTED_ENVIRONMENTS = frozenset({LOCAL_ENVIRONMENT_ALIAS, "docker"})
@@ -91,11 +92,13 @@ def policy_refusal(
         (r for r in runners if r.pool == compute.pool and needed <= r.offers),
         key=lambda r: r.runner_id,
     )
-    folders = list(task_folders)
+    templates: list[tuple[str, list[tuple[str, str]]]] | None = None
     first: tuple[RunnerInfo, list[str]] | None = None
     for runner in members:
         if runner.policy is None:
             return None
+        if templates is None:  # each task folder read once, whatever the runners
+            templates = [(name, task_templates(folder)) for name, folder in task_folders]
         refusals = [
             *(
                 refusal
@@ -105,8 +108,8 @@ def policy_refusal(
             *compute_refusals(runner.policy, compute),
             *(
                 refusal
-                for name, folder in folders
-                for refusal in task_template_refusals(runner.policy, folder, name)
+                for name, found in templates
+                for refusal in template_refusals(runner.policy, found, name)
             ),
         ]
         if not refusals:

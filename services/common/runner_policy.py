@@ -167,7 +167,11 @@ def compute_refusals(policy: RunnerPolicy, compute: ComputeSpec) -> list[str]:
 def task_template_refusals(policy: RunnerPolicy, task_dir: Path, task_name: str) -> list[str]:
     """Refusals for runner variables a task templates into its environment: ``${NAME}``
     anywhere in task.toml, ``$NAME`` in the task's compose file."""
-    allowed = policy.allowed_secrets
+    return template_refusals(policy, task_templates(task_dir), task_name)
+
+
+def task_templates(task_dir: Path) -> list[tuple[str, str]]:
+    """(field, variable name) of every runner variable the task folder templates."""
     found: list[tuple[str, str]] = []
     toml_file = task_dir / "task.toml"
     if toml_file.is_file():
@@ -183,10 +187,18 @@ def task_template_refusals(policy: RunnerPolicy, task_dir: Path, task_name: str)
             text = compose.read_text(errors="replace")
             field = f"environment/{name}"
             found.extend((field, m.group(1)) for m in _COMPOSE_VAR_RE.finditer(text))
+    return list(dict.fromkeys(found))
+
+
+def template_refusals(
+    policy: RunnerPolicy, found: list[tuple[str, str]], task_name: str
+) -> list[str]:
+    """Refusals for a task's templates (:func:`task_templates`) under ``policy``."""
+    allowed = policy.allowed_secrets
     return [
         f"task {task_name}: {field}: ${{{var}}} names a runner variable the runner policy "
         "does not allow (secret_names)"
-        for field, var in dict.fromkeys(found)
+        for field, var in found
         if var not in allowed or forbidden_secret_name(var)
     ]
 

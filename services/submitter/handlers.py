@@ -13,6 +13,7 @@ connections opened for them by connections.py.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +67,8 @@ async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -
     if refusal is not None:
         raise ManifestError(f"compute: {refusal}")
     folders = [(t.ref.name, t.folder) for t in prepared.tasks if t.folder is not None]
-    refusal = policy_refusal(prepared.manifest, live, folders)
+    # Reads each task's task.toml: off the event loop (the HTTP API awaits this).
+    refusal = await asyncio.to_thread(policy_refusal, prepared.manifest, live, folders)
     if refusal is not None:
         raise ManifestError(refusal)
 
