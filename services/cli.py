@@ -1,8 +1,9 @@
 """The ``trialbus`` command line. Thin: parse arguments, call a function, print.
 
 Exit codes (README): 0 ok; 1 experiment finished with unscored trials; 2 bad input
-(manifest, task folder, job folder); 3 NATS or ledger unreachable; 4 --wait timed
-out; 130 interrupted.
+(manifest, task folder, job folder); 3 NATS or ledger unreachable; 4 --wait (or
+status --follow) timed out; 130 interrupted. The live commands (experiments, status
+--follow, logs, runners) are in services/cli_live.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Concatenate
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from services.common import errors as E
 from services.common.errors import LedgerUnavailable, TransientError, UserInputError
@@ -123,22 +123,6 @@ def submit(
         if result.rows is not None:
             print_leaderboard(result.rows, f"leaderboard: {s['experiment_id']}")
     raise typer.Exit(result.exit_code)
-
-
-@app.command()
-def status(experiment: str, json_out: JsonOpt = False) -> None:
-    """Counts of an experiment's trials by state."""
-    from services.reports.queries import experiment_status
-
-    counts = _read(experiment_status, experiment)
-    if _printed_as_json(counts, json_out):
-        return
-    table = Table(title=f"status: {experiment}")
-    table.add_column("state")
-    table.add_column("trials", justify="right")
-    for k, v in counts.items():
-        table.add_row(k, str(v))
-    out.print(table)
 
 
 @app.command()
@@ -348,6 +332,15 @@ def api_token(
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(E.EXIT_USER_ERROR) from None
     print(token)
+
+
+def _register_live_commands() -> None:
+    from services.cli_live import register
+
+    register(app, _run, out, err)
+
+
+_register_live_commands()
 
 
 def main() -> None:

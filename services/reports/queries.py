@@ -10,6 +10,8 @@ after ``submit --wait`` cannot differ.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
 from typing import Any
 
 from schemas.record import TrialRecord
@@ -18,6 +20,7 @@ from services.common.ports import ExperimentInfo, Ledger
 from services.reports.budget import spent_line
 from services.reports.compare import compare, pick_side, records_of
 from services.reports.leaderboard import leaderboard, status_counts
+from services.reports.progress import ExperimentRow, experiment_row
 from services.reports.report import build_report
 
 
@@ -50,6 +53,39 @@ async def experiment_status(ledger: Ledger, experiment_id: str) -> dict[str, int
     if spent is not None:
         status["budget"] = spent
     return status
+
+
+StartedOf = Callable[[str], Awaitable[Iterable[str]]]
+"""Ids of an experiment's trials that started (from the bus: LiveFeeds.started_trials)."""
+
+
+async def experiment_progress(
+    ledger: Ledger,
+    experiment_id: str,
+    started_of: StartedOf,
+    *,
+    required: bool = True,
+    now: datetime | None = None,
+) -> ExperimentRow:
+    """One experiment's row of the experiments list (progress, started, duration).
+
+    ``started_of`` is asked only while some trial has no record: a finished
+    experiment costs no read of the bus.
+    """
+    exp_id, info, records = await load_experiment(ledger, experiment_id, required=required)
+    incomplete = len(records) < (info.n_trials if info else 0)
+    started = await started_of(exp_id) if incomplete else ()
+    return experiment_row(exp_id, info, records, started, now)
+
+
+async def experiment_rows(
+    ledger: Ledger, started_of: StartedOf, *, now: datetime | None = None
+) -> list[ExperimentRow]:
+    """Every experiment's row, newest first (``trialbus experiments``, the dashboard)."""
+    return [
+        await experiment_progress(ledger, exp_id, started_of, required=False, now=now)
+        for exp_id in await ledger.experiment_ids()
+    ]
 
 
 async def experiment_leaderboard(

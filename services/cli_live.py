@@ -1,0 +1,221 @@
+"""The ``trialbus`` commands that watch things live: ``experiments``, ``status
+--follow``, ``logs`` and ``runners``. Thin like services/cli.py: parse, call
+services.submitter.follow, print; registered on the CLI's app by ``register``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from services.common import errors as E
+from services.common.settings import CommonSettings
+from services.common.stackfile import settings_for
+from services.reports.progress import ExperimentRow, RunnerRow, duration, rate_and_eta, when
+
+type Runner = Callable[[Callable[[], Awaitable[Any]]], Any]
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def experiments_table(rows: list[ExperimentRow]) -> Table:
+    """The experiments list, with the dashboard's columns and numbers."""
+    table = Table(title="experiments (newest first)")
+    for col in ("id", "name", "submitted by", "state"):
+        table.add_column(col)
+    for col in ("done", "running", "queued", "unscored", "total"):
+        table.add_column(col, justify="right")
+    table.add_column("started")
+    table.add_column("duration", justify="right")
+    for r in rows:
+        p = r.progress
+        table.add_row(
+            escape(r.experiment_id),
+            escape(r.name),
+            escape(r.submitted_by),
+            p.state,
+            *(str(n) for n in (p.done, p.running, p.queued, p.unscored, p.total)),
+            when(r.started),
+            duration(r.duration_s),
+        )
+    return table
+
+
+def status_line(row: ExperimentRow) -> dict[str, Any]:
+    """One update of ``status --follow``: the row's progress, rate (trials a minute)
+    and ETA (seconds; None while unknown)."""
+    rate, eta = rate_and_eta(row)
+    return {
+        **row.as_dict(),
+        "rate_per_min": None if rate is None else round(rate, 3),
+        "eta_s": None if eta is None else round(eta, 1),
+    }
+
+
+def status_text(line: dict[str, Any]) -> str:
+    """The fields beside the bar: running, queued, unscored, rate, ETA, state."""
+    rate = "-" if line["rate_per_min"] is None else f"{line['rate_per_min']:.1f}/min"
+    return (
+        f"{line['running']} running, {line['queued']} queued, {line['unscored']} unscored, "
+        f"{rate}, ETA {duration(line['eta_s'])}, {line['state']}"
+    )
+
+
+def runners_table(rows: list[RunnerRow]) -> Table:
+    """The runner fleet: one line per live runner record, stale ones marked."""
+    table = Table(title="runners", caption="stale: missed a heartbeat (it drops out after its TTL)")
+    for col in ("id", "host", "pool", "capabilities", "concurrency", "last seen", "state"):
+        table.add_column(col, justify="right" if col == "concurrency" else "left")
+    for r in rows:
+        offers = ", ".join([*r.capabilities, *(f"{label} (label)" for label in r.labels)])
+        table.add_row(
+            escape(r.runner_id),
+            escape(r.host),
+            escape(r.pool),
+            escape(offers) or "-",
+            str(r.concurrency),
+            f"{when(r.last_seen)} ({duration(r.age_s)} ago)",
+            "[red]stale[/red]" if r.stale else "live",
+        )
+    return table
+
+
+def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
+    """Add the live commands to the CLI's ``app``; ``run`` maps errors to exit codes."""
+
+    @app.command()
+    def status(
+        experiment: str,
+        json_out: JsonOpt = False,
+        follow: Annotated[
+            bool,
+            typer.Option(
+                "--follow", "-f", help="A live progress bar (JSON lines with --json) until it ends."
+            ),
+        ] = False,
+        timeout: Annotated[
+            float | None, typer.Option(help="With --follow: give up after this many seconds.")
+        ] = None,
+    ) -> None:
+        """Counts of an experiment's trials by state; --follow: live until every trial ends."""
+        from services.reports.queries import experiment_status
+        from services.submitter.commands import read
+
+        if follow:
+            raise typer.Exit(follow_status(run, out, experiment, json_out, timeout))
+        settings = settings_for(CommonSettings)
+        counts: dict[str, int] = run(lambda: read(settings, experiment_status, experiment))
+        if json_out:
+            out.print_json(json.dumps(counts))
+            return
+        table = Table(title=f"status: {escape(experiment)}")
+        table.add_column("state")
+        table.add_column("trials", justify="right")
+        for k, v in counts.items():
+            table.add_row(k, str(v))
+        out.print(table)
+
+    @app.command()
+    def experiments(json_out: JsonOpt = False) -> None:
+        """Every experiment: id, name, submitted by, state, progress, started, duration."""
+        from services.submitter.follow import list_experiments
+
+        settings = settings_for(CommonSettings)
+        rows: list[ExperimentRow] = run(lambda: list_experiments(settings))
+        if json_out:
+            out.print_json(json.dumps([r.as_dict() for r in rows]))
+        else:
+            out.print(experiments_table(rows))
+
+    @app.command()
+    def logs(
+        trial: Annotated[str, typer.Argument(help="Trial id.")],
+        follow: Annotated[
+            bool, typer.Option("--follow", "-f", help="Keep following until the trial ends.")
+        ] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """A trial's live log lines (what the logs stream holds; -f: until it ends)."""
+        from services.submitter.follow import LogLine, trial_logs
+
+        def show(line: LogLine) -> None:
+            # Printed as it is: a log is the agent's text, never rich markup.
+            sys.stdout.write(json.dumps(line.as_dict()) + "\n" if json_out else line.text)
+            sys.stdout.flush()
+
+        settings = settings_for(CommonSettings)
+        n: int = run(lambda: trial_logs(settings, trial, show, follow=follow))
+        if not n and not follow:
+            err.print(
+                f"no log line of {trial} in the logs stream (it keeps them 2 days; "
+                "imported trials have none)",
+                highlight=False,
+            )
+
+    @app.command()
+    def runners(json_out: JsonOpt = False) -> None:
+        """Live runners: id, host, pool, capabilities, concurrency, last seen; stale marked."""
+        from services.submitter.follow import list_runners
+
+        settings = settings_for(CommonSettings)
+        rows: list[RunnerRow] = run(lambda: list_runners(settings))
+        if json_out:
+            out.print_json(json.dumps([r.as_dict() for r in rows]))
+        else:
+            out.print(runners_table(rows))
+
+
+def follow_status(
+    run: Runner, out: Console, experiment: str, json_out: bool, timeout: float | None
+) -> int:
+    """``status EXP --follow``: a progress bar (JSON lines with --json) until every
+    trial is recorded; the exit code of ``submit --wait`` (0, 1 unscored, 4 timeout)."""
+    from services.submitter.follow import follow_status as follow
+
+    settings = settings_for(CommonSettings)
+    if json_out:
+
+        def update(row: ExperimentRow) -> None:
+            sys.stdout.write(json.dumps(status_line(row)) + "\n")
+            sys.stdout.flush()
+
+        last = run(lambda: follow(settings, experiment, update, timeout_s=timeout))
+    elif out.is_terminal:
+        bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            console=out,
+        )
+        task = bar.add_task(escape(experiment), total=None, detail="")
+
+        def draw(row: ExperimentRow) -> None:
+            line = status_line(row)
+            bar.update(task, total=line["total"], completed=line["done"], detail=status_text(line))
+
+        with bar:
+            last = run(lambda: follow(settings, experiment, draw, timeout_s=timeout))
+    else:
+        seen: list[str] = []
+
+        def say(row: ExperimentRow) -> None:
+            line = status_line(row)
+            text = f"{line['done']}/{line['total']} done, {status_text(line)}"
+            if not seen or seen[-1] != text:
+                seen.append(text)
+                out.print(f"{experiment} {text}", highlight=False, markup=False)
+
+        last = run(lambda: follow(settings, experiment, say, timeout_s=timeout))
+    p = last.progress
+    if not p.finished:
+        return E.EXIT_TIMEOUT
+    return E.EXIT_OK if p.scored == p.total else E.EXIT_TRIALS_UNSCORED

@@ -1,0 +1,244 @@
+"""Where an experiment is: progress, the experiments list's rows, rate and ETA, the
+runner fleet's rows. Pure: records (and what the bus says) in, plain values out.
+
+The dashboard (services/submitter/dashboard_views.py) and the CLI (``trialbus
+experiments``, ``status --follow``, ``runners``) both build their rows here, so a
+page and a terminal cannot disagree. What the ledger cannot know, which trials are
+running now, the caller reads from the TrialStarted events
+(services/submitter/live_feeds.LiveFeeds.started_trials): a trial counts as running
+from its start until its record arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from schemas.record import TrialRecord
+from schemas.runners import RunnerInfo
+from services.common.ports import ExperimentInfo
+from services.reports.leaderboard import status_counts
+from services.submitter.api_tokens import owner_from_record
+
+STALE_AFTER_HEARTBEATS = 2
+"""A runner whose record is older than this many heartbeat intervals is marked stale:
+it missed at least one beat (its record is dropped after a full TTL, 3 beats)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where an experiment's trials are: done (recorded), running, queued, unscored."""
+
+    total: int
+    done: int
+    running: int
+    queued: int
+    scored: int
+    unscored: int
+    cancelled: int
+
+    @property
+    def state(self) -> str:
+        """running, complete, or cancelled (every trial recorded, some cancelled)."""
+        if self.done < self.total:
+            return "cancelling" if self.cancelled else "running"
+        return "cancelled" if self.cancelled else "complete"
+
+    @property
+    def finished(self) -> bool:
+        """Whether every trial has a record (complete or cancelled)."""
+        return self.state in ("complete", "cancelled")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (the live updates carry it)."""
+        return {
+            "total": self.total,
+            "done": self.done,
+            "running": self.running,
+            "queued": self.queued,
+            "scored": self.scored,
+            "unscored": self.unscored,
+            "state": self.state,
+        }
+
+
+def progress(
+    records: Sequence[TrialRecord], info: ExperimentInfo | None, started: Iterable[str]
+) -> Progress:
+    """The progress of one experiment; ``started``: ids of trials that started."""
+    counts = status_counts(records, info)
+    recorded = {r.trial_id for r in records}
+    running = min(len(set(started) - recorded), counts["pending"])
+    return Progress(
+        total=counts["total"],
+        done=counts["recorded"],
+        running=running,
+        queued=counts["pending"] - running,
+        scored=counts["scored"],
+        unscored=counts["unscored"],
+        cancelled=counts.get("unscored_cancelled", 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentRow:
+    """One line of the experiments list."""
+
+    experiment_id: str
+    name: str
+    submitted_by: str
+    progress: Progress
+    started: datetime | None
+    duration_s: float | None
+
+    def matches(self, query: str) -> bool:
+        """Whether the filter box's text is in the id, the name, the submitter or the state."""
+        q = query.strip().lower()
+        fields = (self.experiment_id, self.name, self.submitted_by, self.progress.state)
+        return not q or any(q in f.lower() for f in fields)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (``trialbus experiments --json``): progress flattened in, times ISO."""
+        return {
+            "experiment_id": self.experiment_id,
+            "name": self.name,
+            "submitted_by": self.submitted_by,
+            **self.progress.as_dict(),
+            "started": self.started.isoformat() if self.started else None,
+            "duration_s": self.duration_s,
+        }
+
+
+def submitter_label(info: ExperimentInfo | None) -> str:
+    """``alice (red)``, ``team blue``, or "-" when the manifest names nobody."""
+    owner = owner_from_record(info.manifest.get("submitted_by")) if info else None
+    if owner is None:
+        return "-"
+    if owner.user and owner.team:
+        return f"{owner.user} ({owner.team})"
+    return owner.user or f"team {owner.team}"
+
+
+def span(
+    records: Sequence[TrialRecord], running: bool, now: datetime
+) -> tuple[datetime | None, float | None]:
+    """(first trial start, seconds until the last end, or until now while running)."""
+    starts = [t for r in records if (t := r.timing.started_at) is not None]
+    ends = [t for r in records if (t := r.timing.finished_at) is not None]
+    if not starts:
+        return None, None
+    first = min(starts)
+    last = now if running or not ends else max(ends)
+    return first, max(0.0, (last - first).total_seconds())
+
+
+def experiment_row(
+    experiment_id: str,
+    info: ExperimentInfo | None,
+    records: Sequence[TrialRecord],
+    started: Iterable[str],
+    now: datetime | None = None,
+) -> ExperimentRow:
+    """The list's line for one experiment."""
+    p = progress(records, info, started)
+    first, duration = span(records, not p.finished, now or datetime.now(UTC))
+    return ExperimentRow(
+        experiment_id=experiment_id,
+        name=info.name if info else experiment_id,
+        submitted_by=submitter_label(info),
+        progress=p,
+        started=first,
+        duration_s=duration,
+    )
+
+
+def rate_and_eta(row: ExperimentRow) -> tuple[float | None, float | None]:
+    """(trials recorded per minute since the first start, seconds left at that rate).
+
+    None when nothing can be said yet (no trial started or none recorded); the ETA is
+    0 once every trial is recorded.
+    """
+    p = row.progress
+    if row.duration_s is None or not p.done or row.duration_s <= 0:
+        return None, (0.0 if p.finished and p.total else None)
+    per_s = p.done / row.duration_s
+    return per_s * 60.0, (p.total - p.done) / per_s
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerRow:
+    """One runner of the fleet, as ``trialbus runners`` (and the fleet page) show it."""
+
+    runner_id: str
+    host: str
+    pool: str
+    capabilities: list[str]
+    labels: list[str]
+    concurrency: int
+    harbor_version: str | None
+    started_at: datetime
+    last_seen: datetime
+    age_s: float
+    stale: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (``trialbus runners --json``)."""
+        return {
+            "runner_id": self.runner_id,
+            "host": self.host,
+            "pool": self.pool,
+            "capabilities": self.capabilities,
+            "labels": self.labels,
+            "concurrency": self.concurrency,
+            "harbor_version": self.harbor_version,
+            "started_at": self.started_at.isoformat(),
+            "last_seen": self.last_seen.isoformat(),
+            "age_s": round(self.age_s, 3),
+            "stale": self.stale,
+        }
+
+
+def runner_rows(
+    runners: Iterable[RunnerInfo], heartbeat_s: float, now: datetime | None = None
+) -> list[RunnerRow]:
+    """The registry's live records by pool and id; ``stale`` when a record is older
+    than ``STALE_AFTER_HEARTBEATS`` heartbeats (``heartbeat_s``: the registry's)."""
+    at = now or datetime.now(UTC)
+    rows = []
+    for r in sorted(runners, key=lambda r: (r.pool, r.runner_id)):
+        age = max(0.0, (at - r.last_seen).total_seconds())
+        rows.append(
+            RunnerRow(
+                runner_id=r.runner_id,
+                host=r.host,
+                pool=r.pool,
+                capabilities=list(r.capabilities),
+                labels=list(r.labels),
+                concurrency=r.concurrency,
+                harbor_version=r.harbor_version,
+                started_at=r.started_at,
+                last_seen=r.last_seen,
+                age_s=age,
+                stale=age > STALE_AFTER_HEARTBEATS * heartbeat_s,
+            )
+        )
+    return rows
+
+
+def when(value: datetime | None) -> str:
+    """A UTC time as ``2026-11-26 07:02:03Z``; "-" for None."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ") if value else "-"
+
+
+def duration(seconds: float | None) -> str:
+    """``1h 02m 03s``, ``4m 05s``, ``7s``; "-" for None."""
+    if seconds is None:
+        return "-"
+    s = round(seconds)
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    if h:
+        return f"{h}h {m:02d}m {s:02d}s"
+    return f"{m}m {s:02d}s" if m else f"{s}s"

@@ -1,0 +1,158 @@
+"""The CLI's live views: ``trialbus experiments``, ``status --follow``, ``logs`` and
+``runners``. Each opens what it needs (connections.py), reads, and closes.
+
+What the ledger knows is read through services.reports.queries (the one read path,
+shared with the dashboard); what only the bus knows (trials running now, live log
+lines, the runner registry) through the submitter's NATS connection, with the rights
+the submitter role already has: following the events and logs streams (read only)
+and reading the runners bucket (infra/nats_permissions.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from schemas.events import TrialLog
+from services.common.adapters.nats_registry import NatsRunnerRegistry
+from services.common.errors import UserInputError
+from services.common.settings import CommonSettings
+from services.reports import queries
+from services.reports.progress import ExperimentRow, RunnerRow, runner_rows
+from services.submitter.connections import open_ledger, open_nats
+from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
+
+UPDATE_INTERVAL_S = 0.5
+"""``status --follow`` redraws at most this often while events arrive."""
+REFRESH_S = 5.0
+"""... and at least this often when none does (duration, rate and ETA move on)."""
+LOG_QUIET_S = 1.0
+"""``logs -f`` asks the ledger whether the trial has its record after this long quiet."""
+HISTORY_READ_S = 5.0
+"""Reading the lines a stream holds may take at most this long."""
+
+
+def started_of(live: LiveFeeds) -> queries.StartedOf:
+    """The ids of an experiment's started trials, from its TrialStarted events."""
+
+    async def started(experiment_id: str) -> Iterable[str]:
+        if not valid_experiment_id(experiment_id):
+            return ()  # an imported job's id may not be one the bus can carry
+        return (await live.started_trials(experiment_id)).keys()
+
+    return started
+
+
+async def list_experiments(settings: CommonSettings) -> list[ExperimentRow]:
+    """``trialbus experiments``: every experiment's row, newest first."""
+    async with (
+        open_nats(settings, "trialbus-experiments") as nats,
+        open_ledger(settings) as ledger,
+    ):
+        return await queries.experiment_rows(
+            ledger, started_of(LiveFeeds(nats.nc, nats.settings.topology))
+        )
+
+
+async def follow_status(
+    settings: CommonSettings,
+    experiment_id: str,
+    on_update: Callable[[ExperimentRow], None],
+    *,
+    timeout_s: float | None = None,
+) -> ExperimentRow:
+    """``trialbus status EXP --follow``: call ``on_update`` with the experiment's row
+    now and after its events, until every trial is recorded (or ``timeout_s``).
+
+    Subscribed to the experiment's events before the first read, so no change slips
+    between the read and the subscription. Raises ExperimentNotFound for an experiment
+    the ledger does not know.
+    """
+    if not valid_experiment_id(experiment_id):
+        raise UserInputError(f"{experiment_id!r} is not an experiment id")
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    async with open_nats(settings, "trialbus-status") as nats, open_ledger(settings) as ledger:
+        live = LiveFeeds(nats.nc, nats.settings.topology)
+        started = started_of(live)
+        async with live.experiment_events(experiment_id) as feed:
+            row = await queries.experiment_progress(ledger, experiment_id, started)
+            on_update(row)
+            while not row.progress.finished:
+                left = REFRESH_S if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    break
+                event = await feed.next(min(REFRESH_S, left))
+                if event is not None:
+                    # Gather what else arrives in the next moment: one redraw for a burst.
+                    until = time.monotonic() + UPDATE_INTERVAL_S
+                    while (rest := until - time.monotonic()) > 0 and await feed.next(rest):
+                        pass
+                row = await queries.experiment_progress(ledger, experiment_id, started)
+                on_update(row)
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One live log chunk of a trial."""
+
+    phase: str
+    stream: str
+    text: str
+
+    def as_dict(self) -> dict[str, str]:
+        """JSON form (``logs --json``: one object per line)."""
+        return {"phase": self.phase, "stream": self.stream, "text": self.text}
+
+
+async def trial_logs(
+    settings: CommonSettings, trial_id: str, on_line: Callable[[LogLine], None], *, follow: bool
+) -> int:
+    """``trialbus logs TRIAL [-f]``: the trial's live log lines, oldest first; the count.
+
+    Without ``follow``: the lines the logs stream holds now (it keeps them 2 days).
+    With it: those, then new ones until the trial's record is in the ledger (every
+    line was published before the trial's result, so none comes after it).
+    """
+    if not valid_trial_id(trial_id):
+        raise UserInputError(f"{trial_id!r} is not a trial id")
+    topology = settings.topology
+    async with open_nats(settings, "trialbus-logs") as nats, open_ledger(settings) as ledger:
+        js = nats.nc.jetstream()
+        subject = f"{topology.prefix}.logs.*.{trial_id}"
+
+        async def held() -> int:
+            info = await js.stream_info(topology.logs_stream, subjects_filter=subject)
+            return sum((info.state.subjects or {}).values())
+
+        seen = 0
+        async with LiveFeeds(nats.nc, topology).trial_log(trial_id) as feed:
+
+            async def read_until(count: int, timeout_s: float) -> None:
+                nonlocal seen
+                deadline = time.monotonic() + timeout_s
+                while seen < count and (left := deadline - time.monotonic()) > 0:
+                    event = await feed.next(left)
+                    if event is None:
+                        return
+                    seen += 1
+                    if isinstance(event, TrialLog):
+                        on_line(LogLine(event.phase, event.stream, event.text))
+
+            if not follow:
+                await read_until(await held(), HISTORY_READ_S)
+                return seen
+            while True:
+                # Lines as they come; after a quiet moment, ask whether the trial ended.
+                await read_until(seen + 1_000_000, LOG_QUIET_S)
+                if await ledger.get_record(trial_id) is not None:
+                    await read_until(await held(), HISTORY_READ_S)
+                    return seen
+
+
+async def list_runners(settings: CommonSettings) -> list[RunnerRow]:
+    """``trialbus runners``: the registry's live records, stale ones marked."""
+    async with open_nats(settings, "trialbus-runners") as nats:
+        registry = await NatsRunnerRegistry.open(nats.nc.jetstream(), nats.settings.topology)
+        return runner_rows(await registry.live_runners(), registry.heartbeat_s)
