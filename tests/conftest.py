@@ -8,10 +8,20 @@ Under ``CI=true`` a skipped test is a failed test: a missing nats-server or ledg
 binary, bubblewrap, or root privilege means part of trialbus went untested, and the
 summary line must say so. The one exception is a test marked ``docker`` (it needs a
 Docker engine, which no machine here has; testcontainers tests skip cleanly).
+
+``make test`` runs the suite on pytest-xdist workers (``-n 2 --dist loadgroup``). Each
+worker is its own session, so each starts its own servers above; tests already isolate
+themselves by name, port and tmp_path, so no test depends on which worker runs it. A
+module whose tests share a module- or class-scoped fixture (a whole stack, a Harbor
+run) is kept on one worker, so that fixture is still built once. Tests of the multi-host
+harness (tests/support/netns.py) share one worker too: its namespaces, links and markers
+are machine-wide, and its stale sweep would take a crashed run that another worker's test
+is about to inspect.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from collections.abc import Generator, Iterator
@@ -34,6 +44,57 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "docker: needs a Docker engine (the only skip allowed under CI=true)"
     )
+
+
+SHARED_SCOPES = frozenset({"class", "module", "package"})
+"""Fixture scopes wider than a test and narrower than a session (see the module docstring)."""
+
+NETNS_HARNESS = "tests.support.netns"
+"""The multi-host harness's modules (netns and netns_host): machine-wide names."""
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The one xdist group ``item`` must run in (see the module docstring), or None."""
+    module = getattr(item, "module", None)
+    if module is not None and any(
+        str(getattr(value, "__module__", "") or "").startswith(NETNS_HARNESS)
+        for value in vars(module).values()
+    ):
+        return "netns-hosts"
+    defs = getattr(item, "_fixtureinfo", None)
+    closure = defs.name2fixturedefs.values() if defs is not None else ()
+    if any(fd[-1].scope in SHARED_SCOPES for fd in closure if fd):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """Name an encoded event parameter by its type, not by its text.
+
+    Its event_id and occurred_at are minted when the module is imported, so each xdist
+    worker would collect a different test id and xdist refuses to run differing
+    collections. Any other value keeps pytest's own id (None).
+    """
+    if not isinstance(val, (bytes, str)):
+        return None
+    try:
+        data = json.loads(val)
+    except ValueError:  # not JSON (UnicodeDecodeError is a ValueError too)
+        return None
+    if isinstance(data, dict) and "event_id" in data and "type" in data:
+        return f"event:{data['type']}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Without this, ``--dist loadgroup`` would hand a module's tests to both workers
+    # and each would build the module's fixture (for some, a whole trialbus stack).
+    # One group per test: xdist would join two group names into a third group.
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -7,11 +7,18 @@ malformed variant copy a trial folder into their own tmp_path and corrupt the co
 the session folders are shared and must not be modified.
 
 Load with ``pytest_plugins = ["tests.harbor_fixtures"]`` in a conftest.py.
+
+One run builds the folders once, whatever imports the fixture: several modules re-export
+it (each re-export is its own session fixture) and each pytest-xdist worker is its own
+session, so the first to need them builds them under the run's temp root while holding a
+lock, and the others wait for it and reuse them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -25,6 +32,8 @@ from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_TASKS = REPO / "examples" / "tasks"
 JOB_ID = "0b7d4a6e-3c1f-4d38-9f6a-2f2a5f0d9c11"
+JOB_FOLDER = "2026-01-02__03-04-05"
+"""Name of the fixture job folder (Harbor's timestamp form)."""
 """Harbor job id written into every session trial's config (as `harbor run` does)."""
 
 
@@ -105,21 +114,50 @@ async def _run_trials(job_dir: Path, specs: list[TrialSpec]) -> None:
 
 @pytest.fixture(scope="session")
 def harbor_trials(tmp_path_factory: pytest.TempPathFactory) -> HarborTrials:
-    """Run the session's Harbor trials once (about 1 s in total) and return their folders."""
-    root = tmp_path_factory.mktemp("harbor")
-    job_dir = root / "2026-01-02__03-04-05"
-    job_dir.mkdir()
-    slow_task = _never_ending_task(root / "tasks" / "never-ending")
-    specs = [
+    """Run the run's Harbor trials once (about 1 s in total) and return their folders."""
+    base = tmp_path_factory.getbasetemp()
+    # An xdist worker's temp root is <run's temp root>/popen-gwN: share the run's.
+    run_root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root = run_root / "harbor-trials"
+    with (run_root / "harbor-trials.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = root / "built"  # written last: a build that failed is done again
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)
+            _build(root)
+            done.touch()
+    return _load(root)
+
+
+def _specs(root: Path) -> list[TrialSpec]:
+    return [
         TrialSpec("hello-file__oracle", EXAMPLE_TASKS / "hello-file", "oracle"),
         TrialSpec("hello-file__nop", EXAMPLE_TASKS / "hello-file", "nop"),
         TrialSpec("multi-metric__oracle", EXAMPLE_TASKS / "multi-metric", "oracle"),
         TrialSpec("multi-metric__nop", EXAMPLE_TASKS / "multi-metric", "nop"),
         TrialSpec("broken-verifier__oracle", EXAMPLE_TASKS / "broken-verifier", "oracle"),
         # hello-file's agent timeout is 60 s; x0.005 = 0.3 s.
-        TrialSpec("never-ending__oracle", slow_task, "oracle", agent_timeout_multiplier=0.005),
+        TrialSpec(
+            "never-ending__oracle",
+            root / "tasks" / "never-ending",
+            "oracle",
+            agent_timeout_multiplier=0.005,
+        ),
     ]
-    asyncio.run(_run_trials(job_dir, specs))
+
+
+def _build(root: Path) -> None:
+    """Run the fixture trials into ``root`` (a Harbor job folder and the slow task)."""
+    job_dir = root / JOB_FOLDER
+    job_dir.mkdir(parents=True)
+    _never_ending_task(root / "tasks" / "never-ending")
+    asyncio.run(_run_trials(job_dir, _specs(root)))
+
+
+def _load(root: Path) -> HarborTrials:
+    """The trial folders :func:`_build` made under ``root``, each checked for its result."""
+    job_dir = root / JOB_FOLDER
+    specs = _specs(root)
     names = ["oracle", "nop", "multi", "multi_nop", "broken", "timeout"]
     trials = {short: job_dir / spec.name for short, spec in zip(names, specs, strict=True)}
     for short, path in trials.items():
