@@ -6,6 +6,10 @@ consumer itself: a free slot is taken *before* a message is fetched, each messag
 given to the handler (services.runner.handlers) with its ``in_progress()`` as the
 keep-alive, and the handler's verdict is applied to the message here. On drain or
 shutdown a message still in flight is handed back (nak) for another runner.
+
+An idle runner pulls one message at a time (returned the moment it arrives); once a
+pull finds work, the next asks for every free slot with a short window, so a burst
+is taken in batches and a lone trial never waits out a batch's fetch window.
 """
 
 from __future__ import annotations
@@ -36,7 +40,13 @@ class MessageHandler(Protocol):
         """Handle one message; raises only CancelledError."""
 
 
-FETCH_TIMEOUT_S = 1.0
+IDLE_FETCH_TIMEOUT_S = 1.0
+"""An idle runner's single-message pull: it returns the moment a trial arrives, so
+this window only sets how often an idle runner renews its request (once a second)."""
+BUSY_FETCH_TIMEOUT_S = 0.05
+"""A multi-message pull after the previous one found work: it returns when the batch
+is full or after this window, so a trial that is delivered into a batch that never
+fills waits at most this long (it waited the whole idle window before)."""
 
 
 def runner_durable_config(
@@ -123,6 +133,7 @@ class WorkConsumer:
             pool=self._pool,
             concurrency=self._concurrency,
         )
+        busy = False
         try:
             while not self._stopping.is_set():
                 await self._slots.acquire()
@@ -131,7 +142,11 @@ class WorkConsumer:
                 while free < self._concurrency and not self._slots.locked():
                     await self._slots.acquire()
                     free += 1
-                msgs = await self._fetch(psub, free)
+                # Idle: one message, returned on arrival (a batch pull would hold an
+                # early arrival until the batch fills or the window ends: the old p99).
+                # Busy: the rest of the free slots in one short pull.
+                msgs = await self._fetch(psub, free if busy else 1)
+                busy = bool(msgs)
                 for _ in range(free - len(msgs)):
                     self._slots.release()
                 for msg in msgs:
@@ -145,8 +160,9 @@ class WorkConsumer:
     async def _fetch(self, psub: JetStreamContext.PullSubscription, n: int) -> list[Msg]:
         if self._stopping.is_set():
             return []
+        timeout = IDLE_FETCH_TIMEOUT_S if n == 1 else BUSY_FETCH_TIMEOUT_S
         try:
-            return await psub.fetch(batch=n, timeout=FETCH_TIMEOUT_S)
+            return await psub.fetch(batch=n, timeout=timeout)
         except (NatsTimeoutError, TimeoutError):
             return []
         except Exception as exc:  # noqa: BLE001 - reconnecting; keep the loop alive
