@@ -25,7 +25,8 @@ def budget_of(info: ExperimentInfo | None) -> dict[str, Any] | None:
 
 
 def spent_line(records: Sequence[TrialRecord], info: ExperimentInfo | None) -> str | None:
-    """``$0.0600 of $0.05 USD (2 of 8 trials without a price); 3600 of 5000 tokens``.
+    """``$0.0600 of $0.05 USD (2 of 8 trials that used tokens have no price); 3600 of
+    5000 tokens``.
 
     None when the manifest sets no budget.
     """
@@ -35,11 +36,18 @@ def spent_line(records: Sequence[TrialRecord], info: ExperimentInfo | None) -> s
     parts: list[str] = []
     max_cost, max_tokens = budget.get("max_cost_usd"), budget.get("max_tokens")
     if max_cost is not None:
-        costs = [r.usage.cost_usd for r in records if r.usage.cost_usd is not None]
-        unknown = len(records) - len(costs)
-        line = f"${math.fsum(costs):.4f} of ${max_cost:g} USD"
+        # Trials that never ran (stopped, cancelled) used nothing: only those that
+        # report usage can lack a price.
+        used = [r for r in records if _used(r)]
+        costs = [r.usage.cost_usd for r in used if r.usage.cost_usd is not None]
+        unknown = len(used) - len(costs)
+        line = (
+            f"${math.fsum(costs):.4f} of ${max_cost:g} USD"
+            if costs or not unknown
+            else f"cost unknown of ${max_cost:g} USD"
+        )
         if unknown:
-            line += f" ({unknown} of {len(records)} trials without a price: cost unknown)"
+            line += f" ({unknown} of {len(used)} trials that used tokens have no price)"
         parts.append(line)
     if max_tokens is not None:
         tokens = sum(
@@ -49,3 +57,8 @@ def spent_line(records: Sequence[TrialRecord], info: ExperimentInfo | None) -> s
     spent = "; ".join(parts)
     reached = any(r.evaluation.exception_type == "BudgetExceeded" for r in records)
     return f"{spent}{' — reached: trials not started were stopped' if reached else ''}"
+
+
+def _used(record: TrialRecord) -> bool:
+    usage = record.usage
+    return any(v is not None for v in (usage.n_input_tokens, usage.n_output_tokens, usage.cost_usd))

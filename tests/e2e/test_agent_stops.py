@@ -7,10 +7,14 @@ failure (AuthenticationError, as Harbor records it) and five AgentStopped trials
 never started, each naming that failure and the fix; the oracle's six trials in the
 same experiment run and score as usual. A resubmission lifts the stop: the agent is
 tried again (one more real failure), rather than every trial staying stopped.
+
+A token budget the first trial of a solving model uses up stops the trials after it
+(BudgetExceeded), read from Harbor's own result.json, and ``trialbus status`` says so.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,3 +99,38 @@ async def test_a_refused_key_stops_the_agent_once(
     errors = sorted(r.evaluation.exception_type for r in again)
     assert errors == ["AgentStopped"] * 5 + ["AuthenticationError"], errors
     assert stub.count("unauthorized", 401) > first_requests
+
+
+async def test_a_token_budget_stops_trials_not_yet_started(
+    stacks: Stacks, stub: ModelStub, tmp_path: Path
+) -> None:
+    # A solving model, one trial at a time, and a budget the first trial uses up
+    # (terminus-2 spends ~2,700 tokens on hello-file): the runner reads the tokens from
+    # Harbor's own result.json, and the trials after it do not start.
+    stack = await stacks.start(concurrency=1, runner_env=runner_env(tmp_path))
+    cli = stacks.cli(stack)
+    data = {
+        "name": "budgeted",
+        "tasks": [str(HELLO_FILE)],
+        "agents": [terminus(stub, "solve")],
+        "repetitions": 3,
+        "compute": {"environment": "local", "n_concurrent_trials": 1},
+        "budget": {"max_tokens": 1000, "max_cost_usd": 5.0},
+    }
+    path = tmp_path / "budgeted.yaml"
+    path.write_text(yaml.safe_dump(data))
+    exp = await submit_wait(cli, path)
+    records = await ledger_records(stack, exp)
+    errors = sorted(str(r.evaluation.exception_type) for r in records)
+    # Negative control: the first trial ran (and solved) before the budget was reached.
+    assert errors == ["BudgetExceeded", "BudgetExceeded", "None"], errors
+    [ran] = [r for r in records if r.evaluation.exception_type is None]
+    assert ran.evaluation.main_reward == 1.0 and ran.usage.n_input_tokens
+    assert not any(r.evaluation.reward_valid for r in records if r is not ran)
+    # status says what was spent of which budget, and that an unpriced trial's cost
+    # is unknown (the stub's model has no price).
+    code, out, err = await cli.arun("status", exp, "--json")
+    assert code == 0, err.decode()
+    line = json.loads(out)["budget"]
+    assert "of 1000 tokens" in line and "reached" in line, line
+    assert "cost unknown of $5 USD (1 of 1 trials that used tokens have no price)" in line

@@ -34,7 +34,7 @@ async def test_status_shows_spend_against_the_budget() -> None:
     records = [record(0, 0.02), record(1, 0.02), record(2, None)]
     status = await status_of({"max_cost_usd": 0.05, "max_tokens": 5000}, records)
     assert status["budget"] == (
-        "$0.0400 of $0.05 USD (1 of 3 trials without a price: cost unknown); 3600 of 5000 tokens"
+        "$0.0400 of $0.05 USD (1 of 3 trials that used tokens have no price); 3600 of 5000 tokens"
     )
     assert status["scored"] == 3  # the counts are still there
     reached = await status_of({"max_tokens": 3000}, [*records, record(3, None, "BudgetExceeded")])
