@@ -110,12 +110,17 @@ STOPS_AGENT_QUOTA = frozenset(
     }
 )
 # By message, for types that also carry passing failures: OpenAI reports an empty
-# account as a 429 RateLimitError with code ``insufficient_quota``, Anthropic as a 400
-# BadRequestError about the credit balance. Deliberately narrow: Gemini's per-minute
-# limits also say "exceeded your current quota", and those pass.
+# account as a 429 (litellm: "RateLimitError: OpenAIException - You exceeded your
+# current quota, please check your plan and billing details."; the code
+# ``insufficient_quota`` stays in the body), Anthropic as a 400 about the credit
+# balance. Gemini's per-minute limits say "exceeded your current quota" too, but point
+# at its rate-limits page and say when to retry: those pass.
 _QUOTA_MESSAGE = re.compile(
-    r"insufficient_quota|credit balance is too low|payment required", re.IGNORECASE
+    r"insufficient_quota|exceeded your current quota|credit balance is too low"
+    r"|payment required",
+    re.IGNORECASE,
 )
+_PASSING_QUOTA = re.compile(r"rate-limits|retry in|per ?minute", re.IGNORECASE)
 
 
 def stops_agent(exception_type: str | None, message: str | None) -> str | None:
@@ -131,5 +136,5 @@ def stops_agent(exception_type: str | None, message: str | None) -> str | None:
         return "quota"
     provider = policy_for(exception_type).cause == FailureCause.MODEL_PROVIDER_FAILED
     if provider and message and _QUOTA_MESSAGE.search(message):
-        return "quota"
+        return None if _PASSING_QUOTA.search(message) else "quota"
     return None

@@ -29,6 +29,15 @@ from tests.unit.test_runner_handlers import World
 REPO = Path(__file__).resolve().parents[2]
 LLM = AgentSpec(name="terminus-2", model="openai/gpt-x", api_key_env=["OPENAI_API_KEY"])
 ORACLE = AgentSpec(name="oracle")
+OPENAI_NO_CREDIT = (
+    "litellm.RateLimitError: RateLimitError: OpenAIException - You exceeded your current "
+    "quota, please check your plan and billing details."
+)
+GEMINI_PER_MINUTE = (
+    "litellm.RateLimitError: VertexAIException - You exceeded your current quota, please "
+    "check your plan and billing details. For more information on this error, head to: "
+    "https://ai.google.dev/gemini-api/docs/rate-limits. Please retry in 32.5s."
+)
 
 
 def trial(i: int, agent: AgentSpec = LLM) -> TrialRequested:
@@ -66,9 +75,12 @@ def failures(world: World, error_type: str) -> list[TrialFailed]:
         ("AuthenticationError", "Incorrect API key provided", "authentication"),
         ("PermissionDeniedError", "key lacks access", "authentication"),
         ("RateLimitError", "litellm.RateLimitError: code insufficient_quota", "quota"),
+        # What litellm makes of OpenAI's 429 insufficient_quota (seen with litellm 1.x).
+        ("RateLimitError", OPENAI_NO_CREDIT, "quota"),
         ("BadRequestError", "Your credit balance is too low to access the API", "quota"),
         # Negative controls: rate limits, server errors and agent outcomes pass on.
         ("RateLimitError", "Rate limit reached, retry after 1 s", None),
+        ("RateLimitError", GEMINI_PER_MINUTE, None),
         ("InternalServerError", "HTTP 500", None),
         ("AgentTimeoutError", "insufficient_quota in the agent's own output", None),
         (None, None, None),
