@@ -102,6 +102,9 @@ def serve(stack: EmbeddedStack, console: Printer, policy: RestartPolicy | None =
         f"HTTP http://127.0.0.1:{stack.http_port} (bearer token in {stack.api_token_path}), "
         f"jobs {stack.jobs_dir}. Ctrl-C stops it."
     )
+    # Its own line, last: the one thing a person starting trialbus wants to click.
+    token = stack.api_token_path
+    say(f"dashboard: {dashboard_url(stack.http_port)} (log in with the token in {token})")
     code = EXIT_OK
     try:
         Supervisor(stack.children, say, policy).run(stop.wait)
@@ -114,6 +117,11 @@ def serve(stack: EmbeddedStack, console: Printer, policy: RestartPolicy | None =
         with contextlib.suppress(FileNotFoundError):
             stack_file().unlink()
     return code
+
+
+def dashboard_url(http_port: int | None) -> str:
+    """Where the web dashboard of a stack whose HTTP API listens on ``http_port`` is."""
+    return f"http://127.0.0.1:{http_port}/ui/"
 
 
 def _quiet_logging() -> None:
