@@ -5,8 +5,11 @@
 - ``leaderboard``: rows per agent x model, and status counts.
 - ``report``: the full report (leaderboard, per-task matrix, failure causes).
 - ``compare``: the paired comparison of two agents.
+- ``progress``: where an experiment is (done / running / queued / unscored, rate,
+  ETA), the experiments list's rows and the runner fleet's: shared by the dashboard
+  and the CLI's live views.
 - ``tables`` / ``html``: renderings for the CLI and as a self-contained page, with
   numbers written by ``formatting`` (one way to show a figure).
 - ``queries``: the one read path: each report loaded through the Ledger port, called
-  by the CLI, the HTTP API and ``submit --wait`` alike.
+  by the CLI, the HTTP API, the dashboard and ``submit --wait`` alike.
 """
