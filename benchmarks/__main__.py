@@ -9,10 +9,12 @@ overwrites the published numbers.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.harness import REPO
 from benchmarks.report import write_outputs
@@ -36,6 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, help="scratch folder (emptied per measurement)")
     p.add_argument("--results", type=Path, help="results.json path")
     p.add_argument("--doc", type=Path, help="markdown report path")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other benchmarks of an existing results file (replace only those run)",
+    )
     args = p.parse_args(argv)
     unknown = set(args.only or []) - set(BENCHMARKS)
     if unknown:
@@ -52,6 +59,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def merge_reports(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` with the benchmarks of ``old`` it did not run, in the suite's order.
+
+    Each benchmark keeps its own start time, command and load average, so a page built
+    from several sittings still says when and under what load each number was taken.
+    """
+    by_name = {b["name"]: b for b in old.get("benchmarks", [])}
+    by_name.update({b["name"]: b for b in new["benchmarks"]})
+    commands = [c for c in (old.get("command", ""), new["command"]) if c]
+    return {
+        **new,
+        "command": " ; ".join(dict.fromkeys(" ; ".join(commands).split(" ; "))),
+        "started_at": min(old.get("started_at", new["started_at"]), new["started_at"]),
+        "seconds": old.get("seconds", 0) + new["seconds"],
+        "benchmarks": [by_name[n] for n in BENCHMARKS if n in by_name],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.chdir(REPO)  # services and Harbor's environment import path resolve from here
@@ -65,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         mongo_url=args.mongo_url,
         command=command.strip(),
     )
+    if args.merge and args.results.exists():
+        report = merge_reports(json.loads(args.results.read_text()), report)
     write_outputs(report, args.results, args.doc)
     print(
         f"{len(report['benchmarks'])} benchmarks in {time.perf_counter() - t0:.0f}s; "

@@ -66,11 +66,13 @@ KEY_PEERS: dict[str, list[str]] = {
         "harbor_cpu_ms_per_trial",
         "trialbus_cpu_ms_per_trial",
     ],
-    "scaling": [
-        "trialbus_1core_trials_per_s",
-        "trialbus_2core_trials_per_s",
-        "harbor_1core_trials_per_s",
-        "trialbus_vs_harbor_1core",
+    "capacity": [
+        "efficiency_1r",
+        "efficiency_2r",
+        "efficiency_4r",
+        "efficiency_8r",
+        "started_more_than_once_8r",
+        "redeliveries_8r",
     ],
     "pipeline": [
         "fraction_of_slowest_ceiling",
@@ -81,6 +83,9 @@ KEY_PEERS: dict[str, list[str]] = {
     "submit": ["expand_s", "publish_s", "raw_publish_s"],
     "import": ["in_process_rate", "ledger_bulk_upsert_ceiling", "mongodb_cli_rate"],
     "latency": ["observed_p99", "dispatch_p50", "kv_create_rtt_p50"],
+    "objects": ["harbor_archive_bytes", "instant_ms_per_trial", "harbor_raw_put_ceiling"],
+    "ledger": ["records_for_ms", "leaderboard_ms", "experiment_ids_ms", "load_s", "disk_mib"],
+    "dispatch": ["today_busy_p50", "proposed_busy_p50", "idle_ratio"],
 }
 """The figures shown in the summary table (all figures are in each section)."""
 

@@ -80,8 +80,9 @@ def detail(b: dict[str, Any]) -> str:
     runs = ", ".join(fmt(v, b["unit"]) for v in b["runs"][:12])
     more = f" ... ({len(b['runs'])} values)" if len(b["runs"]) > 12 else ""
     out += [
-        f"Configuration: {config}. Took {b['seconds']:.0f} s; 1-minute load average "
-        f"before it: {b['load_average_before'][0]:.2f}.",
+        f"Configuration: {config}. Took {b['seconds']:.0f} s"
+        + (f", started {b['started_at']} (`{b['command']}`)" if "started_at" in b else "")
+        + f"; 1-minute load average before it: {b['load_average_before'][0]:.2f}.",
         "",
         f"**{fmt(b['value'], b['unit'])}** "
         f"(target {_target(b['target_op'], b['target'], b['unit'])}, {_met(b['met'])}); "

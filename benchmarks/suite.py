@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (
+    bench_capacity,
+    bench_dispatch,
     bench_import,
     bench_latency,
+    bench_ledger,
+    bench_objects,
     bench_overhead,
     bench_pipeline,
-    bench_scaling,
     bench_submit,
 )
 from benchmarks.harness import (
@@ -29,11 +32,14 @@ from benchmarks.harness import (
 
 BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "overhead": bench_overhead.run,
-    "scaling": bench_scaling.run,
+    "capacity": bench_capacity.run,
     "pipeline": bench_pipeline.run,
     "submit": bench_submit.run,
     "import": bench_import.run,
     "latency": bench_latency.run,
+    "objects": bench_objects.run,
+    "ledger": bench_ledger.run,
+    "dispatch": bench_dispatch.run,
 }
 """Name -> benchmark, in the order of the issue that asked for them."""
 
@@ -69,6 +75,10 @@ def run_all(
             entry = {"name": name, "error": f"{type(exc).__name__}: {exc}"}
             entry["traceback"] = traceback.format_exc()
         entry["seconds"] = round(time.perf_counter() - b0, 1)
+        entry["started_at"] = datetime.fromtimestamp(time.time() - entry["seconds"], UTC).isoformat(
+            timespec="seconds"
+        )
+        entry["command"] = command
         entry["load_average_before"] = load
         results.append(entry)
         ctx.log(f"{name}: done in {entry['seconds']:.0f}s")

@@ -17,10 +17,20 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMES = ["overhead", "scaling", "pipeline", "submit", "import", "latency"]
+NAMES = [
+    "overhead",
+    "capacity",
+    "pipeline",
+    "submit",
+    "import",
+    "latency",
+    "objects",
+    "ledger",
+    "dispatch",
+]
 
 
-def test_quick_benchmarks_write_all_six_results(tmp_path: Path) -> None:
+def test_quick_benchmarks_write_every_result(tmp_path: Path) -> None:
     results, doc = tmp_path / "results.json", tmp_path / "performance.md"
     proc = subprocess.run(
         [
@@ -51,8 +61,12 @@ def test_quick_benchmarks_write_all_six_results(tmp_path: Path) -> None:
         for figure in bench["peers"]:
             assert math.isfinite(figure["value"]), figure
     by_name = {b["name"]: b for b in report["benchmarks"]}
-    for name in ("pipeline", "import", "scaling"):
+    for name in ("pipeline", "import", "capacity", "objects", "ledger", "dispatch"):
         assert by_name[name]["value"] > 0, by_name[name]
+    # Orchestration capacity counts every trial's starts: none may be started twice.
+    capacity = {f["name"]: f["value"] for f in by_name["capacity"]["peers"]}
+    twice = {k: v for k, v in capacity.items() if k.startswith("started_more_than_once")}
+    assert twice and all(v == 0 for v in twice.values()), capacity
     assert 0 < by_name["submit"]["value"] < 60
     assert 0 < by_name["latency"]["value"] < 1000
     # Raw ceilings are measured beside the pipeline in the same run.

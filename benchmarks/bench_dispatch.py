@@ -1,0 +1,206 @@
+"""9. The runner's path to a trial's start: today's round trips against the proposed ones.
+
+What the runner's handler awaits between taking a work message and handing the trial
+to the executor, replayed with trialbus's own ``NatsCoordinator`` on a fresh
+nats-server, without the rest of the runner:
+
+- **today**: the ending check (KV get), the experiment's lease (KV create on a slot
+  key that an earlier trial released by purge: nats-py's create then fails, reads the
+  purge marker and updates, three round trips), the attempt counter (KV get, then
+  create), and the TrialStarted publish, awaited before the trial starts;
+- **proposed**: the ending check and the lease together (``asyncio.gather``); a lease
+  taken by one ``update(last=0)`` per probed slot and released by a stream purge of
+  its subject (no marker left behind, so a free slot has no message at all); the
+  attempt counted by create first (get + update only for a retry);
+  the trial starts while TrialStarted's publish is in flight (awaited before the
+  trial's ending is published, so the events keep their order).
+
+Each is measured on an idle event loop and on one kept busy the way Harbor's
+synchronous work keeps the runner's loop busy (a task that blocks it for
+``HOG_BLOCK_S`` out of every ``HOG_PERIOD_S``), with ``CONCURRENT`` trials starting
+at once, which is where the overhead benchmark's slots lose their time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+import nats
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
+from nats.js.errors import KeyWrongLastSequenceError
+
+from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, median, percentile
+from infra.embedded import NatsServer
+from schemas.subjects import Topology
+from services.common.adapters.nats_kv import NatsCoordinator
+from services.common.ports import Lease
+
+CONCURRENT = 8
+HOG_BLOCK_S = 0.010
+HOG_PERIOD_S = 0.020
+LIMIT = 16
+
+
+class Paths:
+    """Both dispatch paths over one coordinator, one events stream and one client."""
+
+    def __init__(self, js: JetStreamContext, coord: NatsCoordinator, topo: Topology) -> None:
+        self.js = js
+        self.coord = coord
+        self.topo = topo
+        self.exp = "exp-" + secrets.token_hex(3)
+        self.pending: set[asyncio.Future[object]] = set()
+
+    def _started(self, run_id: str) -> bytes:
+        return b'{"type":"trial_started","run_id":"' + run_id.encode() + b'"}'
+
+    async def today(self, run_id: str) -> float:
+        """Seconds to the trial's start; the lease is released afterwards (not timed)."""
+        t0 = time.perf_counter()
+        await self.coord.ending(run_id)
+        await self.coord.is_cancelled(self.exp)
+        lease = None
+        while lease is None:
+            lease = await self.coord.acquire(self.exp, LIMIT, "runner")
+        await self.coord.next_attempt(run_id)
+        await self.js.publish(f"{self.topo.prefix}.events.started.x", self._started(run_id))
+        started = time.perf_counter() - t0
+        await self.coord.release(lease)
+        return started
+
+    async def proposed(self, run_id: str) -> float:
+        """The same with the proposed order and KV calls (see the module docstring)."""
+        t0 = time.perf_counter()
+        _ended, _cancelled, lease = await asyncio.gather(
+            self.coord.ending(run_id), self.coord.is_cancelled(self.exp), self._acquire()
+        )
+        while lease is None:
+            lease = await self._acquire()
+        await self._attempt_create_first(run_id)
+        ack = asyncio.ensure_future(
+            self.js.publish(f"{self.topo.prefix}.events.started.x", self._started(run_id))
+        )
+        started = time.perf_counter() - t0
+        await ack  # before the ending would be published
+        await self.js.purge_stream(
+            f"KV_{self.topo.leases_bucket}", subject=f"$KV.{self.topo.leases_bucket}.{lease.key}"
+        )
+        return started
+
+    async def _acquire(self) -> Lease | None:
+        """One KV write per probe: ``update(last=0)`` succeeds only on a slot key with no
+        message at all (released by stream purge, or expired by the bucket's TTL)."""
+        leases = self.coord._leases  # the coordinator's own bucket handle
+        start = random.randrange(LIMIT)
+        for step in range(LIMIT):
+            key = f"{self.exp}.{(start + step) % LIMIT}"
+            try:
+                return Lease(key, await leases.update(key, b"runner", last=0))
+            except KeyWrongLastSequenceError:
+                continue
+        return None
+
+    async def _attempt_create_first(self, run_id: str) -> int:
+        control = self.coord._control  # the coordinator's own bucket handle
+        key = f"runs.{run_id}"
+        try:
+            await control.create(key, b"1")
+            return 1
+        except KeyWrongLastSequenceError:  # a retry: today's get + update
+            return await self.coord.next_attempt(run_id)
+
+
+async def _hog(stop: asyncio.Event) -> None:
+    """Block the loop for HOG_BLOCK_S every HOG_PERIOD_S (synchronous work on the loop)."""
+    while not stop.is_set():
+        time.sleep(HOG_BLOCK_S)  # noqa: ASYNC251 - blocking the loop is the point
+        await asyncio.sleep(HOG_PERIOD_S - HOG_BLOCK_S)
+
+
+async def _measure(path: Callable[[str], Awaitable[float]], n: int, *, busy: bool) -> list[float]:
+    stop = asyncio.Event()
+    hog = asyncio.create_task(_hog(stop)) if busy else None
+    out: list[float] = []
+    try:
+        for i in range(0, n, CONCURRENT):
+            ids = [f"run-{secrets.token_hex(6)}" for _ in range(min(CONCURRENT, n - i))]
+            out += await asyncio.gather(*(path(r) for r in ids))
+    finally:
+        stop.set()
+        if hog is not None:
+            await hog
+    return out
+
+
+async def measure(nats_url: str, n: int) -> dict[str, list[float]]:
+    """Milliseconds to start, per path and loop state."""
+    nc = await nats.connect(nats_url, name="bench-dispatch")
+    try:
+        js = nc.jetstream()
+        topo = Topology("micro" + secrets.token_hex(2))
+        await js.add_stream(StreamConfig(name=topo.events_stream, subjects=[f"{topo.prefix}.>"]))
+        coord = await NatsCoordinator.open(js, topo, lease_ttl_s=60)
+        out: dict[str, list[float]] = {}
+        for name in ("today", "proposed"):
+            # Each path on its own experiment's slot keys, warmed by itself: today's
+            # releases leave purge markers, which the proposed lease never reuses (they
+            # go with the leases bucket's TTL after a switch-over).
+            paths = Paths(js, coord, topo)
+            path = paths.today if name == "today" else paths.proposed
+            await _measure(path, 2 * LIMIT, busy=False)
+            for busy in (False, True):
+                key = f"{name}_{'busy' if busy else 'idle'}"
+                out[key] = [1000 * s for s in await _measure(path, n, busy=busy)]
+                with contextlib.suppress(Exception):
+                    await js.purge_stream(topo.events_stream)
+        return out
+    finally:
+        await nc.close()
+
+
+def run(ctx: Context) -> BenchResult:
+    n = 16 if ctx.quick else 400
+    per_run: list[dict[str, list[float]]] = []
+    for r in range(ctx.runs):
+        ctx.log(f"dispatch run {r + 1}/{ctx.runs}: {n} starts per path")
+        with NatsServer(fresh_dir(ctx.path(f"dispatch-{r}")) / "nats") as server:
+            per_run.append(asyncio.run(measure(server.url, n)))
+
+    def p(key: str, q: float) -> float:
+        return median([percentile(run[key], q) for run in per_run])
+
+    keys = ("today_idle", "proposed_idle", "today_busy", "proposed_busy")
+    peers = [Figure(f"{k}_p50", p(k, 50), "ms") for k in keys]
+    peers += [Figure(f"{k}_p99", p(k, 99), "ms") for k in keys]
+    ratio = [median(run["proposed_busy"]) / median(run["today_busy"]) for run in per_run]
+    peers.append(
+        Figure(
+            "idle_ratio",
+            p("proposed_idle", 50) / p("today_idle", 50),
+            "ratio",
+            "proposed / today, p50, idle loop",
+        )
+    )
+    return BenchResult(
+        name="dispatch",
+        title="Runner's path to a trial's start, busy loop: proposed / today (p50)",
+        value=median(ratio),
+        unit="ratio",
+        target=0.5,
+        target_op="<=",
+        runs=ratio,
+        peers=peers,
+        config={
+            "starts_per_path": n,
+            "concurrent": CONCURRENT,
+            "hog": f"{HOG_BLOCK_S * 1000:g} ms of every {HOG_PERIOD_S * 1000:g} ms",
+            "slots": LIMIT,
+            "runs": ctx.runs,
+        },
+    )

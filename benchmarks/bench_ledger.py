@@ -1,0 +1,289 @@
+"""8. The ledger at scale: the reports' queries on many records in the embedded ledger.
+
+The embedded ledger is SecantusDB (``secantusd-py``, a single-node MongoDB-wire
+server written in Python, beta); production uses MongoDB, where the same indexes
+apply (docs/operations.md). E experiments x T trials of realistic records (four
+agents with models, token usage, phase timings, rewards, a tenth unscored) are loaded
+through ``MongoLedger.upsert_records`` in batches of ``LOAD_BATCH`` (the importer's
+write path: an unordered insert of new trials), with each experiment's submission
+metadata. Then every query a report makes is timed through the one read path
+(``services.reports.queries`` and the Ledger port), on an experiment in the middle:
+
+- ``records_for`` (every report loads this), ``scored_trial_ids`` (resume),
+  ``count_records`` (watcher), ``get_record`` (dashboard trial page),
+  ``experiment_ids`` (the experiment list);
+- ``status``, ``leaderboard`` and ``report`` end to end (ledger read + building).
+
+Twice: first with the indexes ``MongoLedger.ensure_indexes`` created before this
+benchmark existed (``BEFORE_INDEXES``), then after ``ensure_indexes`` (today's set),
+on the same data. Load time and disk use (the ledger's data folder) are reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pymongo import ASCENDING, AsyncMongoClient
+
+from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, median
+from infra.embedded import LedgerServer
+from schemas.record import TrialRecord
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.ports import ExperimentInfo
+from services.reports import queries
+
+FULL = (10, 10_000)
+QUICK = (3, 200)
+ENV = "TRIALBUS_BENCH_LEDGER"
+"""Override as ``EXPERIMENTS:TRIALS`` (e.g. ``100:10000`` for a million records)."""
+LOAD_BATCH = 1000
+REPEATS = 3
+TARGET_MS = 200.0
+DB = "bench"
+BEFORE_INDEXES: list[tuple[str, list[tuple[str, int]], bool]] = [
+    ("trials", [("trial_id", ASCENDING)], True),
+    ("trials", [("experiment_id", ASCENDING)], False),
+    ("experiments", [("experiment_id", ASCENDING)], True),
+]
+"""The indexes ensure_indexes created before this benchmark (trialbus 2026-11-26)."""
+AGENTS = [
+    ("claude-code", "claude-sonnet-4"),
+    ("codex", "gpt-5"),
+    ("terminus", "gpt-5"),
+    ("nop", ""),
+]
+
+
+def sizes(quick: bool) -> tuple[int, int]:
+    """(experiments, trials per experiment) for this run."""
+    raw = os.environ.get(ENV)
+    if raw:
+        e, t = raw.split(":")
+        return int(e), int(t)
+    return QUICK if quick else FULL
+
+
+def synthetic_record(rng: random.Random, exp: str, i: int, t0: datetime) -> TrialRecord:
+    """One realistic record (see the module docstring)."""
+    agent, model = AGENTS[i % len(AGENTS)]
+    task = f"task-{i // len(AGENTS) % 500:03d}"
+    trial_id = f"{task}__{exp[-6:]}{i:07d}"
+    started = t0 + timedelta(seconds=i)
+    phases = [rng.uniform(1, 20), rng.uniform(1, 10), rng.uniform(30, 600), rng.uniform(5, 60)]
+    valid = rng.random() > 0.1
+    reward = float(rng.random() < 0.4) if valid else None
+    label = f"{agent}@{model}" if model else agent
+    job = f"/srv/trialbus/jobs/{exp}"
+    return TrialRecord.model_validate(
+        {
+            "trial_id": trial_id,
+            "experiment_id": exp,
+            "repetition": i // 2000,
+            "status": "complete",
+            "provenance": {
+                "task_name": task,
+                "task_checksum": f"{rng.getrandbits(256):064x}",
+                "agent_name": agent,
+                "agent_label": label,
+                "agent_version": "1.0.3",
+                "model": model or None,
+                "environment": "docker",
+                "harbor_version": "0.3.0",
+                "runner_host": f"runner-{i % 8}",
+                "source": "runner",
+                "job_id": f"{rng.getrandbits(128):032x}",
+            },
+            "timing": {
+                "started_at": started.isoformat(),
+                "finished_at": (started + timedelta(seconds=sum(phases))).isoformat(),
+                "total_s": sum(phases),
+                "environment_setup_s": phases[0],
+                "agent_setup_s": phases[1],
+                "agent_execution_s": phases[2],
+                "verifier_s": phases[3],
+            },
+            "evaluation": {
+                "rewards": {"reward": reward} if valid else {},
+                "main_reward_key": "reward",
+                "main_reward": reward,
+                "reward_valid": valid,
+                "failure_class": "none" if valid else "agent",
+                "exception_type": None if valid else "AgentTimeoutError",
+                "exception_message": None if valid else "agent did not finish in 900 s",
+            },
+            "usage": {
+                "n_input_tokens": rng.randrange(10**4, 10**6),
+                "n_cache_tokens": rng.randrange(0, 10**5),
+                "n_output_tokens": rng.randrange(10**3, 10**5),
+                "cost_usd": round(rng.uniform(0.01, 3.0), 4),
+            },
+            "artifacts": {
+                "trial_dir": f"{job}/{trial_id}",
+                "job_dir": job,
+                "result_path": f"{job}/{trial_id}/result.json",
+                "verifier_dir": f"{job}/{trial_id}/verifier",
+                "agent_dir": f"{job}/{trial_id}/agent",
+            },
+            "attempts": 1,
+        }
+    )
+
+
+def manifest(exp: str) -> dict[str, Any]:
+    """The stored manifest of a synthetic experiment (its agents give the expected counts)."""
+    agents = [{"name": a, "model": m or None} for a, m in AGENTS]
+    return {"name": exp, "agents": agents, "tasks": [{"path": "tasks"}]}
+
+
+async def load(url: str, n_exp: int, n_trials: int) -> tuple[float, int]:
+    """Load the records and metadata with only ``BEFORE_INDEXES``; (seconds, records)."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(url)
+    try:
+        for coll, keys, unique in BEFORE_INDEXES:
+            await client[DB][coll].create_index(keys, unique=unique)
+    finally:
+        await client.close()
+    ledger = MongoLedger(url, DB)
+    rng = random.Random(0)
+    t_base = datetime(2026, 11, 1, tzinfo=UTC)
+    total = 0
+    t0 = time.perf_counter()
+    try:
+        for e in range(n_exp):
+            exp = f"exp-{e:03d}-{rng.getrandbits(24):06x}"
+            await ledger.upsert_experiment(
+                ExperimentInfo(exp, f"experiment {e}", n_trials, manifest(exp))
+            )
+            for start in range(0, n_trials, LOAD_BATCH):
+                batch = [
+                    synthetic_record(rng, exp, i, t_base + timedelta(hours=e))
+                    for i in range(start, min(n_trials, start + LOAD_BATCH))
+                ]
+                outcome = await ledger.upsert_records(batch)
+                total += len(outcome.inserted)
+    finally:
+        await ledger.close()
+    return time.perf_counter() - t0, total
+
+
+async def _ms(op: Callable[[], Awaitable[object]]) -> float:
+    samples = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        await op()
+        samples.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(samples)
+
+
+async def time_queries(url: str) -> dict[str, float]:
+    """Milliseconds (median of ``REPEATS``) of each read, on a middle experiment."""
+    ledger = MongoLedger(url, DB)
+    try:
+        ids = await ledger.experiment_ids()
+        exp = ids[len(ids) // 2]
+        some = (await ledger.records_for(exp))[len(ids) // 2].trial_id
+        return {
+            "experiment_ids": await _ms(ledger.experiment_ids),
+            "records_for": await _ms(lambda: ledger.records_for(exp)),
+            "scored_trial_ids": await _ms(lambda: ledger.scored_trial_ids(exp)),
+            "count_records": await _ms(lambda: ledger.count_records(exp)),
+            "get_record": await _ms(lambda: ledger.get_record(some)),
+            "status": await _ms(lambda: queries.experiment_status(ledger, exp)),
+            "leaderboard": await _ms(lambda: queries.experiment_leaderboard(ledger, exp)),
+            "report": await _ms(lambda: queries.experiment_report(ledger, exp)),
+        }
+    finally:
+        await ledger.close()
+
+
+async def add_indexes(url: str) -> float:
+    """Seconds ``MongoLedger.ensure_indexes`` takes on the loaded ledger."""
+    ledger = MongoLedger(url, DB)
+    try:
+        t0 = time.perf_counter()
+        await ledger.ensure_indexes()
+        return time.perf_counter() - t0
+    finally:
+        await ledger.close()
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def run(ctx: Context) -> BenchResult:
+    n_exp, n_trials = sizes(ctx.quick)
+    n = n_exp * n_trials
+    runs: list[dict[str, float]] = []
+    for r in range(ctx.runs):
+        ctx.log(f"ledger run {r + 1}/{ctx.runs}: loading {n_exp} x {n_trials:,} records")
+        data = fresh_dir(ctx.path(f"ledger-{r}"))
+        ledger = LedgerServer(data / "ledger").start()
+        try:
+            load_s, loaded = asyncio.run(load(ledger.url, n_exp, n_trials))
+            if loaded != n:
+                raise AssertionError(f"loaded {loaded} of {n} records")
+            ctx.log(f"ledger: loaded {n:,} in {load_s:.0f}s; timing queries")
+            before = asyncio.run(time_queries(ledger.url))
+            index_s = asyncio.run(add_indexes(ledger.url))
+            after = asyncio.run(time_queries(ledger.url))
+            disk = _disk_bytes(data / "ledger")
+        finally:
+            ledger.kill()
+        runs.append(
+            {
+                "load_s": load_s,
+                "index_s": index_s,
+                "disk_mib": disk / 2**20,
+                **{f"{k}_before_ms": v for k, v in before.items()},
+                **{f"{k}_ms": v for k, v in after.items()},
+            }
+        )
+
+    def med(key: str) -> float:
+        return median([r[key] for r in runs])
+
+    names = list(before)
+    slowest = max(names, key=lambda k: med(f"{k}_ms"))
+    peers = [
+        Figure(
+            f"{k}_ms",
+            med(f"{k}_ms"),
+            "ms",
+            f"before the new indexes: {med(f'{k}_before_ms'):,.1f} ms",
+            target=TARGET_MS,
+            target_op="<=",
+        )
+        for k in names
+    ]
+    peers += [
+        Figure("load_s", med("load_s"), "s", f"{n / med('load_s'):,.0f} records/s"),
+        Figure("ensure_indexes_s", med("index_s"), "s", "on the loaded ledger"),
+        Figure("disk_mib", med("disk_mib"), "MiB", f"{1024 * med('disk_mib') / n:.2f} KiB/record"),
+    ]
+    return BenchResult(
+        name="ledger",
+        title=f"Ledger at scale: {n:,} records in the embedded ledger, slowest report query",
+        value=med(f"{slowest}_ms"),
+        unit="ms",
+        target=TARGET_MS,
+        target_op="<=",
+        runs=[r[f"{slowest}_ms"] for r in runs],
+        peers=peers,
+        config={
+            "experiments": n_exp,
+            "trials_per_experiment": n_trials,
+            "records": n,
+            "slowest": slowest,
+            "server": "SecantusDB (embedded)",
+            "runs": ctx.runs,
+        },
+    )
