@@ -113,6 +113,21 @@ def pytest_runtest_makereport(
         )
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # ``-q`` prints only a count of skips: say why the docker tests did not run, so a
+    # summary never hides that production parity went untested (reports carry their
+    # markers as keywords, also from xdist workers).
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        if "docker" in getattr(report, "keywords", {}):
+            longrepr = report.longrepr
+            reason = str(longrepr[2] if isinstance(longrepr, tuple) else longrepr)
+            reason = reason.removeprefix("Skipped: ")
+            reasons[reason] = reasons.get(reason, 0) + 1
+    for reason, n in reasons.items():
+        terminalreporter.write_line(f"docker: {n} skipped: {reason}", yellow=True)
+
+
 def skip_unless(missing: str | None) -> None:
     """Skip the test (a failure under CI=true) when ``missing`` names something absent."""
     if missing:
