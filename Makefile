@@ -6,7 +6,7 @@ UV := $(PYTHON) -m uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast check up bench bench-quick chaos clean
+.PHONY: setup demo test test-fast test-harbor-latest check up bench bench-quick chaos clean
 
 $(VENV)/.installed: pyproject.toml uv.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"trialbus needs Python >= 3.12, {sys.executable} is {sys.version.split()[0]}"'
@@ -28,6 +28,30 @@ test: setup  ## the whole test suite (unit, integration, end to end)
 
 test-fast: setup  ## unit tests only
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+# The tests that pin what trialbus takes from Harbor: its error policy table (failure
+# classes, agent stops), result.json and job folders (records, scoring, agreement with
+# Harbor's own means and pass@k), the Trial API in a forked process, the local
+# environment (a BaseEnvironment), live logs, and terminus-2 + litellm through the stack.
+HARBOR_CONTRACT_TESTS := tests/unit/test_failures.py tests/unit/test_scoring_rule.py \
+	tests/unit/test_harbor_agreement.py tests/unit/test_records.py tests/unit/test_jobdir.py \
+	tests/unit/test_job_folder_agents.py tests/unit/test_trial_isolation.py \
+	tests/unit/test_runner_guards.py tests/integration/test_localenv.py \
+	tests/integration/test_live_logs_harbor.py tests/e2e/test_agent_stops.py
+HARBOR_LATEST := .trialbus/harbor-latest
+
+# Every `uv pip` call names the throwaway interpreter: run as `python3 -m uv`, uv would
+# otherwise install into the python3 that runs it.
+test-harbor-latest: setup  ## Harbor contract tests against the newest Harbor on PyPI (throwaway venv; the pin stays)
+	rm -rf $(HARBOR_LATEST)
+	$(UV) venv --quiet --python $(BIN)/python $(HARBOR_LATEST)
+	$(UV) export --frozen --quiet --no-hashes --no-emit-project --all-groups \
+	  | grep -v '^harbor==' > $(HARBOR_LATEST)/locked.txt
+	$(UV) pip install --quiet --python $(HARBOR_LATEST)/bin/python -r $(HARBOR_LATEST)/locked.txt
+	$(UV) pip install --quiet --python $(HARBOR_LATEST)/bin/python --upgrade-package harbor harbor
+	$(UV) pip install --quiet --python $(HARBOR_LATEST)/bin/python --no-deps -e .
+	@$(HARBOR_LATEST)/bin/python -c 'import importlib.metadata as m; print("harbor", m.version("harbor"), "(the project pins", [r for r in m.requires("trialbus") if r.startswith("harbor")][0] + ")")'
+	$(HARBOR_LATEST)/bin/python -m pytest -q -p no:cacheprovider $(HARBOR_CONTRACT_TESTS)
 
 check: setup  ## lint, format and type checks
 	$(BIN)/ruff check schemas services infra tests benchmarks
