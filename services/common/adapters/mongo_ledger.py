@@ -101,10 +101,28 @@ class MongoLedger:
         self._experiments: AsyncCollection[Doc] = db["experiments"]
 
     async def ensure_indexes(self) -> None:
-        """Create the unique index on trial_id and the query indexes. Idempotent."""
+        """Create the unique index on trial_id and the query indexes. Idempotent.
+
+        One index per read of the reports (services.reports.queries), so MongoDB answers
+        each from an index: ``records_for`` filters on experiment_id and sorts by
+        trial_id (no in-memory sort of an experiment's records); ``scored_trial_ids``
+        is covered by (experiment_id, evaluation.reward_valid, trial_id) (no document
+        fetched); ``count_records`` counts keys of either. The single-field
+        experiment_id index of earlier versions is a prefix of these and is kept only
+        because dropping it is not this method's business. docs/operations.md lists
+        them; benchmarks/bench_ledger.py measures them.
+        """
         async with _translate_errors("ensure_indexes"):
             await self._trials.create_index([("trial_id", ASCENDING)], unique=True)
             await self._trials.create_index([("experiment_id", ASCENDING)])
+            await self._trials.create_index([("experiment_id", ASCENDING), ("trial_id", ASCENDING)])
+            await self._trials.create_index(
+                [
+                    ("experiment_id", ASCENDING),
+                    ("evaluation.reward_valid", ASCENDING),
+                    ("trial_id", ASCENDING),
+                ]
+            )
             await self._experiments.create_index([("experiment_id", ASCENDING)], unique=True)
 
     async def upsert_records(self, records: Sequence[TrialRecord]) -> UpsertOutcome:
