@@ -6,7 +6,7 @@ UV := $(PYTHON) -m uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast test-harbor-latest check up bench bench-quick chaos clean
+.PHONY: setup demo test test-fast test-harbor-latest check api-docs up bench bench-quick chaos clean
 
 $(VENV)/.installed: pyproject.toml uv.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"trialbus needs Python >= 3.12, {sys.executable} is {sys.version.split()[0]}"'
@@ -57,6 +57,9 @@ check: setup  ## lint, format and type checks
 	$(BIN)/ruff check schemas services infra tests benchmarks
 	$(BIN)/ruff format --check schemas services infra tests benchmarks
 	$(BIN)/mypy
+
+api-docs: setup  ## regenerate docs/openapi.json and docs/asyncapi.json from the code (tests fail when stale)
+	$(BIN)/trialbus api-docs
 
 up: setup  ## start the embedded stack until Ctrl-C
 	$(BIN)/trialbus up

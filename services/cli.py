@@ -334,6 +334,24 @@ def api_token(
     print(token)
 
 
+@app.command(name="api-docs")
+def api_docs(
+    check: Annotated[bool, typer.Option(help="Only compare; exit 1 when stale.")] = False,
+    root: Annotated[Path, typer.Option(help="Repository root.")] = Path("."),
+) -> None:
+    """Write docs/openapi.json and docs/asyncapi.json from the code (services/api_docs.py)."""
+    from services.api_docs import stale_documents, write_documents
+
+    configure_logging("ERROR")  # building the API app warns that it has no auth: it is never served
+    if check:
+        stale = stale_documents(root)
+        for rel in stale:
+            err.print(f"stale: {rel} (regenerate with `trialbus api-docs` or `make api-docs`)")
+        raise typer.Exit(1 if stale else 0)
+    for rel in write_documents(root):
+        print(f"wrote {rel}")
+
+
 def _register_live_commands() -> None:
     from services.cli_live import register
 
