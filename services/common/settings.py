@@ -64,6 +64,14 @@ class CommonSettings(BaseSettings):
         description="Age after which the server deletes stored trial folders (None: kept; "
         "records in the ledger stay either way, only `trialbus export` needs them).",
     )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of the Prometheus exporter (/metrics, all interfaces) of a "
+        "service that has one (importer, watcher); None: off. The submitter serves "
+        "/metrics on its API instead (docs/operations.md).",
+    )
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="JSON logs (default: when not a TTY).")
 
