@@ -6,7 +6,7 @@ UV := $(PYTHON) -m uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast test-harbor-latest check api-docs up bench bench-quick chaos clean
+.PHONY: setup demo test test-fast test-parity test-harbor-latest check api-docs up bench bench-quick chaos clean
 
 $(VENV)/.installed: pyproject.toml uv.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"trialbus needs Python >= 3.12, {sys.executable} is {sys.version.split()[0]}"'
@@ -28,6 +28,11 @@ test: setup  ## the whole test suite (unit, integration, end to end)
 
 test-fast: setup  ## unit tests only
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+# Needs a Docker engine (DOCKER_HOST or /var/run/docker.sock); without one every test is
+# skipped and the summary says why. docs/operations.md, "Production parity".
+test-parity: setup  ## ledger contract + pipeline e2e on MongoDB and a 3-node NATS cluster (official images)
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/parity
 
 # The tests that pin what trialbus takes from Harbor: its error policy table (failure
 # classes, agent stops), result.json and job folders (records, scoring, agreement with
