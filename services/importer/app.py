@@ -23,6 +23,7 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import Settle
 from services.common.logging import get_logger
+from services.common.metrics import MeteredLedger, ServiceMetrics, serve_metrics
 from services.common.ports import Ledger
 from services.common.settings import ImporterSettings
 from services.importer.folders import StoredTrials
@@ -40,7 +41,11 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
     """Build the importer app; nothing connects until the app starts."""
     topo = settings.topology
     broker, auth = make_broker(settings, "importer")
-    the_ledger: Ledger = ledger or MongoLedger(settings.ledger_url, settings.ledger_db)
+    metrics = ServiceMetrics("importer")
+    metrics.instrument(broker)
+    the_ledger: Ledger = MeteredLedger(
+        ledger or MongoLedger(settings.ledger_url, settings.ledger_db), metrics
+    )
     state: dict[str, Any] = {}
 
     async def on_events(raws: list[Msg]) -> list[Settle]:
@@ -56,7 +61,7 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
     subscribe_batches(
         broker,
         auth,
-        on_events,
+        metrics.metered(on_events),
         subject=topo.event_filter(),
         stream=topo.events_stream,
         durable=topo.importer_durable,
@@ -66,6 +71,7 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
         max_ack_pending=50_000,
     )
     app = app_closing_ledger(broker, the_ledger)
+    serve_metrics(app, metrics, settings.metrics_port)
 
     @app.on_startup
     async def setup() -> None:

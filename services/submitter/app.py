@@ -13,10 +13,11 @@ import sys
 from collections.abc import AsyncIterator
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 
 from services.common.errors import EXIT_USER_ERROR
 from services.common.logging import configure_logging, get_logger
+from services.common.metrics import HttpMetrics
 from services.common.settings import SubmitterSettings
 from services.submitter.api_tokens import ApiConfigError
 from services.submitter.connections import open_ledger, open_nats
@@ -62,7 +63,17 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
     )
     app.include_router(build_router(settings))
     app.include_router(build_dashboard(settings))
+    http_metrics = HttpMetrics()
+
+    # Prometheus text, not part of the JSON API (so not in docs/openapi.json); behind
+    # the same token as every route: one port, one credential for a scraper.
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        body, content_type = http_metrics.page()
+        return Response(body, media_type=content_type)
+
     secure(app, access)
+    app.add_middleware(http_metrics.middleware)  # outermost: refused requests count too
     return app
 
 

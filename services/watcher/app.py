@@ -27,6 +27,7 @@ from services.common.adapters.nats_objects import open_bucket
 from services.common.archive import DEFAULT_TRIAL_CAP_BYTES
 from services.common.errors import Settle
 from services.common.logging import get_logger
+from services.common.metrics import MeteredLedger, ServiceMetrics, serve_metrics
 from services.common.ports import Ledger
 from services.common.settings import WatcherSettings
 from services.common.trial_folders import TrialFolders
@@ -43,7 +44,11 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
     """Build the watcher app; nothing connects until the app starts."""
     topo = settings.topology
     broker, auth = make_broker(settings, "watcher")
-    the_ledger: Ledger = ledger or MongoLedger(settings.ledger_url, settings.ledger_db)
+    metrics = ServiceMetrics("watcher")
+    metrics.instrument(broker)
+    the_ledger: Ledger = MeteredLedger(
+        ledger or MongoLedger(settings.ledger_url, settings.ledger_db), metrics
+    )
     state: dict[str, Watcher] = {}
     tasks: list[asyncio.Task[None]] = []
 
@@ -55,7 +60,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
     subscribe_batches(
         broker,
         auth,
-        on_events,
+        metrics.metered(on_events),
         subject=topo.event_filter(),
         stream=topo.events_stream,
         durable=topo.watcher_durable,
@@ -81,6 +86,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
                 log.exception("completion re-check failed; retrying")
 
     app = app_closing_ledger(broker, the_ledger)
+    serve_metrics(app, metrics, settings.metrics_port)
 
     @app.on_startup
     async def setup() -> None:
