@@ -10,9 +10,10 @@ from __future__ import annotations
 TITLE = """
 # Performance
 
-trialbus measured against what users would run instead, on one machine, in one run:
-`make bench` (15-20 minutes) writes this page and `benchmarks/results.json`. Every
-number below is from the run described under "This run"; the code is in
+trialbus measured against what users would run instead, on one machine: `make bench`
+(about an hour) writes this page and `benchmarks/results.json`. Every number below
+is from the runs described under "This run" (each section says when it ran, with
+which command, under what load); the code is in
 `benchmarks/` (one module per benchmark). Read the targets as targets: where a
 number misses one, the section says where the time goes and what would fix it.
 """
@@ -121,16 +122,76 @@ loop or contend for its GIL); alternatively several runner processes per machine
 fewer slots each. Harbor's telemetry, left on, would cost bare Harbor more than all
 of this (figure `harbor_process_wall_telemetry_on`).
 """,
-    "scaling": """
-**What limits it.** On one core everything competes for that core: the runner, the
-trials' bwrap/bash processes, nats-server, the ledger, the importer, the watcher and
-the benchmark client. With two cores and two runners, each runner and its trials get
-a core, but the central services still share both; the throughput ratio therefore
-measures whether trialbus itself serialises anything (it does not: runners share one
-durable pull consumer and never talk to each other, except through the KV lease
-bucket) and whether the central services keep up at twice the rate. The one-core
-comparison with bare Harbor shows the price of trialbus's extra CPU per trial (see
-the overhead section) when the CPU, not trial latency, is the limit.
+    "capacity": """
+**Where the time goes.** A waiting trial costs no CPU, so this measures the runner's
+orchestration alone: when N trials arrive at once, each handler makes its round
+trips before its trial starts (ending check, lease, attempt counter, TrialStarted)
+and after it ends (folder upload: pack, object info, chunk, meta; stored ending;
+TrialCompleted; ack; lease release), all N at the same moment. On two shared cores
+the requests queue in the runner's event loop and at nats-server, and nats-py's
+request timeout (5 s) expires before the answer comes: the handler then settles
+"runner error; trial will be redelivered" (nak), and the message comes back later.
+No trial is run twice for it (the figures `started_more_than_once_*`: the stored
+ending and the attempt counter catch a redelivered message whose trial already
+started or ended), but every redelivery costs a full round of requests again, and
+the wall time stretches from S + N / ceiling to several times that. Several runner
+processes split the burst (fewer requests per event loop) but not the server's queue.
+
+**What would fix it:** admission control in the runner (a bound on the trials between
+"taken from the stream" and "executor started", e.g. 32 per runner, the rest waiting
+in the handler with the message kept alive, never in a request that can time out);
+fewer round trips per start (see the dispatch benchmark); and a timeout in the
+lease/attempt path that hands the trial back with a delay (a nak with backoff)
+instead of an error, so an overloaded stack slows down instead of redelivering.
+""",
+    "objects": """
+**Where the time goes.** Packing is a deterministic tar + gzip in the runner
+(a thread); `NatsObjectStore.put` first asks for the stored object's info (an
+idempotent re-upload of the same bytes is skipped), then nats-py's put asks again
+(to replace an older version), publishes the chunks and the meta entry, each
+acknowledged: four round trips for a small folder, which is why it costs about
+twice the plain put beside it. The importer's get is the object's info and one
+direct get per 128 KiB chunk; unpacking writes the files through a staging folder
+and renames it into place. For Harbor-sized folders the whole path is a few
+milliseconds per trial, small against a trial's minutes; the 1 MB agent folder shows
+the cost growing with the bytes (compression and the chunks).
+
+**What would fix the rest:** skip `NatsObjectStore.put`'s own info call when the
+name is new (trial archives are keyed by run and attempt, so a re-upload is rare and
+can be found by the put's error instead); and unpack straight into the final folder
+when no folder of that trial exists yet.
+""",
+    "ledger": """
+**Where the time goes.** SecantusDB is a MongoDB-wire server written in Python: each
+document a query returns is read, decoded and re-encoded in Python, so a report of a
+10,000-trial experiment costs seconds on this machine whatever the indexes (the query
+plan is already an index scan on experiment_id; the time is the fetch of every
+document). A count fetches the documents too. The experiment list
+(`experiment_ids`) groups every record of every experiment (`$group` over the whole
+collection) to find experiments without metadata: no index serves that, and it grows
+with the ledger, not with the page. The new indexes make MongoDB answer
+`records_for` without an in-memory sort and `scored_trial_ids` from the index alone
+(covered); on SecantusDB they change little, and each costs every write a further
+index entry (figure `load_rate_after`).
+
+**What would fix it:** for the experiment list, read the experiments collection
+alone (every experiment submitted or imported has metadata; the importer can upsert
+one for an external job) sorted by an index on `created_at`; for status and the
+dashboard, a per-experiment summary document kept by the importer (counts by state)
+instead of loading every record; for reports of large experiments on the embedded
+ledger, projections of the fields the report uses. The 200 ms target is for MongoDB
+(`--mongo-url`); the embedded ledger is for development and small teams.
+""",
+    "dispatch": """
+**What it shows.** The proposed path starts a trial after two round trips (the
+ending check and the lease together, then the attempt counter), where today's takes
+seven in sequence, and never waits on TrialStarted's acknowledgement. On an idle
+loop that is the difference between the latency benchmark's dispatch p50 and the
+plain round trip beside it; on a busy loop every sequential await waits for the loop
+again, so the saving multiplies: this is the 126 ms per trial the overhead
+benchmark's slots spend doing nothing while Harbor's synchronous work holds the loop.
+The code change for `services/runner/handlers.py` and
+`services/common/adapters/nats_kv.py` is under "Orchestration cost" below.
 """,
     "pipeline": """
 **Where the time goes** (py-spy on each service, per-process CPU from the run). With
@@ -211,63 +272,102 @@ round trips measured beside it (`kv_create_rtt_p50`, `kv_get_rtt_p50`) show what
 each costs on an idle server. The observed figure adds the TrialStarted publish and
 its delivery to the observer.
 
-**The p99.** In some runs about one sample in ten waits 0.5-0.75 s, in streaks
-where every other trial is slow and each waits ~20 ms less than the one before: the
-wait is the rest of the runner's 1-second fetch window. The runner fetches up to its
-free slots (`fetch(batch=4, timeout=1.0)`); nats-py asks the server to expire the
-request 0.1 ms before the client gives up, so the server's "request timeout" status
-can arrive after the client timed out and land in the next fetch, which then takes
-it for the end of its own first request and sends a plain long-poll for four
-messages. That long-poll does not end when the first message arrives, so the trial
-waits until the window closes. This is a reading of nats-py 2.16's `_fetch_n` that
-fits the pattern, not yet confirmed by a test.
+**The p99 (fixed).** About one sample in twenty used to wait 0.5-0.75 s (p99 686 ms
+on 2026-11-26 before the fix, same machine and load): the runner fetched up to its
+free slots (`fetch(batch=4, timeout=1.0)`), and nats-py's batch fetch, once it has
+sent a long-poll, returns only when the batch is full or the window closes, so a lone
+trial delivered into it waited out the rest of the 1-second window. The runner
+(`services/runner/consumer.py`) now pulls one message when idle (nats-py's
+single-message fetch returns the moment the message arrives; its 1 s expiry only sets
+how often an idle runner renews its pull request, so no busy polling), and only after
+a pull found work asks for all its free slots, with a 50 ms window. Measured with
+this benchmark on a loaded machine (load average 4-6): p99 686 ms -> 17 ms, max
+715 ms -> 19 ms, p50 unchanged (6.0 -> 6.2 ms).
 
-**What would fix it:** fetch one message when the runner is idle (nats-py's
-single-message fetch returns as soon as it arrives) and ask for more only without
-waiting; and one KV operation per trial for lease and attempt (the lease value can
-carry the attempt count; lease keys that are never purged avoid the failed create),
-which would bring the dispatch p50 to about 2 ms here.
+**What would fix the rest (p50):** one KV operation per trial for lease and attempt,
+and starting the trial without waiting for TrialStarted's acknowledgement (the
+dispatch benchmark measures that path: about 2 ms to start on an idle loop).
 """,
 }
+
+ORCHESTRATION = """
+## Orchestration cost: what dominates a trial now
+
+Per trial the runner makes, in sequence, before the trial starts: the ending check
+(KV get), the experiment's lease (a KV create on a slot key that the previous trial
+released by purge: nats-py's create fails on the purge marker, reads it and updates,
+three round trips), the attempt counter (KV get, then create) and the TrialStarted
+publish, awaited: seven round trips, each also a wait for the runner's event loop.
+After it ends: pack the folder and store it (object info twice, chunks, meta entry:
+four round trips), store the ending (KV create), publish TrialCompleted, ack the work
+message (awaited), release the lease (KV purge). While it runs: every 15 s a
+keep-alive, a lease renewal and a fresh cancellation read. The importer adds the
+object's get (two round trips) and the unpack. On an idle stack each round trip is
+a fraction of a millisecond (figures `kv_create_rtt_p50`, `jetstream_publish_rtt_p50`);
+what makes them expensive is the loop they wait on (Harbor's synchronous work in the
+overhead benchmark, thousands of handlers at once in the capacity benchmark) and
+their number. The object store moved the folder from a shared disk to the bus: a few
+milliseconds per Harbor-sized trial (objects benchmark), not what dominates.
+
+**Proposed handler change** (services/runner/handlers.py with
+services/common/adapters/nats_kv.py; measured by the dispatch benchmark):
+
+1. Lease and attempt in one step each, and the reads beside them: `acquire` takes a
+   slot by one `update(key, holder, last=0)` per probe (succeeds only on a slot key
+   with no message at all) and `release` removes the key's messages by a stream purge
+   of its subject (no purge marker is left, so the next `update(last=0)` on it
+   succeeds at once; keys left with a marker by today's release expire with the
+   leases bucket's TTL after a switch-over); `next_attempt` creates first (one round
+   trip for a first attempt; get + update only for a retry). The handler awaits the
+   ending check, the cancellation check and the lease together.
+2. Start the trial without waiting for TrialStarted's acknowledgement: the publish
+   runs as a task beside the executor and is awaited before the trial's ending is
+   stored and published, so a consumer still sees TrialStarted before
+   TrialCompleted, and a failed publish still fails the attempt (as today, only later).
+3. Admission: a per-runner bound on handlers between "message taken" and "executor
+   started" (a semaphore, e.g. 32), so a burst of thousands waits in the handler with
+   its message kept alive instead of in KV requests that time out into redeliveries.
+
+Expected gain, from this page's figures: the start path goes from seven sequential
+round trips to two (`today_*` vs `proposed_*` in the dispatch benchmark; the ratio
+on a loop kept half busy is the headline there), which in the overhead benchmark is
+most of the per-trial time a slot spends running nothing; the capacity benchmark's
+redeliveries come from the same requests timing out, and item 3 removes their cause.
+"""
 
 SCALING = """
 ## What one 2-core machine can and cannot show about many machines
 
-It can show whether trialbus serialises work: two runners, each pinned to its own
-core, against one runner on one core, with the same trials. It can show the ceiling
-of the central services (the pipeline benchmark): submit, the work stream, the events,
-the importer and the ledger handle that many trials per second whatever the number
-of runners, so `pipeline capacity / trials per second per runner` is how many runners
-one stack of central services can feed. With real agent trials that take minutes,
-a runner finishes a handful of trials per minute, so that is hundreds of runners or
-more before the central services are the limit.
-
-It cannot show: network round trips between machines (here every round trip is
-loopback, where a LAN adds a fraction of a millisecond to each of the ~8 round trips
-per trial); a replicated NATS cluster (R3 streams acknowledge a publish only after a
-quorum stored it, which adds a round trip to every publish and KV call); a MongoDB
-replica set with majority writes instead of single-node SecantusDB; the shared
-filesystem a multi-machine deployment needs for job folders (the importer reads
-each trial's files from where the runner wrote them); many runners contending on
-the experiment-wide lease bucket; or independent hardware (here the runners and
-every central service share two cores, so scaling efficiency is measured with the
-central services competing with the runners, which understates what separate
-machines would do). A many-machine figure needs the compose stack on several hosts;
-these benchmarks run against any NATS and ledger URLs, and `infra/stack.py` accepts
-them.
+It can show how much orchestration one runner process and one set of central
+services sustain (capacity: thousands of waiting trials in flight; pipeline: how many
+trials per second the central services record), and whether splitting the same
+trials over more runner processes changes that. It cannot show: network round trips
+between machines (here every round trip is loopback, where a LAN adds a fraction of
+a millisecond to each of the ~20 round trips of a trial's lifecycle); a replicated
+NATS cluster (R3 streams acknowledge a publish only after a quorum stored it, which
+adds a round trip to every publish and KV call); a MongoDB replica set with majority
+writes instead of single-node SecantusDB; or independent hardware (here the runners
+and every central service share two cores with other engineers' tests, so a burst's
+requests queue behind each other, which a fleet of separate machines would not do).
+A many-machine figure needs the stack on several hosts; these benchmarks run
+against any NATS and ledger URLs, and `infra/stack.py` accepts them.
 """
 
 REPRODUCE = """
 ## Reproducing
 
 ```
-make bench                       # all six, median of 3 runs (15-20 min); writes this page
+make bench                       # every benchmark, 3 runs each (about an hour); writes this page
 make bench-quick                 # tiny sizes, 1 run (~1.5 min); writes .trialbus/bench-quick/
 .venv/bin/python -m benchmarks --only pipeline,latency --runs 5
 .venv/bin/python -m benchmarks --only import --mongo-url mongodb://host:27017
+.venv/bin/python -m benchmarks --only capacity,ledger --merge   # re-run two, keep the rest
+TRIALBUS_BENCH_CAPACITY=10000:30:1,2,4,8 .venv/bin/python -m benchmarks --only capacity --runs 1
+TRIALBUS_BENCH_LEDGER=100:10000 .venv/bin/python -m benchmarks --only ledger --runs 1
 ```
 
-Options: `--only NAMES`, `--runs N`, `--mongo-url URL` (or `TRIALBUS_BENCH_MONGO_URL`:
+Options: `--only NAMES`, `--runs N`, `--merge` (keep the other benchmarks of the
+results file), `--mongo-url URL` (or `TRIALBUS_BENCH_MONGO_URL`:
 also import into real MongoDB), `--work-dir`, `--results`, `--doc`. The quick mode
 runs in the test suite (`tests/integration/test_benchmarks_quick.py`), which checks
 that every benchmark reports sane numbers, not that targets are met. For stable

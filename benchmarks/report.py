@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import prose
+from benchmarks import model, prose
 from benchmarks.suite import BENCHMARKS
 
 BUSY_LOAD = 1.0
@@ -152,6 +152,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     parts += [detail(b) for b in report["benchmarks"]]
+    parts += [model.render(report), prose.ORCHESTRATION.strip(), ""]
     parts += [prose.SCALING.strip(), "", prose.REPRODUCE.strip(), ""]
     return "\n".join(parts)
 
