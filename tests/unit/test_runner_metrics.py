@@ -1,0 +1,71 @@
+"""RunnerMetrics counts what a runner publishes, once, and exports it over HTTP."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from schemas.events import TrialCompleted, TrialFailed, TrialStarted
+from schemas.objects import ObjectRef
+from services.common.adapters.memory import RecordingBus
+from services.common.errors import ACK, Settle
+from services.common.runner_metrics import RunnerMetrics, exporter
+
+
+def value(m: RunnerMetrics, name: str, **labels: str) -> float:
+    v = m.registry.get_sample_value(name, labels)
+    return 0.0 if v is None else v
+
+
+async def test_trials_started_completed_failed_and_durations() -> None:
+    m = RunnerMetrics()
+    bus = m.bus(RecordingBus())
+    started = TrialStarted(experiment_id="e", trial_id="t1", runner_id="r", host="h", attempt=1)
+    assert value(m, "trialbus_trials_total", event="started", failure_class="", final="") == 0
+    await bus.publish(started)
+    await bus.publish(started)  # a duplicate (same dedup id): not a second start
+    stored = ObjectRef(bucket="RESULTS", name="e/t1/1.tar.gz", size=1, sha256="ab" * 32)
+    done = TrialCompleted(
+        experiment_id="e", trial_id="t1", attempt=1, result=stored, trial_name="t1"
+    )
+    failed = TrialFailed(
+        experiment_id="e", trial_id="t2", failure_class="agent", error_type="X",
+        message="m", attempt=2, final=True,
+    )  # fmt: skip
+    await bus.publish_many([done, failed])
+    assert value(m, "trialbus_trials_total", event="started", failure_class="", final="") == 1
+    assert value(m, "trialbus_trials_total", event="completed", failure_class="", final="") == 1
+    assert (
+        value(m, "trialbus_trials_total", event="failed", failure_class="agent", final="true") == 1
+    )
+    # Timed from its start: t1 only (t2's start was never seen here).
+    assert value(m, "trialbus_trial_duration_seconds_count", outcome="completed") == 1
+    assert value(m, "trialbus_trial_duration_seconds_count", outcome="failed") == 0
+
+
+async def test_in_flight_and_verdicts() -> None:
+    m = RunnerMetrics()
+    seen: list[float] = []
+
+    async def handle(data: bytes) -> Settle:
+        seen.append(value(m, "trialbus_trials_in_flight"))
+        return ACK
+
+    await m.handler(handle)(b"x")
+    assert seen == [1.0]
+    assert value(m, "trialbus_trials_in_flight") == 0
+    assert (
+        value(m, "trialbus_events_settled_total", service="runner", action="ack", reason="done")
+        == 1
+    )
+
+
+def test_exporter_serves_the_registry_and_stops() -> None:
+    m = RunnerMetrics()
+    with exporter(m.registry, None) as nothing:
+        assert nothing is None
+    with exporter(m.registry, 0) as port:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"trialbus_trials", "trialbus_trials_in_flight"} <= names
