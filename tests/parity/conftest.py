@@ -28,25 +28,17 @@ __all__ = ["docker_engine", "ledger_url", "nats_url", "stacks"]
 PING_TIMEOUT_S = 3.0
 
 
-def engine_absent(env: dict[str, str] | None = None) -> str | None:
-    """Why no container can start here (None when the engine answers the ping)."""
-    env = dict(os.environ if env is None else env)
-    docker_host = env.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
-    if docker_ping(docker_host, PING_TIMEOUT_S):
-        return None
-    return (
-        f"no Docker engine answers GET /_ping at {docker_host} (DOCKER_HOST): the "
-        "production-parity tests start MongoDB and NATS from their official images"
-    )
-
-
 @pytest.fixture(scope="session", autouse=True)
 def docker_engine() -> str:
-    """The daemon the containers run on; every test here is skipped without one."""
-    missing = engine_absent()
-    if missing:
-        pytest.skip(missing)
-    return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+    """The daemon the containers run on (as the docker CLI finds it); every test here
+    is skipped, naming it, when it does not answer the Engine API's ping."""
+    docker_host = os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+    if not docker_ping(docker_host, PING_TIMEOUT_S):
+        pytest.skip(
+            f"no Docker engine answers GET /_ping at {docker_host} (DOCKER_HOST): the "
+            "production-parity tests start MongoDB and NATS from their official images"
+        )
+    return docker_host
 
 
 @pytest.fixture(scope="package")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.js.api import StreamInfo
 
 from schemas.subjects import Topology
 from tests.e2e.conftest import Stacks
@@ -23,18 +24,31 @@ REPLICAS = 3
 
 
 async def test_example_experiment_on_production_servers(stacks: Stacks, tmp_path: Path) -> None:
-    stack = await stacks.start(concurrency=4, extra_env={"TRIALBUS_STREAM_REPLICAS": str(REPLICAS)})
-    await pipeline_scenario(stack, stacks.cli(stack), tmp_path)
+    replicas_env = {"TRIALBUS_STREAM_REPLICAS": str(REPLICAS)}
+    stack = await stacks.start(concurrency=4, extra_env=replicas_env)
+    # The CLI too: whichever process makes a stream or bucket first sets its replicas.
+    await pipeline_scenario(stack, stacks.cli(stack, **replicas_env), tmp_path)
 
-    # The run above was replicated, not merely on a cluster: every stream the services
-    # made has its two followers (a setting the services ignored would leave R1).
+    # The run above was replicated, not merely on a cluster: every stream and bucket
+    # on the cluster (only this test's stack uses it) has three replicas.
     nc = await nats.connect(servers=(stack.nats_url or "").split(","))
     try:
-        js = nc.jetstream()
-        topo = Topology(stack.prefix)
-        for stream in (topo.events_stream, topo.work_stream):
-            info = await js.stream_info(stream)
-            assert info.config.num_replicas == REPLICAS, (stream, info.config)
-            assert info.cluster is not None and len(info.cluster.replicas or []) == 2, stream
+        streams = {s.config.name: s for s in await nc.jetstream().streams_info()}
     finally:
         await nc.close()
+    topo = Topology(stack.prefix)
+    made = {topo.work_stream, topo.events_stream, f"OBJ_{topo.results_bucket}"}
+    assert made <= set(streams), sorted(n or "" for n in streams)  # control: not vacuous
+    single = {n: s.config.num_replicas for n, s in streams.items() if not is_replicated(s)}
+    assert single == {}, f"not on {REPLICAS} nodes (lost with the node that holds them)"
+
+
+def is_replicated(info: StreamInfo) -> bool:
+    """The stream has REPLICAS replicas: a leader and its current followers."""
+    cluster = info.cluster
+    return (
+        info.config.num_replicas == REPLICAS
+        and cluster is not None
+        and bool(cluster.leader)
+        and len(cluster.replicas or []) == REPLICAS - 1
+    )

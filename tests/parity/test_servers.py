@@ -52,7 +52,7 @@ async def test_nats_is_three_routed_jetstream_nodes(nats_url: str) -> None:
         assert len(info.cluster.replicas or []) == 2, info.cluster
         # Control: a fourth replica has no node to live on, so the three above are all.
         four = StreamConfig(name=name + "x", subjects=[name + "x"], num_replicas=4)
-        with pytest.raises(APIError, match="insufficient resources"):
+        with pytest.raises(APIError, match="no suitable peers"):
             await js.add_stream(four)
         await js.delete_stream(name)
     finally:
