@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -27,7 +27,15 @@ _MAX_OPEN_ATTEMPTS = 10_000
 """Attempts remembered between start and end; an attempt that ended elsewhere (a
 runner stopped mid-trial) would otherwise stay forever."""
 
-Handle = Callable[..., Awaitable[Settle]]
+KeepAlive = Callable[[], Awaitable[None]]
+
+
+class Handle(Protocol):
+    """What the runner's WorkConsumer calls per work message (TrialHandler.handle)."""
+
+    def __call__(
+        self, data: bytes, keep_alive: KeepAlive, *, subject: str = ""
+    ) -> Coroutine[Any, Any, Settle]: ...
 
 
 class RunnerMetrics:
@@ -85,10 +93,10 @@ class RunnerMetrics:
     def handler(self, handle: Handle) -> Handle:
         """``handle`` (TrialHandler.handle), tracking in-flight messages and verdicts."""
 
-        async def metered(*args: Any, **kwargs: Any) -> Settle:
+        async def metered(data: bytes, keep_alive: KeepAlive, *, subject: str = "") -> Settle:
             self.in_flight.inc()
             try:
-                settle = await handle(*args, **kwargs)
+                settle = await handle(data, keep_alive, subject=subject)
             finally:
                 self.in_flight.dec()
             self.settled.labels("runner", settle.action, settle.reason).inc()

@@ -48,11 +48,14 @@ async def test_in_flight_and_verdicts() -> None:
     m = RunnerMetrics()
     seen: list[float] = []
 
-    async def handle(data: bytes) -> Settle:
+    async def handle(data: bytes, keep_alive: object, *, subject: str = "") -> Settle:
         seen.append(value(m, "trialbus_trials_in_flight"))
         return ACK
 
-    await m.handler(handle)(b"x")
+    async def beat() -> None:
+        pass
+
+    await m.handler(handle)(b"x", beat)
     assert seen == [1.0]
     assert value(m, "trialbus_trials_in_flight") == 0
     assert (
