@@ -32,7 +32,7 @@ test-fast: setup  ## unit tests only
 # Needs a Docker engine (DOCKER_HOST or /var/run/docker.sock); without one every test is
 # skipped and the summary says why. docs/operations.md, "Production parity".
 test-parity: setup  ## ledger contract + pipeline e2e on MongoDB and a 3-node NATS cluster (official images)
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/parity
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/parity
 
 # The tests that pin what trialbus takes from Harbor: its error policy table (failure
 # classes, agent stops), result.json and job folders (records, scoring, agreement with
