@@ -9,7 +9,7 @@ binary, bubblewrap, or root privilege means part of trialbus went untested, and 
 summary line must say so. The one exception is a test marked ``docker`` (it needs a
 Docker engine, which no machine here has; testcontainers tests skip cleanly).
 
-``make test`` runs the suite on pytest-xdist workers (``-n 2 --dist loadgroup``). Each
+The suite can run on pytest-xdist workers (``-n 2 --dist loadgroup``). Each
 worker is its own session, so each starts its own servers above; tests already isolate
 themselves by name, port and tmp_path, so no test depends on which worker runs it. A
 module whose tests share a module- or class-scoped fixture (a whole stack, a Harbor
