@@ -32,6 +32,7 @@ from schemas.manifest import (
     DatasetRef,
     ExperimentManifest,
     RetrySpec,
+    StoredTask,
     TaskPath,
 )
 
@@ -136,7 +137,10 @@ def test_manifest_table_matches_the_manifest() -> None:
     ("anchor", "models"),
     [
         ("Agent entries:", (AgentSpec,)),
-        ("Task entries (a plain string is the same as `{path: ...}`):", (TaskPath, DatasetRef)),
+        (
+            "Task entries (a plain string is the same as `{path: ...}`):",
+            (TaskPath, DatasetRef, StoredTask),
+        ),
     ],
 )
 def test_entry_tables_match_their_models(anchor: str, models: tuple[type[BaseModel], ...]) -> None:
