@@ -93,7 +93,9 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             concurrency=settings.concurrency,
             policy=policy,
         )
-        registry = await NatsRunnerRegistry.open(js, topo, create_ttl_s=settings.ack_wait_s)
+        registry = await NatsRunnerRegistry.open(
+            js, topo, create_ttl_s=settings.ack_wait_s, replicas=settings.stream_replicas
+        )
         handler = TrialHandler(
             JetStreamBus(js, topo),
             executor,

@@ -82,7 +82,9 @@ class NatsSide:
             return None
         if self._runners is None:
             self._runners = await NatsRunnerRegistry.open(
-                self.nc.jetstream(), self.settings.topology
+                self.nc.jetstream(),
+                self.settings.topology,
+                replicas=self.settings.stream_replicas,
             )
         return self._runners
 

@@ -154,5 +154,7 @@ async def trial_logs(
 async def list_runners(settings: CommonSettings) -> list[RunnerRow]:
     """``trialbus runners``: the registry's live records, stale ones marked."""
     async with open_nats(settings, "trialbus-runners") as nats:
-        registry = await NatsRunnerRegistry.open(nats.nc.jetstream(), nats.settings.topology)
+        registry = await NatsRunnerRegistry.open(
+            nats.nc.jetstream(), nats.settings.topology, replicas=nats.settings.stream_replicas
+        )
         return runner_rows(await registry.live_runners(), registry.heartbeat_s)

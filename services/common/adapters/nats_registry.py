@@ -56,9 +56,16 @@ class NatsRunnerRegistry:
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, topology: Topology, *, create_ttl_s: float = DEFAULT_TTL_S
+        cls,
+        js: JetStreamContext,
+        topology: Topology,
+        *,
+        create_ttl_s: float = DEFAULT_TTL_S,
+        replicas: int = 1,
     ) -> NatsRunnerRegistry:
-        """Bind the bucket; create it (TTL ``create_ttl_s``) only where it is missing.
+        """Bind the bucket; create it (TTL ``create_ttl_s``, ``replicas`` copies: the
+        streams' replication, so one node down never empties the registry) only where
+        it is missing.
 
         On a stack with per-role users it exists (the admin provisioned it) and only
         its status is read, which runners and the submitter may do.
@@ -73,6 +80,7 @@ class NatsRunnerRegistry:
                     history=1,
                     ttl=create_ttl_s,
                     storage=StorageType.FILE,
+                    replicas=replicas,
                     direct=True,
                 )
             )
