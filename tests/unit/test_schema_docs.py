@@ -125,7 +125,11 @@ def test_field_table_matches_the_model(event_type: str) -> None:
 
 def test_manifest_table_matches_the_manifest() -> None:
     top = {n: i.is_required() for n, i in ExperimentManifest.model_fields.items()}
-    nested = {"compute": ComputeSpec, "retry": RetrySpec, "budget": BudgetSpec}
+    nested: dict[str, type[BaseModel]] = {
+        "compute": ComputeSpec,
+        "retry": RetrySpec,
+        "budget": BudgetSpec,
+    }
     fields = {n: r for n, r in top.items() if n not in nested}
     for prefix, model in nested.items():
         fields |= {f"{prefix}.{n}": i.is_required() for n, i in model.model_fields.items()}
