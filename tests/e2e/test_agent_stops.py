@@ -23,9 +23,12 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.stack import EmbeddedStack
 from schemas.events import TrialFailed
 from tests.conftest import skip_unless
+from tests.e2e.cli import Cli
 from tests.e2e.conftest import Stacks
+from tests.e2e.events import EventTap
 from tests.e2e.faultkit import ledger_records
 from tests.e2e.test_llm_agents import API_KEY_ENV, HELLO_FILE, runner_env, submit_wait, terminus
 from tests.support.model_stub import ModelStub
@@ -63,12 +66,20 @@ def by_agent(records: list[Any]) -> dict[str, list[Any]]:
     return out
 
 
-async def test_a_refused_key_stops_the_agent_once(
+async def test_refused_keys_and_spent_budgets_end_trials_before_they_start(
     stacks: Stacks, stub: ModelStub, tmp_path: Path
 ) -> None:
+    # One stack for both (a stack's start is most of the time on a busy machine).
     stack = await stacks.start(concurrency=1, runner_env=runner_env(tmp_path))
     tap = await stacks.tap(stack)
     cli = stacks.cli(stack)
+    await a_refused_key_stops_the_agent_once(stack, tap, cli, stub, tmp_path)
+    await a_token_budget_stops_trials_not_yet_started(stack, cli, stub, tmp_path)
+
+
+async def a_refused_key_stops_the_agent_once(
+    stack: EmbeddedStack, tap: EventTap, cli: Cli, stub: ModelStub, tmp_path: Path
+) -> None:
     path = manifest(tmp_path, stub)
     exp = await submit_wait(cli, path)
 
@@ -101,14 +112,12 @@ async def test_a_refused_key_stops_the_agent_once(
     assert stub.count("unauthorized", 401) > first_requests
 
 
-async def test_a_token_budget_stops_trials_not_yet_started(
-    stacks: Stacks, stub: ModelStub, tmp_path: Path
+async def a_token_budget_stops_trials_not_yet_started(
+    stack: EmbeddedStack, cli: Cli, stub: ModelStub, tmp_path: Path
 ) -> None:
     # A solving model, one trial at a time, and a budget the first trial uses up
     # (terminus-2 spends ~2,700 tokens on hello-file): the runner reads the tokens from
     # Harbor's own result.json, and the trials after it do not start.
-    stack = await stacks.start(concurrency=1, runner_env=runner_env(tmp_path))
-    cli = stacks.cli(stack)
     data = {
         "name": "budgeted",
         "tasks": [str(HELLO_FILE)],
