@@ -116,7 +116,7 @@ async def a_token_budget_stops_trials_not_yet_started(
     stack: EmbeddedStack, cli: Cli, stub: ModelStub, tmp_path: Path
 ) -> None:
     # A solving model, one trial at a time, and a budget the first trial uses up
-    # (terminus-2 spends ~2,700 tokens on hello-file): the runner reads the tokens from
+    # (terminus-2 uses ~1,750 tokens on hello-file here): the runner reads the tokens from
     # Harbor's own result.json, and the trials after it do not start.
     data = {
         "name": "budgeted",
