@@ -54,13 +54,19 @@ KILL_TIMEOUT = 10.0
 _KEEPER = r"""
 import json, os, socket, subprocess, sys, time
 cfg = json.loads(sys.argv[1])
+# Held open before the private tmpfs mounts: a read-only folder may lie under one (a
+# checkout in /tmp, as a fresh clone is), and is then bound back from the held fd.
+held = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d in cfg["readonly"]}
 for d in cfg["private"]:
     os.makedirs(d, exist_ok=True)
     mode = "1777" if d in ("/tmp", "/dev/shm") else "0755"
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=" + mode, cfg["name"], d], check=True)
-for d in cfg["readonly"]:
-    subprocess.run(["mount", "--bind", d, d], check=True)
+for d, fd in held.items():
+    os.makedirs(d, exist_ok=True)
+    src = "/proc/self/fd/%d" % fd
+    subprocess.run(["mount", "--bind", src, d], check=True, pass_fds=(fd,))
     subprocess.run(["mount", "-o", "remount,bind,ro", d], check=True)
+    os.close(fd)
 for d in cfg["hidden"]:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,mode=0555", "hidden", d], check=True)
 socket.sethostname(cfg["name"])
