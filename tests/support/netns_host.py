@@ -52,7 +52,7 @@ KILL_TIMEOUT = 10.0
 # pid 1 of a host: mounts its disk, names it, says "ready", then reaps orphans (a pid 1
 # that never waits would collect zombies) until the host is killed.
 _KEEPER = r"""
-import json, os, socket, subprocess, sys, time
+import ctypes, json, os, socket, subprocess, sys, time
 cfg = json.loads(sys.argv[1])
 # Held open before the private tmpfs mounts: a read-only folder may lie under one (a
 # checkout in /tmp, as a fresh clone is), and is then bound back from the held fd.
@@ -61,11 +61,16 @@ for d in cfg["private"]:
     os.makedirs(d, exist_ok=True)
     mode = "1777" if d in ("/tmp", "/dev/shm") else "0755"
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=" + mode, cfg["name"], d], check=True)
+# mount(2) itself: the mount command canonicalizes /proc/self/fd/N into the path it
+# named, which the tmpfs now covers.
+libc = ctypes.CDLL(None, use_errno=True)
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 for d, fd in held.items():
     os.makedirs(d, exist_ok=True)
-    src = "/proc/self/fd/%d" % fd
-    subprocess.run(["mount", "--bind", src, d], check=True, pass_fds=(fd,))
-    subprocess.run(["mount", "-o", "remount,bind,ro", d], check=True)
+    src = ("/proc/self/fd/%d" % fd).encode()
+    for source, flags in ((src, MS_BIND), (None, MS_REMOUNT | MS_BIND | MS_RDONLY)):
+        if libc.mount(source, d.encode(), None, flags, None) != 0:
+            raise OSError(ctypes.get_errno(), "bind of %s failed" % d)
     os.close(fd)
 for d in cfg["hidden"]:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,mode=0555", "hidden", d], check=True)
