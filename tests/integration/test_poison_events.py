@@ -43,8 +43,8 @@ from infra.stack import ServiceProcess
 from schemas.events import encode_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
+from services.common import errors
 from services.common.adapters.mongo_ledger import MongoLedger
-from services.common.errors import BUG_RETRY_DELAY_S
 from services.common.logging import NOISY_LIBRARIES
 from services.common.settings import ImporterSettings
 from services.importer import handlers
@@ -67,6 +67,7 @@ EXPERIMENT = "poison-exp"
 GOOD = ("oracle", "nop", "multi", "multi_nop", "broken", "timeout")
 SCORED = {"oracle", "nop", "multi", "multi_nop", "timeout"}  # broken: verifier failed
 TIMEOUT_S = 60.0
+BUG_DELAY_S = 1.0
 
 
 @pytest.fixture
@@ -234,12 +235,14 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
         return real_build(trial_dir, context)
 
     monkeypatch.setattr(handlers, "build_record", build)
+    # The bug delay shortened (10 s in production): the same five deliveries, in ~5 s.
+    monkeypatch.setattr(errors, "BUG_RETRY_DELAY_S", BUG_DELAY_S)
     settings = ImporterSettings(
         nats_url=nats_url, ledger_url=ledger_url, prefix=topology.prefix, ledger_db=ledger_db
     )
     good_dir = harbor_trials.copy("oracle", tmp_path, "good-1")
     subject = topology.event_subject("trial_completed", EXPERIMENT)
-    deadline = time.monotonic() + TIMEOUT_S + BUG_MAX_DELIVERIES * BUG_RETRY_DELAY_S
+    deadline = time.monotonic() + TIMEOUT_S + BUG_MAX_DELIVERIES * BUG_DELAY_S
 
     async def until_deadline(what: str, check: Callable[[], Awaitable[bool]]) -> None:
         while not await check():
