@@ -81,6 +81,8 @@ class TrialArchive:
     files: int
     file_bytes: int
     left_out: list[LeftOut] = field(default_factory=list)
+    redactions: int = 0
+    """Secret occurrences replaced while packing (``pack_trial``'s ``scrub``)."""
 
 
 # -- packing -----------------------------------------------------------------------------
@@ -233,8 +235,16 @@ def _inside(root: Path, link: Path) -> str:
     return os.path.relpath(real, link.parent) if os.path.isabs(target) else target
 
 
+Scrub = Callable[[bytes], tuple[bytes, int] | None]
+"""Rewrites a file's bytes before they are packed: (new bytes, replacements), or None
+to keep them (services.runner.redaction.Redactor.redact_file)."""
+
+
 def pack_trial(
-    folder: Path, cap_bytes: int = DEFAULT_TRIAL_CAP_BYTES, max_entries: int = 10_000
+    folder: Path,
+    cap_bytes: int = DEFAULT_TRIAL_CAP_BYTES,
+    max_entries: int = 10_000,
+    scrub: Scrub | None = None,
 ) -> TrialArchive:
     """A finished trial folder as a deterministic .tar.gz, at most ``cap_bytes`` of files.
 
@@ -243,6 +253,8 @@ def pack_trial(
     they fit the cap; the rest, and links, devices or unreadable files (the agent wrote
     them: nothing is followed), are left out and listed in TRIAL_MANIFEST, which every
     trial archive carries, so an overflow is recorded, never silently dropped.
+    ``scrub`` (secret redaction) rewrites each admitted file; the manifest records how
+    many replacements were made and in how many files, never what was replaced.
     """
     root = folder.resolve()
     left: list[LeftOut] = []
@@ -283,7 +295,7 @@ def pack_trial(
         used += size
 
     writer = _Writer()
-    stored = n_files = 0
+    stored = n_files = scrubbed_files = replacements = 0
     for rel in sorted([*dirs, *kept]):
         if rel not in kept:
             writer.tar.addfile(_info(rel, tarfile.DIRTYPE, 0o755))
@@ -297,7 +309,11 @@ def pack_trial(
         except OSError as exc:
             left.append(LeftOut(rel, 0, f"unreadable: {exc.strerror or exc}"))
             continue
-        if stored + len(blob) > cap_bytes:  # it grew since it was listed
+        if scrub is not None and (scrubbed := scrub(blob)) is not None and scrubbed[1]:
+            blob = scrubbed[0]
+            scrubbed_files += 1
+            replacements += scrubbed[1]
+        if stored + len(blob) > cap_bytes:  # it grew since it was listed (or was redacted)
             left.append(LeftOut(rel, len(blob), f"over the per-trial cap of {cap_bytes} bytes"))
             continue
         writer.tar.addfile(
@@ -316,6 +332,8 @@ def pack_trial(
         ],
         "left_out_not_listed": max(0, len(left) - _MANIFEST_MAX_LISTED),
     }
+    if scrub is not None:
+        manifest["redacted"] = {"files": scrubbed_files, "replacements": replacements}
     blob = json.dumps(manifest, sort_keys=True, indent=1).encode()
     writer.tar.addfile(_info(TRIAL_MANIFEST, tarfile.REGTYPE, 0o644, len(blob)), io.BytesIO(blob))
-    return TrialArchive(writer.finish(), n_files, stored, left)
+    return TrialArchive(writer.finish(), n_files, stored, left, replacements)

@@ -6,18 +6,27 @@ deterministic, capped, overflow listed in the archive's manifest, nothing follow
 stored under a name keyed by
 the run and attempt. The event carries the ObjectRef (bucket, name, size, sha256); the
 local folder is only a cache, deleted once the run's ending is published.
+
+A runner's trial folder is redacted as it is packed (``scrub_for``: the trial's
+secrets, services.runner.redaction.TrialSecrets): result.json's exception message,
+agent logs and trajectories can quote an API key or the runner's own password, and
+Harbor scrubs only exact values of variables named like KEY/SECRET/TOKEN. Text files
+only, within the archive's cap; binary files are stored as they are. The archive's
+manifest counts the replacements (never the values), and the local copy is not
+rewritten (it is deleted once stored, unless kept by setting for debugging).
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.events import TrialRequested
 from schemas.objects import ObjectRef
-from services.common.archive import pack_trial
+from services.common.archive import Scrub, pack_trial
 from services.common.errors import TransientError
 from services.common.logging import get_logger
 from services.common.ports import ObjectStore
@@ -42,14 +51,18 @@ class TrialFolders:
     cap_bytes: int
     keep_local: bool = False
     retry_delays_s: tuple[float, ...] = UPLOAD_RETRY_DELAYS_S
+    scrub_for: Callable[[TrialRequested], Scrub | None] | None = None
+    """The redaction of a trial's files (None: stored as they are; the watcher's
+    external jobs, whose secrets trialbus does not know)."""
 
     async def upload(self, request: TrialRequested, attempt: int, folder: Path) -> ObjectRef:
-        """Pack and store one attempt's folder (see ``store_as``)."""
-        return await self.store_as(result_object_name(request, attempt), folder)
+        """Pack (redacted: ``scrub_for``) and store one attempt's folder."""
+        scrub = self.scrub_for(request) if self.scrub_for is not None else None
+        return await self.store_as(result_object_name(request, attempt), folder, scrub)
 
-    async def store_as(self, name: str, folder: Path) -> ObjectRef:
+    async def store_as(self, name: str, folder: Path, scrub: Scrub | None = None) -> ObjectRef:
         """Pack ``folder`` and store it as ``name``; TransientError when not confirmed."""
-        archive = await asyncio.to_thread(pack_trial, folder, self.cap_bytes)
+        archive = await asyncio.to_thread(pack_trial, folder, self.cap_bytes, scrub=scrub)
         if archive.left_out:
             log.warning(
                 "trial folder stored in part",
@@ -57,6 +70,8 @@ class TrialFolders:
                 left_out=len(archive.left_out),
                 left_out_bytes=sum(f.size for f in archive.left_out),
             )
+        if archive.redactions:
+            log.info("trial folder redacted", object=name, replacements=archive.redactions)
         for delay in (*self.retry_delays_s, None):
             try:
                 return await self.store.put(name, archive.data)

@@ -30,6 +30,7 @@ from services.runner.consumer import WorkConsumer, ensure_runner_consumer
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
 from services.runner.live_logs import CoreNatsLogSinks
+from services.runner.redaction import TrialSecrets
 
 log = get_logger(__name__)
 
@@ -46,7 +47,11 @@ def build_executor(
     'module:factory' called with them."""
     if settings.executor == "harbor":
         return HarborExecutor(
-            trial_folders_root(settings), tasks, settings.sandbox_dir, policy=policy
+            trial_folders_root(settings),
+            tasks,
+            settings.sandbox_dir,
+            policy=policy,
+            secrets=TrialSecrets.from_settings(settings),
         )
     executor = load_factory(settings.executor)(settings)
     return executor  # type: ignore[return-value]
@@ -75,10 +80,13 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             await open_bucket(js, settings, "tasks"),
             budget_bytes=settings.task_cache_bytes,
         )
+        secrets = TrialSecrets.from_settings(settings)
         folders = TrialFolders(
             await open_bucket(js, settings, "results"),
             cap_bytes=settings.result_cap_bytes,
             keep_local=settings.keep_trial_dirs,
+            # Stored folders are redacted like live logs and exception messages.
+            scrub_for=lambda request: secrets.redactor(request).redact_file,
         )
         host = socket.gethostname()
         runner_id = settings.runner_id or f"{host}-{os.getpid()}"

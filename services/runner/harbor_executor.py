@@ -13,6 +13,12 @@ checksum, verified, unpacked once per task and pinned while the trial runs); a t
 that cannot be had ends the attempt as a failure naming why, never a hung message.
 A request the runner's policy refuses (services.common.runner_policy) ends as a final
 failure, ``PolicyRefused``, before Harbor builds anything.
+
+The exception message an attempt reports (Harbor's, or an agent's, which may quote
+an API key or the runner's own password) is redacted with the trial's secrets
+(services.runner.redaction.TrialSecrets) before it leaves the executor: everything
+downstream (TrialFailed events, the agent-stop and budget guards, the ledger) gets
+the redacted text only.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from services.common.ports import ExecutionOutcome, LogSink
 from services.common.task_cache import TaskCache
 from services.common.unpack import ArchiveError
 from services.runner.isolation import TrialProcesses
+from services.runner.redaction import TrialSecrets
 from services.runner.trial_process import MissingSecretError, TrialJob
 
 __all__ = ["HarborExecutor", "MissingSecretError"]
@@ -45,7 +52,9 @@ class HarborExecutor:
         sandbox_dir: Path | None = None,
         processes: TrialProcesses | None = None,
         policy: RunnerPolicy | None = None,
+        secrets: TrialSecrets | None = None,
     ) -> None:
+        """``secrets``: redact exception messages with them (None: messages as they are)."""
         self._jobs_root = jobs_root
         # What manifests may ask of this runner; enforced in each trial's process
         # before Harbor sees the request (None: the safe default policy).
@@ -53,6 +62,7 @@ class HarborExecutor:
         self._tasks = tasks
         self._sandbox_dir = sandbox_dir
         self._processes = processes or TrialProcesses()
+        self._secrets = secrets
         self.version = dist_version("harbor")
 
     def trial_dir_for(self, req: TrialRequested) -> Path:
@@ -87,9 +97,12 @@ class HarborExecutor:
                 message=f"task {task.name} ({task.checksum[:12]}): {exc}"[:2000],
             )
         trial_dir = outcome.get("trial_dir")
+        message = outcome.get("message")
+        if message and self._secrets is not None:
+            message = self._secrets.redactor(request).redact(message)
         return ExecutionOutcome(
             kind=outcome["kind"],
             trial_dir=Path(trial_dir) if trial_dir else None,
             exception_type=outcome.get("exception_type"),
-            message=outcome.get("message"),
+            message=message,
         )

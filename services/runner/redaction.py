@@ -29,13 +29,21 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from schemas.events import TrialRequested
+    from services.common.settings import RunnerSettings
 
 MIN_SECRET_CHARS = 8
 """Values shorter than this are not searched for (see the module docstring)."""
+BINARY_SNIFF_BYTES = 8192
+"""A file with a NUL byte in its first this many bytes is binary (``redact_file``)."""
 
 
 def marker(names: Iterable[str]) -> str:
@@ -110,6 +118,26 @@ class Redactor:
     def redact(self, text: str) -> str:
         """``text`` with every known secret (and its base64 forms) replaced."""
         return self._apply(text, self.spans(text))
+
+    def redact_counted(self, text: str) -> tuple[str, int]:
+        """``redact``, and how many spans were replaced."""
+        spans = self.spans(text)
+        return self._apply(text, spans), len(spans)
+
+    def redact_file(self, blob: bytes) -> tuple[bytes, int] | None:
+        """A text file's bytes with the secrets replaced, and the count; None: binary.
+
+        Text is a file without a NUL byte in its first ``BINARY_SNIFF_BYTES`` (git's
+        rule); its bytes are read as UTF-8 with undecodable bytes kept as they are
+        (surrogateescape), so a Latin-1 log is redacted too and nothing else changes.
+        A binary file (an image, a compressed log, a database) is left as it is:
+        replacing bytes inside it would corrupt it, and a compressed secret is not
+        found anyway (docs/security.md says so).
+        """
+        if not self.needles or b"\0" in blob[:BINARY_SNIFF_BYTES]:
+            return None
+        text, n = self.redact_counted(blob.decode("utf-8", "surrogateescape"))
+        return (text.encode("utf-8", "surrogateescape"), n) if n else (blob, 0)
 
     @staticmethod
     def _apply(text: str, spans: list[tuple[int, int, set[str]]]) -> str:
@@ -192,3 +220,45 @@ def runner_secrets(credentials_file: Path | None, urls: Mapping[str, str]) -> di
                 if password:
                     found[name] = password  # as written in the environment
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class TrialSecrets:
+    """The secrets a trial may see: the runner's own, and its agent's ``api_key_env``.
+
+    Built once per runner (``from_settings``); the executor redacts the exception
+    messages it reports with it and the trial folders are redacted with it before they
+    are stored (services.common.trial_folders), so events and ledger records do not
+    carry what live logs already hide.
+    """
+
+    runner: Mapping[str, str]
+    environ: Mapping[str, str] | None = None
+    """The environment trials inherit (None: this process's, read at each call)."""
+
+    @classmethod
+    def from_settings(
+        cls, settings: RunnerSettings, environ: Mapping[str, str] | None = None
+    ) -> TrialSecrets:
+        """The secrets of a runner configured by ``settings``."""
+        return cls(
+            runner_secrets(
+                settings.nats_credentials,
+                {"NATS_URL": settings.nats_url, "LEDGER_URL": settings.ledger_url},
+            ),
+            environ,
+        )
+
+    def of(self, request: TrialRequested) -> dict[str, str]:
+        """Name -> value of every secret ``request``'s trial may see."""
+        env = os.environ if self.environ is None else self.environ
+        found = dict(self.runner)
+        for name in request.agent.api_key_env:
+            value = env.get(name)
+            if value:
+                found[name] = value
+        return found
+
+    def redactor(self, request: TrialRequested) -> Redactor:
+        """A redactor of ``request``'s secrets."""
+        return Redactor(self.of(request))
