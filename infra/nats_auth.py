@@ -7,7 +7,11 @@ one credentials file per role, all mode 0600; ``load_credentials`` reads a role'
 and ``connect_as`` connects with it.
 
 Authentication is user/password: random 256-bit passwords, handed to nats-py as
-connect arguments, never in URLs or on command lines. The server config holds them in
+connect arguments, never in URLs or on command lines. A credentials file may also name
+the CA that signed the servers' certificate (``ca_file``, relative to the file's
+folder): its clients then connect over TLS and trust that CA only, like a NATS
+context bundles credentials and CA. The compose generator (infra/compose_config.py)
+writes such files; ``trialbus up`` (loopback) writes none. The server config holds them in
 plain text (nats-server also accepts bcrypt hashes, but no bcrypt library is installed
 here); it lives beside the credentials files with the same owner and mode, so it
 exposes nothing those files do not.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import ssl
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,10 +60,26 @@ class RoleCredentials:
     user: str
     password: str = field(repr=False)
     inbox_prefix: str
+    ca_file: Path | None = None
+    """The CA the servers' certificate must chain to; None: no TLS of its own."""
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """A client TLS context trusting ``ca_file`` only (hostnames checked), or None."""
+        if self.ca_file is None:
+            return None
+        return ssl.create_default_context(cafile=str(self.ca_file))
 
     def connect_options(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``."""
-        return {"user": self.user, "password": self.password, "inbox_prefix": self.inbox_prefix}
+        options: dict[str, Any] = {
+            "user": self.user,
+            "password": self.password,
+            "inbox_prefix": self.inbox_prefix,
+        }
+        tls = self.tls_context()
+        if tls is not None:
+            options["tls"] = tls
+        return options
 
     def broker_options(self) -> dict[str, Any]:
         """Keyword arguments for FastStream's ``NatsBroker`` (it takes a ``security``)."""
@@ -67,7 +88,7 @@ class RoleCredentials:
         from faststream.nats import NatsUserPassword
 
         return {
-            "security": NatsUserPassword(self.user, self.password),
+            "security": NatsUserPassword(self.user, self.password, ssl_context=self.tls_context()),
             "inbox_prefix": self.inbox_prefix,
         }
 
@@ -156,12 +177,15 @@ def write_auth(
     rotate: bool = False,
     pools: Sequence[str] = (),
     js_domain: str | None = None,
+    ca_file: str | None = None,
 ) -> AuthFiles:
     """Write the server config include and one credentials file per role (all 0600).
 
     ``pools`` adds a runner user per named pool (``runner-<pool>.json``), allowed that
     pool's work only; the plain ``runner`` user is the default pool's. ``js_domain``
     is the server's JetStream domain when runners reach it through leaf nodes.
+    ``ca_file`` (relative to ``folder``, or absolute) goes into every credentials
+    file: their clients then require TLS with a server certificate that CA signed.
 
     Existing credentials are kept (a second ``trialbus up`` must not lock out running
     services) unless ``rotate``; the server config is rewritten every time so it
@@ -186,9 +210,12 @@ def write_auth(
             user=user,
             password=existing.password if existing is not None and keep else _new_password(),
             inbox_prefix=inbox_prefix(topology, role, pool),
+            ca_file=None if ca_file is None else folder / ca_file,
         )
         if cred != existing:
             record = {k: getattr(cred, k) for k in ("role", "user", "password", "inbox_prefix")}
+            if ca_file is not None:
+                record["ca_file"] = ca_file  # as given: the folder may be mounted elsewhere
             write_private(path, json.dumps(record, indent=2) + "\n")
         creds[name], paths[name] = cred, path
     server_config = folder / AUTH_CONF
@@ -217,11 +244,13 @@ def load_credentials(path: Path, role: str | None = None) -> RoleCredentials:
         )
     try:
         data = json.loads(text)
+        ca = data.get("ca_file")
         cred = RoleCredentials(
             role=str(data["role"]),
             user=str(data["user"]),
             password=str(data["password"]),
             inbox_prefix=str(data["inbox_prefix"]),
+            ca_file=None if ca is None else path.parent / str(ca),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise CredentialsError(
@@ -232,6 +261,11 @@ def load_credentials(path: Path, role: str | None = None) -> RoleCredentials:
         raise CredentialsError(
             f"NATS credentials {path} are for role {cred.role!r}, expected "
             f"{role or 'one of ' + ', '.join(ROLES)!r}"
+        )
+    if cred.ca_file is not None and not cred.ca_file.is_file():
+        raise CredentialsError(
+            f"NATS credentials {path} name the CA file {cred.ca_file}, which is missing; "
+            "mount or copy the CA's ca.pem there (`trialbus certs` makes it)"
         )
     return cred
 
