@@ -28,6 +28,13 @@ _SECRET_VALUE_RE = re.compile(
 _SECRET_KEY_RE = re.compile(r"(api[_-]?key|secret|token|password|passwd|credential)", re.I)
 
 MAX_INT64 = 2**63 - 1
+MAX_NAME_CHARS = 200
+"""Longest name, label, model or import path: they are shown in tables and keyed on."""
+MAX_PATH_CHARS = 4096
+"""Longest task path, glob or dataset reference (PATH_MAX on Linux)."""
+MAX_DESCRIPTION_CHARS = 10_000
+"""Longest free-text description: it travels in ExperimentSubmitted and every record's
+copy of the manifest, so it stays far under an event's size limit (schemas.events)."""
 """Largest integer the ledger (BSON int64) stores; larger ones fail every write."""
 
 LOCAL_ENVIRONMENT_ALIAS = "local"
@@ -84,13 +91,17 @@ def _reject_secret_value(where: str, key: str, value: Any) -> None:
 class TaskPath(_Strict):
     """A Harbor task folder, or a glob of them, relative to the manifest's folder."""
 
-    path: str = Field(description="Task folder or glob (e.g. 'tasks/*').")
+    path: str = Field(
+        max_length=MAX_PATH_CHARS, description="Task folder or glob (e.g. 'tasks/*')."
+    )
 
 
 class DatasetRef(_Strict):
     """A Harbor registry dataset, e.g. ``terminal-bench@2.0``."""
 
-    dataset: str = Field(description="Dataset name with optional '@version'.")
+    dataset: str = Field(
+        max_length=MAX_PATH_CHARS, description="Dataset name with optional '@version'."
+    )
     task_names: list[str] | None = Field(
         default=None, description="Only these tasks of the dataset (default: all)."
     )
@@ -115,13 +126,23 @@ TaskSpec = Annotated[TaskPath | DatasetRef | StoredTask, Field(union_mode="left_
 class AgentSpec(_Strict):
     """One agent configuration to evaluate."""
 
-    name: str | None = Field(default=None, description="Harbor agent name (oracle, nop, ...).")
-    import_path: str | None = Field(
-        default=None, description="'module:Class' of a custom Harbor agent."
+    name: str | None = Field(
+        default=None,
+        max_length=MAX_NAME_CHARS,
+        description="Harbor agent name (oracle, nop, ...).",
     )
-    model: str | None = Field(default=None, description="Model name passed to the agent.")
+    import_path: str | None = Field(
+        default=None,
+        max_length=MAX_NAME_CHARS,
+        description="'module:Class' of a custom Harbor agent.",
+    )
+    model: str | None = Field(
+        default=None, max_length=MAX_NAME_CHARS, description="Model name passed to the agent."
+    )
     label: str | None = Field(
-        default=None, description="Display name in reports (default: name or import path)."
+        default=None,
+        max_length=MAX_NAME_CHARS,
+        description="Display name in reports (default: name or import path).",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Agent kwargs.")
     api_key_env: list[str] = Field(
@@ -275,8 +296,10 @@ class ExperimentManifest(_Strict):
         description="Stable id; generated from the manifest's content when absent, so "
         "resubmitting the same manifest addresses the same experiment.",
     )
-    name: str = Field(min_length=1, max_length=200, description="Name shown in reports.")
-    description: str | None = Field(default=None, description="Free text.")
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS, description="Name shown in reports.")
+    description: str | None = Field(
+        default=None, max_length=MAX_DESCRIPTION_CHARS, description="Free text."
+    )
     tasks: list[TaskSpec] = Field(
         min_length=1,
         description="Task folders or globs relative to the manifest's folder (a plain "

@@ -6,17 +6,28 @@ any machine can fetch what a TrialRequested names. Publishing is idempotent twic
 over: each TrialRequested carries its trial_id as the JetStream dedup id (a CI retry
 within the dedup window publishes nothing new), and trials the ledger already scored
 are not published again at all (resume).
+
+Every event is encoded and measured before anything is uploaded or published
+(``check_event_sizes``): consumers terminate an event over MAX_EVENT_BYTES as
+poison, so an oversized manifest field would otherwise make trials vanish.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.events import ExperimentSubmitted, TaskRef, TrialRequested
+from schemas.events import (
+    MAX_EVENT_BYTES,
+    ExperimentSubmitted,
+    TaskRef,
+    TrialRequested,
+    encode_event,
+)
 from schemas.ids import experiment_id_for, trial_id_for
 from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
@@ -118,6 +129,66 @@ def prepare(
     return PreparedExperiment(manifest, experiment_id, tasks, trials, correlation_id)
 
 
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _largest_field(value: Any, path: str) -> tuple[str, int]:
+    """The path of the largest leaf under ``value`` (descending into the largest
+    child each time) and the encoded size of ``value`` at ``path``'s first step."""
+    size = _json_size(value)
+    while isinstance(value, dict | list) and value:
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        key, value = max(items, key=lambda kv: _json_size(kv[1]))
+        path = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
+    return path, size
+
+
+def _too_large(kind: str, data: bytes, field: str, field_bytes: int) -> ManifestError:
+    return ManifestError(
+        f"{field}: {field_bytes} bytes make the {kind} event {len(data)} bytes, over the "
+        f"{MAX_EVENT_BYTES}-byte limit of an event (every consumer would drop it as "
+        f"poison); shorten {field}, or put long text in the task's files"
+    )
+
+
+def check_event_sizes(prepared: PreparedExperiment) -> None:
+    """Raise ManifestError naming the field when an event of ``prepared`` would be too
+    large for its consumers (MAX_EVENT_BYTES), measured in the largest form each takes
+    (a resumed trial's run id; the manifest as stored, ``submitted_by`` included)."""
+    manifest = canonical_manifest(prepared.manifest)
+    manifest["experiment_id"] = prepared.experiment_id
+    if prepared.submitted_by is not None:
+        manifest["submitted_by"] = dict(prepared.submitted_by)
+    submitted = ExperimentSubmitted(
+        experiment_id=prepared.experiment_id,
+        correlation_id=prepared.correlation_id,
+        name=prepared.manifest.name,
+        n_trials=len(prepared.trials),
+        n_published=len(prepared.trials),
+        manifest=manifest,
+    )
+    data = encode_event(submitted)
+    if len(data) > MAX_EVENT_BYTES:
+        raise _too_large("experiment_submitted", data, *_largest_field(manifest, ""))
+    agents = prepared.manifest.agents
+    for trial in prepared.trials:
+        # The resume form of the run id is the longest a trial is published with.
+        longest = trial.model_copy(update={"run_id": f"{trial.trial_id}:resume:{'0' * 12}"})
+        data = encode_event(longest)
+        if len(data) <= MAX_EVENT_BYTES:
+            continue
+        fields = trial.model_dump(mode="json")
+        top, _ = _largest_field(fields, "")
+        top = top.split(".")[0].split("[")[0]
+        where = {
+            "agent": f"agents[{agents.index(trial.agent)}]",
+            "compute": "compute",
+            "retry": "retry",
+        }.get(top, f"trial_requested.{top}")
+        raise _too_large("trial_requested", data, *_largest_field(fields[top], where))
+
+
 async def upload_tasks(prepared: PreparedExperiment, store: ObjectStore) -> None:
     """Store every task's archive the bucket lacks.
 
@@ -144,7 +215,11 @@ async def upload_tasks(prepared: PreparedExperiment, store: ObjectStore) -> None
 async def publish_experiment(
     prepared: PreparedExperiment, bus: EventBus, ledger: Ledger | None, tasks: ObjectStore
 ) -> SubmitResult:
-    """Upload the tasks, publish ExperimentSubmitted, then every trial still to run."""
+    """Upload the tasks, publish ExperimentSubmitted, then every trial still to run.
+
+    Raises ManifestError before anything is uploaded or published when an event
+    would be too large (``check_event_sizes``)."""
+    check_event_sizes(prepared)
     await upload_tasks(prepared, tasks)
     scored: set[str] = set()
     unscored_versions: dict[str, str] = {}

@@ -1,0 +1,115 @@
+"""A manifest whose events would be too large is refused at submit, before any publish.
+
+Consumers terminate an event over MAX_EVENT_BYTES as poison (schemas.events), so a
+large agent kwargs value would otherwise make its trials vanish. Through the HTTP API
+(in-process, its lifespan connected to the session's nats-server): a 600 KB kwargs
+value is a 422 naming ``agents[0].kwargs`` and the limit, and neither stream holds a
+message; the control, the same manifest just under the limit, is published and every
+event it published is one a consumer accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+
+from schemas.events import MAX_EVENT_BYTES, parse_event
+from schemas.manifest import ExperimentManifest
+from schemas.subjects import Topology
+from services.common.errors import ManifestError
+from services.common.settings import SubmitterSettings
+from services.submitter.app import create_app
+from services.submitter.submit import check_event_sizes, prepare
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+
+
+def _manifest(prompt_chars: int) -> dict[str, Any]:
+    return {
+        "name": "event-size",
+        "tasks": ["hello-file"],
+        "agents": [{"name": "nop", "kwargs": {"prompt": "x" * prompt_chars}}],
+    }
+
+
+def _refused_size(prompt_chars: int) -> int | None:
+    """The size of the event the submit check refuses for this prompt (None: passes)."""
+    prepared = prepare(
+        ExperimentManifest.model_validate(_manifest(prompt_chars)), EXAMPLE_TASKS, EXAMPLE_TASKS
+    )
+    try:
+        check_event_sizes(prepared)
+    except ManifestError as exc:  # its message gives the event's size
+        return int(str(exc).split(" bytes, over")[0].rsplit(" ", 1)[1])
+    return None
+
+
+def _just_under() -> int:
+    """The longest prompt (within 64 bytes) whose events all fit."""
+    chars = 600 * 1024
+    while (size := _refused_size(chars)) is not None:
+        chars -= size - MAX_EVENT_BYTES + 64  # 64: ids' digits may vary
+    return chars
+
+
+@asynccontextmanager
+async def _api(
+    nats_url: str, ledger_url: str, ledger_db: str, prefix: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    settings = SubmitterSettings(
+        nats_url=nats_url,
+        ledger_url=ledger_url,
+        ledger_db=ledger_db,
+        prefix=prefix,
+        api_no_auth=True,
+        tasks_root=EXAMPLE_TASKS,
+        check_runners=False,
+        log_json=True,
+    )
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            yield c
+
+
+async def _stored(nats_url: str, stream: str) -> list[bytes]:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        n = (await js.stream_info(stream)).state.messages
+        return [(await js.get_msg(stream, seq)).data or b"" for seq in range(1, n + 1)]
+    finally:
+        await nc.close()
+
+
+async def test_an_oversized_kwargs_value_is_refused_naming_it_and_nothing_is_published(
+    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+) -> None:
+    async with _api(nats_url, ledger_url, ledger_db, topology.prefix) as api:
+        refused = await api.post("/experiments", json=_manifest(600 * 1024))
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert "agents[0].kwargs.prompt" in error, error
+        assert f"{MAX_EVENT_BYTES}-byte limit" in error, error
+        assert await _stored(nats_url, topology.work_stream) == []
+        assert await _stored(nats_url, topology.events_stream) == []
+
+        # Control: just under the limit, the same manifest is published, and a
+        # consumer accepts each of its events (parse_event enforces the limit).
+        accepted = await api.post("/experiments", json=_manifest(_just_under()))
+        assert accepted.status_code == 202, accepted.text
+        work = await _stored(nats_url, topology.work_stream)
+        events = await _stored(nats_url, topology.events_stream)
+        assert len(work) == 1 and len(events) == 1
+        for payload in (*work, *events):
+            assert MAX_EVENT_BYTES - 1024 < len(payload) <= MAX_EVENT_BYTES, len(payload)
+            parse_event(payload)
