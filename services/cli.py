@@ -361,6 +361,15 @@ def _register_live_commands() -> None:
 _register_live_commands()
 
 
+def _register_deploy_commands() -> None:
+    from services.cli_deploy import register
+
+    register(app, _run, err)
+
+
+_register_deploy_commands()
+
+
 def main() -> None:
     try:
         app()
