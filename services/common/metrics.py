@@ -15,18 +15,23 @@ experiment or trial id: their number stays bounded and nothing identifying leave
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
 from faststream.nats.prometheus import NatsPrometheusMiddleware
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     start_http_server,
@@ -46,6 +51,8 @@ __all__ = ["HttpMetrics", "MeteredLedger", "ServiceMetrics", "serve_metrics"]
 log = get_logger(__name__)
 
 _BATCH_SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000)
+CONSUMER_POLL_S = 5.0
+"""How often a service reads its durable's pending counts (one small request)."""
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -85,6 +92,13 @@ class ServiceMetrics:
             ["service", "status", "outcome"],
             registry=r,
         )
+        self.consumer_pending = Gauge(
+            "trialbus_consumer_pending",
+            "Messages of the service's durable consumer: not yet delivered (pending) or "
+            "delivered and not yet acknowledged (ack_pending), as the server last said.",
+            ["durable", "state"],
+            registry=r,
+        )
         # Exported at zero from the start: "nothing consumed yet" is a value, not a gap.
         self.consumed.labels(service)
         self.batch_size.labels(service)
@@ -113,6 +127,38 @@ class ServiceMetrics:
             return settles
 
         return on_batch
+
+    async def poll_consumer(self, js: JetStreamContext, stream: str, durable: str) -> None:
+        """Read the durable's pending and ack-pending counts from the server once."""
+        info = await js.consumer_info(stream, durable)
+        self.consumer_pending.labels(durable, "pending").set(info.num_pending or 0)
+        self.consumer_pending.labels(durable, "ack_pending").set(info.num_ack_pending or 0)
+
+    def watch_consumer(
+        self, app: FastStream, js: Callable[[], JetStreamContext], stream: str, durable: str
+    ) -> None:
+        """Poll the durable's counts every few seconds while ``app`` runs (after start-up,
+        when ``js()`` is connected); a failed read is logged and retried."""
+        tasks: list[asyncio.Task[None]] = []
+
+        async def loop() -> None:
+            while True:
+                try:
+                    await self.poll_consumer(js(), stream, durable)
+                except (NatsError, TimeoutError) as exc:  # the next poll may work
+                    log.warning("consumer info not read", durable=durable, error=str(exc))
+                await asyncio.sleep(CONSUMER_POLL_S)
+
+        @app.after_startup
+        async def start_polling() -> None:
+            tasks.append(asyncio.create_task(loop()))
+
+        @app.on_shutdown
+        async def stop_polling() -> None:
+            for t in tasks:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
 
 
 def serve_metrics(app: FastStream, metrics: ServiceMetrics, port: int | None) -> None:

@@ -72,6 +72,9 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
     )
     app = app_closing_ledger(broker, the_ledger)
     serve_metrics(app, metrics, settings.metrics_port)
+    metrics.watch_consumer(
+        app, lambda: broker.connection.jetstream(), topo.events_stream, topo.importer_durable
+    )
 
     @app.on_startup
     async def setup() -> None:

@@ -87,6 +87,9 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
 
     app = app_closing_ledger(broker, the_ledger)
     serve_metrics(app, metrics, settings.metrics_port)
+    metrics.watch_consumer(
+        app, lambda: broker.connection.jetstream(), topo.events_stream, topo.watcher_durable
+    )
 
     @app.on_startup
     async def setup() -> None:

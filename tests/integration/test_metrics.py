@@ -5,6 +5,7 @@
   TrialFailed (a record) and a poison message move its counters, which read zero first.
 - watcher: its app in this process (lifespan via TestApp) on the same servers.
 - submitter: GET /metrics on the HTTP API, behind the API's bearer token.
+- a durable's pending count, read from the server (0, then 3 waiting events).
 """
 
 from __future__ import annotations
@@ -131,6 +132,14 @@ async def test_importer_process_exports_its_counters(
         sample(after, "trialbus_ledger_write_duration_seconds_count", op="upsert_experiment") >= 1
     )
     assert sample(after, "trialbus_records_written_total", outcome="inserted", **svc) == 1
+    durable = {"durable": topology.importer_durable}
+    ready = await until_scraped(
+        metrics_port,
+        "the consumer's counts",
+        lambda t: "trialbus_consumer_pending{" in t,
+        lambda: importer.alive,
+    )
+    assert sample(ready, "trialbus_consumer_pending", state="ack_pending", **durable) == 0
     # FastStream's own middleware counts the batches it handed over.
     assert sample(after, "trialbus_faststream_received_messages_total", app_name="importer") >= 1
 
@@ -175,3 +184,33 @@ def test_submitter_serves_metrics_behind_its_token(tmp_path: Path) -> None:
     second = client.get("/metrics", headers=auth).text
     assert sample(second, "trialbus_http_requests_total", **health) == 1
     assert sample(second, "trialbus_http_request_duration_seconds_count", **health) == 1
+
+
+async def test_consumer_counts_are_the_servers(nats_url: str, topology: Topology) -> None:
+    """poll_consumer reads a durable's pending count: 0, then 3 once three events wait."""
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    from services.common.adapters.jetstream import ensure_streams
+    from services.common.metrics import ServiceMetrics
+
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, topology, 1)
+        durable = f"{topology.prefix}-idle"
+        await js.add_consumer(
+            topology.events_stream,
+            ConsumerConfig(
+                durable_name=durable, ack_policy=AckPolicy.EXPLICIT,
+                filter_subject=topology.event_filter("*", "idle-exp"),
+            ),
+        )  # fmt: skip
+        m = ServiceMetrics("test")
+        gauge = ("trialbus_consumer_pending", {"durable": durable, "state": "pending"})
+        await m.poll_consumer(js, topology.events_stream, durable)
+        assert m.registry.get_sample_value(*gauge) == 0
+        await _publish(nats_url, topology, "idle-exp")
+        await m.poll_consumer(js, topology.events_stream, durable)
+        assert m.registry.get_sample_value(*gauge) == 3
+    finally:
+        await nc.close()
