@@ -135,13 +135,12 @@ def _json_size(value: Any) -> int:
 
 def _largest_field(value: Any, path: str) -> tuple[str, int]:
     """The path of the largest leaf under ``value`` (descending into the largest
-    child each time) and the encoded size of ``value`` at ``path``'s first step."""
-    size = _json_size(value)
+    child each time) and that leaf's encoded size."""
     while isinstance(value, dict | list) and value:
         items = value.items() if isinstance(value, dict) else enumerate(value)
         key, value = max(items, key=lambda kv: _json_size(kv[1]))
         path = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
-    return path, size
+    return path, _json_size(value)
 
 
 def _too_large(kind: str, data: bytes, field: str, field_bytes: int) -> ManifestError:
