@@ -47,7 +47,7 @@ CA_COPY = "ca.pem"
 """The CA's name beside the credentials files (their ``ca_file``)."""
 
 # Where compose.yaml mounts the files inside the NATS containers.
-CONTAINER_TLS = "/etc/nats/tls"
+CONTAINER_TLS = "/etc/nats-tls"
 
 
 @dataclass(frozen=True, slots=True)
