@@ -121,12 +121,16 @@ class PreparedExperiment:
 def prepare(
     manifest: ExperimentManifest, base_dir: Path, tasks_root: Path | None = None
 ) -> PreparedExperiment:
-    """Resolve tasks and expand trials (raises ManifestError on bad input)."""
+    """Resolve tasks and expand trials (raises ManifestError on bad input, an event
+    too large included)."""
     experiment_id = experiment_id_of(manifest)
     tasks = resolve_tasks(manifest, base_dir, tasks_root)
     correlation_id = uuid.uuid4().hex
     trials = expand_trials(manifest, experiment_id, [t.ref for t in tasks], correlation_id)
-    return PreparedExperiment(manifest, experiment_id, tasks, trials, correlation_id)
+    prepared = PreparedExperiment(manifest, experiment_id, tasks, trials, correlation_id)
+    # Here too, so the CLI refuses before connecting and names the manifest file.
+    check_event_sizes(prepared)
+    return prepared
 
 
 def _json_size(value: Any) -> int:
@@ -217,7 +221,8 @@ async def publish_experiment(
     """Upload the tasks, publish ExperimentSubmitted, then every trial still to run.
 
     Raises ManifestError before anything is uploaded or published when an event
-    would be too large (``check_event_sizes``)."""
+    would be too large (``check_event_sizes``, again: ``submitted_by`` is added to
+    the manifest after ``prepare``)."""
     check_event_sizes(prepared)
     await upload_tasks(prepared, tasks)
     scored: set[str] = set()

@@ -10,6 +10,8 @@ event it published is one a consumer accepts.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import httpx
 import nats
 import pytest
+import yaml
 
 from schemas.events import MAX_EVENT_BYTES, parse_event
 from schemas.manifest import ExperimentManifest
@@ -25,7 +28,8 @@ from schemas.subjects import Topology
 from services.common.errors import ManifestError
 from services.common.settings import SubmitterSettings
 from services.submitter.app import create_app
-from services.submitter.submit import check_event_sizes, prepare
+from services.submitter.submit import prepare
+from tests.e2e.cli import run_module
 
 pytestmark = pytest.mark.integration
 
@@ -42,11 +46,9 @@ def _manifest(prompt_chars: int) -> dict[str, Any]:
 
 def _refused_size(prompt_chars: int) -> int | None:
     """The size of the event the submit check refuses for this prompt (None: passes)."""
-    prepared = prepare(
-        ExperimentManifest.model_validate(_manifest(prompt_chars)), EXAMPLE_TASKS, EXAMPLE_TASKS
-    )
+    manifest = ExperimentManifest.model_validate(_manifest(prompt_chars))
     try:
-        check_event_sizes(prepared)
+        prepare(manifest, EXAMPLE_TASKS, EXAMPLE_TASKS)  # measures (check_event_sizes)
     except ManifestError as exc:  # its message gives the event's size
         return int(str(exc).split(" bytes, over")[0].rsplit(" ", 1)[1])
     return None
@@ -113,3 +115,27 @@ async def test_an_oversized_kwargs_value_is_refused_naming_it_and_nothing_is_pub
         for payload in (*work, *events):
             assert MAX_EVENT_BYTES - 1024 < len(payload) <= MAX_EVENT_BYTES, len(payload)
             parse_event(payload)
+
+
+def test_the_cli_refuses_it_with_exit_2_naming_the_file_and_the_field(
+    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
+) -> None:
+    shutil.copytree(EXAMPLE_TASKS / "hello-file", tmp_path / "hello-file")
+    manifest = tmp_path / "big.yaml"
+    manifest.write_text(yaml.safe_dump(_manifest(600 * 1024)))
+    env = {
+        **os.environ,
+        "NATS_URL": nats_url,
+        "LEDGER_URL": ledger_url,
+        "TRIALBUS_LEDGER_DB": ledger_db,
+        "TRIALBUS_PREFIX": topology.prefix,
+        "TRIALBUS_CHECK_RUNNERS": "false",
+    }
+    done = run_module(env, "submit", str(manifest))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{manifest}: agents[0].kwargs.prompt" in done.stderr, done.stderr
+    assert f"{MAX_EVENT_BYTES}-byte limit" in done.stderr, done.stderr
+    # Control: the same manifest with a short prompt is published.
+    manifest.write_text(yaml.safe_dump(_manifest(1024)))
+    fits = run_module(env, "submit", str(manifest))
+    assert fits.returncode == 0, fits.stdout + fits.stderr
