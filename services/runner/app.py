@@ -20,6 +20,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
 from services.common.errors import EXIT_USER_ERROR
 from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
+from services.common.runner_metrics import RunnerMetrics, exporter
 from services.common.runner_policy import PolicyFileError, load_policy
 from services.common.service import install_stop_signals, load_factory
 from services.common.settings import RunnerSettings
@@ -104,8 +105,9 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         registry = await NatsRunnerRegistry.open(
             js, topo, create_ttl_s=settings.ack_wait_s, replicas=settings.stream_replicas
         )
+        metrics = RunnerMetrics()
         handler = TrialHandler(
-            JetStreamBus(js, topo),
+            metrics.bus(JetStreamBus(js, topo)),
             executor,
             coordinator,
             folders,
@@ -121,7 +123,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         consumer = WorkConsumer(
             js,
             topo,
-            handler.handle,
+            metrics.handler(handler.handle),
             concurrency=settings.concurrency,
             runner_id=runner_id,
             pool=settings.pool,
@@ -136,11 +138,12 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         # Announced (pool, capabilities) while it takes work; withdrawn when it stops.
         # Announced before its durable is made: whoever waits for the durable (the
         # embedded stack's readiness) then finds the runner live.
-        async with heartbeat(registry, info, registry.heartbeat_s):
-            await ensure_runner_consumer(js, topo, settings.ack_wait_s, settings.pool)
-            await consumer.run()
-        log.info("runner draining", in_flight=len(consumer.in_flight))
-        await consumer.drain(drain_grace_s)
+        with exporter(metrics.registry, settings.metrics_port):
+            async with heartbeat(registry, info, registry.heartbeat_s):
+                await ensure_runner_consumer(js, topo, settings.ack_wait_s, settings.pool)
+                await consumer.run()
+            log.info("runner draining", in_flight=len(consumer.in_flight))
+            await consumer.drain(drain_grace_s)
     finally:
         await nc.drain()
 
