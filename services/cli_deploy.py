@@ -31,7 +31,9 @@ HostsOpt = Annotated[
 def _hosts(text: str | None) -> list[str]:
     from infra.tls import DEFAULT_HOSTS  # here: cryptography is not every command's import
 
-    return list(DEFAULT_HOSTS) if text is None else [h.strip() for h in text.split(",")]
+    return (
+        list(DEFAULT_HOSTS) if text is None else [h.strip() for h in text.split(",") if h.strip()]
+    )
 
 
 def register(app: typer.Typer, run: Runner, err: Console) -> None:
