@@ -39,6 +39,9 @@ from services.runner.trial_process import MissingSecretError, TrialJob
 
 __all__ = ["HarborExecutor", "MissingSecretError"]
 
+MESSAGE_CUT_CHARS = 2000
+"""Length services.runner.trial_process cuts exception messages to."""
+
 
 class HarborExecutor:
     """Executor over Harbor (``harbor`` on PyPI, pinned in pyproject)."""
@@ -99,7 +102,11 @@ class HarborExecutor:
         trial_dir = outcome.get("trial_dir")
         message = outcome.get("message")
         if message and self._secrets is not None:
-            message = self._secrets.redactor(request).redact(message)
+            redactor = self._secrets.redactor(request)
+            # The trial process cuts messages to MESSAGE_CUT_CHARS: a secret may be
+            # cut in two there, its beginning left at the end.
+            cut = len(message) >= MESSAGE_CUT_CHARS
+            message = redactor.redact_cut(message) if cut else redactor.redact(message)
         return ExecutionOutcome(
             kind=outcome["kind"],
             trial_dir=Path(trial_dir) if trial_dir else None,

@@ -124,6 +124,13 @@ class Redactor:
         spans = self.spans(text)
         return self._apply(text, spans), len(spans)
 
+    def redact_cut(self, text: str) -> str:
+        """``redact`` for a text cut at an arbitrary point (a message cut to a length):
+        an end that begins a secret is dropped too, as ``[cut]``."""
+        stream = self.stream()
+        safe = stream.feed(text)
+        return f"{safe}[cut]" if stream.held else safe
+
     def redact_file(self, blob: bytes) -> tuple[bytes, int] | None:
         """A text file's bytes with the secrets replaced, and the count; None: binary.
 

@@ -96,3 +96,16 @@ def test_trial_secrets_are_the_runners_and_the_agents_named_variables() -> None:
     # MYLLM_CRED is not among the agent's api_key_env: the trial is not handed it.
     assert secrets.of(request) == {"LEDGER_URL": "ledger-pw-0123", "OPENAI_API_KEY": KEY}
     assert secrets.redactor(request).redact(f"x {KEY} y") == "x [redacted:OPENAI_API_KEY] y"
+
+
+def test_a_message_cut_inside_a_secret_keeps_no_beginning_of_it() -> None:
+    redactor = Redactor({"MYLLM_CRED": CRED})
+    message = ("x" * 1990 + f" {CRED} tail")[:2000]  # cut inside the value
+    assert CRED[:8] in message  # control: the cut left the value's beginning
+    cut = redactor.redact_cut(message)
+    assert cut == "x" * 1990 + " [cut]" and CRED[:5] not in cut
+    assert redactor.redact(message) == message  # whole-value redaction misses it
+    whole = f"error {CRED} ends"
+    assert (
+        redactor.redact_cut(whole) == redactor.redact(whole) == "error [redacted:MYLLM_CRED] ends"
+    )
