@@ -4,8 +4,9 @@ infra/compose_config.py generates every file (CA and certificate for 127.0.0.1, 
 per-role users, the route password); each node's config is rendered by the same
 function as compose's nats-<i>.conf, with host paths and loopback ports in place of
 the container's. Proven: a role with the CA and its credentials works over TLS through
-R3 streams (the admin's provisioning, nats-py as the runner and submitter connect,
-FastStream as the importer and watcher do); refused: a plaintext client, a client
+R3 streams (``trialbus provision`` as the admin, as compose's init step runs it;
+nats-py as the runner and submitter connect, FastStream as the importer and watcher
+do); refused: a plaintext client, a client
 without credentials, a client that does not trust the CA, and a fourth server that
 holds a certificate of the CA but not the route password.
 """
@@ -16,6 +17,8 @@ import asyncio
 import json
 import os
 import ssl
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -40,7 +43,6 @@ from infra.compose_config import (
 from infra.embedded import BinaryNotFoundError, NatsServer, find_binary, free_port
 from infra.managed_process import LOOPBACK
 from infra.nats_auth import connect_as, load_credentials
-from infra.nats_provision import provision
 from infra.tls import write_certs
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import connect
@@ -110,21 +112,26 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for node in nodes:
             node.start()
         _wait(lambda: all(n.healthz("") for n in nodes), "the cluster to be healthy")
-        asyncio.run(_provision(files, [f"tls://{LOOPBACK}:{n.port}" for n in nodes]))
+        _provision(files, [f"tls://{LOOPBACK}:{n.port}" for n in nodes])
         yield Cluster(files, nodes, ports)
     finally:
         for node in nodes:
             node.stop()
 
 
-async def _provision(files: ComposeFiles, urls: list[str]) -> None:
-    """compose's init step: the admin creates every stream, bucket and durable, R3."""
-    admin = load_credentials(files.auth.credentials["admin"], "admin")
-    nc = await connect_as(urls, admin, name="init")
-    try:
-        await provision(nc.jetstream(), TOPO, lease_ttl_s=30, runner_ack_wait_s=30, replicas=3)
-    finally:
-        await nc.close()
+def _provision(files: ComposeFiles, urls: list[str]) -> None:
+    """compose's init step, as compose runs it: ``trialbus provision`` as the admin, R3."""
+    env = {
+        **os.environ,
+        "NATS_URL": ",".join(urls),
+        "TRIALBUS_NATS_CREDENTIALS": str(files.auth.credentials["admin"]),
+        "TRIALBUS_STREAM_REPLICAS": "3",
+        "TRIALBUS_ACK_WAIT_S": "30",
+    }
+    cmd = [sys.executable, "-c", "from services.cli import main; main()", "provision"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "provisioned trialbus (3 replicas)" in done.stdout
 
 
 def _wait(check: Callable[[], bool], what: str) -> None:
