@@ -137,6 +137,15 @@ started or ended), but every redelivery costs a full round of requests again, an
 the wall time stretches from S + N / ceiling to several times that. Several runner
 processes split the burst (fewer requests per event loop) but not the server's queue.
 
+The redeliveries with several runners come without a single runner error: they are
+hand-backs. The experiment's limit here is N slots for N trials, and a lease is
+taken by probing at most 64 slot keys from a random start; once most slots are
+held, a trial's 64 probes find none free (with 10 of 2,000 free, three times in four)
+and the trial is handed back for 0.5-2 s, again and again. In the runners' logs of
+one 8-runner run the 2,000 trials ended over 33 s instead of within a second or two:
+that spread of the starts, not the import, is the gap between wall and ideal (the
+importer recorded the last trial 0.1 s after it ended).
+
 **What would fix it:** admission control in the runner (a bound on the trials between
 "taken from the stream" and "executor started", e.g. 32 per runner, the rest waiting
 in the handler with the message kept alive, never in a request that can time out);
@@ -327,6 +336,13 @@ services/common/adapters/nats_kv.py; measured by the dispatch benchmark):
 3. Admission: a per-runner bound on handlers between "message taken" and "executor
    started" (a semaphore, e.g. 32), so a burst of thousands waits in the handler with
    its message kept alive instead of in KV requests that time out into redeliveries.
+4. No lease when the limit cannot bind: an experiment whose `n_concurrent_trials` is
+   at least its number of trials (the capacity benchmark's case, and any experiment
+   run "all at once") needs no slot at all; the submitter knows both numbers and can
+   say so in the work message, which removes the lease's round trips and the
+   hand-backs at saturation. Where the limit binds, a slot found by probing can
+   take many hand-backs near saturation; a per-runner cache of the slot keys it
+   released (tried first) keeps most acquisitions to one probe.
 
 Expected gain, from this page's figures: the start path goes from seven sequential
 round trips to two (`today_*` vs `proposed_*` in the dispatch benchmark; the ratio
