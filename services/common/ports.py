@@ -2,7 +2,7 @@
 
     EventBus     publish typed events (one, or many at once), each with a dedup id
     Ledger       TrialRecords and experiment metadata, keyed by trial_id
-    Coordinator  what runners share: concurrency leases, attempt counters, cancel flags,
+    Coordinator  what runners share: concurrency leases, attempt counters, cancel/pause flags,
                  agent stops, budgets and spend
     Executor     runs one attempt of a trial
     ObjectStore  named blobs (task archives, trial folders) that any machine can fetch
@@ -222,7 +222,8 @@ class Lease:
 
 
 class Coordinator(Protocol):
-    """State the runners share: concurrency leases, attempt counters, cancel flags, endings,
+    """State the runners share: concurrency leases, attempt counters, cancel and pause flags,
+    endings,
     agent stops and budgets.
 
     Leases make an experiment's ``compute.n_concurrent_trials`` a limit across all
@@ -251,6 +252,15 @@ class Coordinator(Protocol):
 
     async def is_cancelled(self, experiment_id: str, *, fresh: bool = False) -> bool:
         """Whether the experiment is cancelled (may be cached unless ``fresh``)."""
+
+    async def pause(self, experiment_id: str) -> None:
+        """Flag the experiment paused: runners hand its queued work back unstarted."""
+
+    async def resume(self, experiment_id: str) -> None:
+        """Lift a pause (a missing flag is not an error)."""
+
+    async def is_paused(self, experiment_id: str, *, fresh: bool = False) -> bool:
+        """Whether the experiment is paused (may be cached unless ``fresh``)."""
 
     async def next_attempt(self, run_id: str) -> int:
         """Count one more start of ``run_id`` and return the new count (1 first)."""

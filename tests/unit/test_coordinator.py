@@ -1,5 +1,5 @@
-"""The Coordinator contract: leases with a limit and a TTL, attempt counters, cancel flags,
-run endings, agent stops, budgets and spend.
+"""The Coordinator contract: leases with a limit and a TTL, attempt counters, cancel and pause
+flags, run endings, agent stops, budgets and spend.
 
 ``CoordinatorContract`` holds the assertions; each adapter gets a subclass that
 provides a ``world``. Here it runs against InMemoryCoordinator on a hand-driven clock;
@@ -124,6 +124,20 @@ class CoordinatorContract:
         assert not await world.a.is_cancelled("exp")
         assert not await world.b.is_cancelled("exp", fresh=True)
         await world.b.uncancel("never-cancelled")
+
+    async def test_pause_is_seen_by_every_runner_and_can_be_lifted(self, world: World) -> None:
+        # Negative control: nothing is paused until someone pauses it.
+        assert not await world.b.is_paused("exp", fresh=True)
+        await world.a.pause("exp")
+        assert await world.a.is_paused("exp")
+        assert await world.b.is_paused("exp", fresh=True)
+        assert not await world.b.is_paused("exp-other", fresh=True)
+        # A pause is not a cancellation (runners hand paused work back, not end it).
+        assert not await world.b.is_cancelled("exp", fresh=True)
+        await world.a.resume("exp")
+        assert not await world.a.is_paused("exp")
+        assert not await world.b.is_paused("exp", fresh=True)
+        await world.b.resume("never-paused")
 
     async def test_an_agent_stop_is_seen_by_every_runner_and_lifted(self, world: World) -> None:
         # Negative control: no agent is stopped until a runner stops it.

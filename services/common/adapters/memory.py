@@ -189,6 +189,7 @@ class InMemoryCoordinator:
         # key -> (holder, revision, written_at)
         self._leases: dict[str, tuple[str, int, float]] = {}
         self._cancelled: set[str] = set()
+        self._paused: set[str] = set()
         self._attempts: dict[str, int] = {}
         self._endings: dict[str, bytes] = {}
         self._stops: dict[tuple[str, str], bytes] = {}
@@ -245,6 +246,18 @@ class InMemoryCoordinator:
     async def is_cancelled(self, experiment_id: str, *, fresh: bool = False) -> bool:
         """Whether the experiment is cancelled (always fresh here)."""
         return experiment_id in self._cancelled
+
+    async def pause(self, experiment_id: str) -> None:
+        """Flag the experiment paused."""
+        self._paused.add(experiment_id)
+
+    async def resume(self, experiment_id: str) -> None:
+        """Lift the pause."""
+        self._paused.discard(experiment_id)
+
+    async def is_paused(self, experiment_id: str, *, fresh: bool = False) -> bool:
+        """Whether the experiment is paused (always fresh here)."""
+        return experiment_id in self._paused
 
     async def next_attempt(self, run_id: str) -> int:
         """Count one more start of ``run_id`` and return the new count (1 first)."""

@@ -5,6 +5,8 @@
   ``<experiment>.<i>`` while a trial runs and renews it with every heartbeat; a runner
   that dies loses its leases when the TTL passes, so slots are never leaked.
 - **Cancellation** (bucket ``<P>_CONTROL``, key ``cancel.<experiment>``).
+- **Pause** (key ``pause.<experiment>``, written and purged by the submitter): runners
+  hand a paused experiment's work messages back unstarted (docs/scheduling.md).
 - **Attempts** (bucket ``<P>_CONTROL``, key ``runs.<run_id>``): how many times a run
   was actually started. JetStream's delivery count cannot say, because a trial that
   waits for a free slot is handed back (nak) without running.
@@ -22,7 +24,7 @@
   **spend** (key ``spend.<experiment>``, a JSON total each runner updates with a
   compare-and-set after every attempt that reported usage).
 
-Reads that every delivery pays for (cancel, stop, budget, spend) are cached for
+Reads that every delivery pays for (cancel, pause, stop, budget, spend) are cached for
 ``cache_s`` per runner unless asked ``fresh``: a flag or a total seen one second late
 lets at most that second's trials start.
 """
@@ -122,6 +124,24 @@ class NatsCoordinator:
             value = False
         self._cancelled[experiment_id] = (now, value)
         return value
+
+    # -- pause -------------------------------------------------------------------------
+    async def pause(self, experiment_id: str) -> None:
+        """Flag the experiment paused."""
+        key = f"pause.{experiment_id}"
+        await self._control.put(key, b"1")
+        self._reads[key] = (time.monotonic(), b"1")
+
+    async def resume(self, experiment_id: str) -> None:
+        """Lift the pause (purged, so the bucket keeps no trace of it)."""
+        key = f"pause.{experiment_id}"
+        with contextlib.suppress(KeyNotFoundError):
+            await self._control.purge(key)
+        self._reads.pop(key, None)
+
+    async def is_paused(self, experiment_id: str, *, fresh: bool = False) -> bool:
+        """Whether the experiment is paused (cached for ``cache_s``)."""
+        return await self._read(f"pause.{experiment_id}", fresh=fresh) == b"1"
 
     # -- attempts ----------------------------------------------------------------------
     async def next_attempt(self, run_id: str) -> int:
