@@ -9,7 +9,10 @@ message the handler
    publish and the ack): then it re-publishes the stored ending (same dedup id, so
    JetStream drops it if it got through) and acknowledges, without running or
    counting an attempt;
-2. ends the run at once (final TrialFailed, RunnerLacksCapability) when this runner
+2. hands the message back (nak, a few seconds' random delay) while the experiment is
+   paused: no lease is taken and no attempt counted, so paused work is neither started
+   nor lost (trials already running finish; docs/scheduling.md);
+   ends the run at once (final TrialFailed, RunnerLacksCapability) when this runner
    does not offer what the trial needs: its pool was chosen for runners that can
    (the submitter checked the live ones), so one that cannot is misconfigured;
    hands it back (nak, short random delay) while the experiment has no free
@@ -69,6 +72,9 @@ TRANSIENT_RETRY_DELAY_S = 5.0
 # While an experiment's slots are all taken, a trial is handed back after a short
 # random delay: spread out, the waiting trials do not poll the leases in lockstep.
 SLOT_WAIT_S = (0.5, 2.0)
+# A paused experiment's work is handed back for a few seconds, spread out: after a
+# resume (the flag is cached for up to a second) its trials start within seconds.
+PAUSE_WAIT_S = (2.0, 5.0)
 
 
 def parse_work(data: bytes) -> TrialRequested:
@@ -149,6 +155,9 @@ class TrialHandler:
             return ACK
         if await coord.is_cancelled(request.experiment_id):
             return await self._publish(request, policy.cancelled(request, 1, self._who.host), bound)
+        if await coord.is_paused(request.experiment_id):
+            # Neither started nor lost: no lease, no attempt counted, back in the queue.
+            return nak(self._rng.uniform(*PAUSE_WAIT_S), "handback")
         refused = await guards.refusal(coord, request, self._who.host)
         if refused is not None:  # its agent was stopped, or the budget is spent
             bound.warning("trial not started: its agent is stopped or the budget spent")
