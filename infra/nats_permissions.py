@@ -12,12 +12,13 @@ proves them against a real nats-server.
   role that may create, update, delete or purge them (scoped to this installation's
   names, so two installations sharing a cluster cannot touch each other's).
 - ``submitter`` publishes work and ExperimentSubmitted, follows events and live logs
-  (the dashboard shows them), sets cancel flags, uploads task archives and reads the
+  (the dashboard shows them), sets cancel and pause flags (and reads the pause flags
+  back: ``trialbus status`` shows ``paused``), uploads task archives and reads the
   runner registry.
 - ``runner`` consumes work through its pool's durable only, publishes its run events
   and live logs, uses the leases / attempt-counter keys and its pool's runner-registry
-  keys, reads tasks and writes results. No work, no experiment events, no cancel
-  flags, no stream config. A runner user is scoped to ONE pool (``pool=``): the
+  keys, reads tasks and writes results. No work, no experiment events, no cancel or
+  pause flags, no stream config. A runner user is scoped to ONE pool (``pool=``): the
   default pool's is the plain ``runner`` user; another pool's is ``runner-<pool>``,
   with its own inbox, so a runner of one pool can neither fetch another pool's work
   nor read the replies (pulled messages) of another pool's runners. The same user
@@ -138,6 +139,12 @@ def _kv_read(bucket: str) -> list[str]:
     return [f"{API}.DIRECT.GET.{s}", f"{API}.DIRECT.GET.{s}.>", f"{API}.STREAM.MSG.GET.{s}"]
 
 
+def _kv_read_keys(bucket: str, keys: str) -> list[str]:
+    # Only some keys: the last-by-subject direct get names the key in its subject (the
+    # buckets are provisioned with direct gets), STREAM.MSG.GET could read any key.
+    return [f"{API}.DIRECT.GET.{kv_stream(bucket)}.$KV.{bucket}.{keys}"]
+
+
 def _kv_write(bucket: str, keys: str = ">") -> list[str]:
     # kv.put / create / update / delete / purge all publish to $KV.<bucket>.<key>.
     return [f"$KV.{bucket}.{keys}"]
@@ -208,6 +215,9 @@ def role_permissions(
             # The dashboard streams a trial's live log to the browser (read only).
             *_follow(lg),
             *_kv_write(t.control_bucket, "cancel.>"),
+            # Pause and resume (docs/scheduling.md); the key-scoped read shows "paused".
+            *_kv_write(t.control_bucket, "pause.>"),
+            *_kv_read_keys(t.control_bucket, "pause.>"),
             # A submission lifts agent stops and stores the budget (runner/guards.py).
             *_kv_write(t.control_bucket, "stops.>"),
             *_kv_write(t.control_bucket, "budget.>"),

@@ -382,6 +382,22 @@ async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
     sub_coord = await NatsCoordinator.open(submitter.js, TOPO, lease_ttl_s=ACK_WAIT_S)
     await sub_coord.cancel(exp)
     assert await coord.is_cancelled(exp, fresh=True)
+    # Pause likewise: the runner may read the flag, not set or lift it; the submitter
+    # may set, lift and read it back, and no other control key through that right.
+    pause_key = f"$KV.{TOPO.control_bucket}.pause.{exp}"
+    await runner.denied(coord.pause(exp), "Publish", pause_key)
+    await runner.denied(coord.resume(exp), "Publish", pause_key)
+    assert not await coord.is_paused(exp, fresh=True)
+    await sub_coord.pause(exp)
+    assert await coord.is_paused(exp, fresh=True)
+    assert await sub_coord.is_paused(exp, fresh=True)
+    await sub_coord.resume(exp)
+    assert not await coord.is_paused(exp, fresh=True)
+    await submitter.denied(
+        sub_coord.is_cancelled(exp, fresh=True),
+        "Publish",
+        f"$JS.API.DIRECT.GET.KV_{TOPO.control_bucket}.$KV.{TOPO.control_bucket}.cancel.*",
+    )
     # The submitter, in turn, holds no leases and counts no attempts.
     await submitter.denied(
         sub_coord.acquire(exp, 1, "x"), "Publish", f"$KV.{TOPO.leases_bucket}.{exp}.0"
