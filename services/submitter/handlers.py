@@ -4,6 +4,8 @@
 - ``submit_and_wait``: the same, then follow it until every trial is recorded, and
   decide the exit code (README's table).
 - ``cancel``: flag an experiment cancelled.
+- ``pause`` / ``resume``: hold an experiment's queued trials back, and let them go
+  (retrying one finished trial is services/submitter/retry.py).
 - ``import_job``: ledger a Harbor job folder, announcing it when a bus is given.
 
 Reads (status, leaderboard, report, compare) are services.reports.queries: the HTTP
@@ -198,6 +200,32 @@ async def cancel(ledger: Ledger, coordinator: Coordinator, experiment_id: str) -
         "known": info is not None,
         "n_trials": info.n_trials if info else None,
         "already_recorded": recorded,
+    }
+
+
+async def pause(ledger: Ledger, coordinator: Coordinator, experiment_id: str) -> dict[str, Any]:
+    """Flag the experiment paused: runners hand its queued trials back unstarted (no
+    attempt counted, nothing lost) until ``resume``; trials already running finish.
+
+    A pause outlives resubmissions (only ``resume`` lifts it); a cancellation wins
+    over it (a cancelled, paused experiment's trials still get ``cancelled`` records).
+    """
+    info = await ledger.get_experiment(experiment_id)
+    await coordinator.pause(experiment_id)
+    return {"experiment_id": experiment_id, "paused": True, "known": info is not None}
+
+
+async def resume(ledger: Ledger, coordinator: Coordinator, experiment_id: str) -> dict[str, Any]:
+    """Lift a pause: the queued trials start within seconds (each waits out the hand-back
+    delay it was given, at most services.runner.handlers.PAUSE_WAIT_S)."""
+    info = await ledger.get_experiment(experiment_id)
+    was_paused = await coordinator.is_paused(experiment_id, fresh=True)
+    await coordinator.resume(experiment_id)
+    return {
+        "experiment_id": experiment_id,
+        "paused": False,
+        "was_paused": was_paused,
+        "known": info is not None,
     }
 
 

@@ -1,0 +1,133 @@
+"""Retrying one finished trial on demand (``trialbus retry``, POST .../retry).
+
+A retry re-publishes the trial's TrialRequested as a NEW run: run id
+``<trial_id>:retry:<12 hex>``, fresh each time, so JetStream's dedup window never
+swallows it, the runners count its attempts from 1, and its ending is its own. The
+request is rebuilt from what the ledger holds: the experiment's stored manifest
+(ExperimentInfo.manifest, the same expansion as at submit) and the task's archive in
+the tasks bucket, found by ``task_ref``. The ledger then keeps whichever record ranks
+higher (services/common/ports.record_order): a retry that completes later replaces
+the old record, a retry that fails (a partial record) never erases a complete one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.events import TaskRef, TrialRequested
+from schemas.manifest import ExperimentManifest, StoredTask
+from schemas.record import TrialRecord
+from services.common.errors import ExperimentNotFound, ManifestError, UserInputError
+from services.common.ports import EventBus, ExperimentInfo, Ledger, ObjectStore
+from services.submitter.resolve import resolve_tasks
+from services.submitter.submit import expand_trials
+
+
+def stored_manifest(info: ExperimentInfo) -> ExperimentManifest:
+    """The manifest as submitted (the ledger's copy, without the reserved ``submitted_by``)."""
+    fields = {k: v for k, v in info.manifest.items() if k != "submitted_by"}
+    try:
+        return ExperimentManifest.model_validate(fields)
+    except ValidationError as exc:
+        raise ManifestError(
+            f"experiment {info.experiment_id!r}: its stored manifest no longer validates "
+            f"({exc.error_count()} errors); resubmit it instead"
+        ) from None
+
+
+async def task_ref(
+    manifest: ExperimentManifest,
+    record: TrialRecord,
+    tasks: ObjectStore,
+    *,
+    base_dir: Path | None = None,
+    tasks_root: Path | None = None,
+) -> TaskRef:
+    """The archive the trial's task runs from, in this order:
+
+    1. the manifest's ``{name, checksum}`` entry of that name (an uploaded task);
+    2. the record's ``provenance.task_checksum`` when the tasks bucket holds an archive
+       of that name (a runner's failure records carry trialbus's checksum; Harbor's
+       result.json carries its own, which names no archive);
+    3. the manifest's task folder, resolved again on this machine (``base_dir``, within
+       ``tasks_root`` for the HTTP API) when its archive is in the bucket: the same
+       content as was run, or the retry is refused.
+    """
+    name = record.provenance.task_name
+    for spec in manifest.tasks:
+        if isinstance(spec, StoredTask) and spec.name == name:
+            return TaskRef(name=name, checksum=spec.checksum)
+    checksum = record.provenance.task_checksum
+    if checksum and await tasks.info(checksum) is not None:
+        return TaskRef(name=name, checksum=checksum)
+    if base_dir is not None:
+        try:
+            resolved = resolve_tasks(manifest, base_dir, tasks_root)
+        except ManifestError:
+            resolved = []
+        for task in resolved:
+            if task.ref.name == name and await tasks.info(task.ref.checksum) is not None:
+                return task.ref
+    raise UserInputError(
+        f"task {name!r} of trial {record.trial_id!r}: no archive in the tasks bucket matches "
+        "what the ledger records (the task folder changed or is not on this machine); "
+        "resubmit the manifest to re-run its unscored trials"
+    )
+
+
+def retried(trial: TrialRequested) -> TrialRequested:
+    """The trial as a new run (its own run id, its own attempts and ending)."""
+    return trial.model_copy(update={"run_id": f"{trial.trial_id}:retry:{uuid.uuid4().hex[:12]}"})
+
+
+async def retry_trial(
+    ledger: Ledger,
+    bus: EventBus,
+    tasks: ObjectStore,
+    experiment_id: str,
+    trial_id: str,
+    *,
+    base_dir: Path | None = None,
+    tasks_root: Path | None = None,
+) -> dict[str, Any]:
+    """Publish a new run of one finished trial; what was published (``retry --json``).
+
+    Raises ExperimentNotFound for an unknown experiment or a trial with no record in
+    it (queued or running trials are not retried: they have not finished).
+    """
+    info = await ledger.get_experiment(experiment_id)
+    if info is None:
+        raise ExperimentNotFound(f"no experiment {experiment_id!r} in the ledger")
+    record = await ledger.get_record(trial_id)
+    if record is None or record.experiment_id != experiment_id:
+        raise ExperimentNotFound(
+            f"experiment {experiment_id!r} has no finished trial {trial_id!r} (a queued or "
+            "running trial has no record yet; `trialbus status` lists the experiment)"
+        )
+    manifest = stored_manifest(info)
+    ref = await task_ref(manifest, record, tasks, base_dir=base_dir, tasks_root=tasks_root)
+    correlation_id = uuid.uuid4().hex
+    matches = [
+        t
+        for t in expand_trials(manifest, experiment_id, [ref], correlation_id)
+        if t.trial_id == trial_id
+    ]
+    if not matches:
+        raise ManifestError(
+            f"trial {trial_id!r} is not one of experiment {experiment_id!r}'s trials as its "
+            "stored manifest expands (was it imported from a job folder?); it cannot be retried"
+        )
+    run = retried(matches[0])
+    await bus.publish(run)
+    return {
+        "experiment_id": experiment_id,
+        "trial_id": trial_id,
+        "run_id": run.dedup_id(),
+        "correlation_id": correlation_id,
+        "previous_status": record.status,
+        "previous_scored": record.scored,
+    }

@@ -1,0 +1,146 @@
+"""Pause, resume and retry on the submitter's side (services.submitter.handlers and
+services.submitter.retry) against the in-memory fakes; the runner's side of a pause is
+tests/unit/test_runner_pause.py, both together with real processes
+tests/e2e/test_pause_retry.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from schemas.events import TrialRequested
+from schemas.manifest import ExperimentManifest
+from schemas.record import PhaseTiming, Provenance, TrialRecord
+from services.common.adapters.memory import InMemoryCoordinator, InMemoryLedger, RecordingBus
+from services.common.adapters.memory_objects import InMemoryObjectStore
+from services.common.errors import ExperimentNotFound, UserInputError
+from services.common.ports import ExperimentInfo
+from services.submitter import handlers
+from services.submitter.retry import retry_trial
+from services.submitter.submit import PreparedExperiment, canonical_manifest, prepare
+from tests.support.records import single_reward
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = REPO / "examples" / "tasks"
+HARBOR_CHECKSUM = "ab" * 32  # Harbor's own task checksum: names no archive
+T0 = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
+
+
+async def test_pause_and_resume_flag_the_experiment() -> None:
+    ledger, coord = InMemoryLedger(), InMemoryCoordinator(lease_ttl_s=60)
+    paused = await handlers.pause(ledger, coord, "exp-1")
+    assert paused == {"experiment_id": "exp-1", "paused": True, "known": False}
+    assert await coord.is_paused("exp-1") and not await coord.is_paused("exp-2")
+    resumed = await handlers.resume(ledger, coord, "exp-1")
+    assert (resumed["paused"], resumed["was_paused"]) == (False, True)
+    assert not await coord.is_paused("exp-1")
+    # Negative control: resuming what was not paused says so.
+    assert (await handlers.resume(ledger, coord, "exp-1"))["was_paused"] is False
+
+
+async def test_a_resubmission_does_not_lift_a_pause() -> None:
+    prepared = _prepared()
+    coord = InMemoryCoordinator(lease_ttl_s=60)
+    await coord.pause(prepared.experiment_id)
+    await coord.cancel(prepared.experiment_id)
+    await handlers.submit(
+        prepared, RecordingBus(), InMemoryLedger(), coord, InMemoryObjectStore("TASKS")
+    )
+    assert await coord.is_paused(prepared.experiment_id)
+    assert not await coord.is_cancelled(prepared.experiment_id)  # the control: it lifts this
+
+
+def _prepared() -> PreparedExperiment:
+    manifest = ExperimentManifest.model_validate(
+        {"name": "unit", "tasks": ["hello-file"], "agents": [{"name": "oracle"}], "repetitions": 2}
+    )
+    return prepare(manifest, TASKS)
+
+
+def _record(
+    trial: TrialRequested, checksum: str, *, finished: datetime, reward: float | None
+) -> TrialRecord:
+    return TrialRecord(
+        trial_id=trial.trial_id,
+        experiment_id=trial.experiment_id,
+        status="complete" if reward is not None else "partial",
+        attempts=1,
+        provenance=Provenance(
+            task_name=trial.task.name, task_checksum=checksum, agent_name="oracle"
+        ),
+        timing=PhaseTiming(started_at=finished - timedelta(seconds=5), finished_at=finished),
+        evaluation=single_reward(reward),
+    )
+
+
+async def _submitted(
+    checksum: str | None = None,
+) -> tuple[PreparedExperiment, InMemoryLedger, RecordingBus, InMemoryObjectStore]:
+    """An experiment submitted (its task archive stored) and both trials recorded, scored."""
+    prepared = _prepared()
+    ledger, bus, tasks = InMemoryLedger(), RecordingBus(), InMemoryObjectStore("TASKS")
+    await handlers.submit(prepared, bus, ledger, InMemoryCoordinator(lease_ttl_s=60), tasks)
+    manifest = canonical_manifest(prepared.manifest)
+    manifest |= {"experiment_id": prepared.experiment_id, "submitted_by": {"user": "alice"}}
+    await ledger.upsert_experiment(ExperimentInfo(prepared.experiment_id, "unit", 2, manifest))
+    records = [
+        _record(t, checksum or t.task.checksum, finished=T0, reward=1.0) for t in prepared.trials
+    ]
+    await ledger.upsert_records(records)
+    bus.published.clear()
+    return prepared, ledger, bus, tasks
+
+
+async def test_a_retry_publishes_the_same_trial_as_a_new_run_each_time() -> None:
+    prepared, ledger, bus, tasks = await _submitted()
+    trial = prepared.trials[1]
+    first = await retry_trial(ledger, bus, tasks, prepared.experiment_id, trial.trial_id)
+    second = await retry_trial(ledger, bus, tasks, prepared.experiment_id, trial.trial_id)
+    runs = bus.of_type(TrialRequested)
+    assert [r.trial_id for r in runs] == [trial.trial_id] * 2
+    assert first["run_id"] != second["run_id"]
+    assert all(r.run_id.startswith(f"{trial.trial_id}:retry:") for r in runs)
+    assert first["previous_scored"] is True
+    # Everything but the run and correlation ids is what was submitted.
+    ignore = {"run_id", "correlation_id", "event_id", "occurred_at"}
+    assert runs[0].model_dump(exclude=ignore) == trial.model_dump(exclude=ignore)
+    # The other trial is untouched.
+    assert prepared.trials[0].trial_id not in {r.trial_id for r in runs}
+
+
+async def test_a_harbor_checksum_falls_back_to_the_manifests_task_folder() -> None:
+    prepared, ledger, bus, tasks = await _submitted(HARBOR_CHECKSUM)
+    trial = prepared.trials[0]
+    # Negative control: without the folder, nothing in the ledger names an archive.
+    with pytest.raises(UserInputError, match="no archive in the tasks bucket"):
+        await retry_trial(ledger, bus, tasks, prepared.experiment_id, trial.trial_id)
+    assert bus.published == []
+    await retry_trial(ledger, bus, tasks, prepared.experiment_id, trial.trial_id, base_dir=TASKS)
+    (run,) = bus.of_type(TrialRequested)
+    assert run.task == trial.task
+
+
+async def test_only_a_finished_trial_of_a_known_experiment_is_retried() -> None:
+    prepared, ledger, bus, tasks = await _submitted()
+    with pytest.raises(ExperimentNotFound, match="no experiment"):
+        await retry_trial(ledger, bus, tasks, "nope", prepared.trials[0].trial_id)
+    with pytest.raises(ExperimentNotFound, match="no finished trial"):
+        await retry_trial(ledger, bus, tasks, prepared.experiment_id, "exp:unknown-trial")
+    assert bus.published == []
+
+
+async def test_the_retrys_record_replaces_the_old_one_unless_it_failed() -> None:
+    """record_order: the run that finished last wins; a failure never erases a result."""
+    prepared, ledger, _, _ = await _submitted()
+    trial = prepared.trials[0]
+    newer = _record(trial, trial.task.checksum, finished=T0 + timedelta(minutes=5), reward=0.0)
+    assert (await ledger.upsert_records([newer])).updated == [trial.trial_id]
+    stored = await ledger.get_record(trial.trial_id)
+    assert stored is not None and stored.evaluation.rewards == {"reward": 0.0}
+    # Negative control: a retry that ended partial leaves the complete record.
+    failed = _record(trial, trial.task.checksum, finished=T0 + timedelta(minutes=9), reward=None)
+    assert (await ledger.upsert_records([failed])).unchanged == [trial.trial_id]
+    stored = await ledger.get_record(trial.trial_id)
+    assert stored is not None and stored.status == "complete"
