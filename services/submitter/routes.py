@@ -47,6 +47,7 @@ from services.submitter import handlers
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
+from services.submitter.retry import retry_trial
 from services.submitter.submit import PreparedExperiment, prepare
 from services.submitter.task_uploads import accept_task_upload
 
@@ -167,7 +168,8 @@ def check_owner(
         who = f"was submitted by {owner.label}" if owner else "has no recorded owner"
         raise NotOwner(
             f"experiment {experiment_id!r} {who}; only its submitter or an admin token "
-            "may resubmit or cancel it (to run your own copy, give the manifest another name)"
+            "may resubmit, cancel, pause, resume or retry it (to run your own copy, give "
+            "the manifest another name)"
         )
     return owner
 
@@ -216,6 +218,45 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         check_owner(info, experiment_id, identity)
         log.info("experiment cancelled", experiment_id=experiment_id, by=identity.label)
         return await handlers.cancel(ports.ledger, ports.coordinator, experiment_id)
+
+    async def owned(experiment_id: str, ports: Ports, identity: Identity, what: str) -> None:
+        """Refuse, as cancel does, what neither the submitter nor an admin asks."""
+        info = await ports.ledger.get_experiment(experiment_id)
+        if info is None and not identity.admin:
+            raise ExperimentNotFound(
+                f"no experiment {experiment_id!r} in the ledger (yet: a submission is "
+                "recorded within seconds, by the importer); retry shortly"
+            )
+        check_owner(info, experiment_id, identity)
+        log.info(f"experiment {what}", experiment_id=experiment_id, by=identity.label)
+
+    @router.post("/experiments/{experiment_id}/pause")
+    async def pause(experiment_id: str, ports: PortsDep, identity: IdentityDep) -> dict[str, Any]:
+        """Pause (as `trialbus pause --json`): queued trials wait, running ones finish."""
+        await owned(experiment_id, ports, identity, "paused")
+        return await handlers.pause(ports.ledger, ports.coordinator, experiment_id)
+
+    @router.post("/experiments/{experiment_id}/resume")
+    async def resume(experiment_id: str, ports: PortsDep, identity: IdentityDep) -> dict[str, Any]:
+        """Resume (as `trialbus resume --json`): the queued trials start within seconds."""
+        await owned(experiment_id, ports, identity, "resumed")
+        return await handlers.resume(ports.ledger, ports.coordinator, experiment_id)
+
+    @router.post("/experiments/{experiment_id}/trials/{trial_id}/retry", status_code=202)
+    async def retry(
+        experiment_id: str, trial_id: str, ports: PortsDep, identity: IdentityDep
+    ) -> dict[str, Any]:
+        """Run one finished trial again as a new run (as `trialbus retry --json`)."""
+        await owned(experiment_id, ports, identity, "trial retried")
+        return await retry_trial(
+            ports.ledger,
+            ports.bus,
+            ports.tasks,
+            experiment_id,
+            trial_id,
+            base_dir=settings.tasks_root or Path.cwd(),
+            tasks_root=settings.tasks_root,
+        )
 
     @router.get("/experiments/{experiment_id}/status")
     async def status(experiment_id: str, ports: PortsDep) -> dict[str, int | str]:

@@ -228,7 +228,7 @@ async def test_a_foreign_host_or_origin_is_refused(
     assert await work_messages(nats_url, topology) == 1
 
 
-async def test_only_the_submitter_or_an_admin_may_cancel_or_resubmit(
+async def test_only_the_submitter_or_an_admin_may_cancel_pause_or_resubmit(
     start_api: StartApi,
     base_env: dict[str, str],
     nats_url: str,
@@ -273,6 +273,25 @@ async def test_only_the_submitter_or_an_admin_may_cancel_or_resubmit(
             by_admin = await c.post(cancel, headers=auth("ops"))
             assert by_admin.status_code == 200, by_admin.text
             assert await coordinator.is_cancelled(eid, fresh=True)
+
+            # Pause, resume and retry follow the same rule.
+            pause, resume = f"/experiments/{eid}/pause", f"/experiments/{eid}/resume"
+            for path in (pause, resume, f"/experiments/{eid}/trials/any-trial/retry"):
+                refused = await c.post(path, headers=auth("bob"))
+                assert refused.status_code == 403, refused.text
+            assert not await coordinator.is_paused(eid, fresh=True)
+            paused = await c.post(pause, headers=auth("alice"))
+            assert paused.status_code == 200 and paused.json()["paused"] is True, paused.text
+            assert await coordinator.is_paused(eid, fresh=True)
+            resumed = await c.post(resume, headers=auth("ops"))
+            assert resumed.status_code == 200 and resumed.json()["was_paused"], resumed.text
+            assert not await coordinator.is_paused(eid, fresh=True)
+            # A trial with no record is not retried (it has not finished): 404.
+            unfinished = await c.post(
+                f"/experiments/{eid}/trials/any-trial/retry", headers=auth("alice")
+            )
+            assert unfinished.status_code == 404, unfinished.text
+            assert "no finished trial" in unfinished.json()["detail"]
     finally:
         await nc.close()
         await ledger.close()
