@@ -202,6 +202,15 @@ def cancel(experiment: str, json_out: JsonOpt = False) -> None:
     )
 
 
+def _register_schedule_commands() -> None:
+    from services.cli_schedule import register
+
+    register(app, _call, err, _printed_as_json)
+
+
+_register_schedule_commands()
+
+
 @app.command(name="import")
 def import_(
     job_dir: Path,

@@ -73,6 +73,30 @@ async def cancel_experiment(settings: CommonSettings, experiment_id: str) -> dic
         return await handlers.cancel(ledger, await nats.coordinator(), experiment_id)
 
 
+async def pause_experiment(settings: CommonSettings, experiment_id: str) -> dict[str, Any]:
+    """``trialbus pause`` (see handlers.pause)."""
+    async with open_nats(settings, "trialbus-pause") as nats, open_ledger(settings) as ledger:
+        return await handlers.pause(ledger, await nats.coordinator(), experiment_id)
+
+
+async def resume_experiment(settings: CommonSettings, experiment_id: str) -> dict[str, Any]:
+    """``trialbus resume`` (see handlers.resume)."""
+    async with open_nats(settings, "trialbus-resume") as nats, open_ledger(settings) as ledger:
+        return await handlers.resume(ledger, await nats.coordinator(), experiment_id)
+
+
+async def retry_trial(
+    settings: CommonSettings, experiment_id: str, trial_id: str, base_dir: Path
+) -> dict[str, Any]:
+    """``trialbus retry`` (see services.submitter.retry; ``base_dir``: where the
+    manifest's relative task folders are, when the ledger names no stored archive)."""
+    from services.submitter.retry import retry_trial as retry
+
+    async with open_nats(settings, "trialbus-retry") as nats, open_ledger(settings) as ledger:
+        tasks = await nats.tasks()
+        return await retry(ledger, nats.bus, tasks, experiment_id, trial_id, base_dir=base_dir)
+
+
 async def import_job(
     settings: CommonSettings, job_dir: Path, *, as_new: bool = False
 ) -> dict[str, Any]:

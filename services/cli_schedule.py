@@ -1,0 +1,79 @@
+"""The ``trialbus`` commands that steer an experiment's work: ``pause``, ``resume``
+and ``retry`` (docs/scheduling.md). Thin like services/cli.py: parse, call
+services.submitter.commands, print; registered on the CLI's app by ``register``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+type Call = Callable[..., Any]
+"""services.cli._call: runs one of services.submitter.commands with the settings."""
+
+
+def register(
+    app: typer.Typer, call: Call, err: Console, printed_as_json: Callable[[Any, bool], bool]
+) -> None:
+    """Add pause, resume and retry to the CLI's ``app``."""
+
+    @app.command()
+    def pause(experiment: str, json_out: JsonOpt = False) -> None:
+        """Pause an experiment: queued trials wait (not started, not lost); running ones finish."""
+        from services.submitter.commands import pause_experiment
+
+        result = call(pause_experiment, experiment)
+        if printed_as_json(result, json_out):
+            return
+        if not result["known"]:
+            err.print(f"warning: the ledger does not know {experiment!r} (yet); flag set anyway")
+        err.print(
+            f"experiment {experiment} paused: queued trials wait until `trialbus resume "
+            f"{experiment}`; trials already running finish",
+            highlight=False,
+        )
+
+    @app.command()
+    def resume(experiment: str, json_out: JsonOpt = False) -> None:
+        """Resume a paused experiment: its queued trials start within seconds."""
+        from services.submitter.commands import resume_experiment
+
+        result = call(resume_experiment, experiment)
+        if printed_as_json(result, json_out):
+            return
+        said = "resumed" if result["was_paused"] else "was not paused; nothing to resume"
+        err.print(f"experiment {experiment} {said}", highlight=False)
+
+    @app.command()
+    def retry(
+        experiment: str,
+        trial: str,
+        json_out: JsonOpt = False,
+        tasks_dir: Annotated[
+            Path,
+            typer.Option(
+                "--from",
+                help="Folder the manifest's relative task paths start from (its own folder), "
+                "used only when the ledger names no stored archive of the task.",
+            ),
+        ] = Path("."),
+    ) -> None:
+        """Run one finished trial again, as a new run; its record is replaced by the new
+        run's result if that finishes complete (a failed retry keeps the old result)."""
+        from services.submitter.commands import retry_trial
+
+        result = call(retry_trial, experiment, trial, tasks_dir)
+        if printed_as_json(result, json_out):
+            return
+        scored = "scored" if result["previous_scored"] else "unscored"
+        err.print(
+            f"trial {trial} queued again as run {result['run_id']} (its record was "
+            f"{result['previous_status']}, {scored})",
+            highlight=False,
+        )
