@@ -38,12 +38,18 @@ class Progress:
     scored: int
     unscored: int
     cancelled: int
+    paused: bool = False
+    """The experiment is paused (its queued trials wait; docs/scheduling.md)."""
 
     @property
     def state(self) -> str:
-        """running, complete, or cancelled (every trial recorded, some cancelled)."""
+        """running, paused (trials wait, running ones finish), cancelling, complete, or
+        cancelled (every trial recorded, some cancelled). A cancellation wins over a
+        pause, as on the runners; a finished experiment is not shown paused."""
         if self.done < self.total:
-            return "cancelling" if self.cancelled else "running"
+            if self.cancelled:
+                return "cancelling"
+            return "paused" if self.paused else "running"
         return "cancelled" if self.cancelled else "complete"
 
     @property
@@ -65,9 +71,13 @@ class Progress:
 
 
 def progress(
-    records: Sequence[TrialRecord], info: ExperimentInfo | None, started: Iterable[str]
+    records: Sequence[TrialRecord],
+    info: ExperimentInfo | None,
+    started: Iterable[str],
+    paused: bool = False,
 ) -> Progress:
-    """The progress of one experiment; ``started``: ids of trials that started."""
+    """The progress of one experiment; ``started``: ids of trials that started;
+    ``paused``: the coordinator's pause flag of the experiment."""
     counts = status_counts(records, info)
     recorded = {r.trial_id for r in records}
     running = min(len(set(started) - recorded), counts["pending"])
@@ -79,6 +89,7 @@ def progress(
         scored=counts["scored"],
         unscored=counts["unscored"],
         cancelled=counts.get("unscored_cancelled", 0),
+        paused=paused,
     )
 
 
@@ -140,9 +151,10 @@ def experiment_row(
     records: Sequence[TrialRecord],
     started: Iterable[str],
     now: datetime | None = None,
+    paused: bool = False,
 ) -> ExperimentRow:
-    """The list's line for one experiment."""
-    p = progress(records, info, started)
+    """The list's line for one experiment (``paused``: its pause flag)."""
+    p = progress(records, info, started, paused)
     first, duration = span(records, not p.finished, now or datetime.now(UTC))
     return ExperimentRow(
         experiment_id=experiment_id,

@@ -59,6 +59,10 @@ StartedOf = Callable[[str], Awaitable[Iterable[str]]]
 """Ids of an experiment's trials that started (from the bus: LiveFeeds.started_trials)."""
 
 
+PausedOf = Callable[[str], Awaitable[bool]]
+"""Whether an experiment is paused (the coordinator's flag: Coordinator.is_paused)."""
+
+
 async def experiment_progress(
     ledger: Ledger,
     experiment_id: str,
@@ -66,24 +70,32 @@ async def experiment_progress(
     *,
     required: bool = True,
     now: datetime | None = None,
+    paused_of: PausedOf | None = None,
 ) -> ExperimentRow:
     """One experiment's row of the experiments list (progress, started, duration).
 
-    ``started_of`` is asked only while some trial has no record: a finished
-    experiment costs no read of the bus.
+    ``started_of`` and ``paused_of`` are asked only while some trial has no record: a
+    finished experiment costs no read of the bus.
     """
     exp_id, info, records = await load_experiment(ledger, experiment_id, required=required)
     incomplete = len(records) < (info.n_trials if info else 0)
     started = await started_of(exp_id) if incomplete else ()
-    return experiment_row(exp_id, info, records, started, now)
+    paused = bool(incomplete and paused_of is not None and await paused_of(exp_id))
+    return experiment_row(exp_id, info, records, started, now, paused)
 
 
 async def experiment_rows(
-    ledger: Ledger, started_of: StartedOf, *, now: datetime | None = None
+    ledger: Ledger,
+    started_of: StartedOf,
+    *,
+    now: datetime | None = None,
+    paused_of: PausedOf | None = None,
 ) -> list[ExperimentRow]:
     """Every experiment's row, newest first (``trialbus experiments``, the dashboard)."""
     return [
-        await experiment_progress(ledger, exp_id, started_of, required=False, now=now)
+        await experiment_progress(
+            ledger, exp_id, started_of, required=False, now=now, paused_of=paused_of
+        )
         for exp_id in await ledger.experiment_ids()
     ]
 

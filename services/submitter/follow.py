@@ -50,8 +50,11 @@ async def list_experiments(settings: CommonSettings) -> list[ExperimentRow]:
         open_nats(settings, "trialbus-experiments") as nats,
         open_ledger(settings) as ledger,
     ):
+        coordinator = await nats.coordinator()
         return await queries.experiment_rows(
-            ledger, started_of(LiveFeeds(nats.nc, nats.settings.topology))
+            ledger,
+            started_of(LiveFeeds(nats.nc, nats.settings.topology)),
+            paused_of=coordinator.is_paused,
         )
 
 
@@ -75,8 +78,11 @@ async def follow_status(
     async with open_nats(settings, "trialbus-status") as nats, open_ledger(settings) as ledger:
         live = LiveFeeds(nats.nc, nats.settings.topology)
         started = started_of(live)
+        paused = (await nats.coordinator()).is_paused
         async with live.experiment_events(experiment_id) as feed:
-            row = await queries.experiment_progress(ledger, experiment_id, started)
+            row = await queries.experiment_progress(
+                ledger, experiment_id, started, paused_of=paused
+            )
             on_update(row)
             while not row.progress.finished:
                 left = REFRESH_S if deadline is None else deadline - time.monotonic()
@@ -88,7 +94,9 @@ async def follow_status(
                     until = time.monotonic() + UPDATE_INTERVAL_S
                     while (rest := until - time.monotonic()) > 0 and await feed.next(rest):
                         pass
-                row = await queries.experiment_progress(ledger, experiment_id, started)
+                row = await queries.experiment_progress(
+                    ledger, experiment_id, started, paused_of=paused
+                )
                 on_update(row)
     return row
 

@@ -17,6 +17,7 @@ from services.common.adapters.memory import InMemoryCoordinator, InMemoryLedger,
 from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.ports import ExperimentInfo
+from services.reports import queries
 from services.submitter import handlers
 from services.submitter.retry import retry_trial
 from services.submitter.submit import PreparedExperiment, canonical_manifest, prepare
@@ -144,3 +145,35 @@ async def test_the_retrys_record_replaces_the_old_one_unless_it_failed() -> None
     assert (await ledger.upsert_records([failed])).unchanged == [trial.trial_id]
     stored = await ledger.get_record(trial.trial_id)
     assert stored is not None and stored.status == "complete"
+
+
+async def test_the_experiments_state_shows_a_pause_while_trials_wait() -> None:
+    prepared = _prepared()
+    ledger = InMemoryLedger()
+    info = ExperimentInfo(prepared.experiment_id, "unit", 2, {})
+    await ledger.upsert_experiment(info)
+    coord = InMemoryCoordinator(lease_ttl_s=60)
+
+    async def nothing_started(_: str) -> list[str]:
+        return []
+
+    async def row_state() -> str:
+        row = await queries.experiment_progress(
+            ledger, prepared.experiment_id, nothing_started, paused_of=coord.is_paused
+        )
+        return row.progress.state
+
+    assert await row_state() == "running"  # negative control: not paused
+    await coord.pause(prepared.experiment_id)
+    assert await row_state() == "paused"
+    rows = await queries.experiment_rows(ledger, nothing_started, paused_of=coord.is_paused)
+    assert [r.progress.state for r in rows] == ["paused"]
+    # A cancellation wins over a pause; a finished experiment is not shown paused.
+    trial = prepared.trials[0]
+    cancelled = _record(trial, trial.task.checksum, finished=T0, reward=None)
+    cancelled = cancelled.model_copy(update={"evaluation": single_reward(None, "cancelled")})
+    await ledger.upsert_records([cancelled])
+    assert await row_state() == "cancelling"
+    done = [_record(t, t.task.checksum, finished=T0, reward=1.0) for t in prepared.trials]
+    await ledger.upsert_records(done)
+    assert await row_state() == "complete"
