@@ -157,9 +157,11 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
         for exp_id in await ledger.experiment_ids():
             _, info, records = await queries.load_experiment(ledger, exp_id, required=False)
             started: dict[str, Any] = {}
+            paused = False
             if len(records) < (info.n_trials if info else 0) and valid_experiment_id(exp_id):
                 started = await live.started_trials(exp_id)
-            row = views.experiment_row(exp_id, info, records, started)
+                paused = await ports(request).coordinator.is_paused(exp_id)
+            row = views.experiment_row(exp_id, info, records, started, paused=paused)
             if row.matches(q):
                 rows.append({**_row_dict(row), "url": experiment_url(exp_id)})
         return render("experiments.html", request, title="Experiments", rows=rows, q=q)
@@ -174,7 +176,8 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
         except ExperimentNotFound as exc:
             return _not_found(request, str(exc))
         started = await live.started_trials(experiment_id)
-        row = views.experiment_row(experiment_id, info, records, started)
+        paused = await ports(request).coordinator.is_paused(experiment_id)
+        row = views.experiment_row(experiment_id, info, records, started, paused=paused)
         parts = await sections(ledger, experiment_id, records, started)
         return render(
             "experiment.html",
@@ -194,7 +197,12 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
     async def experiment_events(request: Request, experiment_id: str) -> Response:
         if not valid_experiment_id(experiment_id):
             return _not_found(request, f"{experiment_id!r} is not an experiment id.")
-        stream = experiment_stream(ports(request).ledger, feeds(request), experiment_id)
+        stream = experiment_stream(
+            ports(request).ledger,
+            feeds(request),
+            experiment_id,
+            ports(request).coordinator.is_paused,
+        )
         return _sse(stream)
 
     @router.get("/trials/{trial_id}")

@@ -105,12 +105,19 @@ def describe(event: Envelope) -> dict[str, Any] | None:
     }
 
 
-async def progress_event(ledger: Ledger, live: LiveFeeds, experiment_id: str) -> str:
-    """The ``progress`` event: counts and the tables, read afresh."""
+async def progress_event(
+    ledger: Ledger,
+    live: LiveFeeds,
+    experiment_id: str,
+    paused_of: queries.PausedOf | None = None,
+) -> str:
+    """The ``progress`` event: counts and the tables, read afresh (``paused_of``: the
+    coordinator's pause flag, for the state)."""
     _, info, records = await queries.load_experiment(ledger, experiment_id, required=False)
     started = await live.started_trials(experiment_id)
     parts = await sections(ledger, experiment_id, records, started)
-    row = views.experiment_row(experiment_id, info, records, started)
+    paused = paused_of is not None and await paused_of(experiment_id)
+    row = views.experiment_row(experiment_id, info, records, started, paused=paused)
     shown = {
         **row.progress.as_dict(),
         "started": views.when(row.started),
@@ -120,11 +127,14 @@ async def progress_event(ledger: Ledger, live: LiveFeeds, experiment_id: str) ->
 
 
 async def experiment_stream(
-    ledger: Ledger, live: LiveFeeds, experiment_id: str
+    ledger: Ledger,
+    live: LiveFeeds,
+    experiment_id: str,
+    paused_of: queries.PausedOf | None = None,
 ) -> AsyncIterator[str]:
     """The experiment page's live feed (see the module doc)."""
     async with live.experiment_events(experiment_id) as feed:
-        yield await progress_event(ledger, live, experiment_id)
+        yield await progress_event(ledger, live, experiment_id, paused_of)
         dirty, last = False, time.monotonic()
         while True:
             since = time.monotonic() - last
@@ -134,7 +144,7 @@ async def experiment_stream(
                 yield sse("trial", line)
                 dirty = True
             if dirty and time.monotonic() - last >= UPDATE_INTERVAL_S:
-                yield await progress_event(ledger, live, experiment_id)
+                yield await progress_event(ledger, live, experiment_id, paused_of)
                 dirty, last = False, time.monotonic()
             elif event is None and not dirty:
                 yield ": keepalive\n\n"
