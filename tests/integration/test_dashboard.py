@@ -28,6 +28,7 @@ from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.ports import ExperimentInfo
 from services.common.settings import SubmitterSettings
 from services.submitter.api_tokens import token_digest
@@ -330,3 +331,30 @@ async def test_trial_log_stream_sends_that_trial_s_lines(
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
+
+
+async def test_a_paused_experiment_is_shown_paused(
+    server: str, ledger: MongoLedger, nats_url: str, topology: Topology
+) -> None:
+    exp = "dash-paused"
+    await _seed(ledger, exp, "paused experiment", n_trials=4, n_records=1)
+    await _seed(ledger, "dash-control", "control experiment", n_trials=4, n_records=1)
+    nc = await nats.connect(nats_url)
+    try:
+        coordinator = await NatsCoordinator.open(nc.jetstream(), topology, lease_ttl_s=60)
+        await coordinator.pause(exp)
+        async with _client(server, headers=BEARER) as web:
+            paused = (await web.get("/ui/", params={"q": "paused"})).text
+            # Negative control: the other incomplete experiment is running, not paused.
+            assert exp in paused and "dash-control" not in paused
+            assert 'class="state state-paused"' in paused
+            page = await web.get(f"/ui/experiments/{exp}")
+            assert "state-paused" in page.text
+            await coordinator.resume(exp)
+            # The server answers from its one-second flag cache: it shows the resume
+            # within a second or so (no event tells when; the deadline is generous).
+            async with asyncio.timeout(DEADLINE_S):
+                while exp not in (await web.get("/ui/", params={"q": "running"})).text:  # noqa: ASYNC110
+                    await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
