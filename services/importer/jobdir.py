@@ -232,11 +232,27 @@ def _with_known(context: RecordContext, known: TrialRecord | None, folder: Path)
     )
 
 
+def _stored_copy(record: TrialRecord, known: TrialRecord | None) -> TrialRecord:
+    """``record``, or the ledger's when they differ only in where the files are.
+
+    A trial the importer first read from the results bucket (a runner's, or an external
+    job's announced by the watcher) keeps pointing at that stored copy when the same
+    folder is imported by hand: the content is the same, the stored copy is reachable
+    from anywhere, and a re-import stays a no-op.
+    """
+    if known is None or known.artifacts.archive is None:
+        return record
+    candidate = record.model_copy(update={"artifacts": known.artifacts})
+    return known if candidate == known else record
+
+
 def _build_all(infos: list[TrialDirInfo], known: dict[str, TrialRecord]) -> list[TrialRecord]:
-    return [
-        build_record(i.trial_dir, _with_known(i.context, known.get(i.trial_id), i.trial_dir))
-        for i in infos
-    ]
+    records = []
+    for i in infos:
+        old = known.get(i.trial_id)
+        built = build_record(i.trial_dir, _with_known(i.context, old, i.trial_dir))
+        records.append(_stored_copy(built, old))
+    return records
 
 
 def _start_build(
