@@ -73,6 +73,7 @@ def merge_reports(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         "command": " ; ".join(dict.fromkeys(" ; ".join(commands).split(" ; "))),
         "started_at": min(old.get("started_at", new["started_at"]), new["started_at"]),
         "seconds": old.get("seconds", 0) + new["seconds"],
+        "runs": new["runs"] if old.get("runs") == new["runs"] else "as each section says",
         "benchmarks": [by_name[n] for n in BENCHMARKS if n in by_name],
     }
 

@@ -174,8 +174,13 @@ when no folder of that trial exists yet.
 **Where the time goes.** SecantusDB is a MongoDB-wire server written in Python: each
 document a query returns is read, decoded and re-encoded in Python, so a report of a
 10,000-trial experiment costs seconds on this machine whatever the indexes (the query
-plan is already an index scan on experiment_id; the time is the fetch of every
-document). A count fetches the documents too. The experiment list
+plan is already an index scan on experiment_id, then a FETCH of every document and an
+in-memory SORT by trial_id; the time is the fetch). A count fetches the documents
+too. Per-experiment reads touch one experiment's records through the experiment_id
+index, so they should cost the same at a million records as at 100,000; the
+experiment list and the load do not (at this run's load rate a million records take
+about 7 minutes and 4 GB, and the list scans ten times as much). The million-record
+run is `make bench-scale`; it did not fit this sitting. The experiment list
 (`experiment_ids`) groups every record of every experiment (`$group` over the whole
 collection) to find experiments without metadata: no index serves that, and it grows
 with the ledger, not with the page. The new indexes make MongoDB answer
@@ -203,6 +208,25 @@ The code change for `services/runner/handlers.py` and
 `services/common/adapters/nats_kv.py` is under "Orchestration cost" below.
 """,
     "pipeline": """
+**With the object store in the path** (measured 2026-11-26 on a busy machine, load
+average 6-7): every trial's folder is now packed and stored by the runner and
+fetched and unpacked by the importer, and the CPU per trial across the stack went
+from about 3.5 ms to about 10 ms (figure `cpu_ms_per_trial`; CPU time is the figure
+a busy machine distorts least): runner ~3.7 ms, importer ~3.1 ms, ledger ~1.8 ms,
+nats-server ~1.0 ms. The objects benchmark prices the object-store part alone at
+3.8 ms per instant trial, in one process, one at a time (pack 0.4, put 1.1, get
+0.7, unpack 1.2). On two cores shared with other work that caps the pipeline near
+100 trials/s, which is what it measured: the runner ended trials at ~100/s and the
+importer kept up (its last record 0.1 s after the last trial ended), so the
+pipeline is CPU-bound, not waiting on a queue. The instant trial is the worst case
+for this cost; a real trial's folder costs the same few milliseconds against minutes
+of work. What would win it back: pack and unpack in a process (not a thread: they
+hold the GIL while the runner's loop needs it), skip the extra object info round
+trip of each put, and let the importer build the record from the archive in memory
+instead of unpacking to disk first (the job folder can be written after the record).
+
+The text below predates the object store (development profile, quiet machine):
+
 **Where the time goes** (py-spy on each service, per-process CPU from the run). With
 trials that cost nothing, every trial still costs the stack about 3-4 ms of CPU
 across processes (figure `cpu_ms_per_trial`, split by process in the
@@ -299,6 +323,71 @@ dispatch benchmark measures that path: about 2 ms to start on an idle loop).
 """,
 }
 
+BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
+    (
+        "dispatch latency p99 (idle stack)",
+        "551 ms",
+        "17 ms and 32 ms (two sittings); 686 ms with the old pull loop in the first sitting",
+        "idle runners pull one message (consumer.py)",
+    ),
+    (
+        "dispatch latency p50",
+        "4.4 ms",
+        "5.6-6.2 ms (busy); 3.5 ms with the proposed handler",
+        "nothing yet (proposal below)",
+    ),
+    (
+        "waiting trials in flight",
+        "10,000 on 4 runners: efficiency ~0.09, trials started up to 7 times",
+        "2,000 on 1/2/4/8 runners: efficiency 0.41-0.55, **no trial started twice**, "
+        "269-733 redeliveries",
+        "measured by the new capacity benchmark; 10,000 is `make bench-scale`",
+    ),
+    (
+        "pipeline, instant trials",
+        "793 trials/s, ~3.5 ms CPU per trial",
+        "87-89 trials/s, 8.9-10.3 ms CPU per trial",
+        "the object store is in the path (pack/put/get/unpack); the new pull loop is "
+        "neutral (A/B in one sitting: 87.0 vs 88.9 trials/s)",
+    ),
+    (
+        "trial folder through the object store",
+        "(shared disk)",
+        "6.6 ms per Harbor-shaped trial (7 KB packed), 3.8 ms instant, "
+        "115 ms for a 1 MB agent folder",
+        "new objects benchmark",
+    ),
+    (
+        "ledger reports at 100,000 records",
+        "not measured",
+        "list 4.9 s, records of a 10,000-trial experiment 1.5 s, "
+        "leaderboard/report 1.4-3.1 s on SecantusDB",
+        "new ledger benchmark; two indexes added for MongoDB",
+    ),
+    (
+        "overhead vs bare Harbor",
+        "+15.6 % (full mode, 200 trials)",
+        "quick mode only (8 trials; not comparable)",
+        "not re-measured in full this sitting",
+    ),
+]
+"""Issue 12's before/after table (benchmark, before, now, what changed)."""
+
+BEFORE_AFTER = (
+    """
+## Before and after (issue 12)
+
+"Before" is the issue's quiet full run (2026-11-26); "now" is this page's sittings,
+on the same kind of machine but busy (load average 4-12 from other engineers'
+tests): compare ratios, counts and CPU times, not wall-clock rates.
+
+| benchmark | before | now | what changed |
+|---|---|---|---|
+"""
+    + "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in BEFORE_AFTER_ROWS)
+    + "\n"
+)
+
 ORCHESTRATION = """
 ## Orchestration cost: what dominates a trial now
 
@@ -343,6 +432,14 @@ services/common/adapters/nats_kv.py; measured by the dispatch benchmark):
    hand-backs at saturation. Where the limit binds, a slot found by probing can
    take many hand-backs near saturation; a per-runner cache of the slot keys it
    released (tried first) keeps most acquisitions to one probe.
+
+Measured with items 1-3 applied to a scratch copy of the runner (2026-11-26, same
+machine, load average 4-10; `--only capacity,latency --runs 1`, 2,000 trials of
+30 s): with one runner the 371 "runner error; trial will be redelivered" lines of
+today's worst run went to none and its peak RSS from 325 to 200 MiB; efficiency
+0.46 (today 0.41-0.47) and 0.50 with eight runners (today 0.46-0.55), the 311-353
+remaining redeliveries being hand-backs at saturation (item 4 is what removes them);
+idle dispatch p50 3.5 ms (today 4.6 ms in the same sitting), p99 21 ms.
 
 Expected gain, from this page's figures: the start path goes from seven sequential
 round trips to two (`today_*` vs `proposed_*` in the dispatch benchmark; the ratio

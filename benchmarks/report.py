@@ -130,7 +130,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"- Command: `{report['command']}` ({report['mode']} mode, median of "
         f"{report['runs']} run(s) per measurement), started {report['started_at']}, "
-        f"took {report['seconds'] / 60:.1f} min.",
+        f"took {report['seconds'] / 60:.1f} min."
+        if " ; " not in report["command"]
+        else f"- Merged from {report['command'].count(' ; ') + 1} sittings (`--merge`; "
+        f"each section names its command, start and load), the first started "
+        f"{report['started_at']}, {report['seconds'] / 60:.1f} min of benchmarks in all.",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
         f"{m['os']}, Python {m['python']}.",
         f"- Versions: {versions}.",
@@ -153,6 +157,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     parts += [detail(b) for b in report["benchmarks"]]
     parts += [model.render(report), prose.ORCHESTRATION.strip(), ""]
+    parts += [prose.BEFORE_AFTER.strip(), ""]
     parts += [prose.SCALING.strip(), "", prose.REPRODUCE.strip(), ""]
     return "\n".join(parts)
 
