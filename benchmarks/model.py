@@ -97,6 +97,19 @@ def render(report: dict[str, Any]) -> str:
             f"{FLEET * kib / 2**20:.1f} GiB for the fleet (trialbus's share only; the "
             "trials' own sandboxes come on top) | | |"
         )
+    if per_trial and cap.get("trials"):
+        slots = int(cap["trials"])
+        procs = -(-FLEET // slots)
+        lines += [
+            "",
+            f"Machines, on paper: one NATS node and one ledger node (MongoDB) for the "
+            f"central services; for trialbus's own part of the runners, {procs} runner "
+            f"processes of {slots:,} slots (the most one process held in flight in the "
+            f"capacity benchmark without starting a trial twice), "
+            f"{FLEET * max(per_trial) / 2**20:.1f} GiB in all: one machine. The "
+            "trials' sandboxes (containers, agents) decide the real count of runner "
+            "machines; trialbus adds little to each.",
+        ]
     lines += [
         "",
         "Reading it: one NATS node and one ledger node carry the completions of such a "

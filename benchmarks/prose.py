@@ -185,8 +185,11 @@ run is `make bench-scale`; it did not fit this sitting. The experiment list
 collection) to find experiments without metadata: no index serves that, and it grows
 with the ledger, not with the page. The new indexes make MongoDB answer
 `records_for` without an in-memory sort and `scored_trial_ids` from the index alone
-(covered); on SecantusDB they change little, and each costs every write a further
-index entry (figure `load_rate_after`).
+(covered); on SecantusDB they bring no measurable gain (A-B-A, two sittings) and
+each costs every write a further index entry: figure `load_rate_after` against
+`load_rate`, 7 % and 66 % fewer records/s in the two sittings of 2026-11-26, under a
+load that moved between the two loads, so not settled; if the embedded ledger's
+write rate matters more than MongoDB's reads, keep only (experiment_id, trial_id).
 
 **What would fix it:** for the experiment list, read the experiments collection
 alone (every experiment submitted or imported has metadata; the importer can upsert
@@ -360,9 +363,15 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
     (
         "ledger reports at 100,000 records",
         "not measured",
-        "list 4.9 s, records of a 10,000-trial experiment 1.5 s, "
-        "leaderboard/report 1.4-3.1 s on SecantusDB",
+        "list 4.9-8.5 s, records of a 10,000-trial experiment 1.5-2.2 s, "
+        "leaderboard/report 1.4-3.3 s on SecantusDB (two sittings)",
         "new ledger benchmark; two indexes added for MongoDB",
+    ),
+    (
+        "submit 10,000 trials",
+        "0.65 s",
+        "9.5 s in process, 6.4 s for the CLI (load average 9-10)",
+        "tasks now travel through the tasks bucket; not profiled in this sitting",
     ),
     (
         "overhead vs bare Harbor",
