@@ -24,10 +24,12 @@ wall time). Needs root and iproute2/util-linux: under CI=true their absence fail
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import urllib.request
@@ -46,7 +48,7 @@ from schemas.subjects import Topology
 from services.submitter.submit import experiment_id_of
 from tests.conftest import skip_unless
 from tests.e2e.conftest import Stacks
-from tests.e2e.events import EventTap
+from tests.e2e.events import EventTap, read_events
 from tests.e2e.faultkit import expected_trial_ids, judge, ledger_records, submit
 from tests.e2e.test_pipeline import EXPECTED, MANIFEST
 from tests.support.netns import HOST_DATA_DIR, Host, HostProcess, Hosts, unavailable_reason
@@ -205,8 +207,21 @@ async def scenario(
         done = any(isinstance(e, TrialCompleted) and e.runner_host == h0.name for e in events)
         return done and bool(in_flight(events, exp, h0.name))
 
-    await tap.eventually(busy_host0, f"{h0.name} busy", DEADLINE_S)
-    assert len(tap.imported(exp)) < 24  # mid-experiment
+    # Frozen first (SIGSTOP: it can publish nothing more), then judged from the stream
+    # itself: killed only if a run it started is still open, else thawed and tried at
+    # its next busy moment. A kill timed on the tap alone could fall between two trials.
+    while True:
+        await tap.eventually(busy_host0, f"{h0.name} busy", DEADLINE_S)
+        assert len(tap.imported(exp)) < 24  # mid-experiment
+        await asyncio.to_thread(signal_host, h0, signal.SIGSTOP)
+        stored = await read_events(stack.nats_url or "", topology, tap.credentials)
+        if in_flight(stored, exp, h0.name):
+            break
+        await asyncio.to_thread(signal_host, h0, signal.SIGCONT)
+        seen = len(stored)
+        await tap.eventually(
+            lambda events, seen=seen: len(events) > seen, "more events after a thaw", DEADLINE_S
+        )
     await asyncio.to_thread(h0.kill)
     killed_at = time.monotonic() - t0
     assert not h0.alive and runners[0].poll() is not None
@@ -278,6 +293,13 @@ async def scenario(
         f"tasks_stream_bytes={moved[topology.tasks_bucket]} "
         f"results_stream_bytes={moved[topology.results_bucket]} wall_s={wall_s:.1f}"
     )
+
+
+def signal_host(host: Host, sig: signal.Signals) -> None:
+    """Send ``sig`` to every process on ``host``'s network (the runner and its trials)."""
+    for pid in host.pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 async def wait_for(
