@@ -25,6 +25,7 @@ import json
 import os
 import secrets
 from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
 
@@ -136,8 +137,15 @@ def skip_unless(missing: str | None) -> None:
         pytest.skip(missing)
 
 
+# JetStream reserves every stream's max_bytes (the logs stream's 1 GiB) against the
+# server's store limit, 75 % of the free disk by default: the session server holds a
+# topology per test, and past about 54 of them here every new stream was refused with
+# "insufficient storage resources available". Nothing is written near that much.
+SESSION_NATS_CONFIG = "jetstream { max_file_store: 16T }"
+
+
 def _session_server[S: (NatsServer, LedgerServer)](
-    cls: type[S], tmp_path_factory: pytest.TempPathFactory
+    cls: type[S], tmp_path_factory: pytest.TempPathFactory, **kwargs: Any
 ) -> Iterator[S]:
     # Only a truly absent executable may skip; any other startup failure is a real
     # error and must fail the tests loudly.
@@ -145,14 +153,14 @@ def _session_server[S: (NatsServer, LedgerServer)](
         find_binary(cls.binary_name, cls.package)
     except BinaryNotFoundError as exc:
         skip_unless(str(exc))
-    with cls(tmp_path_factory.mktemp(cls.binary_name)) as server:
+    with cls(tmp_path_factory.mktemp(cls.binary_name), **kwargs) as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     """A nats-server with JetStream (file storage in a session temp dir)."""
-    yield from _session_server(NatsServer, tmp_path_factory)
+    yield from _session_server(NatsServer, tmp_path_factory, config=SESSION_NATS_CONFIG)
 
 
 @pytest.fixture(scope="session")
