@@ -20,7 +20,6 @@ Two rules hold before anything is published (docs/security.md, "Live logs"):
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -28,7 +27,7 @@ from typing import Protocol, runtime_checkable
 from schemas.events import TrialLog, TrialRequested
 from schemas.subjects import Topology
 from services.common.settings import RunnerSettings
-from services.runner.redaction import MIN_SECRET_CHARS, RedactingStream, Redactor, runner_secrets
+from services.runner.redaction import MIN_SECRET_CHARS, RedactingStream, Redactor, TrialSecrets
 
 CorePublish = Callable[[str, bytes], Awaitable[None]]
 """Core NATS publish (subject, payload): fire-and-forget."""
@@ -193,8 +192,7 @@ class CoreNatsLogSinks:
         self._publish = publish
         self._topology = topology
         self._limits = limits or LogLimits()
-        self._runner_secrets = dict(runner_secrets or {})
-        self._environ = environ
+        self._secrets = TrialSecrets(dict(runner_secrets or {}), environ)
 
     @classmethod
     def from_settings(
@@ -204,29 +202,21 @@ class CoreNatsLogSinks:
         environ: Mapping[str, str] | None = None,
     ) -> CoreNatsLogSinks:
         """The sinks a runner configured by ``settings`` uses (its limits, its secrets)."""
+        secrets = TrialSecrets.from_settings(settings, environ)
         return cls(
             publish,
             settings.topology,
             limits=LogLimits(settings.live_log_trial_bytes, settings.live_log_event_chars),
-            runner_secrets=runner_secrets(
-                settings.nats_credentials,
-                {"NATS_URL": settings.nats_url, "LEDGER_URL": settings.ledger_url},
-            ),
-            environ=environ,
+            runner_secrets=secrets.runner,
+            environ=secrets.environ,
         )
 
     def secrets_of(self, request: TrialRequested) -> dict[str, str]:
         """Name -> value of every secret ``request``'s trial may see."""
-        env = os.environ if self._environ is None else self._environ
-        found = dict(self._runner_secrets)
-        for name in request.agent.api_key_env:
-            value = env.get(name)
-            if value:
-                found[name] = value
-        return found
+        return self._secrets.of(request)
 
     def __call__(self, request: TrialRequested) -> TrialLogSink:
         """The sink of ``request``'s trial (one per attempt)."""
         subject = self._topology.log_subject(request.experiment_id, request.trial_id)
-        redactor = Redactor(self.secrets_of(request))
+        redactor = self._secrets.redactor(request)
         return TrialLogSink(self._publish, subject, request, redactor, self._limits)
