@@ -278,8 +278,11 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
             await nc.close()
             await ledger.close()
 
-    # One build per delivery: nak'ed BUG_MAX_DELIVERIES - 1 times, then given up on.
-    assert attempts.count("bug-1") == BUG_MAX_DELIVERIES
+    # At most one build per delivery: nak'ed, redelivered, then given up on at the
+    # BUG_MAX_DELIVERIES-th delivery. Fewer builds than deliveries is JetStream's right: a
+    # message handed to a pull request that had already expired on a loaded machine counts
+    # as delivered, and comes back after ack_wait without the importer having seen it.
+    assert 2 <= attempts.count("bug-1") <= BUG_MAX_DELIVERIES
     assert attempts.count("good-1") == 1
     bug = await _get(ledger_url, ledger_db, "bug-1")
     assert bug.status == "partial" and not bug.evaluation.reward_valid
