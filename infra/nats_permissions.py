@@ -234,6 +234,10 @@ def role_permissions(
             *_durable(w, t.runner_durable_for(pool)),
             *_kv_write(t.leases_bucket),
             *_kv_read(t.leases_bucket),
+            # A lease is given back by a subject purge of the leases stream (no marker is
+            # left, so the next take is one write; nats_kv.py). No new power: the runner
+            # may already write and delete every lease key.
+            f"{API}.STREAM.PURGE.{kv_stream(t.leases_bucket)}",
             *_kv_write(t.control_bucket, "runs.>"),
             # Agent stops and the experiment's running spend (runner/guards.py).
             *_kv_write(t.control_bucket, "stops.>"),

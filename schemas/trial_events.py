@@ -61,6 +61,19 @@ class TrialRequested(RunEvent):
     retry: RetrySpec = Field(
         description="How often and how soon a transient infrastructure failure is retried."
     )
+    experiment_trials: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_INT64,
+        description="How many trials the submission expanded to. When it is at most "
+        "compute.n_concurrent_trials the limit cannot bind, and runners take no "
+        "concurrency slot for the trial. Absent: a slot is taken.",
+    )
+
+    def limit_binds(self) -> bool:
+        """Whether the experiment's concurrency limit can bind (a slot is needed)."""
+        n = self.experiment_trials
+        return n is None or n > self.compute.n_concurrent_trials
 
 
 class TrialStarted(RunEvent):

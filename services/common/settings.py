@@ -92,6 +92,14 @@ class RunnerSettings(CommonSettings):
     )
     ack_wait_s: float = Field(default=60.0, gt=1, description="Redelivery after silence.")
     heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval.")
+    admission: int = Field(
+        default=32,
+        ge=1,
+        le=4096,
+        description="Trials at once between 'message taken' and 'executor started' (the "
+        "lease and attempt round trips); a burst beyond it waits with its message kept "
+        "alive instead of in requests that time out.",
+    )
     runner_id: str | None = Field(default=None, description="Default: host-pid.")
     pool: str = Field(
         default=DEFAULT_POOL,

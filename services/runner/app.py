@@ -115,6 +115,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             host=host,
             # Three beats per ack_wait: one lost beat never lets the message expire.
             heartbeat_s=min(settings.heartbeat_s, settings.ack_wait_s / 3),
+            admission=settings.admission,
             offers=info.offers,
             log_sinks=CoreNatsLogSinks.from_settings(nc.publish, settings)
             if settings.publish_logs

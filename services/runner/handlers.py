@@ -4,31 +4,37 @@ Written against the ports only (EventBus, Coordinator, Executor): the nats-py pu
 loop that feeds it and applies its verdicts is services.runner.consumer. For one work
 message the handler
 
-1. asks the coordinator whether the run already ended (its work message was
-   redelivered after the ending was stored, e.g. the runner was killed between the
-   publish and the ack): then it re-publishes the stored ending (same dedup id, so
-   JetStream drops it if it got through) and acknowledges, without running or
-   counting an attempt;
-2. hands the message back (nak, a few seconds' random delay) while the experiment is
-   paused: no lease is taken and no attempt counted, so paused work is neither started
-   nor lost (trials already running finish; docs/scheduling.md);
-   ends the run at once (final TrialFailed, RunnerLacksCapability) when this runner
-   does not offer what the trial needs: its pool was chosen for runners that can
-   (the submitter checked the live ones), so one that cannot is misconfigured;
-   hands it back (nak, short random delay) while the experiment has no free
-   concurrency slot, so other experiments' trials keep flowing;
-   ends it at once (final TrialFailed AgentStopped / BudgetExceeded) when a provider
-   refused its agent earlier in the experiment or the budget is spent (``guards``);
-3. counts the start (Coordinator.next_attempt) and publishes TrialStarted;
-4. runs the Executor, with a heartbeat that keeps the message and the lease alive and
-   stops the run when the experiment is cancelled;
+1. waits for admission: at most ``admission`` handlers at once are between "message
+   taken" and "executor started", so a burst of thousands waits here, its message
+   kept alive, not in coordinator requests that time out into redeliveries;
+2. checks the cached flags (no round trip while warm): a cancelled experiment's trial
+   ends at once; a paused experiment's is handed back (nak, a few seconds' random
+   delay) with no lease taken and no attempt counted, so paused work is neither
+   started nor lost (docs/scheduling.md); a trial whose agent was stopped by a
+   provider or whose budget is spent ends at once (final TrialFailed AgentStopped /
+   BudgetExceeded, ``guards``); one needing what this runner does not offer ends at
+   once (RunnerLacksCapability: its pool was chosen for runners that can, so this one
+   is misconfigured);
+3. reads whether the run already ended and takes the experiment's concurrency slot,
+   together (one round trip each, concurrent). A run that ended (its work message
+   was redelivered after the ending was stored, e.g. the runner was killed between
+   the publish and the ack) has its stored ending re-published (same dedup id, so
+   JetStream drops it if it got through) and is acknowledged, without running or
+   counting an attempt. No slot is taken when the limit cannot bind (the submission
+   has no more trials than ``n_concurrent_trials``); without a free slot the trial is
+   handed back (nak, short random delay) so other experiments' trials keep flowing;
+4. counts the start (Coordinator.next_attempt) and starts the Executor at once, with
+   TrialStarted published beside it: confirmed before any ending goes out (consumers
+   see it first); if it cannot be confirmed the run is stopped and handed back. A
+   heartbeat keeps the message and the lease alive and stops the run when the
+   experiment is cancelled;
 5. stores the trial folder of an attempt that ends the run in the results bucket
    (``TrialFolders``: no disk is shared with the importer), publishes what
    ``policy.decide`` says, deletes the local folder, and returns its verdict. An ending (a
    TrialCompleted or a final TrialFailed, cancellations included) is stored with the
    coordinator first, then published, then acknowledged; if another runner stored
    one first (it ran the same message after ack_wait), that ending is published
-   instead, so a run ends once.
+   instead, so a run ends once (the endings of step 2 go the same way).
 
 ``handle`` never raises except CancelledError (shutdown: the consumer hands the message
 back). Every other failure becomes a verdict through ``settle_error``: poison is
@@ -38,7 +44,6 @@ terminated, a transient error and a bug are nak'ed (a bug later), never acknowle
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -109,6 +114,7 @@ class TrialHandler:
         runner_id: str,
         host: str,
         heartbeat_s: float,
+        admission: int = 32,
         offers: frozenset[str] | None = None,
         log_sinks: LogSinks | None = None,
         rng: random.Random | None = None,
@@ -120,6 +126,7 @@ class TrialHandler:
         self.runner_id = runner_id
         self._who = policy.RunnerIdentity(host=host, harbor_version=executor.version)
         self._heartbeat_s = heartbeat_s
+        self._admission = asyncio.Semaphore(admission)
         self._offers = offers
         self._log_sinks = log_sinks
         self._rng = rng or random.Random()
@@ -146,13 +153,68 @@ class TrialHandler:
             return verdict
 
     async def _run(self, request: TrialRequested, keep_alive: KeepAlive, bound: Any) -> Settle:
+        started = await self._admitted(request, keep_alive, bound)
+        if isinstance(started, Settle):
+            return started
+        attempt, lease, announced = started
+        bound = bound.bind(attempt=attempt)
+        try:
+            outcome = await self._execute(request, attempt, lease, keep_alive, announced)
+            # TrialStarted went out beside the executor: it is confirmed before the ending
+            # is stored or published, so consumers see it first.
+            await announced
+            if outcome is None:
+                decision = policy.cancelled(request, attempt, self._who.host)
+                verdict = await self._publish(request, decision, bound)
+                bound.info("trial cancelled")
+                return verdict
+            await guards.account(self._coord, request, outcome, bound)  # spend; agent stops
+            result = None
+            if outcome.trial_dir is not None and not policy.should_retry(request, attempt, outcome):
+                result = await self._folders.upload(request, attempt, outcome.trial_dir)
+            decision = policy.decide(request, attempt, outcome, self._who, result)
+            verdict = await self._publish(request, decision, bound)
+            if outcome.trial_dir is not None:
+                await self._folders.discard(outcome.trial_dir)
+            bound.info("trial settled", outcome=outcome.kind, exception=outcome.exception_type)
+            return verdict
+        finally:
+            if not announced.done():
+                announced.cancel()
+            elif not announced.cancelled():
+                announced.exception()  # retrieved: its error, if any, is the verdict's
+            await self._give_back(lease)
+
+    async def _admitted(
+        self, request: TrialRequested, keep_alive: KeepAlive, bound: Any
+    ) -> Settle | tuple[int, Lease | None, asyncio.Task[bool]]:
+        """Everything before the executor starts, at most ``admission`` trials at once.
+
+        Returns the verdict of a message that is not to run here, or the attempt, the
+        lease (None when the limit cannot bind) and the TrialStarted publish in flight.
+        """
+        await self._wait_for_admission(keep_alive)
+        try:
+            return await self._start(request, bound)
+        finally:
+            self._admission.release()
+
+    async def _wait_for_admission(self, keep_alive: KeepAlive) -> None:
+        """Take an admission slot, keeping the message alive while the burst drains."""
+        while True:
+            try:
+                await asyncio.wait_for(self._admission.acquire(), self._heartbeat_s)
+                return
+            except TimeoutError:
+                await keep_alive()
+
+    async def _start(
+        self, request: TrialRequested, bound: Any
+    ) -> Settle | tuple[int, Lease | None, asyncio.Task[bool]]:
         coord = self._coord
-        # The one coordinator read every delivery pays for "a run ends once".
-        ended = await coord.ending(request.dedup_id())
-        if ended is not None:
-            fresh = await self._bus.publish(decode_ending(ended, request))
-            bound.info("run had ended; its ending re-published, not run again", fresh=fresh)
-            return ACK
+        # Cached reads first (no round trip while the cache is warm). A run that already
+        # ended is caught below, or by _publish: it stores an ending only when none is
+        # stored, and publishes the stored one otherwise.
         if await coord.is_cancelled(request.experiment_id):
             return await self._publish(request, policy.cancelled(request, 1, self._who.host), bound)
         if await coord.is_paused(request.experiment_id):
@@ -167,14 +229,30 @@ class TrialHandler:
             decision = policy.lacking(request, self._who.host, missing)
             bound.error("trial needs what this runner does not offer", missing=missing)
             return await self._publish(request, decision, bound)
-        limit = request.compute.n_concurrent_trials
-        lease = await coord.acquire(request.experiment_id, limit, self.runner_id)
-        if lease is None:
+        # The one read every delivery pays for "a run ends once", and the slot, together.
+        ended, lease = await asyncio.gather(
+            coord.ending(request.dedup_id()), self._lease(request), return_exceptions=True
+        )
+        if isinstance(ended, BaseException):
+            await self._give_back(lease)
+            raise ended
+        if isinstance(lease, BaseException):
+            raise lease
+        if ended is not None:
+            await self._give_back(lease)
+            fresh = await self._bus.publish(decode_ending(ended, request))
+            bound.info("run had ended; its ending re-published, not run again", fresh=fresh)
+            return ACK
+        if lease is False:
             return nak(self._rng.uniform(*SLOT_WAIT_S), "handback")
+        held = lease if isinstance(lease, Lease) else None
         try:
             attempt = await coord.next_attempt(request.dedup_id())
-            bound = bound.bind(attempt=attempt)
-            await self._bus.publish(
+        except BaseException:
+            await self._give_back(held)
+            raise
+        announced = asyncio.create_task(
+            self._bus.publish(
                 TrialStarted(
                     experiment_id=request.experiment_id,
                     trial_id=request.trial_id,
@@ -185,26 +263,30 @@ class TrialHandler:
                     run_id=request.dedup_id(),
                 )
             )
-            outcome = await self._execute(request, attempt, lease, keep_alive)
-            if outcome is None:
-                decision = policy.cancelled(request, attempt, self._who.host)
-                verdict = await self._publish(request, decision, bound)
-                bound.info("trial cancelled")
-                return verdict
-            await guards.account(coord, request, outcome, bound)  # spend; agent stops
-            result = None
-            if outcome.trial_dir is not None and not policy.should_retry(request, attempt, outcome):
-                result = await self._folders.upload(request, attempt, outcome.trial_dir)
-            decision = policy.decide(request, attempt, outcome, self._who, result)
-            verdict = await self._publish(request, decision, bound)
-            if outcome.trial_dir is not None:
-                await self._folders.discard(outcome.trial_dir)
-            bound.info("trial settled", outcome=outcome.kind, exception=outcome.exception_type)
-            return verdict
-        finally:
-            # Best effort: an unreleased lease expires with its TTL anyway.
-            with contextlib.suppress(Exception):
-                await coord.release(lease)
+        )
+        return attempt, held, announced
+
+    async def _lease(self, request: TrialRequested) -> Lease | bool:
+        """The experiment's slot; True when none is needed, False when none is free."""
+        if not request.limit_binds():
+            return True
+        lease = await self._coord.acquire(
+            request.experiment_id, request.compute.n_concurrent_trials, self.runner_id
+        )
+        return False if lease is None else lease
+
+    async def _give_back(self, lease: object) -> None:
+        """Release the slot if one is held; best effort, since a lease expires anyway."""
+        if not isinstance(lease, Lease):
+            return
+        try:
+            await self._coord.release(lease)
+        except Exception as exc:  # noqa: BLE001 - the slot comes back with its TTL
+            log.warning(
+                "lease not released; it frees with its TTL",
+                lease=lease.key,
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
     def _missing(self, request: TrialRequested) -> list[str]:
         if self._offers is None:
@@ -228,26 +310,44 @@ class TrialHandler:
         return decision.settle
 
     async def _execute(
-        self, request: TrialRequested, attempt: int, lease: Lease, keep_alive: KeepAlive
+        self,
+        request: TrialRequested,
+        attempt: int,
+        lease: Lease | None,
+        keep_alive: KeepAlive,
+        announced: asyncio.Task[bool],
     ) -> ExecutionOutcome | None:
-        """Run the attempt with heartbeats; None when the experiment was cancelled."""
+        """Run the attempt with heartbeats; None when the experiment was cancelled.
+
+        TrialStarted's publish (``announced``) runs beside the executor; when it fails,
+        the run is stopped at once and its error raised: an attempt that cannot be
+        reported is handed back, not paid for to the end.
+        """
         sink = self._log_sinks(request) if self._log_sinks is not None else None
         run = asyncio.create_task(self._executor.run(request, attempt, sink))
         cancelled = asyncio.Event()
         beat = asyncio.create_task(self._heartbeat(request, lease, run, cancelled, keep_alive))
         try:
-            return await run
+            await asyncio.wait({run, announced}, return_when=asyncio.FIRST_EXCEPTION)
+            if not run.done():  # only a failed announcement returns before the run ends
+                run.cancel()
+                await asyncio.wait({run})
+                announced.result()  # raises the publish's error
+            return run.result()  # CancelledError when the experiment's cancellation stopped it
         except asyncio.CancelledError:
             if not cancelled.is_set():
                 raise  # shutdown, not the experiment's cancellation
             return None
         finally:
             beat.cancel()
+            if not run.done():  # shutdown: stop the run and let it clean up first
+                run.cancel()
+                await asyncio.wait({run})
 
     async def _heartbeat(
         self,
         request: TrialRequested,
-        lease: Lease,
+        lease: Lease | None,
         run: asyncio.Task[ExecutionOutcome],
         cancelled: asyncio.Event,
         keep_alive: KeepAlive,
@@ -257,7 +357,8 @@ class TrialHandler:
             await asyncio.sleep(self._heartbeat_s)
             try:
                 await keep_alive()
-                lease = await self._coord.renew(lease)
+                if lease is not None:
+                    lease = await self._coord.renew(lease)
                 if await self._coord.is_cancelled(request.experiment_id, fresh=True):
                     cancelled.set()
                     run.cancel()

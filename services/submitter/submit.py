@@ -56,6 +56,7 @@ def expand_trials(
 ) -> list[TrialRequested]:
     """tasks x agents x repetitions, in a stable order."""
     trials: list[TrialRequested] = []
+    n_trials = len(manifest.agents) * len(tasks) * manifest.repetitions
     for agent in manifest.agents:
         for task in tasks:
             for rep in range(manifest.repetitions):
@@ -72,6 +73,7 @@ def expand_trials(
                         repetition=rep,
                         compute=manifest.compute,
                         retry=manifest.retry,
+                        experiment_trials=n_trials,
                     )
                 )
     return trials

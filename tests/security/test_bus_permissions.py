@@ -45,7 +45,7 @@ from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import NatsObjectStore
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import ObjectAccessDenied
-from services.common.ports import Spend
+from services.common.ports import Lease, Spend
 from services.runner.consumer import ensure_runner_consumer
 from tests.conftest import skip_unless
 
@@ -403,9 +403,14 @@ async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
         sub_coord.acquire(exp, 1, "x"), "Publish", f"$KV.{TOPO.leases_bucket}.{exp}.0"
     )
     await submitter.denied(
-        sub_coord.next_attempt(f"{exp}:t:1"),
+        sub_coord.next_attempt(f"{exp}:t:1"), "Publish", f"$KV.{TOPO.control_bucket}.runs.*"
+    )
+    # Giving a slot back purges its key from the leases stream: the runner's one stream
+    # purge right, which reaches no other stream (denied above for the events stream).
+    await submitter.denied(
+        sub_coord.release(Lease(f"{exp}.0", 1)),
         "Publish",
-        f"$JS.API.DIRECT.GET.KV_{TOPO.control_bucket}.$KV.{TOPO.control_bucket}.runs.*",
+        f"$JS.API.STREAM.PURGE.KV_{TOPO.leases_bucket}",
     )
 
 

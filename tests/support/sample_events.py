@@ -69,6 +69,7 @@ def instances() -> dict[str, Envelope]:
                 environment="docker", n_concurrent_trials=8, environment_kwargs={"cpus": 2}
             ),
             retry=RetrySpec(max_attempts=5),
+            experiment_trials=12,
         ),
         "trial_requested_resumed": TrialRequested(
             **env(3),

@@ -22,6 +22,7 @@ def make_request(
     max_attempts: int = 3,
     backoff_s: float = 2.0,
     max_backoff_s: float = 60.0,
+    experiment_trials: int | None = None,
 ) -> TrialRequested:
     """A work message as the submitter publishes it."""
     return TrialRequested(
@@ -37,6 +38,7 @@ def make_request(
             backoff_seconds=backoff_s,
             max_backoff_seconds=max_backoff_s,
         ),
+        experiment_trials=experiment_trials,
     )
 
 

@@ -82,6 +82,7 @@ class World:
         coord: InMemoryCoordinator | None = None,
         bus: RecordingBus | None = None,
         runner_id: str = "runner-1",
+        admission: int = 32,
     ) -> None:
         self.clock = Clock()
         self.bus = bus or RecordingBus()
@@ -97,6 +98,7 @@ class World:
             runner_id=runner_id,
             host="node-a",
             heartbeat_s=heartbeat_s,
+            admission=admission,
             log_sinks=self._sink_for,
             rng=random.Random(7),
         )
@@ -493,3 +495,93 @@ async def test_a_runner_without_the_trials_environment_ends_it_naming_what_is_mi
     able = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
     able.handler._offers = frozenset({"local", "docker"})
     assert await able.handle(req) == ACK and len(able.executor.calls) == 1
+
+
+async def test_no_slot_is_taken_when_the_limit_cannot_bind(tmp_path: Path) -> None:
+    async def holders_while_running(experiment_trials: int | None) -> list[str]:
+        executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+        world = World(executor)
+        req = make_request(limit=2, experiment_trials=experiment_trials)
+        task = asyncio.create_task(world.handle(req))
+        await executor.running.wait()
+        holders = world.coord.holders(req.experiment_id)
+        executor.release.set()
+        assert await asyncio.wait_for(task, 10) == ACK
+        assert kinds(world.bus) == ["trial_started", "trial_completed"]
+        return holders
+
+    # Two trials under a limit of two: the limit cannot bind, no slot is needed.
+    assert await holders_while_running(experiment_trials=2) == []
+    # Negative controls: three trials (it binds), or a count the submitter did not give.
+    assert await holders_while_running(experiment_trials=3) == ["runner-1"]
+    assert await holders_while_running(experiment_trials=None) == ["runner-1"]
+
+
+class GatedAttempts(InMemoryCoordinator):
+    """Holds every ``next_attempt`` until ``gate`` is set; counts the callers waiting."""
+
+    def __init__(self) -> None:
+        super().__init__(lease_ttl_s=60.0)
+        self.gate = asyncio.Event()
+        self.waiting = 0
+        self.arrived = asyncio.Event()
+
+    async def next_attempt(self, run_id: str) -> int:
+        self.waiting += 1
+        self.arrived.set()
+        self.arrived = asyncio.Event()
+        await self.gate.wait()
+        return await super().next_attempt(run_id)
+
+
+async def test_admission_bounds_the_trials_starting_at_once_and_keeps_the_rest_alive(
+    tmp_path: Path,
+) -> None:
+    async def starting_at_once(admission: int) -> tuple[int, int]:
+        coord = GatedAttempts()
+        world = World(
+            ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
+            coord=coord,
+            heartbeat_s=0.01,
+            admission=admission,
+        )
+        reqs = [make_request(f"hello__000{i}", limit=8) for i in range(3)]
+        tasks = [asyncio.create_task(world.handle(r)) for r in reqs]
+        while coord.waiting < admission:
+            await asyncio.wait_for(coord.arrived.wait(), 10)
+        if admission < len(reqs):
+            # The ones waiting for admission keep their messages alive meanwhile.
+            await asyncio.wait_for(world.keep_alive.beats(3), 10)
+        at_once = coord.waiting
+        coord.gate.set()
+        assert await asyncio.wait_for(asyncio.gather(*tasks), 10) == [ACK] * 3
+        assert len(world.bus.of_type(TrialCompleted)) == 3
+        return at_once, world.keep_alive.count
+
+    at_once, beats = await starting_at_once(admission=1)
+    assert at_once == 1 and beats >= 3
+    # Negative control: with room for all three, all three reach the attempt counter.
+    at_once, _ = await starting_at_once(admission=3)
+    assert at_once == 3
+
+
+class StartNotConfirmed(RecordingBus):
+    """Every TrialStarted publish fails as one JetStream did not confirm."""
+
+    async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
+        if isinstance(event, TrialStarted):
+            await asyncio.sleep(0)
+            raise TransientError("no ack from JetStream")
+        return await super().publish(event, msg_id=msg_id)
+
+
+async def test_a_start_that_cannot_be_announced_stops_the_run_at_once(tmp_path: Path) -> None:
+    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+    world = World(executor, bus=StartNotConfirmed())
+    req = make_request()
+    verdict = await asyncio.wait_for(world.handle(req), 10)
+    assert (verdict.action, verdict.reason) == ("nak", "transient")
+    # The blocked run did not go on to its end: it was stopped, nothing final reported.
+    assert executor.was_cancelled
+    assert world.bus.published == []
+    assert world.coord.holders(req.experiment_id) == []

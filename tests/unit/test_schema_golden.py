@@ -18,7 +18,9 @@ from schemas.events import EVENT_TYPES, encode_event, parse_event
 from tests.support.sample_events import instances
 
 # Schema version 2 (no host paths on the wire: TaskRef without path, TrialCompleted
-# and TrialFailed point at their stored trial folder; pools in compute). Version 1 was
+# and TrialFailed point at their stored trial folder; pools in compute; a work message
+# says how many trials its submission has, so runners skip a limit that cannot bind).
+# Version 1 was
 # captured before the models were refactored (commit bffb854).
 # name -> (encode_event bytes, dedup_id()).
 GOLDEN: dict[str, tuple[bytes, str]] = {
@@ -42,7 +44,7 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
         b'"compute":{"environment":"docker","environment_kwargs":{"cpus":2},'
         b'"n_concurrent_trials":8,"timeout_multiplier":1.0,"pool":"default",'
         b'"requires":[]},"retry":{"max_attempts":5,"backoff_seconds":2.0,'
-        b'"max_backoff_seconds":60.0},"run_id":""}',
+        b'"max_backoff_seconds":60.0},"experiment_trials":12,"run_id":""}',
         "hello-file__0123456789abcdef",
     ),
     "trial_requested_resumed": (
@@ -55,7 +57,8 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
         b'"kwargs":{},"api_key_env":[]},"repetition":0,"compute":{"environment":"local",'
         b'"environment_kwargs":{},"n_concurrent_trials":4,"timeout_multiplier":1.0,'
         b'"pool":"default","requires":[]},"retry":{"max_attempts":3,'
-        b'"backoff_seconds":2.0,"max_backoff_seconds":60.0},"run_id":"t1:resume:2"}',
+        b'"backoff_seconds":2.0,"max_backoff_seconds":60.0},"experiment_trials":null,'
+        b'"run_id":"t1:resume:2"}',
         "t1:resume:2",
     ),
     "trial_started": (

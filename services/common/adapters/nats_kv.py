@@ -3,7 +3,10 @@
 - **Concurrency leases** (bucket ``<P>_LEASES``, TTL = lease_ttl): an experiment's
   ``compute.n_concurrent_trials`` is a limit across ALL runners. A runner holds slot
   ``<experiment>.<i>`` while a trial runs and renews it with every heartbeat; a runner
-  that dies loses its leases when the TTL passes, so slots are never leaked.
+  that dies loses its leases when the TTL passes, so slots are never leaked. A slot is
+  taken by one conditional write (expected last sequence 0: the key has no message at
+  all) and given back by purging the key's subject from the bucket's stream, which
+  leaves no purge marker behind: taking and releasing cost one round trip each.
 - **Cancellation** (bucket ``<P>_CONTROL``, key ``cancel.<experiment>``).
 - **Pause** (key ``pause.<experiment>``, written and purged by the submitter): runners
   hand a paused experiment's work messages back unstarted (docs/scheduling.md).
@@ -41,6 +44,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from infra.nats_permissions import kv_stream
 from schemas.subjects import Topology
 from services.common.ports import Lease, Spend
 
@@ -55,8 +59,18 @@ def _key(text: str) -> str:
 class NatsCoordinator:
     """The Coordinator port over NATS KV: leases, cancellation flags, attempt counters, endings."""
 
-    def __init__(self, leases: KeyValue, control: KeyValue, *, cache_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        leases: KeyValue,
+        control: KeyValue,
+        *,
+        js: JetStreamContext,
+        leases_bucket: str,
+        cache_s: float = 1.0,
+    ) -> None:
         self._leases = leases
+        self._js = js
+        self._leases_bucket = leases_bucket
         self._control = control
         self._cache_s = cache_s
         self._cancelled: dict[str, tuple[float, bool]] = {}
@@ -70,7 +84,7 @@ class NatsCoordinator:
         """Open (creating when missing) the two buckets."""
         leases = await _bucket(js, topology.leases_bucket, ttl=lease_ttl_s, replicas=replicas)
         control = await _bucket(js, topology.control_bucket, ttl=None, replicas=replicas)
-        return cls(leases, control)
+        return cls(leases, control, js=js, leases_bucket=topology.leases_bucket)
 
     # -- concurrency -------------------------------------------------------------------
     async def acquire(self, experiment_id: str, limit: int, holder: str) -> Lease | None:
@@ -79,13 +93,15 @@ class NatsCoordinator:
         Slots are probed from a random start; for large limits at most
         ``MAX_PROBES`` slots are tried, so a saturated experiment costs a bounded
         number of KV calls per attempt (a miss only delays the trial: it is handed
-        back and tried again).
+        back and tried again). Each probe is one conditional write that succeeds only
+        on a key without any message (``release`` leaves none): a held slot costs one
+        round trip to pass over, not the get that nats-py's ``create`` adds.
         """
         start = random.randrange(limit)
         for step in range(min(limit, MAX_PROBES)):
             key = f"{experiment_id}.{(start + step) % limit}"
             try:
-                revision = await self._leases.create(key, holder.encode())
+                revision = await self._leases.update(key, holder.encode(), last=0)
             except KeyWrongLastSequenceError:
                 continue
             return Lease(key, revision)
@@ -97,8 +113,15 @@ class NatsCoordinator:
         return Lease(lease.key, revision)
 
     async def release(self, lease: Lease) -> None:
-        with contextlib.suppress(KeyNotFoundError):
-            await self._leases.purge(lease.key)
+        """Remove every message of the slot's key: the next conditional take succeeds.
+
+        A KV purge would leave a marker that the next take must read and then overwrite
+        (three round trips); a subject purge of the bucket's stream leaves nothing.
+        Keys a runner of an older release purged the KV way expire with the TTL.
+        """
+        await self._js.purge_stream(
+            kv_stream(self._leases_bucket), subject=f"$KV.{self._leases_bucket}.{lease.key}"
+        )
 
     # -- cancellation ------------------------------------------------------------------
     async def cancel(self, experiment_id: str) -> None:
@@ -147,6 +170,10 @@ class NatsCoordinator:
     async def next_attempt(self, run_id: str) -> int:
         """Count one more start of ``run_id`` and return the new count (1 first)."""
         key = f"runs.{_key(run_id)}"
+        # Most starts are first attempts: one conditional write, no read before it.
+        with contextlib.suppress(KeyWrongLastSequenceError):
+            await self._control.update(key, b"1", last=0)
+            return 1
         while True:
             try:
                 entry = await self._control.get(key)
