@@ -28,7 +28,8 @@ from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import apply_settle
 from services.common.errors import Settle, settle_error
 from services.common.logging import get_logger
-from services.runner.handlers import TRANSIENT_RETRY_DELAY_S, KeepAlive
+from services.runner.attempt import KeepAlive
+from services.runner.handlers import TRANSIENT_RETRY_DELAY_S
 
 log = get_logger(__name__)
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from schemas.events import (
@@ -60,14 +60,12 @@ from schemas.events import (
 from services.common.errors import ACK, InternalError, Settle, nak, settle_error
 from services.common.logging import get_logger
 from services.common.pools import required_capabilities
-from services.common.ports import Coordinator, EventBus, ExecutionOutcome, Executor, Lease, LogSink
+from services.common.ports import Coordinator, EventBus, Executor, Lease, LogSink
 from services.common.trial_folders import TrialFolders
 from services.runner import guards, policy
+from services.runner.attempt import KeepAlive, run_attempt
 
 log = get_logger(__name__)
-
-KeepAlive = Callable[[], Awaitable[None]]
-"""Tells the broker the message is still being worked on (JetStream in_progress)."""
 
 LogSinks = Callable[[TrialRequested], LogSink | None]
 """Gives the live-output sink of a trial (None: live logs are off)."""
@@ -159,7 +157,16 @@ class TrialHandler:
         attempt, lease, announced = started
         bound = bound.bind(attempt=attempt)
         try:
-            outcome = await self._execute(request, attempt, lease, keep_alive, announced)
+            sink = self._log_sinks(request) if self._log_sinks is not None else None
+            outcome = await run_attempt(
+                self._executor.run(request, attempt, sink),
+                announced,
+                coordinator=self._coord,
+                experiment_id=request.experiment_id,
+                lease=lease,
+                keep_alive=keep_alive,
+                heartbeat_s=self._heartbeat_s,
+            )
             # TrialStarted went out beside the executor: it is confirmed before the ending
             # is stored or published, so consumers see it first.
             await announced
@@ -308,60 +315,3 @@ class TrialHandler:
         for event in events:
             await self._bus.publish(event)
         return decision.settle
-
-    async def _execute(
-        self,
-        request: TrialRequested,
-        attempt: int,
-        lease: Lease | None,
-        keep_alive: KeepAlive,
-        announced: asyncio.Task[bool],
-    ) -> ExecutionOutcome | None:
-        """Run the attempt with heartbeats; None when the experiment was cancelled.
-
-        TrialStarted's publish (``announced``) runs beside the executor; when it fails,
-        the run is stopped at once and its error raised: an attempt that cannot be
-        reported is handed back, not paid for to the end.
-        """
-        sink = self._log_sinks(request) if self._log_sinks is not None else None
-        run = asyncio.create_task(self._executor.run(request, attempt, sink))
-        cancelled = asyncio.Event()
-        beat = asyncio.create_task(self._heartbeat(request, lease, run, cancelled, keep_alive))
-        try:
-            await asyncio.wait({run, announced}, return_when=asyncio.FIRST_EXCEPTION)
-            if not run.done():  # only a failed announcement returns before the run ends
-                run.cancel()
-                await asyncio.wait({run})
-                announced.result()  # raises the publish's error
-            return run.result()  # CancelledError when the experiment's cancellation stopped it
-        except asyncio.CancelledError:
-            if not cancelled.is_set():
-                raise  # shutdown, not the experiment's cancellation
-            return None
-        finally:
-            beat.cancel()
-            if not run.done():  # shutdown: stop the run and let it clean up first
-                run.cancel()
-                await asyncio.wait({run})
-
-    async def _heartbeat(
-        self,
-        request: TrialRequested,
-        lease: Lease | None,
-        run: asyncio.Task[ExecutionOutcome],
-        cancelled: asyncio.Event,
-        keep_alive: KeepAlive,
-    ) -> None:
-        """Keep the message, and the experiment's slot, ours; stop a cancelled trial."""
-        while True:
-            await asyncio.sleep(self._heartbeat_s)
-            try:
-                await keep_alive()
-                if lease is not None:
-                    lease = await self._coord.renew(lease)
-                if await self._coord.is_cancelled(request.experiment_id, fresh=True):
-                    cancelled.set()
-                    run.cancel()
-                    return
-            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next tick
-                log.warning("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
