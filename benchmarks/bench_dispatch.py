@@ -1,19 +1,19 @@
-"""9. The runner's path to a trial's start: today's round trips against the proposed ones.
+"""9. The runner's path to a trial's start: before the issue-12 change and now.
 
 What the runner's handler awaits between taking a work message and handing the trial
-to the executor, replayed with trialbus's own ``NatsCoordinator`` on a fresh
-nats-server, without the rest of the runner:
+to the executor, replayed on a fresh nats-server without the rest of the runner:
 
-- **today**: the ending check (KV get), the experiment's lease (KV create on a slot
-  key that an earlier trial released by purge: nats-py's create then fails, reads the
-  purge marker and updates, three round trips), the attempt counter (KV get, then
-  create), and the TrialStarted publish, awaited before the trial starts;
-- **proposed**: the ending check and the lease together (``asyncio.gather``); a lease
-  taken by one ``update(last=0)`` per probed slot and released by a stream purge of
-  its subject (no marker left behind, so a free slot has no message at all); the
-  attempt counted by create first (get + update only for a retry);
-  the trial starts while TrialStarted's publish is in flight (awaited before the
-  trial's ending is published, so the events keep their order).
+- **before** (the KV calls as they were, kept here as the reference): the ending check
+  (KV get), the experiment's lease (KV create on a slot key that an earlier trial
+  released by KV purge: nats-py's create then fails, reads the purge marker and
+  updates, three round trips), the attempt counter (KV get, then create), and the
+  TrialStarted publish, awaited before the trial starts;
+- **now** (trialbus's own ``NatsCoordinator``, in the order of
+  services/runner/handlers.py): the ending check and the lease together
+  (``asyncio.gather``); a lease taken by one conditional write per probed slot and
+  released by a stream purge of its subject (no marker left behind); the attempt
+  counted by a conditional write first; the trial starts while TrialStarted's publish
+  is in flight (awaited before the trial's ending would be published).
 
 Each is measured on an idle event loop and on one kept busy the way Harbor's
 synchronous work keeps the runner's loop busy (a task that blocks it for
@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 import nats
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
-from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, median, percentile
 from infra.embedded import NatsServer
@@ -60,60 +60,62 @@ class Paths:
     def _started(self, run_id: str) -> bytes:
         return b'{"type":"trial_started","run_id":"' + run_id.encode() + b'"}'
 
-    async def today(self, run_id: str) -> float:
+    async def before(self, run_id: str) -> float:
         """Seconds to the trial's start; the lease is released afterwards (not timed)."""
         t0 = time.perf_counter()
         await self.coord.ending(run_id)
         await self.coord.is_cancelled(self.exp)
         lease = None
         while lease is None:
-            lease = await self.coord.acquire(self.exp, LIMIT, "runner")
-        await self.coord.next_attempt(run_id)
+            lease = await self._create_lease()
+        await self._attempt_get_first(run_id)
         await self.js.publish(f"{self.topo.prefix}.events.started.x", self._started(run_id))
         started = time.perf_counter() - t0
-        await self.coord.release(lease)
+        await self.coord._leases.purge(lease.key)  # a KV purge: leaves a marker
         return started
 
-    async def proposed(self, run_id: str) -> float:
-        """The same with the proposed order and KV calls (see the module docstring)."""
+    async def now(self, run_id: str) -> float:
+        """The same with the coordinator's calls, in the handler's order."""
         t0 = time.perf_counter()
-        _ended, _cancelled, lease = await asyncio.gather(
-            self.coord.ending(run_id), self.coord.is_cancelled(self.exp), self._acquire()
+        _cancelled = await self.coord.is_cancelled(self.exp)
+        _ended, lease = await asyncio.gather(
+            self.coord.ending(run_id), self.coord.acquire(self.exp, LIMIT, "runner")
         )
         while lease is None:
-            lease = await self._acquire()
-        await self._attempt_create_first(run_id)
+            lease = await self.coord.acquire(self.exp, LIMIT, "runner")
+        await self.coord.next_attempt(run_id)
         ack = asyncio.ensure_future(
             self.js.publish(f"{self.topo.prefix}.events.started.x", self._started(run_id))
         )
         started = time.perf_counter() - t0
         await ack  # before the ending would be published
-        await self.js.purge_stream(
-            f"KV_{self.topo.leases_bucket}", subject=f"$KV.{self.topo.leases_bucket}.{lease.key}"
-        )
+        await self.coord.release(lease)
         return started
 
-    async def _acquire(self) -> Lease | None:
-        """One KV write per probe: ``update(last=0)`` succeeds only on a slot key with no
-        message at all (released by stream purge, or expired by the bucket's TTL)."""
+    async def _create_lease(self) -> Lease | None:
+        """The lease as it was taken: nats-py's ``create`` per probed slot."""
         leases = self.coord._leases  # the coordinator's own bucket handle
         start = random.randrange(LIMIT)
         for step in range(LIMIT):
             key = f"{self.exp}.{(start + step) % LIMIT}"
             try:
-                return Lease(key, await leases.update(key, b"runner", last=0))
+                return Lease(key, await leases.create(key, b"runner"))
             except KeyWrongLastSequenceError:
                 continue
         return None
 
-    async def _attempt_create_first(self, run_id: str) -> int:
+    async def _attempt_get_first(self, run_id: str) -> int:
+        """The attempt counter as it was: a get, then a create for a first attempt."""
         control = self.coord._control  # the coordinator's own bucket handle
         key = f"runs.{run_id}"
         try:
+            entry = await control.get(key)
+        except KeyNotFoundError:
             await control.create(key, b"1")
             return 1
-        except KeyWrongLastSequenceError:  # a retry: today's get + update
-            return await self.coord.next_attempt(run_id)
+        n = int(entry.value or b"0") + 1
+        await control.update(key, str(n).encode(), last=entry.revision)
+        return n
 
 
 async def _hog(stop: asyncio.Event) -> None:
@@ -147,12 +149,12 @@ async def measure(nats_url: str, n: int) -> dict[str, list[float]]:
         await js.add_stream(StreamConfig(name=topo.events_stream, subjects=[f"{topo.prefix}.>"]))
         coord = await NatsCoordinator.open(js, topo, lease_ttl_s=60)
         out: dict[str, list[float]] = {}
-        for name in ("today", "proposed"):
-            # Each path on its own experiment's slot keys, warmed by itself: today's
-            # releases leave purge markers, which the proposed lease never reuses (they
-            # go with the leases bucket's TTL after a switch-over).
+        for name in ("before", "now"):
+            # Each path on its own experiment's slot keys, warmed by itself: the old
+            # releases leave purge markers, which the new lease never reuses (they go
+            # with the leases bucket's TTL after a switch-over).
             paths = Paths(js, coord, topo)
-            path = paths.today if name == "today" else paths.proposed
+            path = paths.before if name == "before" else paths.now
             await _measure(path, 2 * LIMIT, busy=False)
             for busy in (False, True):
                 key = f"{name}_{'busy' if busy else 'idle'}"
@@ -175,21 +177,21 @@ def run(ctx: Context) -> BenchResult:
     def p(key: str, q: float) -> float:
         return median([percentile(run[key], q) for run in per_run])
 
-    keys = ("today_idle", "proposed_idle", "today_busy", "proposed_busy")
+    keys = ("before_idle", "now_idle", "before_busy", "now_busy")
     peers = [Figure(f"{k}_p50", p(k, 50), "ms") for k in keys]
     peers += [Figure(f"{k}_p99", p(k, 99), "ms") for k in keys]
-    ratio = [median(run["proposed_busy"]) / median(run["today_busy"]) for run in per_run]
+    ratio = [median(run["now_busy"]) / median(run["before_busy"]) for run in per_run]
     peers.append(
         Figure(
             "idle_ratio",
-            p("proposed_idle", 50) / p("today_idle", 50),
+            p("now_idle", 50) / p("before_idle", 50),
             "ratio",
-            "proposed / today, p50, idle loop",
+            "now / before, p50, idle loop",
         )
     )
     return BenchResult(
         name="dispatch",
-        title="Runner's path to a trial's start, busy loop: proposed / today (p50)",
+        title="Runner's path to a trial's start, busy loop: now / before (p50)",
         value=median(ratio),
         unit="ratio",
         target=0.5,

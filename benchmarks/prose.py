@@ -86,7 +86,7 @@ KEY_PEERS: dict[str, list[str]] = {
     "latency": ["observed_p99", "dispatch_p50", "kv_create_rtt_p50"],
     "objects": ["harbor_archive_bytes", "instant_ms_per_trial", "harbor_raw_put_ceiling"],
     "ledger": ["records_for_ms", "leaderboard_ms", "experiment_ids_ms", "load_s", "disk_mib"],
-    "dispatch": ["today_busy_p50", "proposed_busy_p50", "idle_ratio"],
+    "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
 }
 """The figures shown in the summary table (all figures are in each section)."""
 
