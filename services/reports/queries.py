@@ -110,9 +110,11 @@ async def experiment_leaderboard(
     return exp_id, [r.as_dict() for r in rows]
 
 
-async def experiment_report(ledger: Ledger, experiment_id: str | None) -> dict[str, Any]:
+async def experiment_report(
+    ledger: Ledger, experiment_id: str | None, *, required: bool = True
+) -> dict[str, Any]:
     """The full report of one experiment (``services.reports.report.build_report``)."""
-    exp_id, info, records = await load_experiment(ledger, experiment_id)
+    exp_id, info, records = await load_experiment(ledger, experiment_id, required=required)
     return await asyncio.to_thread(build_report, exp_id, records, info)
 
 
