@@ -229,7 +229,7 @@ async def test_the_page_fragments_show_the_json_numbers_escaped() -> None:
     _, board = await queries.experiment_leaderboard(ledger, "exp")
     for r in board:
         cells = leaderboard_cells(r)
-        assert f'<td class="num">{cells["mean"]}</td>' in html["leaderboard"]
+        assert f'data-label="Mean reward">{cells["mean"]}</td>' in html["leaderboard"]
         assert charts.bars_label(r) in html["leaderboard"]
     assert html["leaderboard"].count("<svg") == len(board)
     assert "&lt;script&gt;x&lt;/script&gt;" in html["matrix"]
