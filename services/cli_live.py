@@ -69,6 +69,19 @@ def status_text(line: dict[str, Any]) -> str:
     )
 
 
+def status_table(experiment: str, counts: dict[str, Any]) -> Table:
+    """``trialbus status EXP``: the counts, the budget line, and a paused experiment said
+    in words with the way out (``trialbus resume``)."""
+    table = Table(title=f"status: {escape(experiment)}")
+    table.add_column("state")
+    table.add_column("trials", justify="right")
+    for k, v in counts.items():
+        if k == "paused":
+            v = f"yes: queued trials wait for `trialbus resume {escape(experiment)}`" if v else "no"
+        table.add_row(k, escape(str(v)))
+    return table
+
+
 def runners_table(rows: list[RunnerRow]) -> Table:
     """The runner fleet: one line per live runner record, stale ones marked."""
     table = Table(title="runners", caption="stale: missed a heartbeat (it drops out after its TTL)")
@@ -105,23 +118,20 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
             float | None, typer.Option(help="With --follow: give up after this many seconds.")
         ] = None,
     ) -> None:
-        """Counts of an experiment's trials by state; --follow: live until every trial ends."""
-        from services.reports.queries import experiment_status
-        from services.submitter.commands import read
+        """Counts of an experiment's trials by state, and whether it is paused; --follow:
+        live until every trial ends."""
+        from services.submitter.follow import experiment_status
 
         if follow:
             raise typer.Exit(follow_status(run, out, experiment, json_out, timeout))
         settings = settings_for(CommonSettings)
-        counts: dict[str, int] = run(lambda: read(settings, experiment_status, experiment))
+        counts, reached = run(lambda: experiment_status(settings, experiment))
+        if not reached:
+            err.print("warning: NATS is out of reach: whether the experiment is paused is unknown")
         if json_out:
             out.print_json(json.dumps(counts))
             return
-        table = Table(title=f"status: {escape(experiment)}")
-        table.add_column("state")
-        table.add_column("trials", justify="right")
-        for k, v in counts.items():
-            table.add_row(k, str(v))
-        out.print(table)
+        out.print(status_table(experiment, counts))
 
     @app.command()
     def experiments(json_out: JsonOpt = False) -> None:

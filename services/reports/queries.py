@@ -44,14 +44,25 @@ async def load_experiment(
     return experiment_id, info, records
 
 
-async def experiment_status(ledger: Ledger, experiment_id: str) -> dict[str, int | str]:
-    """Counts of an experiment's trials by state (``status_counts``), and with a budget
-    in the manifest, ``budget``: what the recorded trials spent of it."""
+async def experiment_status(
+    ledger: Ledger, experiment_id: str, *, paused_of: PausedOf | None = None
+) -> dict[str, int | str | bool]:
+    """Counts of an experiment's trials by state (``status_counts``); with a budget in
+    the manifest, ``budget``: what the recorded trials spent of it; with ``paused_of``
+    (the coordinator's flag), ``paused``: whether its queued trials wait for a resume.
+
+    ``paused`` is False once every trial is recorded (nothing waits any more), as the
+    dashboard's and ``status --follow``'s state say; without ``paused_of`` (NATS out of
+    reach) the key is absent: unknown, not False.
+    """
     _, info, records = await load_experiment(ledger, experiment_id)
-    status: dict[str, int | str] = dict(status_counts(records, info))
+    counts = status_counts(records, info)
+    status: dict[str, int | str | bool] = dict(counts)
     spent = spent_line(records, info)
     if spent is not None:
         status["budget"] = spent
+    if paused_of is not None:
+        status["paused"] = bool(counts["pending"] and await paused_of(experiment_id))
     return status
 
 
@@ -110,9 +121,11 @@ async def experiment_leaderboard(
     return exp_id, [r.as_dict() for r in rows]
 
 
-async def experiment_report(ledger: Ledger, experiment_id: str | None) -> dict[str, Any]:
+async def experiment_report(
+    ledger: Ledger, experiment_id: str | None, *, required: bool = True
+) -> dict[str, Any]:
     """The full report of one experiment (``services.reports.report.build_report``)."""
-    exp_id, info, records = await load_experiment(ledger, experiment_id)
+    exp_id, info, records = await load_experiment(ledger, experiment_id, required=required)
     return await asyncio.to_thread(build_report, exp_id, records, info)
 
 

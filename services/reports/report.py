@@ -13,6 +13,7 @@ from typing import Any
 from schemas.record import TrialRecord
 from services.common.ports import ExperimentInfo
 from services.reports import stats
+from services.reports.budget import budget_usage
 from services.reports.leaderboard import LeaderboardRow, leaderboard, status_counts, usage_totals
 from services.reports.scoring import (
     MIN_SCORED,
@@ -40,14 +41,28 @@ def scoring_rules(min_scored: int) -> dict[str, Any]:
     }
 
 
+def cell_outcome(n_recorded: int, n_scored: int, n_passed: int) -> str:
+    """A task x agent cell in one word: ``passed`` (every scored attempt passed),
+    ``failed`` (none did), ``mixed``, ``unscored`` (recorded, none scored: see the
+    cell's causes) or ``pending`` (no record yet)."""
+    if not n_recorded:
+        return "pending"
+    if not n_scored:
+        return "unscored"
+    if n_passed == n_scored:
+        return "passed"
+    return "failed" if n_passed == 0 else "mixed"
+
+
 def task_cell(records: Sequence[TrialRecord], min_scored: int) -> dict[str, Any]:
-    """One task x agent: counts, rate and mean (None without a scored attempt;
+    """One task x agent: outcome, counts, rate and mean (None without a scored attempt;
     ``too_few`` below ``min_scored``)."""
     rewards = [r for rec in records if (r := scored_reward(rec)) is not None]
     n_passed = sum(1 for v in rewards if passes(v))
     causes = Counter(unscored_cause(r) for r in records if scored_reward(r) is None)
     rate = estimate_rate(n_passed, len(rewards), min_scored)
     return {
+        "outcome": cell_outcome(len(records), len(rewards), n_passed),
         "n_recorded": len(records),
         "n_scored": len(rewards),
         "n_passed": n_passed,
@@ -139,4 +154,7 @@ def build_report(
         # Over every recorded trial, with how many report each figure (cost: unknown
         # for a trial without a price or usage, never 0).
         "usage": usage_totals(recs, [r for r in recs if scored_reward(r) is not None]),
+        # The manifest's budget against the recorded spend (None without a budget);
+        # its ``line`` is ``trialbus status``'s ``budget``.
+        "budget": budget_usage(recs, info),
     }

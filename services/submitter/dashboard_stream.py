@@ -33,6 +33,7 @@ from schemas.events import (
 from schemas.record import TrialRecord
 from services.common.ports import Ledger
 from services.reports import formatting, queries
+from services.submitter import dashboard_charts as charts
 from services.submitter import dashboard_views as views
 from services.submitter.live_feeds import LiveFeeds
 
@@ -51,8 +52,8 @@ class Sections:
     def html(self) -> dict[str, str]:
         """Element id -> the fragment that replaces its content."""
         return {
-            "leaderboard": views.PAGES.get_template("_leaderboard.html").render(**self.context),
-            "trials": views.PAGES.get_template("_trials.html").render(**self.context),
+            part: views.PAGES.get_template(f"_{part}.html").render(**self.context)
+            for part in ("leaderboard", "matrix", "usage", "trials")
         }
 
 
@@ -62,13 +63,24 @@ async def sections(
     records: Sequence[TrialRecord],
     started: Mapping[str, TrialStarted],
 ) -> Sections:
-    """The leaderboard (``queries.experiment_leaderboard``, as the JSON API) and trials."""
-    _, board = await queries.experiment_leaderboard(ledger, experiment_id, required=False)
+    """The leaderboard with its error bars, the task x agent matrix, cost and budget
+    (``queries.experiment_report``, as the JSON API's report) and the trials."""
+    report = await queries.experiment_report(ledger, experiment_id, required=False)
+    board = report["leaderboard"]
+    scale = charts.mean_scale(board)
     rows = views.trial_rows(records, started)
     shown = rows[:TRIAL_ROWS_MAX]
     return Sections(
         {
-            "board": [views.leaderboard_cells(r) for r in board],
+            "board": [
+                {**views.leaderboard_cells(r), "bars": charts.error_bars(r, scale)} for r in board
+            ],
+            "bars_legend": charts.bars_legend(scale),
+            "matrix": charts.matrix(report),
+            "usage": charts.usage_rows(board),
+            "total_cost": formatting.total_cost(report) if formatting.shows_cost(board) else "",
+            "budget": report["budget"],
+            "meters": charts.budget_meters(report["budget"]),
             "trials": [{**asdict(t), "url": views.trial_url(t.trial_id)} for t in shown],
             "hidden": len(rows) - len(shown),
             "experiment_id": experiment_id,

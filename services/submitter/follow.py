@@ -20,7 +20,7 @@ from services.common.errors import UserInputError
 from services.common.settings import CommonSettings
 from services.reports import queries
 from services.reports.progress import ExperimentRow, RunnerRow, runner_rows
-from services.submitter.connections import open_ledger, open_nats
+from services.submitter.connections import open_ledger, open_nats, try_open_nats
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
 
 UPDATE_INTERVAL_S = 0.5
@@ -56,6 +56,22 @@ async def list_experiments(settings: CommonSettings) -> list[ExperimentRow]:
             started_of(LiveFeeds(nats.nc, nats.settings.topology)),
             paused_of=coordinator.is_paused,
         )
+
+
+async def experiment_status(
+    settings: CommonSettings, experiment_id: str
+) -> tuple[dict[str, int | str | bool], bool]:
+    """``trialbus status EXP``: (the counts of ``queries.experiment_status`` with
+    ``paused``, whether NATS answered). The pause flag lives on the bus (the control
+    bucket); the counts need only the ledger, so without NATS they still come, with
+    ``paused`` absent (unknown) rather than False."""
+    async with (
+        open_ledger(settings) as ledger,
+        try_open_nats(settings, "trialbus-status") as nats,
+    ):
+        paused_of = (await nats.coordinator()).is_paused if nats is not None else None
+        status = await queries.experiment_status(ledger, experiment_id, paused_of=paused_of)
+        return status, nats is not None
 
 
 async def follow_status(

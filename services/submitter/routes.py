@@ -259,9 +259,13 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         )
 
     @router.get("/experiments/{experiment_id}/status")
-    async def status(experiment_id: str, ports: PortsDep) -> dict[str, int | str]:
-        """Counts by state, and spend against a budget (as `trialbus status --json`)."""
-        return await queries.experiment_status(ports.ledger, experiment_id)
+    async def status(experiment_id: str, ports: PortsDep) -> dict[str, bool | int | str]:
+        """Counts by state, spend against a budget, and whether it is paused (as
+        `trialbus status --json`)."""
+        # bool first: pydantic's union keeps True a bool rather than reading it as 1.
+        return await queries.experiment_status(
+            ports.ledger, experiment_id, paused_of=ports.coordinator.is_paused
+        )
 
     @router.get("/experiments/{experiment_id}/leaderboard")
     async def board(experiment_id: str, ports: PortsDep) -> list[dict[str, Any]]:

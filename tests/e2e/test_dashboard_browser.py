@@ -1,8 +1,10 @@
 """The dashboard as a person uses it: Debian's chromium (headless, driven by Playwright)
 against a real stack running real trials. It logs in with the stack's token, opens
 the experiment page while the trials run, and watches the page update over SSE, with
-no reload, until the experiment completes; the leaderboard it shows equals the JSON
-API's (the numbers of `trialbus leaderboard --json`); a trial's page shows its record.
+no reload, until the experiment completes; the leaderboard it shows, and its error
+bars, carry the numbers of `trialbus leaderboard --json`; the task x agent matrix is
+there, as cards at phone width; the static parts need no JavaScript; a trial's page
+shows its record.
 
 Screenshots go to .trialbus/screenshots/ (not in git) for humans to look at.
 """
@@ -109,14 +111,48 @@ async def test_experiment_page_updates_live_until_complete(stacks: Stacks) -> No
             assert int(await page.inner_text("[data-count=done]")) == summary["n_trials"]
             await page.screenshot(path=SHOTS / "experiment.png", full_page=True)
 
-            # The leaderboard on the page is the JSON API's, cell by cell.
-            rows = api.get(f"/experiments/{exp}/leaderboard").json()
+            # The leaderboard on the page is `trialbus leaderboard --json`'s, cell by
+            # cell, and each row's error bars carry the same numbers.
+            rows = await stacks.cli(stack).ajson("leaderboard", exp)
+            assert rows == api.get(f"/experiments/{exp}/leaderboard").json()
             shown = await page.eval_on_selector_all(
                 "#leaderboard tbody tr",
-                "rows => rows.map(r => [...r.cells].map(c => c.textContent.trim()))",
+                "rows => rows.map(r => [...r.cells].filter(c => !c.classList.contains('bars'))"
+                ".map(c => c.textContent.trim()))",
             )
             assert shown == [_cells(r) for r in rows]
             assert {r["agent"]: r["n_scored"] for r in rows} == {"oracle": 2, "nop": 2}
+            bars = await page.eval_on_selector_all(
+                "#leaderboard svg.bars", "svgs => svgs.map(s => s.getAttribute('aria-label'))"
+            )
+            assert bars == [_bars_label(r) for r in rows]
+            # The task x agent matrix: 2 tasks x 2 agents, each cell a symbol and words.
+            cells = await page.eval_on_selector_all(
+                "#matrix td.cell", "cells => cells.map(c => c.textContent.trim())"
+            )
+            assert sorted(cells) == ["✓ 1/1 passed"] * 2 + ["✗ 0/1 passed"] * 2, cells
+
+            # At phone width the matrix is one card per task: no sideways scroll.
+            await page.set_viewport_size({"width": 390, "height": 844})
+            assert await page.evaluate(
+                "(() => { const m = document.getElementById('matrix');"
+                " return m.scrollWidth <= m.clientWidth"
+                " && getComputedStyle(m.querySelector('thead')).display === 'none'"
+                " && getComputedStyle(m.querySelector('td.cell')).display === 'block'; })()"
+            )
+            await page.screenshot(path=SHOTS / "experiment-phone.png", full_page=True)
+            await page.set_viewport_size({"width": 1280, "height": 800})
+
+            # Without JavaScript the static parts are all there (bars, matrix).
+            still = await browser.new_context(
+                java_script_enabled=False, storage_state=await page.context.storage_state()
+            )
+            static_page = await still.new_page()
+            await static_page.goto(f"{base}/ui/experiments/{exp}")
+            assert await static_page.locator("#leaderboard svg.bars").count() == len(rows)
+            assert await static_page.locator("#matrix td.cell").count() == 4
+            assert await static_page.inner_text("#live-status") == "static"
+            await still.close()
 
             # A trial's page: its record.
             await page.click("#trials tbody tr a")
@@ -135,3 +171,9 @@ def _cells(row: dict[str, Any]) -> list[str]:
 
     cells = leaderboard_cells(row)
     return [cells[k] for k in ("agent", "mean", "pass_rate", "scored", "unscored", "note")]
+
+
+def _bars_label(row: dict[str, Any]) -> str:
+    from services.submitter.dashboard_charts import bars_label
+
+    return bars_label(row)

@@ -26,6 +26,7 @@ from schemas.record import Evaluation, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.common.settings import SubmitterSettings
@@ -285,7 +286,12 @@ def _records(experiment_id: str) -> list[TrialRecord]:
 
 
 async def test_the_cli_and_the_http_api_read_the_same_numbers(
-    client: Client, nats_url: str, ledger_url: str, ledger_db: str, tmp_path: Path
+    client: Client,
+    nats_url: str,
+    ledger_url: str,
+    ledger_db: str,
+    topology: Topology,
+    tmp_path: Path,
 ) -> None:
     experiment_id = "one-read-path"
     ledger = MongoLedger(ledger_url, ledger_db)
@@ -295,10 +301,19 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
         await ledger.upsert_experiment(ExperimentInfo(experiment_id, "one read path", 13, {}))
     finally:
         await ledger.close()
+    # Paused (its last trial waits): plain `status` and the API both say so.
+    nc = await nats.connect(nats_url)
+    try:
+        await (await NatsCoordinator.open(nc.jetstream(), topology, lease_ttl_s=60)).pause(
+            experiment_id
+        )
+    finally:
+        await nc.close()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
     env.update(
         NATS_URL=nats_url,
         LEDGER_URL=ledger_url,
+        TRIALBUS_PREFIX=topology.prefix,
         TRIALBUS_LEDGER_DB=ledger_db,
         TRIALBUS_STACK_FILE=str(tmp_path / "no-stack.json"),
     )
@@ -325,6 +340,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout) == http["/status"].json()
     assert http["/status"].json()["pending"] == 1  # 13 submitted, 12 recorded
+    assert http["/status"].json()["paused"] is True
     assert json.loads(board.stdout) == http["/leaderboard"].json()
     assert [r["agent"] for r in http["/leaderboard"].json()] == ["oracle", "nop"]
     assert json.loads(report.stdout) == http_report.json()

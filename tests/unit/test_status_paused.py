@@ -1,0 +1,66 @@
+"""Plain ``trialbus status EXP`` (and ``GET /experiments/{id}/status``) says when the
+experiment is paused: ``queries.experiment_status`` with the coordinator's flag, and the
+CLI's table (services/cli_live.status_table) in words with the way out."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from schemas.record import Provenance, TrialRecord
+from services.cli_live import status_table
+from services.common.adapters.memory import InMemoryCoordinator, InMemoryLedger
+from services.common.ports import ExperimentInfo
+from services.reports import queries
+from tests.support.records import single_reward
+
+
+def _record(i: int) -> TrialRecord:
+    return TrialRecord(
+        trial_id=f"hello__{i}",
+        experiment_id="exp",
+        status="complete",
+        provenance=Provenance(task_name="hello", agent_name="oracle"),
+        evaluation=single_reward(1.0),
+    )
+
+
+async def _world(n_records: int) -> tuple[InMemoryLedger, InMemoryCoordinator]:
+    ledger = InMemoryLedger()
+    await ledger.upsert_experiment(ExperimentInfo("exp", "p", 2, {}))
+    await ledger.upsert_records([_record(i) for i in range(n_records)])
+    return ledger, InMemoryCoordinator(lease_ttl_s=60)
+
+
+async def test_status_says_paused_while_trials_wait() -> None:
+    ledger, coord = await _world(1)
+    status = await queries.experiment_status(ledger, "exp", paused_of=coord.is_paused)
+    assert status["paused"] is False  # negative control: not paused
+    await coord.pause("exp")
+    status = await queries.experiment_status(ledger, "exp", paused_of=coord.is_paused)
+    assert status["paused"] is True and status["pending"] == 1
+    await coord.pause("other")  # another experiment's flag is not this one's
+    await coord.resume("exp")
+    assert not (await queries.experiment_status(ledger, "exp", paused_of=coord.is_paused))["paused"]
+
+
+async def test_a_finished_experiment_is_not_paused_and_unknown_is_not_false() -> None:
+    ledger, coord = await _world(2)
+    await coord.pause("exp")
+    status = await queries.experiment_status(ledger, "exp", paused_of=coord.is_paused)
+    assert status["paused"] is False  # nothing waits any more, as the dashboard's state
+    # Without the flag's reader (NATS out of reach) the key is absent, never False.
+    assert "paused" not in await queries.experiment_status(ledger, "exp")
+
+
+def _text(counts: dict[str, object]) -> str:
+    console = Console(width=200, record=True)
+    console.print(status_table("exp", counts))
+    return console.export_text()
+
+
+def test_the_table_says_paused_in_words_with_the_way_out() -> None:
+    paused = _text({"total": 2, "pending": 1, "paused": True})
+    assert "yes: queued trials wait for `trialbus resume exp`" in paused
+    running = _text({"total": 2, "pending": 1, "paused": False})
+    assert "paused" in running and "resume" not in running
+    assert "paused" not in _text({"total": 2, "pending": 1})
