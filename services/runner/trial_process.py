@@ -132,7 +132,7 @@ def job_config(req: TrialRequested, job_dir: Path) -> dict[str, Any]:
     }
 
 
-def load_policy_json(job: TrialJob) -> RunnerPolicy:
+def job_policy(job: TrialJob) -> RunnerPolicy:
     """The runner's policy sent with ``job`` (the safe default when none was)."""
     return RunnerPolicy.model_validate_json(job.policy_json) if job.policy_json else RunnerPolicy()
 
@@ -141,7 +141,7 @@ def trial_grant(job: TrialJob, request: TrialRequested) -> list[str]:
     """Secret names this trial may be given: its agent's ``api_key_env`` and the
     names its task templates, each only if the runner's policy allows it (a request
     naming another is refused before Harbor runs)."""
-    policy = load_policy_json(job)
+    policy = job_policy(job)
     names = [*request.agent.api_key_env, *(v for _, v in task_templates(Path(job.task_dir)))]
     return [n for n in names if n in policy.allowed_secrets and not forbidden_secret_name(n)]
 
@@ -151,7 +151,7 @@ def policy_refusals(job: TrialJob, request: TrialRequested) -> list[str]:
 
     Checked before Harbor sees the request: nothing it names is imported, no runner
     variable is resolved, no folder is made."""
-    policy = load_policy_json(job)
+    policy = job_policy(job)
     return [
         *request_refusals(policy, request.agent, request.compute),
         *task_template_refusals(policy, Path(job.task_dir), request.task.name),
@@ -166,7 +166,7 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
     request = TrialRequested.model_validate_json(job.request_json)
     # Before anything of the request runs: the runner's environment (its ledger and
     # bus credentials, cloud keys) is cut down to what this trial may see.
-    restrict_environ(trial_grant(job, request), load_policy_json(job).pass_env)
+    restrict_environ(trial_grant(job, request), job_policy(job).pass_env)
     refusals = policy_refusals(job, request)
     if refusals:
         return failed(POLICY_REFUSED, ("runner policy: " + "; ".join(refusals))[:2000])
