@@ -147,14 +147,25 @@ class RunnerPolicy(BaseModel):
         "base_url, any URL). None by default: agents use their provider's endpoint.",
     )
 
-    @field_validator("secret_names", "extra_secret_names")
+    pass_env: list[EnvName] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Runner variables every trial's process keeps besides the base list "
+        "(PATH, HOME, locale, TMPDIR, Docker's, ...) and its agent's api_key_env: e.g. "
+        "HTTPS_PROXY, or a cloud environment's credentials. Visible to agents and "
+        "Harbor, never redacted. None by default: the rest of the runner's environment "
+        "is removed from trials (docs/security.md).",
+    )
+
+    @field_validator("secret_names", "extra_secret_names", "pass_env")
     @classmethod
     def _no_runner_secrets(cls, names: list[str]) -> list[str]:
         for name in names:
             if forbidden_secret_name(name):
                 raise ValueError(
                     f"{name} is one of the runner's own variables (TRIALBUS_*, NATS_*, "
-                    "LEDGER_*, AWS_*, HOME, PATH, ...); no policy may pass it to a trial"
+                    "LEDGER_*, AWS_*, HOME, PATH, ...); no policy may pass it to a trial "
+                    "(PATH, HOME and the like reach every trial anyway)"
                 )
         return names
 

@@ -6,7 +6,8 @@ only what it measures). The batch consumers (importer, watcher) count what they
 consume and how each message was settled, time their batches and, through
 :class:`MeteredLedger`, every ledger write; FastStream's own Prometheus middleware adds
 its per-subscriber counters (``trialbus_faststream_*``). :func:`serve_metrics` runs the
-HTTP exporter when ``CommonSettings.metrics_port`` is set; the submitter serves
+HTTP exporter when ``CommonSettings.metrics_port`` is set (on ``metrics_addr``,
+loopback by default: the exporter has no authentication); the submitter serves
 ``/metrics`` on its API instead (services/submitter/app.py).
 
 Labels carry service names, actions, failure reasons and record statuses, never an
@@ -53,6 +54,8 @@ log = get_logger(__name__)
 _BATCH_SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000)
 CONSUMER_POLL_S = 5.0
 """How often a service reads its durable's pending counts (one small request)."""
+LOOPBACK = "127.0.0.1"
+"""Where exporters bind unless told otherwise (CommonSettings.metrics_addr)."""
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -161,11 +164,15 @@ class ServiceMetrics:
                     await t
 
 
-def serve_metrics(app: FastStream, metrics: ServiceMetrics, port: int | None) -> None:
-    """Serve ``metrics`` over HTTP on ``port`` (all interfaces) while ``app`` runs.
+def serve_metrics(
+    app: FastStream, metrics: ServiceMetrics, port: int | None, addr: str = LOOPBACK
+) -> None:
+    """Serve ``metrics`` over HTTP on ``addr``:``port`` while ``app`` runs.
 
-    None: no exporter. The page holds counts and durations only (labels name services,
-    verdicts and statuses), so it binds like any Prometheus exporter.
+    None: no exporter. The exporter has no authentication, so it binds the loopback
+    address unless the operator chooses another (``CommonSettings.metrics_addr``):
+    the page holds counts and durations only, but who runs what, how much and how it
+    fails is nobody else's business, and an open port is one more thing to reach.
     """
     if port is None:
         return
@@ -173,9 +180,9 @@ def serve_metrics(app: FastStream, metrics: ServiceMetrics, port: int | None) ->
 
     @app.on_startup
     async def start_exporter() -> None:
-        server, _thread = start_http_server(port, registry=metrics.registry)
+        server, _thread = start_http_server(port, addr=addr, registry=metrics.registry)
         running.append(server)
-        log.info("metrics exporter listening", port=server.server_port)
+        log.info("metrics exporter listening", addr=addr, port=server.server_port)
 
     @app.after_shutdown
     async def stop_exporter() -> None:

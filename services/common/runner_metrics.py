@@ -135,14 +135,17 @@ class MeteredBus:
 
 
 @contextlib.contextmanager
-def exporter(registry: CollectorRegistry, port: int | None) -> Iterator[int | None]:
-    """Serve ``registry`` on ``port`` (all interfaces) inside the block; None: nothing.
+def exporter(
+    registry: CollectorRegistry, port: int | None, addr: str = "127.0.0.1"
+) -> Iterator[int | None]:
+    """Serve ``registry`` on ``addr``:``port`` inside the block; None: nothing.
 
-    Yields the bound port (``0`` picks a free one)."""
+    Loopback unless the operator chooses another address (``metrics_addr``): the
+    exporter has no authentication. Yields the bound port (``0`` picks a free one)."""
     if port is None:
         yield None
         return
-    server, _thread = start_http_server(port, registry=registry)
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
     try:
         yield server.server_port
     finally:

@@ -7,9 +7,10 @@ started by ``trialbus up`` (see services.cli).
 
 from __future__ import annotations
 
+from ipaddress import IPv4Address
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, IPvAnyAddress
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.subjects import DEFAULT_POOL, POOL_PATTERN, Topology
@@ -68,9 +69,15 @@ class CommonSettings(BaseSettings):
         default=None,
         ge=0,
         le=65535,
-        description="Port of the Prometheus exporter (/metrics, all interfaces) of a "
-        "service that has one (importer, watcher); None: off. The submitter serves "
-        "/metrics on its API instead (docs/operations.md).",
+        description="Port of the Prometheus exporter (/metrics, on metrics_addr) of a "
+        "service that has one (importer, watcher, runner); None: off. The submitter "
+        "serves /metrics on its API instead (docs/operations.md).",
+    )
+    metrics_addr: IPvAnyAddress = Field(
+        default=IPv4Address("127.0.0.1"),
+        description="IP address the Prometheus exporter binds (it has no authentication): "
+        "loopback by default; 0.0.0.0 or :: for every interface, when only trusted "
+        "scrapers can reach the port (docs/security.md).",
     )
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="JSON logs (default: when not a TTY).")

@@ -71,7 +71,7 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
         max_ack_pending=50_000,
     )
     app = app_closing_ledger(broker, the_ledger)
-    serve_metrics(app, metrics, settings.metrics_port)
+    serve_metrics(app, metrics, settings.metrics_port, str(settings.metrics_addr))
     metrics.watch_consumer(
         app, lambda: broker.connection.jetstream(), topo.events_stream, topo.importer_durable
     )

@@ -139,7 +139,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         # Announced (pool, capabilities) while it takes work; withdrawn when it stops.
         # Announced before its durable is made: whoever waits for the durable (the
         # embedded stack's readiness) then finds the runner live.
-        with exporter(metrics.registry, settings.metrics_port):
+        with exporter(metrics.registry, settings.metrics_port, str(settings.metrics_addr)):
             async with heartbeat(registry, info, registry.heartbeat_s):
                 await ensure_runner_consumer(js, topo, settings.ack_wait_s, settings.pool)
                 await consumer.run()

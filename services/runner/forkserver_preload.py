@@ -12,6 +12,9 @@ per runner instead of once per trial, and never on the runner's event loop:
 - Harbor's trial machinery and the local environment are imported, so a trial starts
   in milliseconds. (services.runner.isolation adds the LLM agent stack, litellm and
   terminus-2, to the preload when the runner's first trial names a model.)
+- The runner's environment, which the forkserver keeps for its trials (each cuts its
+  own down: services.runner.trial_env), leaves the block ``/proc/<pid>/environ``
+  shows, where a trial's code could read it in its parent.
 - SIGTERM and SIGINT are ignored: the stack signals the runner's whole process group
   when it stops, and the forkserver must outlive the runner's drain (its trials
   report through it). It exits when the runner does (multiprocessing's alive pipe).
@@ -23,7 +26,10 @@ import importlib
 import os
 import signal
 
+from services.runner.trial_env import hide_exec_environment
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+hide_exec_environment()
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 

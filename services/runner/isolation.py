@@ -24,8 +24,9 @@ trial, so Harbor stops its environment), waits ``cancel_grace_s``, then SIGKILLs
 Two rules this relies on: a child re-imports the parent's main module unless it is a
 package's ``__main__`` (``python -m services.runner`` is; a script that starts trials
 must guard its code with ``if __name__ == "__main__"``); and the forkserver starts with
-the runner's environment at its first use: trials see the environment (and the
-secrets named in api_key_env) the runner had then, which a runner never changes.
+the runner's environment at its first use (a runner never changes it): each trial
+cuts its copy down to what it may see before Harbor runs (services.runner.trial_env:
+a base list, its agent's allowed secret names, the policy's ``pass_env``).
 
 Cost: the preload takes one to a few seconds of CPU once per runner (litellm is most
 of it), in the forkserver, while the first trial waits for it in a thread.

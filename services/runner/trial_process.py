@@ -7,7 +7,8 @@ process stays there: prices registered in litellm's model table (terminus-2's
 modules imported or patched. So every attempt runs in a fresh child forked from a
 clean, pre-imported parent (services.runner.isolation), and is gone when it ends.
 
-This module is what the child executes: build Harbor's TrialConfig, run the Trial,
+This module is what the child executes: cut the process's environment down to what
+the trial may see (services.runner.trial_env), build Harbor's TrialConfig, run the Trial,
 stream its live output and then its outcome back over a pipe. The runner sends
 SIGUSR1 to stop it (the experiment was cancelled, or the runner is shutting down).
 SIGTERM and SIGINT are ignored: the stack signals the runner's whole process group,
@@ -28,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from schemas.events import TrialRequested
-from schemas.runners import RunnerPolicy
+from schemas.runners import RunnerPolicy, forbidden_secret_name
 from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
 from services.common.runner_policy import (
     POLICY_REFUSED,
     request_refusals,
     task_template_refusals,
+    task_templates,
 )
+from services.runner.trial_env import restrict_environ
 
 _PR_SET_PDEATHSIG = 1
 
@@ -78,6 +81,8 @@ def trial_config(
     """Harbor's TrialConfig for one request (the agent's secrets stay templates)."""
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 
+    # os.environ is the trial's by now (restrict_environ): it keeps every allowed
+    # api_key_env name the runner has, so a missing one is missing on the runner.
     missing = [n for n in req.agent.api_key_env if n not in os.environ]
     if missing:
         raise MissingSecretError(
@@ -127,14 +132,26 @@ def job_config(req: TrialRequested, job_dir: Path) -> dict[str, Any]:
     }
 
 
+def job_policy(job: TrialJob) -> RunnerPolicy:
+    """The runner's policy sent with ``job`` (the safe default when none was)."""
+    return RunnerPolicy.model_validate_json(job.policy_json) if job.policy_json else RunnerPolicy()
+
+
+def trial_grant(job: TrialJob, request: TrialRequested) -> list[str]:
+    """Secret names this trial may be given: its agent's ``api_key_env`` and the
+    names its task templates, each only if the runner's policy allows it (a request
+    naming another is refused before Harbor runs)."""
+    policy = job_policy(job)
+    names = [*request.agent.api_key_env, *(v for _, v in task_templates(Path(job.task_dir)))]
+    return [n for n in names if n in policy.allowed_secrets and not forbidden_secret_name(n)]
+
+
 def policy_refusals(job: TrialJob, request: TrialRequested) -> list[str]:
     """What the runner's policy refuses in this request and its task (empty: allowed).
 
     Checked before Harbor sees the request: nothing it names is imported, no runner
     variable is resolved, no folder is made."""
-    policy = (
-        RunnerPolicy.model_validate_json(job.policy_json) if job.policy_json else RunnerPolicy()
-    )
+    policy = job_policy(job)
     return [
         *request_refusals(policy, request.agent, request.compute),
         *task_template_refusals(policy, Path(job.task_dir), request.task.name),
@@ -147,6 +164,9 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
     from harbor.trial.trial import Trial
 
     request = TrialRequested.model_validate_json(job.request_json)
+    # Before anything of the request runs: the runner's environment (its ledger and
+    # bus credentials, cloud keys) is cut down to what this trial may see.
+    restrict_environ(trial_grant(job, request), job_policy(job).pass_env)
     refusals = policy_refusals(job, request)
     if refusals:
         return failed(POLICY_REFUSED, ("runner policy: " + "; ".join(refusals))[:2000])

@@ -86,7 +86,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
                 log.exception("completion re-check failed; retrying")
 
     app = app_closing_ledger(broker, the_ledger)
-    serve_metrics(app, metrics, settings.metrics_port)
+    serve_metrics(app, metrics, settings.metrics_port, str(settings.metrics_addr))
     metrics.watch_consumer(
         app, lambda: broker.connection.jetstream(), topo.events_stream, topo.watcher_durable
     )

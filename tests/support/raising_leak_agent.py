@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
-from tests.support.leak_agent import FROM_PROCESS, SHOWN, LeakAgent
+from tests.support.leak_agent import FROM_PROCESS, SHOWN, LeakAgent, runner_variable
 
 
 class RaisingLeakAgent(LeakAgent):
@@ -35,5 +35,5 @@ class RaisingLeakAgent(LeakAgent):
         await super().run(instruction, environment, context)
         cred = os.environ.get(SHOWN[1], "")
         key64 = base64.b64encode(os.environ.get(SHOWN[0], "").encode()).decode()
-        password = urlsplit(os.environ.get(FROM_PROCESS, "")).password or ""
+        password = urlsplit(runner_variable(FROM_PROCESS)).password or ""
         raise RuntimeError(f"provider said no: cred={cred} auth=Basic {key64} db={password}")

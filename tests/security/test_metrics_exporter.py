@@ -1,0 +1,136 @@
+"""The Prometheus exporters answer on loopback only, unless the operator says otherwise
+(anyone on the network → importer, watcher, runner).
+
+The exporters have no authentication. Before, they bound every interface: anyone who
+could reach the port read what runs, how much and how it fails. Now they bind
+``TRIALBUS_METRICS_ADDR`` (default 127.0.0.1).
+
+- The importer as its own process (tests/support/importer_process.py) with only
+  ``TRIALBUS_METRICS_PORT`` set: ``/metrics`` answers on 127.0.0.1 and is refused on
+  every non-loopback address of this machine (found from its interfaces; the test
+  fails, never skips, when it finds none).
+- The runner's exporter (services.common.runner_metrics.exporter, what the runner
+  process runs) with the settings' default address: the same. Control: bound to
+  ``0.0.0.0`` / ``::`` as an operator may choose, the same non-loopback addresses do
+  answer, so a refusal above is the binding's, not the network's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from infra.service_process import ServiceProcess
+from services.common.runner_metrics import exporter
+from services.common.settings import CommonSettings
+from tests.support import importer_process
+
+pytestmark = pytest.mark.integration
+
+importer = importer_process.importer
+_SIOCGIFADDR = 0x8915
+
+
+def _ipv4_of(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
+        except OSError:
+            return None  # no IPv4 address on this interface
+    return socket.inet_ntoa(packed[20:24])
+
+
+def non_loopback_addresses() -> list[str]:
+    """This machine's IPv4 and global IPv6 addresses other than loopback.
+
+    Fails (never skips) when there is none or the interfaces cannot be read: the
+    test cannot decide then."""
+    found: list[str] = []
+    for _index, name in socket.if_nameindex():
+        v4 = _ipv4_of(name)
+        if v4 and not ipaddress.ip_address(v4).is_loopback:
+            found.append(v4)
+    inet6 = Path("/proc/net/if_inet6")
+    if inet6.exists():
+        for line in inet6.read_text().splitlines():
+            raw, _idx, _plen, scope = line.split()[:4]
+            address = ipaddress.IPv6Address(bytes.fromhex(raw))
+            if scope == "00" and not address.is_loopback:  # global scope only
+                found.append(str(address))
+    assert found, (
+        "no non-loopback address found on this machine (socket.if_nameindex, "
+        "/proc/net/if_inet6): cannot check that the exporter is unreachable from the network"
+    )
+    return found
+
+
+def _url(addr: str, port: int) -> str:
+    host = f"[{addr}]" if ":" in addr else addr
+    return f"http://{host}:{port}/metrics"
+
+
+def answers(addr: str, port: int) -> bool:
+    """Whether ``/metrics`` answers 200 on ``addr``:``port``; False when refused."""
+    try:
+        return httpx.get(_url(addr, port), timeout=5).status_code == 200
+    except httpx.ConnectError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def metrics_port() -> int:
+    return _free_port()
+
+
+@pytest.fixture
+def importer_env(metrics_port: int) -> dict[str, str]:
+    return {"TRIALBUS_METRICS_PORT": str(metrics_port)}  # no address: the default
+
+
+def test_the_importer_process_exports_on_loopback_only(
+    importer: ServiceProcess, metrics_port: int
+) -> None:
+    outside = non_loopback_addresses()
+    assert answers("127.0.0.1", metrics_port), importer.log_path.read_text()[-2000:]
+    reached = [a for a in outside if answers(a, metrics_port)]
+    assert reached == [], f"the importer's exporter answers on {reached}"
+
+
+def test_the_runner_exporter_binds_the_default_address_and_only_it() -> None:
+    outside = non_loopback_addresses()
+    registry = CollectorRegistry()
+    Counter("trialbus_probe", "A metric to read.", registry=registry).inc()
+    default = str(CommonSettings().metrics_addr)
+    assert default == "127.0.0.1"
+    with exporter(registry, 0, default) as port:
+        assert port is not None
+        assert answers("127.0.0.1", port)
+        assert [a for a in outside if answers(a, port)] == []
+    with exporter(registry, 0) as port:  # the function's own default
+        assert port is not None
+        assert answers("127.0.0.1", port)
+        assert [a for a in outside if answers(a, port)] == []
+    # Control: the operator's choice of every interface is honoured, and the
+    # probe reaches those addresses when something listens there.
+    for family, wildcard in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        wanted = [a for a in outside if (":" in a) == (family == socket.AF_INET6)]
+        if not wanted:
+            continue
+        addr = str(CommonSettings(metrics_addr=wildcard).metrics_addr)
+        with exporter(registry, 0, addr) as port:
+            assert port is not None
+            assert all(answers(a, port) for a in wanted), (wildcard, wanted)
