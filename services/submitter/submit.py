@@ -157,6 +157,18 @@ def _too_large(kind: str, data: bytes, field: str, field_bytes: int) -> Manifest
     )
 
 
+def _longest_run_id(trial: TrialRequested) -> str:
+    return f"{trial.trial_id}:resume:{'0' * 12}"
+
+
+def longest_size(trial: TrialRequested) -> int:
+    """Bytes of ``trial`` in the longest form it is published in (a resumed run's id).
+
+    Ids need no JSON escaping, so that is its encoding plus the run id's growth: one
+    encoding per trial, where a copy of each of 10,000 trials cost a second."""
+    return len(encode_event(trial)) + len(_longest_run_id(trial)) - len(trial.run_id)
+
+
 def check_event_sizes(prepared: PreparedExperiment) -> None:
     """Raise ManifestError naming the field when an event of ``prepared`` would be too
     large for its consumers (MAX_EVENT_BYTES), measured in the largest form each takes
@@ -179,10 +191,9 @@ def check_event_sizes(prepared: PreparedExperiment) -> None:
     agents = prepared.manifest.agents
     for trial in prepared.trials:
         # The resume form of the run id is the longest a trial is published with.
-        longest = trial.model_copy(update={"run_id": f"{trial.trial_id}:resume:{'0' * 12}"})
-        data = encode_event(longest)
-        if len(data) <= MAX_EVENT_BYTES:
+        if longest_size(trial) <= MAX_EVENT_BYTES:
             continue
+        data = encode_event(trial.model_copy(update={"run_id": _longest_run_id(trial)}))
         fields = trial.model_dump(mode="json")
         top, _ = _largest_field(fields, "")
         top = top.split(".")[0].split("[")[0]

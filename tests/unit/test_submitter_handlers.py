@@ -28,8 +28,9 @@ from services.common.ports import ExperimentInfo
 from services.common.unpack import unpack_task
 from services.reports.queries import load_experiment
 from services.submitter import handlers
-from services.submitter.submit import PreparedExperiment, prepare
+from services.submitter.submit import PreparedExperiment, longest_size, prepare
 from tests.support.records import single_reward
+from tests.support.sample_events import instances
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = REPO / "examples" / "tasks"
@@ -282,3 +283,17 @@ async def test_a_manifest_no_live_runner_can_run_is_refused_before_anything_is_p
         runners,
     )
     assert result.n_published == len(prepared.trials)
+
+
+def test_the_longest_size_is_the_resumed_forms_encoding() -> None:
+    """``longest_size`` adds the run id's growth instead of encoding a copy: it must equal
+    the encoding of the resumed form, for first runs and for runs that have an id."""
+    for name in ("trial_requested", "trial_requested_resumed"):
+        trial = instances()[name]
+        assert isinstance(trial, TrialRequested)
+        for trial_id in (trial.trial_id, "a", "x" * 200 + ".b_c-d"):
+            t = trial.model_copy(update={"trial_id": trial_id})
+            resumed = t.model_copy(update={"run_id": f"{trial_id}:resume:{'0' * 12}"})
+            assert longest_size(t) == len(encode_event(resumed)), (name, trial_id)
+            # Negative control: the plain encoding alone is shorter.
+            assert len(encode_event(t)) < longest_size(t)

@@ -24,6 +24,7 @@ from nats.js.errors import NotFoundError
 
 from schemas.events import Envelope, TrialLog, TrialRequested, encode_event
 from schemas.subjects import Topology
+from services.common.adapters.js_pipeline import publish_round
 from services.common.errors import InternalError, Settle, TransientError
 from services.common.logging import get_logger
 
@@ -194,7 +195,8 @@ class JetStreamBus:
         raise InternalError("unreachable: the publish loop returns or raises")
 
     async def publish_many(self, events: Sequence[Envelope], window: int = 512) -> list[bool]:
-        """Publish many events concurrently (bounded window), each acknowledged."""
+        """Publish many events pipelined (at most ``window`` unacknowledged), each
+        acknowledged."""
         return await self.publish_many_raw(
             [(subject_for(self._topology, e), encode_event(e), e.dedup_id()) for e in events],
             window,
@@ -203,19 +205,32 @@ class JetStreamBus:
     async def publish_many_raw(
         self, items: Sequence[tuple[str, bytes, str]], window: int = 512
     ) -> list[bool]:
-        """Publish many messages concurrently (bounded window), each acknowledged.
+        """Publish many messages pipelined, each acknowledged; per message, whether it
+        was new (False: dropped as a duplicate).
 
-        Returns, per message, whether it was new (False: dropped as a duplicate).
+        Pipelined (services.common.adapters.js_pipeline): no request, timer and inbox
+        wait per message, at most ``window`` unacknowledged. Messages left without an
+        acknowledgement (no progress for ``timeout_s``, or no stream answered) are sent
+        again with the same msg id (JetStream drops the copies), up to ``attempts``
+        rounds; then TransientError. A refusal by the server (APIError) is raised.
         """
         results = [False] * len(items)
-        queue = iter(enumerate(items))
-
-        # ``window`` workers sharing one iterator, rather than one task per message
-        # behind a semaphore: waking the next of 10,000 semaphore waiters scans the
-        # waiters, which made a 10,000-trial submit spend most of its time there.
-        async def worker() -> None:
-            for i, (subject, data, msg_id) in queue:
-                results[i] = await self.publish_raw(subject, data, msg_id)
-
-        await asyncio.gather(*(worker() for _ in range(min(window, len(items)))))
-        return results
+        todo = list(range(len(items)))
+        delay = 0.2
+        # The JetStream context keeps its connection privately; the pipeline needs it
+        # for its reply subscription.
+        nc: NatsClient = self._js._nc
+        for attempt in range(1, self._attempts + 1):
+            todo = await publish_round(
+                nc, items, todo, results, window=window, timeout_s=self._timeout
+            )
+            if not todo:
+                return results
+            if attempt < self._attempts:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        subject = items[todo[0]][0]
+        raise TransientError(
+            f"JetStream did not acknowledge {len(todo)} of {len(items)} messages "
+            f"(first: {subject}) after {self._attempts} attempts"
+        )
