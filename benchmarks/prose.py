@@ -146,12 +146,10 @@ one 8-runner run the 2,000 trials ended over 33 s instead of within a second or 
 that spread of the starts, not the import, is the gap between wall and ideal (the
 importer recorded the last trial 0.1 s after it ended).
 
-**What would fix it:** admission control in the runner (a bound on the trials between
-"taken from the stream" and "executor started", e.g. 32 per runner, the rest waiting
-in the handler with the message kept alive, never in a request that can time out);
-fewer round trips per start (see the dispatch benchmark); and a timeout in the
-lease/attempt path that hands the trial back with a delay (a nak with backoff)
-instead of an error, so an overloaded stack slows down instead of redelivering.
+**Fixed (issue 12):** admission control in the runner, one write per lease and per
+first attempt, no lease where the limit cannot bind, and TrialStarted beside the
+executor ("Orchestration cost" below has the change and the before/after figures):
+no redelivery remains at any runner count.
 """,
     "objects": """
 **Where the time goes.** Packing is a deterministic tar + gzip in the runner
@@ -200,15 +198,14 @@ ledger, projections of the fields the report uses. The 200 ms target is for Mong
 (`--mongo-url`); the embedded ledger is for development and small teams.
 """,
     "dispatch": """
-**What it shows.** The proposed path starts a trial after two round trips (the
-ending check and the lease together, then the attempt counter), where today's takes
-seven in sequence, and never waits on TrialStarted's acknowledgement. On an idle
-loop that is the difference between the latency benchmark's dispatch p50 and the
-plain round trip beside it; on a busy loop every sequential await waits for the loop
-again, so the saving multiplies: this is the 126 ms per trial the overhead
-benchmark's slots spend doing nothing while Harbor's synchronous work holds the loop.
-The code change for `services/runner/handlers.py` and
-`services/common/adapters/nats_kv.py` is under "Orchestration cost" below.
+**What it shows.** The runner's start path now (`now_*`: the coordinator's calls in
+the handler's order, two round trips before the trial starts: the ending check
+together with the lease, then the attempt counter) against the one it replaced
+(`before_*`: seven in sequence, replayed with the old KV calls). On an idle loop that
+is the difference between the latency benchmark's dispatch p50 and the plain round
+trip beside it; on a busy loop every sequential await waits for the loop again, so
+the saving multiplies (the overhead benchmark's slots wait on exactly that while
+Harbor's synchronous work holds the loop).
 """,
     "pipeline": """
 **With the object store in the path** (measured 2026-11-26 on a busy machine, load
@@ -261,8 +258,8 @@ written and announced in turn.
 **What would fix the rest:** give the importer only the events it uses (a consumer
 with `filter_subjects` for ExperimentSubmitted, TrialCompleted and TrialFailed: two
 thirds of its messages are skipped today); build records in a process pool or in a
-second importer process (the durable consumer shares the work); take the lease and
-count the attempt in one KV call instead of three; and, for the ledger, real MongoDB
+second importer process (the durable consumer shares the work); and, for the
+ledger, real MongoDB
 (SecantusDB is a Python server: its raw bulk-upsert rate, measured beside, is the
 slowest ceiling by far).
 """,
@@ -320,9 +317,9 @@ a pull found work asks for all its free slots, with a 50 ms window. Measured wit
 this benchmark on a loaded machine (load average 4-6): p99 686 ms -> 17 ms, max
 715 ms -> 19 ms, p50 unchanged (6.0 -> 6.2 ms).
 
-**What would fix the rest (p50):** one KV operation per trial for lease and attempt,
-and starting the trial without waiting for TrialStarted's acknowledgement (the
-dispatch benchmark measures that path: about 2 ms to start on an idle loop).
+**Fixed (issue 12):** one write per lease and per first attempt, the ending check
+beside the lease, and the trial started without waiting for TrialStarted's
+acknowledgement ("Orchestration cost" below).
 """,
 }
 
@@ -416,48 +413,44 @@ overhead benchmark, thousands of handlers at once in the capacity benchmark) and
 their number. The object store moved the folder from a shared disk to the bus: a few
 milliseconds per Harbor-sized trial (objects benchmark), not what dominates.
 
-**Proposed handler change** (services/runner/handlers.py with
-services/common/adapters/nats_kv.py; measured by the dispatch benchmark):
+**Applied** (services/runner/handlers.py, services/runner/attempt.py and
+services/common/adapters/nats_kv.py), as proposed on this page before:
 
-1. Lease and attempt in one step each, and the reads beside them: `acquire` takes a
-   slot by one `update(key, holder, last=0)` per probe (succeeds only on a slot key
-   with no message at all) and `release` removes the key's messages by a stream purge
-   of its subject (no purge marker is left, so the next `update(last=0)` on it
-   succeeds at once; keys left with a marker by today's release expire with the
-   leases bucket's TTL after a switch-over); `next_attempt` creates first (one round
-   trip for a first attempt; get + update only for a retry). The handler awaits the
-   ending check, the cancellation check and the lease together.
-2. Start the trial without waiting for TrialStarted's acknowledgement: the publish
-   runs as a task beside the executor and is awaited before the trial's ending is
-   stored and published, so a consumer still sees TrialStarted before
-   TrialCompleted, and a failed publish still fails the attempt (as today, only later).
-3. Admission: a per-runner bound on handlers between "message taken" and "executor
-   started" (a semaphore, e.g. 32), so a burst of thousands waits in the handler with
-   its message kept alive instead of in KV requests that time out into redeliveries.
-4. No lease when the limit cannot bind: an experiment whose `n_concurrent_trials` is
-   at least its number of trials (the capacity benchmark's case, and any experiment
-   run "all at once") needs no slot at all; the submitter knows both numbers and can
-   say so in the work message, which removes the lease's round trips and the
-   hand-backs at saturation. Where the limit binds, a slot found by probing can
-   take many hand-backs near saturation; a per-runner cache of the slot keys it
-   released (tried first) keeps most acquisitions to one probe.
+1. Lease and attempt in one write each: `acquire` takes a slot by one
+   `update(key, holder, last=0)` per probe (succeeds only on a slot key with no
+   message at all) and `release` removes the key's messages by a subject purge of the
+   leases stream (no marker left behind; runners have that one STREAM.PURGE right,
+   on the leases stream only); `next_attempt` writes first (one round trip for a first
+   attempt; get + update only for a retry). The ending check and the lease are
+   awaited together; the cancel, pause, stop and budget flags are cached reads.
+2. The trial starts while TrialStarted's publish is in flight; it is awaited before
+   the trial's ending is stored and published (consumers still see TrialStarted
+   first), and if it fails the run is stopped at once and handed back.
+3. Admission: at most `TRIALBUS_ADMISSION` (32) handlers per runner between "message
+   taken" and "executor started"; a burst of thousands waits there with its message
+   kept alive, never in KV requests that time out into redeliveries.
+4. No lease when the limit cannot bind: the work message carries the submission's
+   trial count (`experiment_trials`), and a runner takes no slot when it is at most
+   `n_concurrent_trials`.
 
-Measured with items 1-3 applied to a scratch copy of the runner (2026-11-26, same
-machine, load average 4-10; `--only capacity,latency --runs 1`, 2,000 trials of
-30 s): with one runner the 371 "runner error; trial will be redelivered" lines of
-today's worst run went to none and its peak RSS from 325 to 200 MiB; efficiency
-0.46 (today 0.41-0.47) and 0.50 with eight runners (today 0.46-0.55), the 311-353
-remaining redeliveries being hand-backs at saturation (item 4 is what removes them);
-idle dispatch p50 3.5 ms (today 4.6 ms in the same sitting), p99 21 ms. With item 4
-as well (no lease at all, the limit being N; load average ~5): **no redelivery** with
-one or eight runners, efficiency 0.73 with one runner (wall 42 s for an ideal 31 s)
-and 0.49 with eight, where eight processes on two shared cores spread the starts.
+Not done: a per-runner cache of released slot keys for experiments whose limit binds
+(near saturation a probe can still miss every free slot and hand the trial back).
 
-Expected gain, from this page's figures: the start path goes from seven sequential
-round trips to two (`today_*` vs `proposed_*` in the dispatch benchmark; the ratio
-on a loop kept half busy is the headline there), which in the overhead benchmark is
-most of the per-trial time a slot spends running nothing; the capacity benchmark's
-redeliveries come from the same requests timing out, and item 3 removes their cause.
+Measured before and after in one sitting (2026-11-26, load average 4-8 from other
+engineers' tests; `python -m benchmarks --only capacity,latency --runs 1` on the
+commit before and after the change, 2,000 trials of 30 s):
+
+| | before | after |
+|---|---|---|
+| efficiency, 1 / 2 / 4 / 8 runners | 0.47 / 0.49 / 0.49 / 0.45 | 0.69 / 0.76 / 0.74 / 0.79 |
+| redeliveries, 1 / 2 / 4 / 8 runners | 332 / 379 / 290 / 22 | 0 / 0 / 0 / 0 |
+| trials started twice | 0 | 0 |
+| dispatch p50 / p99 (latency benchmark, idle stack) | 4.85 / 21.0 ms | 3.24 / 17.1 ms |
+
+The capacity gap left (wall 40-45 s for an ideal 31-33 s) is the start and end of
+2,000 trials at once on two shared cores: per trial still the ending read, the
+attempt write and TrialStarted before, and pack + object put (four round trips), the
+stored ending, TrialCompleted and the ack after.
 """
 
 SCALING = """
