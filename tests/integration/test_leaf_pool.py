@@ -33,17 +33,10 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
-from infra.embedded import (
-    BinaryNotFoundError,
-    NatsServer,
-    ServerStartupError,
-    find_binary,
-    leaf_remote_url,
-)
-from infra.nats_auth import AuthFiles, connect_as, include_directive, load_credentials, write_auth
-from infra.nats_provision import provision
+from infra.embedded import NatsServer, ServerStartupError, leaf_remote_url
+from infra.nats_auth import AuthFiles
 from schemas.subjects import DEFAULT_POOL, Topology
-from tests.conftest import skip_unless
+from tests.support.bus_roles import connect_role, require_nats_server, role_credentials, role_server
 
 pytestmark = pytest.mark.integration
 
@@ -65,38 +58,22 @@ class Hub:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    try:
-        find_binary(NatsServer.binary_name, NatsServer.package)
-    except BinaryNotFoundError as exc:
-        skip_unless(str(exc))
+    require_nats_server()
     root = tmp_path_factory.mktemp("leaf-pool")
-    files = write_auth(root / "auth", TOPO, pools=[POOL], js_domain=HUB_DOMAIN)
-    data = root / "hub"
-    data.mkdir()
-    config = include_directive(data / "nats-server.conf", files.server_config)
-    config += f"jetstream {{ domain: {HUB_DOMAIN} }}\n"
-    with NatsServer(data, config=config, accept_leafnodes=True) as server:
-        asyncio.run(_provision(server.url, files))
+    with role_server(
+        root / "hub",
+        root / "auth",
+        TOPO,
+        pools=[POOL],
+        ack_wait_s=ACK_WAIT_S,
+        js_domain=HUB_DOMAIN,
+        accept_leafnodes=True,
+    ) as (server, files):
         yield Hub(server, files, root)
 
 
-async def _provision(url: str, files: AuthFiles) -> None:
-    nc = await _as(url, files, "admin")
-    try:
-        await provision(
-            nc.jetstream(),
-            TOPO,
-            lease_ttl_s=ACK_WAIT_S,
-            runner_ack_wait_s=ACK_WAIT_S,
-            pools=(DEFAULT_POOL, POOL),
-        )
-    finally:
-        await nc.close()
-
-
 async def _as(url: str, files: AuthFiles, principal: str) -> NatsClient:
-    cred = load_credentials(files.credentials[principal], principal.split("-")[0])
-    return await connect_as([url], cred, name=f"hub-{principal}")
+    return await connect_role(url, files, principal, name=f"hub-{principal}")
 
 
 @asynccontextmanager
@@ -106,7 +83,7 @@ async def leaf_client(hub: Hub, principal: str) -> AsyncIterator[NatsClient]:
     The client connects to the leaf without credentials (the leaf has no users of its
     own); it uses the principal's inbox, the only one whose replies the hub sends over.
     """
-    cred = load_credentials(hub.files.credentials[principal], principal.split("-")[0])
+    cred = role_credentials(hub.files, principal)
     data = hub.root / f"leaf-{principal}-{uuid.uuid4().hex[:6]}"
     data.mkdir()
     remote = leaf_remote_url(hub.server.leafnode_url, cred.user, cred.password)

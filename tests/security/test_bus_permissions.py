@@ -28,16 +28,12 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 from nats.js.api import INBOX_PREFIX, ConsumerConfig, DeliverPolicy, StreamConfig
 
-from infra.embedded import BinaryNotFoundError, NatsServer, find_binary
 from infra.nats_auth import (
     AuthFiles,
     connect_as,
-    include_directive,
     load_credentials,
-    write_auth,
 )
 from infra.nats_permissions import ROLES
-from infra.nats_provision import provision
 from schemas.runners import RunnerInfo
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams
@@ -47,7 +43,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import ObjectAccessDenied
 from services.common.ports import Spend
 from services.runner.consumer import ensure_runner_consumer
-from tests.conftest import skip_unless
+from tests.support.bus_roles import connect_role, require_nats_server, role_server
 
 pytestmark = pytest.mark.integration
 
@@ -69,32 +65,13 @@ class Bus:
 
 @pytest.fixture(scope="module")
 def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
-    try:
-        find_binary(NatsServer.binary_name, NatsServer.package)
-    except BinaryNotFoundError as exc:
-        skip_unless(str(exc))
+    require_nats_server()
     root = tmp_path_factory.mktemp("bus-auth")
-    files = write_auth(root / "auth", TOPO, pools=[POOL])
-    data = root / "nats"
-    data.mkdir()
-    config = include_directive(data / "nats-server.conf", files.server_config)
-    with NatsServer(data, config=config) as server:
-        asyncio.run(_provision(server.url, files))
+    with role_server(root / "nats", root / "auth", TOPO, pools=[POOL], ack_wait_s=ACK_WAIT_S) as (
+        server,
+        files,
+    ):
         yield Bus(server.url, files)
-
-
-async def _provision(url: str, files: AuthFiles) -> None:
-    nc = await connect_as([url], load_credentials(files.credentials["admin"]), name="admin")
-    try:
-        await provision(
-            nc.jetstream(),
-            TOPO,
-            lease_ttl_s=ACK_WAIT_S,
-            runner_ack_wait_s=ACK_WAIT_S,
-            pools=(DEFAULT_POOL, POOL),
-        )
-    finally:
-        await nc.close()
 
 
 @dataclass(slots=True)
@@ -155,8 +132,7 @@ async def roles(bus: Bus) -> AsyncIterator[dict[str, Role]]:
         async def on_error(exc: Exception, queue: asyncio.Queue[str] = queue) -> None:
             await queue.put(str(exc))
 
-        cred = load_credentials(bus.files.credentials[name], name.split("-")[0])
-        nc = await connect_as([bus.url], cred, name=f"test-{name}", error_cb=on_error)
+        nc = await connect_role(bus.url, bus.files, name, name=f"test-{name}", error_cb=on_error)
         out[name] = Role(name, nc, queue)
     try:
         yield out
