@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 
-from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
+
+from tests.support.harbor_agent import SupportAgent
 
 SHOWN = ("OPENAI_API_KEY", "MYLLM_CRED")
 """Variables the agent prints from its environment (the test's api_key_env)."""
@@ -22,20 +23,13 @@ FROM_PROCESS = "LEDGER_URL"
 """Read from the process environment by the agent's own code, then printed."""
 
 
-class LeakAgent(BaseAgent):  # type: ignore[misc]  # Harbor ships no types
+class LeakAgent(SupportAgent):
     """Prints its secrets (see the module docstring)."""
 
     @staticmethod
     def name() -> str:
         """Harbor's agent name."""
         return "leak-agent"
-
-    def version(self) -> str:
-        """Agent version (recorded by Harbor)."""
-        return "1.0.0"
-
-    async def setup(self, environment: BaseEnvironment) -> None:
-        """Nothing to install."""
 
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext
