@@ -32,6 +32,7 @@ from services.common.errors import Settle
 from services.common.logging import configure_logging
 from services.common.metrics import MeteredLedger, ServiceMetrics, serve_metrics
 from services.common.ports import Ledger
+from services.common.service import running_beside
 from services.common.settings import CommonSettings
 
 __all__ = [
@@ -210,10 +211,5 @@ async def keep_in_progress(msgs: Sequence[Msg], every_s: float) -> AsyncIterator
             await asyncio.sleep(every_s)
             await asyncio.gather(*(m.in_progress() for m in msgs), return_exceptions=True)
 
-    task = asyncio.create_task(beat())
-    try:
+    async with running_beside(beat()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
