@@ -27,9 +27,9 @@ from schemas.manifest import ExperimentManifest
 from schemas.subjects import Topology
 from services.common.errors import ManifestError
 from services.common.settings import SubmitterSettings
-from services.submitter.app import create_app
 from services.submitter.submit import prepare
 from tests.e2e.cli import run_module
+from tests.support.api_client import api_client
 
 pytestmark = pytest.mark.integration
 
@@ -76,11 +76,8 @@ async def _api(
         check_runners=False,
         log_json=True,
     )
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            yield c
+    async with api_client(settings) as c:
+        yield c
 
 
 async def _stored(nats_url: str, stream: str) -> list[bytes]:

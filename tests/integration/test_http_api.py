@@ -20,7 +20,6 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
-from fastapi import FastAPI
 
 from schemas.record import Evaluation, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
@@ -31,9 +30,9 @@ from services.common.ports import ExperimentInfo
 from services.common.settings import SubmitterSettings
 from services.common.task_identity import task_checksum
 from services.submitter.api_tokens import token_digest
-from services.submitter.app import create_app
 from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
 from tests.e2e.cli import run_module
+from tests.support.api_client import api_client
 
 pytestmark = pytest.mark.integration
 
@@ -84,12 +83,8 @@ def client(
             check_runners=check_runners,
             log_json=True,
         )
-        app: FastAPI = create_app(settings)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            # The Host header must be one the API answers (localhost by default).
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-                yield c
+        async with api_client(settings) as c:
+            yield c
 
     return open_client
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
-from fastapi import FastAPI
 from nats.js.errors import NotFoundError
 
 from infra.service_process import ServiceProcess
@@ -26,8 +25,8 @@ from schemas.events import TrialCompleted, TrialFailed, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.settings import SubmitterSettings
-from services.submitter.app import create_app
 from tests.e2e.cli import ROOT
+from tests.support.api_client import api_client
 from tests.support.importer_process import until
 from tests.support.runner_policy import write_policy
 
@@ -104,11 +103,8 @@ def client(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -
             check_runners=check_runners,
             log_json=True,
         )
-        app: FastAPI = create_app(settings)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-                yield c
+        async with api_client(settings) as c:
+            yield c
 
     return open_client
 
