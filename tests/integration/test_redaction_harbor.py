@@ -17,9 +17,7 @@ record that quotes the secret.
 from __future__ import annotations
 
 import base64
-import io
 import json
-import tarfile
 from pathlib import Path
 
 import nats
@@ -35,6 +33,7 @@ from services.importer.folders import StoredTrials
 from services.importer.handlers import record_for
 from tests.support.redaction_trial import TRIAL_ID
 from tests.support.secret_trials import LEDGER_PASSWORD, SECRETS, run_with_secrets
+from tests.support.stored_results import file_members
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +43,6 @@ VALUES = [*SECRETS.values(), LEDGER_PASSWORD, KEY64[:16]]
 
 def _leaks(data: bytes) -> list[str]:
     return [v for v in VALUES if v.encode() in data]
-
-
-def _members(data: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        return {
-            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
-            for m in tar.getmembers()
-            if m.isfile()
-        }
 
 
 async def _events(js: nats.js.JetStreamContext, topology: Topology) -> list[bytes]:
@@ -93,7 +83,7 @@ async def test_a_trial_quoting_its_secrets_is_published_stored_and_recorded_reda
         store = await open_bucket(
             js, RunnerSettings(nats_url=nats_url, prefix=topology.prefix), "results"
         )
-        members = _members(await store.get(completed[0].result))
+        members = file_members(await store.get(completed[0].result))
         for name, blob in members.items():
             assert _leaks(blob) == [], (name, blob[:500])
         redacted = json.loads(members[TRIAL_MANIFEST])["redacted"]
