@@ -27,7 +27,6 @@ from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
-from services.common.settings import SubmitterSettings
 from services.common.task_identity import task_checksum
 from services.submitter.api_tokens import token_digest
 from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
@@ -71,19 +70,17 @@ def client(
     async def open_client(
         no_auth: bool = False, tasks_root: Path = EXAMPLE_TASKS, check_runners: bool = False
     ) -> AsyncIterator[httpx.AsyncClient]:
-        settings = SubmitterSettings(
-            nats_url=nats_url,
-            ledger_url=ledger_url,
-            ledger_db=ledger_db,
-            prefix=topology.prefix,
+        async with api_client(
+            nats_url,
+            ledger_url,
+            ledger_db,
+            topology.prefix,
             api_tokens_file=None if no_auth else tokens_file,
             api_no_auth=no_auth,
             tasks_root=tasks_root,
             # No runner runs in these tests: queue the work (one test turns it on).
             check_runners=check_runners,
-            log_json=True,
-        )
-        async with api_client(settings) as c:
+        ) as c:
             yield c
 
     return open_client

@@ -24,7 +24,6 @@ from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, TrialFailed, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_registry import NatsRunnerRegistry
-from services.common.settings import SubmitterSettings
 from tests.e2e.cli import ROOT
 from tests.support.api_client import api_client
 from tests.support.importer_process import until
@@ -93,17 +92,15 @@ def client(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -
 
     @asynccontextmanager
     async def open_client(check_runners: bool) -> AsyncIterator[httpx.AsyncClient]:
-        settings = SubmitterSettings(
-            nats_url=nats_url,
-            ledger_url=ledger_url,
-            ledger_db=ledger_db,
-            prefix=topology.prefix,
+        async with api_client(
+            nats_url,
+            ledger_url,
+            ledger_db,
+            topology.prefix,
             api_no_auth=True,
             tasks_root=ROOT / "examples" / "tasks",
             check_runners=check_runners,
-            log_json=True,
-        )
-        async with api_client(settings) as c:
+        ) as c:
             yield c
 
     return open_client

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -17,8 +18,19 @@ from services.submitter.app import create_app
 
 
 @asynccontextmanager
-async def api_client(settings: SubmitterSettings) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of the app ``settings`` configure, for as long as the block runs."""
+async def api_client(
+    nats_url: str, ledger_url: str, ledger_db: str, prefix: str, **options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a submitter app on the test's NATS and ledger (JSON logs), for as
+    long as the block runs; ``options`` are further SubmitterSettings fields."""
+    settings = SubmitterSettings(
+        nats_url=nats_url,
+        ledger_url=ledger_url,
+        ledger_db=ledger_db,
+        prefix=prefix,
+        log_json=True,
+        **options,
+    )
     app: FastAPI = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
