@@ -36,6 +36,12 @@ async def running_beside(loop: Coroutine[Any, Any, None]) -> AsyncIterator[None]
     try:
         yield
     finally:
+        await cancel_and_wait(task)
+
+
+async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel each task and wait for it to end (its cancellation is not an error)."""
+    for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -9,7 +9,6 @@ Harbor jobs made outside trialbus.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from faststream import FastStream
 from nats.aio.msg import Msg
@@ -21,6 +20,7 @@ from services.common.archive import DEFAULT_TRIAL_CAP_BYTES
 from services.common.errors import Settle
 from services.common.logging import get_logger
 from services.common.ports import Ledger
+from services.common.service import cancel_and_wait
 from services.common.settings import WatcherSettings
 from services.common.trial_folders import TrialFolders
 from services.watcher.handlers import Watcher, handle_batch
@@ -86,10 +86,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
 
     @app.on_shutdown
     async def stop_scanning() -> None:
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(*tasks)
 
     return app
 
