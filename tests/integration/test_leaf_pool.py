@@ -22,8 +22,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 import nats
 import pytest
@@ -36,7 +34,13 @@ from nats.js.errors import ServiceUnavailableError
 from infra.embedded import NatsServer, ServerStartupError, leaf_remote_url
 from infra.nats_auth import AuthFiles
 from schemas.subjects import DEFAULT_POOL, Topology
-from tests.support.bus_roles import connect_role, require_nats_server, role_credentials, role_server
+from tests.support.bus_roles import (
+    RoleBus,
+    connect_role,
+    require_nats_server,
+    role_credentials,
+    role_server,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -49,27 +53,18 @@ LEAF_CONNECT_S = 15.0
 """Bound on the leaf connection coming up (it is awaited, not slept on)."""
 
 
-@dataclass(slots=True)
-class Hub:
-    server: NatsServer
-    files: AuthFiles
-    root: Path
-
-
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleBus]:
     require_nats_server()
-    root = tmp_path_factory.mktemp("leaf-pool")
     with role_server(
-        root / "hub",
-        root / "auth",
+        tmp_path_factory.mktemp("leaf-pool"),
         TOPO,
         pools=[POOL],
         ack_wait_s=ACK_WAIT_S,
         js_domain=HUB_DOMAIN,
         accept_leafnodes=True,
-    ) as (server, files):
-        yield Hub(server, files, root)
+    ) as hub:
+        yield hub
 
 
 async def _as(url: str, files: AuthFiles, principal: str) -> NatsClient:
@@ -77,7 +72,7 @@ async def _as(url: str, files: AuthFiles, principal: str) -> NatsClient:
 
 
 @asynccontextmanager
-async def leaf_client(hub: Hub, principal: str) -> AsyncIterator[NatsClient]:
+async def leaf_client(hub: RoleBus, principal: str) -> AsyncIterator[NatsClient]:
     """A leaf server authenticating to the hub as ``principal``, and a client of it.
 
     The client connects to the leaf without credentials (the leaf has no users of its
@@ -129,7 +124,7 @@ async def _hub_jetstream_reachable(nc: NatsClient) -> None:
         await asyncio.sleep(0.05)  # the interest exchange is not observable otherwise
 
 
-async def _publish_work(hub: Hub, exp: str) -> dict[str, str]:
+async def _publish_work(hub: RoleBus, exp: str) -> dict[str, str]:
     """One TrialRequested-like message per pool, as the submitter role publishes it."""
     subjects = {pool: TOPO.work_subject(exp, pool) for pool in (DEFAULT_POOL, POOL)}
     nc = await _as(hub.server.url, hub.files, "submitter")
@@ -144,7 +139,7 @@ async def _publish_work(hub: Hub, exp: str) -> dict[str, str]:
     return subjects
 
 
-async def _pending(hub: Hub, pool: str) -> int:
+async def _pending(hub: RoleBus, pool: str) -> int:
     """Messages pool's durable has not delivered yet (seen by the hub's admin)."""
     nc = await _as(hub.server.url, hub.files, "admin")
     try:
@@ -166,7 +161,7 @@ async def _fetch(nc: NatsClient, pool: str, wait_s: float) -> list[Msg]:
         await psub.unsubscribe()
 
 
-async def test_a_leaf_pool_takes_only_its_pools_work(hub: Hub) -> None:
+async def test_a_leaf_pool_takes_only_its_pools_work(hub: RoleBus) -> None:
     exp = f"exp-{uuid.uuid4().hex[:8]}"
     subjects = await _publish_work(hub, exp)
     async with leaf_client(hub, f"runner-{POOL}") as runner:

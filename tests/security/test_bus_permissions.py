@@ -29,7 +29,6 @@ from nats.errors import Error as NatsError
 from nats.js.api import INBOX_PREFIX, ConsumerConfig, DeliverPolicy, StreamConfig
 
 from infra.nats_auth import (
-    AuthFiles,
     connect_as,
     load_credentials,
 )
@@ -43,7 +42,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import ObjectAccessDenied
 from services.common.ports import Spend
 from services.runner.consumer import ensure_runner_consumer
-from tests.support.bus_roles import connect_role, require_nats_server, role_server
+from tests.support.bus_roles import RoleBus, connect_role, require_nats_server, role_server
 
 pytestmark = pytest.mark.integration
 
@@ -55,23 +54,12 @@ DENIAL_WAIT_S = 5.0
 """How long a denial may take to be reported (it is an event; this is only a bound)."""
 
 
-@dataclass(slots=True)
-class Bus:
-    """The running server and the generated files."""
-
-    url: str
-    files: AuthFiles
-
-
 @pytest.fixture(scope="module")
-def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
+def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleBus]:
     require_nats_server()
     root = tmp_path_factory.mktemp("bus-auth")
-    with role_server(root / "nats", root / "auth", TOPO, pools=[POOL], ack_wait_s=ACK_WAIT_S) as (
-        server,
-        files,
-    ):
-        yield Bus(server.url, files)
+    with role_server(root, TOPO, pools=[POOL], ack_wait_s=ACK_WAIT_S) as bus:
+        yield bus
 
 
 @dataclass(slots=True)
@@ -123,7 +111,7 @@ class Role:
 
 
 @pytest.fixture
-async def roles(bus: Bus) -> AsyncIterator[dict[str, Role]]:
+async def roles(bus: RoleBus) -> AsyncIterator[dict[str, Role]]:
     """One connection per role (and ``runner-remote``, the pool's), all closed at the end."""
     out: dict[str, Role] = {}
     for name in (*ROLES, f"runner-{POOL}"):
@@ -151,7 +139,7 @@ async def _stream_messages(admin: Role, stream: str) -> int:
 
 
 # -- authentication -------------------------------------------------------------------
-async def test_anonymous_and_wrong_password_are_refused(bus: Bus) -> None:
+async def test_anonymous_and_wrong_password_are_refused(bus: RoleBus) -> None:
     for options in ({}, {"user": TOPO.prefix + "-runner", "password": "not-the-password"}):
         with pytest.raises(NatsError) as info:
             await nats.connect(bus.url, allow_reconnect=False, max_reconnect_attempts=0, **options)
@@ -582,7 +570,9 @@ async def test_the_denial_check_fails_when_the_server_allows(roles: dict[str, Ro
         await runner.denied(runner.js.publish(subject, b"{}"), "Publish", subject, wait_s=1.0)
 
 
-async def test_faststream_subscriber_binds_as_importer(bus: Bus, roles: dict[str, Role]) -> None:
+async def test_faststream_subscriber_binds_as_importer(
+    bus: RoleBus, roles: dict[str, Role]
+) -> None:
     """How the importer and watcher apps must subscribe: FastStream's pull subscriber
     brings its own inbox prefix (``_INBOX.``), which the role may not use, unless given
     the role's."""

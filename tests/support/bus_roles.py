@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,28 +57,43 @@ async def connect_role(
     return await connect_as([url], role_credentials(files, principal), name=name, **options)
 
 
+@dataclass(slots=True)
+class RoleBus:
+    """A running nats-server with role users, and the files :func:`role_server` wrote."""
+
+    server: NatsServer
+    files: AuthFiles
+    root: Path
+    """Holds the server's data (``nats``) and the auth files (``auth``); free for more."""
+
+    @property
+    def url(self) -> str:
+        """The server's client URL."""
+        return self.server.url
+
+
 @contextmanager
 def role_server(
-    data: Path,
-    auth_folder: Path,
+    root: Path,
     topo: Topology,
     *,
     pools: Sequence[str],
     ack_wait_s: float,
     js_domain: str | None = None,
     **server_options: Any,
-) -> Iterator[tuple[NatsServer, AuthFiles]]:
-    """A nats-server in ``data`` with the role users of ``topo`` (and runner users for
-    ``pools``) written to ``auth_folder``, provisioned by the admin role for the default
-    pool and ``pools``; stopped on exit. ``server_options`` go to ``NatsServer``."""
-    files = write_auth(auth_folder, topo, pools=pools, js_domain=js_domain)
+) -> Iterator[RoleBus]:
+    """A nats-server in ``root/nats`` with the role users of ``topo`` (and runner users
+    for ``pools``) written to ``root/auth``, provisioned by the admin role for the
+    default pool and ``pools``; stopped on exit. ``server_options`` go to ``NatsServer``."""
+    files = write_auth(root / "auth", topo, pools=pools, js_domain=js_domain)
+    data = root / "nats"
     data.mkdir()
     config = include_directive(data / "nats-server.conf", files.server_config)
     if js_domain is not None:
         config += f"jetstream {{ domain: {js_domain} }}\n"
     with NatsServer(data, config=config, **server_options) as server:
         asyncio.run(_provision(server.url, files, topo, (DEFAULT_POOL, *pools), ack_wait_s))
-        yield server, files
+        yield RoleBus(server, files, root)
 
 
 async def _provision(
