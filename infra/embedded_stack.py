@@ -35,7 +35,7 @@ from infra.stack_nats import (
 from infra.supervise import Supervised
 from schemas.subjects import Topology
 
-__all__ = ["LEDGER_ARGS", "EmbeddedStack"]
+__all__ = ["LEDGER_ARGS", "EmbeddedStack", "stack_env"]
 
 
 # secantusd's default leaves commits in WiredTiger's in-process log buffer: a SIGKILLed
@@ -44,6 +44,24 @@ __all__ = ["LEDGER_ARGS", "EmbeddedStack"]
 # whatever was acknowledged across a crash; the importer writes in batches, so the
 # cost is small (20 batches of 200 records: 0.21 s without, 0.22 s with).
 LEDGER_ARGS = ("--sync-on-commit",)
+
+
+def stack_env(nats_url: str, ledger_url: str, prefix: str, ledger_db: str) -> dict[str, str]:
+    """This process's environment without its TRIALBUS_* settings, pointed at one stack.
+
+    What a trialbus process started for a stack (a service, a CLI command) is given:
+    a setting left over from the caller must not send it to another installation.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+    env.update(
+        {
+            "NATS_URL": nats_url,
+            "LEDGER_URL": ledger_url,
+            "TRIALBUS_PREFIX": prefix,
+            "TRIALBUS_LEDGER_DB": ledger_db,
+        }
+    )
+    return env
 
 
 @dataclass
@@ -161,13 +179,9 @@ class EmbeddedStack(StartStop):
 
     def _env(self) -> dict[str, str]:
         assert self.nats_url and self.ledger_url
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
+        env = stack_env(self.nats_url, self.ledger_url, self.prefix, self.ledger_db)
         env.update(
             {
-                "NATS_URL": self.nats_url,
-                "LEDGER_URL": self.ledger_url,
-                "TRIALBUS_PREFIX": self.prefix,
-                "TRIALBUS_LEDGER_DB": self.ledger_db,
                 "TRIALBUS_JOBS_DIR": str(self.jobs_dir),
                 "TRIALBUS_CONCURRENCY": str(self.concurrency),
                 "TRIALBUS_HTTP_PORT": str(self.http_port),

@@ -36,6 +36,7 @@ __all__ = [
     "ManagedProcess",
     "ServerStartupError",
     "StartStop",
+    "cleaned_up_at_exit",
     "die_with_parent_hook",
     "find_binary",
     "free_port",
@@ -126,15 +127,26 @@ def _tail(path: Path, offset: int, max_bytes: int = 4000) -> str:
         return f"<log {path} unreadable: {exc}>"
 
 
+def cleaned_up_at_exit[T](cleanup: Callable[[T], None]) -> set[T]:
+    """A set of live things, each of which gets ``cleanup`` at interpreter exit.
+
+    The owner adds a thing when it starts and discards it once cleaned up; what is
+    still in the set at exit (an owner that never got to its ``stop``) is cleaned up
+    then, each error ignored so that one failure does not keep the rest running.
+    """
+    live: set[T] = set()
+
+    @atexit.register
+    def _clean_up_leftovers() -> None:
+        for thing in list(live):
+            with contextlib.suppress(Exception):
+                cleanup(thing)
+
+    return live
+
+
 # Servers still running at interpreter exit get stopped; PDEATHSIG covers hard deaths.
-_live: set[ManagedProcess] = set()
-
-
-@atexit.register
-def _stop_leftovers() -> None:
-    for server in list(_live):
-        with contextlib.suppress(Exception):
-            server.stop()
+_live: set[ManagedProcess] = cleaned_up_at_exit(lambda server: server.stop())
 
 
 class StartStop:

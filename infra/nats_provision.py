@@ -17,14 +17,13 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    KeyValueConfig,
     ObjectStoreConfig,
     StorageType,
 )
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from schemas.subjects import DEFAULT_POOL, Topology
-from services.common.adapters.jetstream import ensure_streams
+from services.common.adapters.jetstream import ensure_streams, kv_config
 from services.common.logging import get_logger
 from services.runner.consumer import runner_durable_config
 
@@ -116,18 +115,7 @@ async def provision(
         try:
             await js.key_value(bucket)
         except BucketNotFoundError:
-            # direct: reads are $JS.API.DIRECT.GET.KV_<b>.$KV.<b>.<key>, so a role's
-            # read right could be narrowed to some keys.
-            await js.create_key_value(
-                KeyValueConfig(
-                    bucket=bucket,
-                    history=1,
-                    ttl=ttl,
-                    storage=StorageType.FILE,
-                    replicas=replicas,
-                    direct=True,
-                )
-            )
+            await js.create_key_value(kv_config(bucket, ttl_s=ttl, replicas=replicas))
             log.info("bucket created", bucket=bucket)
     for bucket in (topology.tasks_bucket, topology.results_bucket):
         try:

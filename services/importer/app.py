@@ -11,19 +11,11 @@ from typing import Any
 from faststream import FastStream
 from nats.aio.msg import Msg
 
-from services.common.adapters.faststream_consumer import (
-    app_closing_ledger,
-    make_broker,
-    run_app,
-    start_broker,
-    subscribe_batches,
-)
+from services.common.adapters.faststream_consumer import EventsConsumer, run_app, start_broker
 from services.common.adapters.jetstream import JetStreamBus
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import Settle
 from services.common.logging import get_logger
-from services.common.metrics import MeteredLedger, ServiceMetrics, serve_metrics
 from services.common.ports import Ledger
 from services.common.settings import ImporterSettings
 from services.importer.folders import StoredTrials
@@ -40,12 +32,8 @@ ACK_WAIT_S = 10.0
 def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> FastStream:
     """Build the importer app; nothing connects until the app starts."""
     topo = settings.topology
-    broker, auth = make_broker(settings, "importer")
-    metrics = ServiceMetrics("importer")
-    metrics.instrument(broker)
-    the_ledger: Ledger = MeteredLedger(
-        ledger or MongoLedger(settings.ledger_url, settings.ledger_db), metrics
-    )
+    consumer = EventsConsumer.build(settings, "importer", ledger)
+    the_ledger = consumer.ledger
     state: dict[str, Any] = {}
 
     async def on_events(raws: list[Msg]) -> list[Settle]:
@@ -58,27 +46,18 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
             transient_delay_s=settings.retry_delay_s,
         )
 
-    subscribe_batches(
-        broker,
-        auth,
-        metrics.metered(on_events),
-        subject=topo.event_filter(),
-        stream=topo.events_stream,
+    app = consumer.app(
+        on_events,
         durable=topo.importer_durable,
         batch_size=settings.batch_size,
         batch_timeout_s=settings.batch_timeout_s,
         ack_wait_s=ACK_WAIT_S,
         max_ack_pending=50_000,
     )
-    app = app_closing_ledger(broker, the_ledger)
-    serve_metrics(app, metrics, settings.metrics_port, str(settings.metrics_addr))
-    metrics.watch_consumer(
-        app, lambda: broker.connection.jetstream(), topo.events_stream, topo.importer_durable
-    )
 
     @app.on_startup
     async def setup() -> None:
-        js = await start_broker(broker, settings)
+        js = await start_broker(consumer.broker, settings)
         state["bus"] = JetStreamBus(js, topo)
         results = await open_bucket(js, settings, "results")
         state["trials"] = StoredTrials(results, settings.jobs_dir.resolve())

@@ -206,21 +206,8 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         ref = await accept_task_upload(await request.body(), name, _ports(request).tasks)
         return {"name": ref.name, "checksum": ref.checksum}
 
-    @router.post("/experiments/{experiment_id}/cancel")
-    async def cancel(experiment_id: str, ports: PortsDep, identity: IdentityDep) -> dict[str, Any]:
-        """Cancel (as `trialbus cancel --json`): the submitter's identity or an admin."""
-        info = await ports.ledger.get_experiment(experiment_id)
-        if info is None and not identity.admin:
-            raise ExperimentNotFound(
-                f"no experiment {experiment_id!r} in the ledger (yet: a submission is "
-                "recorded within seconds, by the importer); retry shortly"
-            )
-        check_owner(info, experiment_id, identity)
-        log.info("experiment cancelled", experiment_id=experiment_id, by=identity.label)
-        return await handlers.cancel(ports.ledger, ports.coordinator, experiment_id)
-
     async def owned(experiment_id: str, ports: Ports, identity: Identity, what: str) -> None:
-        """Refuse, as cancel does, what neither the submitter nor an admin asks."""
+        """Refuse what neither the experiment's submitter nor an admin asks; log the rest."""
         info = await ports.ledger.get_experiment(experiment_id)
         if info is None and not identity.admin:
             raise ExperimentNotFound(
@@ -229,6 +216,12 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
             )
         check_owner(info, experiment_id, identity)
         log.info(f"experiment {what}", experiment_id=experiment_id, by=identity.label)
+
+    @router.post("/experiments/{experiment_id}/cancel")
+    async def cancel(experiment_id: str, ports: PortsDep, identity: IdentityDep) -> dict[str, Any]:
+        """Cancel (as `trialbus cancel --json`): the submitter's identity or an admin."""
+        await owned(experiment_id, ports, identity, "cancelled")
+        return await handlers.cancel(ports.ledger, ports.coordinator, experiment_id)
 
     @router.post("/experiments/{experiment_id}/pause")
     async def pause(experiment_id: str, ports: PortsDep, identity: IdentityDep) -> dict[str, Any]:

@@ -9,26 +9,18 @@ Harbor jobs made outside trialbus.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from faststream import FastStream
 from nats.aio.msg import Msg
 
-from services.common.adapters.faststream_consumer import (
-    app_closing_ledger,
-    make_broker,
-    run_app,
-    start_broker,
-    subscribe_batches,
-)
+from services.common.adapters.faststream_consumer import EventsConsumer, run_app, start_broker
 from services.common.adapters.jetstream import JetStreamBus
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_objects import open_bucket
 from services.common.archive import DEFAULT_TRIAL_CAP_BYTES
 from services.common.errors import Settle
 from services.common.logging import get_logger
-from services.common.metrics import MeteredLedger, ServiceMetrics, serve_metrics
 from services.common.ports import Ledger
+from services.common.service import cancel_and_wait
 from services.common.settings import WatcherSettings
 from services.common.trial_folders import TrialFolders
 from services.watcher.handlers import Watcher, handle_batch
@@ -43,12 +35,7 @@ RETRY_DELAY_S = 2.0
 def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastStream:
     """Build the watcher app; nothing connects until the app starts."""
     topo = settings.topology
-    broker, auth = make_broker(settings, "watcher")
-    metrics = ServiceMetrics("watcher")
-    metrics.instrument(broker)
-    the_ledger: Ledger = MeteredLedger(
-        ledger or MongoLedger(settings.ledger_url, settings.ledger_db), metrics
-    )
+    consumer = EventsConsumer.build(settings, "watcher", ledger)
     state: dict[str, Watcher] = {}
     tasks: list[asyncio.Task[None]] = []
 
@@ -57,12 +44,8 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
             state["watcher"], [r.data for r in raws], transient_delay_s=RETRY_DELAY_S
         )
 
-    subscribe_batches(
-        broker,
-        auth,
-        metrics.metered(on_events),
-        subject=topo.event_filter(),
-        stream=topo.events_stream,
+    app = consumer.app(
+        on_events,
         durable=topo.watcher_durable,
         batch_size=500,
         batch_timeout_s=0.2,
@@ -85,18 +68,14 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
             except Exception:
                 log.exception("completion re-check failed; retrying")
 
-    app = app_closing_ledger(broker, the_ledger)
-    serve_metrics(app, metrics, settings.metrics_port, str(settings.metrics_addr))
-    metrics.watch_consumer(
-        app, lambda: broker.connection.jetstream(), topo.events_stream, topo.watcher_durable
-    )
-
     @app.on_startup
     async def setup() -> None:
-        js = await start_broker(broker, settings)
+        js = await start_broker(consumer.broker, settings)
         results = await open_bucket(js, settings, "results")
         folders = TrialFolders(results, cap_bytes=DEFAULT_TRIAL_CAP_BYTES, keep_local=True)
-        state["watcher"] = Watcher(the_ledger, JetStreamBus(js, topo), settings.jobs_dir, folders)
+        state["watcher"] = Watcher(
+            consumer.ledger, JetStreamBus(js, topo), settings.jobs_dir, folders
+        )
 
     @app.after_startup
     async def start_scanning() -> None:
@@ -107,10 +86,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
 
     @app.on_shutdown
     async def stop_scanning() -> None:
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(*tasks)
 
     return app
 

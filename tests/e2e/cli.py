@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from infra.embedded_stack import stack_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIALBUS = Path(sys.executable).with_name("trialbus")
@@ -34,17 +35,9 @@ class Cli:
     @property
     def env(self) -> dict[str, str]:
         """The caller's environment minus its TRIALBUS_* settings, plus this stack's."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-        env.update(
-            {
-                "NATS_URL": self.nats_url,
-                "LEDGER_URL": self.ledger_url,
-                "TRIALBUS_PREFIX": self.prefix,
-                "TRIALBUS_LEDGER_DB": self.ledger_db,
-                # Never pick up a developer's running `trialbus up`.
-                "TRIALBUS_STACK_FILE": str(self.stack_file),
-            }
-        )
+        env = stack_env(self.nats_url, self.ledger_url, self.prefix, self.ledger_db)
+        # Never pick up a developer's running `trialbus up`.
+        env["TRIALBUS_STACK_FILE"] = str(self.stack_file)
         env.update(dict(self.extra_env))
         return env
 

@@ -21,10 +21,10 @@ from infra.stack import EmbeddedStack
 from schemas.ids import trial_id_for
 from schemas.manifest import ExperimentManifest, TaskPath
 from schemas.subjects import Topology
-from services.common.adapters.mongo_ledger import MongoLedger
 from tests.e2e.cli import ROOT, Cli
 from tests.e2e.events import read_events
 from tests.e2e.ledger_check import LedgerCheck, check_ledger
+from tests.support.records import records_in
 
 TASK = ROOT / "examples" / "tasks" / "hello-file"
 
@@ -103,12 +103,8 @@ async def submit(cli: Cli, manifest: Path) -> Submitted:
 
 
 async def ledger_records(stack: EmbeddedStack, experiment_id: str) -> list[Any]:
-    """The experiment's records, read through the ledger adapter."""
-    ledger = MongoLedger(stack.ledger_url or "", stack.ledger_db)
-    try:
-        return await ledger.records_for(experiment_id)
-    finally:
-        await ledger.close()
+    """The experiment's records in ``stack``'s ledger."""
+    return await records_in(stack.ledger_url or "", stack.ledger_db, experiment_id)
 
 
 async def judge(

@@ -50,7 +50,7 @@ from tests.conftest import skip_unless
 from tests.e2e.conftest import Stacks
 from tests.e2e.events import EventTap, read_events
 from tests.e2e.faultkit import expected_trial_ids, judge, ledger_records, submit
-from tests.e2e.test_pipeline import EXPECTED, MANIFEST
+from tests.e2e.test_pipeline import MANIFEST, assert_example_outcomes
 from tests.support.netns import HOST_DATA_DIR, Host, HostProcess, Hosts, unavailable_reason
 
 pytestmark = pytest.mark.e2e
@@ -235,18 +235,7 @@ async def scenario(
     # 1. Exactly the single-machine ledger.
     records = {r.trial_id: r for r in await ledger_records(stack, exp)}
     assert set(records) == set(submitted.trial_ids)
-    seen: dict[tuple[str, str], int] = {}
-    for rec in records.values():
-        key = (rec.provenance.task_name, rec.provenance.agent_name)
-        reward, failure, rewards = EXPECTED[key]
-        seen[key] = seen.get(key, 0) + 1
-        assert rec.evaluation.main_reward == reward, rec
-        assert rec.evaluation.failure_class == failure, rec
-        assert rec.evaluation.rewards == rewards, rec
-        assert rec.evaluation.reward_valid is (reward is not None), rec
-    assert seen == {k: 3 for k in EXPECTED}
-    broken = [r for r in records.values() if r.provenance.task_name == "broken-verifier"]
-    assert {r.evaluation.exception_type for r in broken} == {"RewardFileNotFoundError"}
+    assert_example_outcomes(records.values())
 
     # 2. Both hosts ran trials; what host 0 left unfinished (the runs it started and
     # never ended, judged once everything is in), host 1 ran.

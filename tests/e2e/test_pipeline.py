@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from infra.managed_process import free_port
 from infra.stack import EmbeddedStack
+from schemas.record import TrialRecord
 from tests.e2e.cli import ROOT, Cli
 from tests.e2e.faultkit import Submitted, expected_trial_ids, judge, ledger_records
 
@@ -60,6 +62,24 @@ EXPECTED: dict[tuple[str, str], tuple[float | None, str, dict[str, float]]] = {
 }
 
 
+def assert_example_outcomes(records: Iterable[TrialRecord]) -> None:
+    """Each record of the example experiment has its (task, agent)'s EXPECTED outcome,
+    every pair ran its 3 repetitions, and the broken verifier's failure is named."""
+    records = list(records)
+    seen: dict[tuple[str, str], int] = {}
+    for rec in records:
+        key = (rec.provenance.task_name, rec.provenance.agent_name)
+        reward, failure, rewards = EXPECTED[key]
+        seen[key] = seen.get(key, 0) + 1
+        assert rec.evaluation.main_reward == reward, rec
+        assert rec.evaluation.reward_valid is (reward is not None), rec
+        assert rec.evaluation.failure_class == failure, rec
+        assert rec.evaluation.rewards == rewards, rec
+    assert seen == {k: 3 for k in EXPECTED}
+    broken = [r for r in records if r.provenance.task_name == "broken-verifier"]
+    assert {r.evaluation.exception_type for r in broken} == {"RewardFileNotFoundError"}
+
+
 async def test_example_experiment_end_to_end(
     stack: EmbeddedStack, cli: Cli, tmp_path: Path
 ) -> None:
@@ -74,23 +94,13 @@ async def test_example_experiment_end_to_end(
     # 2. The ledger holds exactly one record per trial, with the exact outcome.
     records = await _records(stack, exp)
     assert len(records) == 24
-    seen: dict[tuple[str, str], int] = {}
+    assert_example_outcomes(records.values())
     for rec in records.values():
-        key = (rec.provenance.task_name, rec.provenance.agent_name)
-        reward, failure, rewards = EXPECTED[key]
-        seen[key] = seen.get(key, 0) + 1
-        assert rec.evaluation.main_reward == reward, rec
-        assert rec.evaluation.reward_valid is (reward is not None)
-        assert rec.evaluation.failure_class == failure
-        assert rec.evaluation.rewards == rewards
         assert rec.experiment_id == exp
         assert rec.provenance.harbor_version == "0.25.0"
         trial_dir = Path(rec.artifacts.trial_dir or "")
         assert (trial_dir / "result.json").is_file()
         assert trial_dir.name == rec.trial_id  # Harbor's trial_name is trialbus's trial_id
-    assert seen == {k: 3 for k in EXPECTED}
-    broken = [r for r in records.values() if r.provenance.task_name == "broken-verifier"]
-    assert {r.evaluation.exception_type for r in broken} == {"RewardFileNotFoundError"}
 
     # 3. The leaderboard: infrastructure/verifier failures shown, never scored as zeros.
     board = cli.run("leaderboard", exp, "--json")

@@ -26,10 +26,9 @@ from schemas.events import MAX_EVENT_BYTES, parse_event
 from schemas.manifest import ExperimentManifest
 from schemas.subjects import Topology
 from services.common.errors import ManifestError
-from services.common.settings import SubmitterSettings
-from services.submitter.app import create_app
 from services.submitter.submit import prepare
 from tests.e2e.cli import run_module
+from tests.support.api_client import api_client
 
 pytestmark = pytest.mark.integration
 
@@ -66,21 +65,16 @@ def _just_under() -> int:
 async def _api(
     nats_url: str, ledger_url: str, ledger_db: str, prefix: str
 ) -> AsyncIterator[httpx.AsyncClient]:
-    settings = SubmitterSettings(
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        ledger_db=ledger_db,
-        prefix=prefix,
+    async with api_client(
+        nats_url,
+        ledger_url,
+        ledger_db,
+        prefix,
         api_no_auth=True,
         tasks_root=EXAMPLE_TASKS,
         check_runners=False,
-        log_json=True,
-    )
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            yield c
+    ) as c:
+        yield c
 
 
 async def _stored(nats_url: str, stream: str) -> list[bytes]:

@@ -20,7 +20,6 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
-from fastapi import FastAPI
 
 from schemas.record import Evaluation, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
@@ -29,12 +28,11 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
-from services.common.settings import SubmitterSettings
 from services.common.task_identity import task_checksum
 from services.submitter.api_tokens import token_digest
-from services.submitter.app import create_app
 from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
 from tests.e2e.cli import run_module
+from tests.support.api_client import api_client
 
 pytestmark = pytest.mark.integration
 
@@ -73,24 +71,18 @@ def client(
     async def open_client(
         no_auth: bool = False, tasks_root: Path = EXAMPLE_TASKS, check_runners: bool = False
     ) -> AsyncIterator[httpx.AsyncClient]:
-        settings = SubmitterSettings(
-            nats_url=nats_url,
-            ledger_url=ledger_url,
-            ledger_db=ledger_db,
-            prefix=topology.prefix,
+        async with api_client(
+            nats_url,
+            ledger_url,
+            ledger_db,
+            topology.prefix,
             api_tokens_file=None if no_auth else tokens_file,
             api_no_auth=no_auth,
             tasks_root=tasks_root,
             # No runner runs in these tests: queue the work (one test turns it on).
             check_runners=check_runners,
-            log_json=True,
-        )
-        app: FastAPI = create_app(settings)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            # The Host header must be one the API answers (localhost by default).
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-                yield c
+        ) as c:
+            yield c
 
     return open_client
 

@@ -22,8 +22,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 import nats
 import pytest
@@ -33,17 +31,16 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
-from infra.embedded import (
-    BinaryNotFoundError,
-    NatsServer,
-    ServerStartupError,
-    find_binary,
-    leaf_remote_url,
-)
-from infra.nats_auth import AuthFiles, connect_as, include_directive, load_credentials, write_auth
-from infra.nats_provision import provision
+from infra.embedded import NatsServer, ServerStartupError, leaf_remote_url
+from infra.nats_auth import AuthFiles
 from schemas.subjects import DEFAULT_POOL, Topology
-from tests.conftest import skip_unless
+from tests.support.bus_roles import (
+    RoleBus,
+    connect_role,
+    require_nats_server,
+    role_credentials,
+    role_server,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -56,57 +53,32 @@ LEAF_CONNECT_S = 15.0
 """Bound on the leaf connection coming up (it is awaited, not slept on)."""
 
 
-@dataclass(slots=True)
-class Hub:
-    server: NatsServer
-    files: AuthFiles
-    root: Path
-
-
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    try:
-        find_binary(NatsServer.binary_name, NatsServer.package)
-    except BinaryNotFoundError as exc:
-        skip_unless(str(exc))
-    root = tmp_path_factory.mktemp("leaf-pool")
-    files = write_auth(root / "auth", TOPO, pools=[POOL], js_domain=HUB_DOMAIN)
-    data = root / "hub"
-    data.mkdir()
-    config = include_directive(data / "nats-server.conf", files.server_config)
-    config += f"jetstream {{ domain: {HUB_DOMAIN} }}\n"
-    with NatsServer(data, config=config, accept_leafnodes=True) as server:
-        asyncio.run(_provision(server.url, files))
-        yield Hub(server, files, root)
-
-
-async def _provision(url: str, files: AuthFiles) -> None:
-    nc = await _as(url, files, "admin")
-    try:
-        await provision(
-            nc.jetstream(),
-            TOPO,
-            lease_ttl_s=ACK_WAIT_S,
-            runner_ack_wait_s=ACK_WAIT_S,
-            pools=(DEFAULT_POOL, POOL),
-        )
-    finally:
-        await nc.close()
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleBus]:
+    require_nats_server()
+    with role_server(
+        tmp_path_factory.mktemp("leaf-pool"),
+        TOPO,
+        pools=[POOL],
+        ack_wait_s=ACK_WAIT_S,
+        js_domain=HUB_DOMAIN,
+        accept_leafnodes=True,
+    ) as hub:
+        yield hub
 
 
 async def _as(url: str, files: AuthFiles, principal: str) -> NatsClient:
-    cred = load_credentials(files.credentials[principal], principal.split("-")[0])
-    return await connect_as([url], cred, name=f"hub-{principal}")
+    return await connect_role(url, files, principal, name=f"hub-{principal}")
 
 
 @asynccontextmanager
-async def leaf_client(hub: Hub, principal: str) -> AsyncIterator[NatsClient]:
+async def leaf_client(hub: RoleBus, principal: str) -> AsyncIterator[NatsClient]:
     """A leaf server authenticating to the hub as ``principal``, and a client of it.
 
     The client connects to the leaf without credentials (the leaf has no users of its
     own); it uses the principal's inbox, the only one whose replies the hub sends over.
     """
-    cred = load_credentials(hub.files.credentials[principal], principal.split("-")[0])
+    cred = role_credentials(hub.files, principal)
     data = hub.root / f"leaf-{principal}-{uuid.uuid4().hex[:6]}"
     data.mkdir()
     remote = leaf_remote_url(hub.server.leafnode_url, cred.user, cred.password)
@@ -152,7 +124,7 @@ async def _hub_jetstream_reachable(nc: NatsClient) -> None:
         await asyncio.sleep(0.05)  # the interest exchange is not observable otherwise
 
 
-async def _publish_work(hub: Hub, exp: str) -> dict[str, str]:
+async def _publish_work(hub: RoleBus, exp: str) -> dict[str, str]:
     """One TrialRequested-like message per pool, as the submitter role publishes it."""
     subjects = {pool: TOPO.work_subject(exp, pool) for pool in (DEFAULT_POOL, POOL)}
     nc = await _as(hub.server.url, hub.files, "submitter")
@@ -167,7 +139,7 @@ async def _publish_work(hub: Hub, exp: str) -> dict[str, str]:
     return subjects
 
 
-async def _pending(hub: Hub, pool: str) -> int:
+async def _pending(hub: RoleBus, pool: str) -> int:
     """Messages pool's durable has not delivered yet (seen by the hub's admin)."""
     nc = await _as(hub.server.url, hub.files, "admin")
     try:
@@ -189,7 +161,7 @@ async def _fetch(nc: NatsClient, pool: str, wait_s: float) -> list[Msg]:
         await psub.unsubscribe()
 
 
-async def test_a_leaf_pool_takes_only_its_pools_work(hub: Hub) -> None:
+async def test_a_leaf_pool_takes_only_its_pools_work(hub: RoleBus) -> None:
     exp = f"exp-{uuid.uuid4().hex[:8]}"
     subjects = await _publish_work(hub, exp)
     async with leaf_client(hub, f"runner-{POOL}") as runner:

@@ -13,10 +13,7 @@ the test fails if redaction stops working (before it, they all reached the strea
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import os
-import sys
 from pathlib import Path
 
 import nats
@@ -26,15 +23,10 @@ from schemas.events import TrialLog, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import ensure_streams
 from tests.integration.test_live_logs_nats import stored
-from tests.support.live_log_trial import ROOT, TRIAL_ID
+from tests.support.live_log_trial import TRIAL_ID
+from tests.support.secret_trials import LEDGER_PASSWORD, SECRETS, run_with_secrets
 
 pytestmark = pytest.mark.integration
-
-SECRETS = {
-    "OPENAI_API_KEY": "sk-proj-live-0123456789abcdefghij",
-    "MYLLM_CRED": "cred-9876543210zyxwvutsrq",
-}
-LEDGER_PASSWORD = "ledger-pw-abcdefghij0123"
 
 
 async def test_a_harbor_agent_printing_its_secrets_leaves_the_logs_stream_clean(
@@ -43,25 +35,9 @@ async def test_a_harbor_agent_printing_its_secrets_leaves_the_logs_stream_clean(
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await ensure_streams(js, topology)
-    env = {
-        **os.environ,
-        **SECRETS,
-        "LEDGER_URL": f"mongodb://runner:{LEDGER_PASSWORD}@127.0.0.1:1/trialbus",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.support.live_log_trial",
-        nats_url,
-        topology.prefix,
-        str(tmp_path),
-        env=env,
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+    await run_with_secrets(
+        "tests.support.live_log_trial", nats_url, topology.prefix, tmp_path, timeout_s=240
     )
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=240)
-    assert proc.returncode == 0, out.decode()[-3000:]
 
     values = [*SECRETS.values(), LEDGER_PASSWORD]
     encoded = base64.b64encode(SECRETS["OPENAI_API_KEY"].encode()).decode()

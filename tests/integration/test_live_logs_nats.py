@@ -27,14 +27,15 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from schemas.events import TaskRef, TrialLog, TrialRequested, parse_event
-from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+from schemas.events import TrialLog, TrialRequested, parse_event
+from schemas.manifest import AgentSpec
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import ensure_streams
 from services.common.settings import RunnerSettings
 from services.runner.isolation import TrialProcesses
 from services.runner.live_logs import CoreNatsLogSinks, TrialLogSink
 from services.runner.trial_process import TrialJob
+from tests.support.work_requests import hello_file_request
 
 pytestmark = pytest.mark.integration
 
@@ -45,19 +46,8 @@ CAP = 4096
 
 def request(trial_id: str, api_key_env: list[str]) -> TrialRequested:
     """A work message for an LLM agent that names ``api_key_env``."""
-    task: dict[str, str] = {"name": "hello-file", "checksum": "ab" * 32}
-    if "path" in TaskRef.model_fields:  # the field is leaving the wire format
-        task["path"] = "/tasks/hello-file"
-    return TrialRequested(
-        experiment_id="exp-live",
-        correlation_id="corr",
-        trial_id=trial_id,
-        task=TaskRef.model_validate(task),
-        agent=AgentSpec(name="terminus-2", model="openai/gpt-x", api_key_env=api_key_env),
-        repetition=0,
-        compute=ComputeSpec(),
-        retry=RetrySpec(),
-    )
+    agent = AgentSpec(name="terminus-2", model="openai/gpt-x", api_key_env=api_key_env)
+    return hello_file_request(trial_id, agent, experiment_id="exp-live", correlation_id="corr")
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from fastapi.testclient import TestClient
 from faststream import TestApp
 from prometheus_client.parser import text_string_to_metric_families
 
+from infra.managed_process import free_port
 from infra.service_process import ServiceProcess
 from schemas.events import ExperimentSubmitted, TrialFailed, encode_event
 from schemas.subjects import Topology
@@ -38,16 +38,9 @@ importer = importer_process.importer
 DEADLINE_S = 60.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def metrics_port() -> int:
-    return _free_port()
+    return free_port()
 
 
 @pytest.fixture
@@ -147,7 +140,7 @@ async def test_importer_process_exports_its_counters(
 async def test_watcher_app_exports_its_counters(
     tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
 ) -> None:
-    port = _free_port()
+    port = free_port()
     settings = WatcherSettings(
         nats_url=nats_url, ledger_url=ledger_url, prefix=topology.prefix, ledger_db=ledger_db,
         jobs_dir=tmp_path / "jobs", watch_external=False, metrics_port=port,

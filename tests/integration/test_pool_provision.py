@@ -17,21 +17,18 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BadRequestError
 
-from infra.embedded import BinaryNotFoundError, NatsServer, find_binary
+from infra.embedded import NatsServer
 from infra.nats_provision import provision
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams
-from tests.conftest import skip_unless
+from tests.support.bus_roles import require_nats_server
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    try:
-        find_binary(NatsServer.binary_name, NatsServer.package)
-    except BinaryNotFoundError as exc:
-        skip_unless(str(exc))
+    require_nats_server()
     with NatsServer(Path(tmp_path_factory.mktemp("pools"))) as server:
         yield server.url
 

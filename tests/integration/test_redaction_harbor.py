@@ -16,13 +16,8 @@ record that quotes the secret.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import io
 import json
-import os
-import sys
-import tarfile
 from pathlib import Path
 
 import nats
@@ -36,31 +31,18 @@ from services.common.settings import RunnerSettings
 from services.common.trial_folders import TrialFolders
 from services.importer.folders import StoredTrials
 from services.importer.handlers import record_for
-from tests.support.live_log_trial import ROOT
 from tests.support.redaction_trial import TRIAL_ID
+from tests.support.secret_trials import LEDGER_PASSWORD, SECRETS, run_with_secrets
+from tests.support.stored_results import file_members
 
 pytestmark = pytest.mark.integration
 
-SECRETS = {
-    "OPENAI_API_KEY": "sk-proj-live-0123456789abcdefghij",
-    "MYLLM_CRED": "cred-9876543210zyxwvutsrq",
-}
-LEDGER_PASSWORD = "ledger-pw-abcdefghij0123"
 KEY64 = base64.b64encode(SECRETS["OPENAI_API_KEY"].encode()).decode()
 VALUES = [*SECRETS.values(), LEDGER_PASSWORD, KEY64[:16]]
 
 
 def _leaks(data: bytes) -> list[str]:
     return [v for v in VALUES if v.encode() in data]
-
-
-def _members(data: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        return {
-            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
-            for m in tar.getmembers()
-            if m.isfile()
-        }
 
 
 async def _events(js: nats.js.JetStreamContext, topology: Topology) -> list[bytes]:
@@ -72,25 +54,9 @@ async def _events(js: nats.js.JetStreamContext, topology: Topology) -> list[byte
 async def test_a_trial_quoting_its_secrets_is_published_stored_and_recorded_redacted(
     nats_url: str, topology: Topology, tmp_path: Path
 ) -> None:
-    env = {
-        **os.environ,
-        **SECRETS,
-        "LEDGER_URL": f"mongodb://runner:{LEDGER_PASSWORD}@127.0.0.1:1/trialbus",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.support.redaction_trial",
-        nats_url,
-        topology.prefix,
-        str(tmp_path),
-        env=env,
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+    await run_with_secrets(
+        "tests.support.redaction_trial", nats_url, topology.prefix, tmp_path, timeout_s=300
     )
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=300)
-    assert proc.returncode == 0, out.decode()[-3000:]
     assert (tmp_path / "verdicts.txt").read_text().split("\n") == ["nak retry", "ack done"]
 
     # Control: what Harbor and the agent wrote, on disk, holds every value.
@@ -117,7 +83,7 @@ async def test_a_trial_quoting_its_secrets_is_published_stored_and_recorded_reda
         store = await open_bucket(
             js, RunnerSettings(nats_url=nats_url, prefix=topology.prefix), "results"
         )
-        members = _members(await store.get(completed[0].result))
+        members = file_members(await store.get(completed[0].result))
         for name, blob in members.items():
             assert _leaks(blob) == [], (name, blob[:500])
         redacted = json.loads(members[TRIAL_MANIFEST])["redacted"]

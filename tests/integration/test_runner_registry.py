@@ -17,7 +17,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from infra.embedded import BinaryNotFoundError, NatsServer, find_binary
+from infra.embedded import NatsServer
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 from services.common.adapters.memory_registry import MemoryRunnerRegistry
@@ -27,7 +27,7 @@ from services.common.adapters.nats_registry import (
     RunnerRegistry,
     heartbeat,
 )
-from tests.conftest import skip_unless
+from tests.support.bus_roles import require_nats_server
 
 pytestmark = pytest.mark.integration
 
@@ -45,10 +45,7 @@ class Subject:
 
 @pytest.fixture(scope="module")
 def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    try:
-        find_binary(NatsServer.binary_name, NatsServer.package)
-    except BinaryNotFoundError as exc:
-        skip_unless(str(exc))
+    require_nats_server()
     with NatsServer(Path(tmp_path_factory.mktemp("registry"))) as server:
         yield server.url
 

@@ -28,16 +28,11 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 from nats.js.api import INBOX_PREFIX, ConsumerConfig, DeliverPolicy, StreamConfig
 
-from infra.embedded import BinaryNotFoundError, NatsServer, find_binary
 from infra.nats_auth import (
-    AuthFiles,
     connect_as,
-    include_directive,
     load_credentials,
-    write_auth,
 )
 from infra.nats_permissions import ROLES
-from infra.nats_provision import provision
 from schemas.runners import RunnerInfo
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams
@@ -47,7 +42,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import ObjectAccessDenied
 from services.common.ports import Lease, Spend
 from services.runner.consumer import ensure_runner_consumer
-from tests.conftest import skip_unless
+from tests.support.bus_roles import RoleBus, connect_role, require_nats_server, role_server
 
 pytestmark = pytest.mark.integration
 
@@ -59,42 +54,12 @@ DENIAL_WAIT_S = 5.0
 """How long a denial may take to be reported (it is an event; this is only a bound)."""
 
 
-@dataclass(slots=True)
-class Bus:
-    """The running server and the generated files."""
-
-    url: str
-    files: AuthFiles
-
-
 @pytest.fixture(scope="module")
-def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
-    try:
-        find_binary(NatsServer.binary_name, NatsServer.package)
-    except BinaryNotFoundError as exc:
-        skip_unless(str(exc))
+def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleBus]:
+    require_nats_server()
     root = tmp_path_factory.mktemp("bus-auth")
-    files = write_auth(root / "auth", TOPO, pools=[POOL])
-    data = root / "nats"
-    data.mkdir()
-    config = include_directive(data / "nats-server.conf", files.server_config)
-    with NatsServer(data, config=config) as server:
-        asyncio.run(_provision(server.url, files))
-        yield Bus(server.url, files)
-
-
-async def _provision(url: str, files: AuthFiles) -> None:
-    nc = await connect_as([url], load_credentials(files.credentials["admin"]), name="admin")
-    try:
-        await provision(
-            nc.jetstream(),
-            TOPO,
-            lease_ttl_s=ACK_WAIT_S,
-            runner_ack_wait_s=ACK_WAIT_S,
-            pools=(DEFAULT_POOL, POOL),
-        )
-    finally:
-        await nc.close()
+    with role_server(root, TOPO, pools=[POOL], ack_wait_s=ACK_WAIT_S) as bus:
+        yield bus
 
 
 @dataclass(slots=True)
@@ -146,7 +111,7 @@ class Role:
 
 
 @pytest.fixture
-async def roles(bus: Bus) -> AsyncIterator[dict[str, Role]]:
+async def roles(bus: RoleBus) -> AsyncIterator[dict[str, Role]]:
     """One connection per role (and ``runner-remote``, the pool's), all closed at the end."""
     out: dict[str, Role] = {}
     for name in (*ROLES, f"runner-{POOL}"):
@@ -155,8 +120,7 @@ async def roles(bus: Bus) -> AsyncIterator[dict[str, Role]]:
         async def on_error(exc: Exception, queue: asyncio.Queue[str] = queue) -> None:
             await queue.put(str(exc))
 
-        cred = load_credentials(bus.files.credentials[name], name.split("-")[0])
-        nc = await connect_as([bus.url], cred, name=f"test-{name}", error_cb=on_error)
+        nc = await connect_role(bus.url, bus.files, name, name=f"test-{name}", error_cb=on_error)
         out[name] = Role(name, nc, queue)
     try:
         yield out
@@ -175,7 +139,7 @@ async def _stream_messages(admin: Role, stream: str) -> int:
 
 
 # -- authentication -------------------------------------------------------------------
-async def test_anonymous_and_wrong_password_are_refused(bus: Bus) -> None:
+async def test_anonymous_and_wrong_password_are_refused(bus: RoleBus) -> None:
     for options in ({}, {"user": TOPO.prefix + "-runner", "password": "not-the-password"}):
         with pytest.raises(NatsError) as info:
             await nats.connect(bus.url, allow_reconnect=False, max_reconnect_attempts=0, **options)
@@ -611,7 +575,9 @@ async def test_the_denial_check_fails_when_the_server_allows(roles: dict[str, Ro
         await runner.denied(runner.js.publish(subject, b"{}"), "Publish", subject, wait_s=1.0)
 
 
-async def test_faststream_subscriber_binds_as_importer(bus: Bus, roles: dict[str, Role]) -> None:
+async def test_faststream_subscriber_binds_as_importer(
+    bus: RoleBus, roles: dict[str, Role]
+) -> None:
     """How the importer and watcher apps must subscribe: FastStream's pull subscriber
     brings its own inbox prefix (``_INBOX.``), which the role may not use, unless given
     the role's."""

@@ -40,13 +40,13 @@ from infra.compose_config import (
     render_node_config,
     write_compose_config,
 )
-from infra.embedded import BinaryNotFoundError, NatsServer, find_binary, free_port
+from infra.embedded import NatsServer, free_port
 from infra.managed_process import LOOPBACK
 from infra.nats_auth import connect_as, load_credentials
 from infra.tls import write_certs
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import connect
-from tests.conftest import skip_unless
+from tests.support.bus_roles import require_nats_server
 
 pytestmark = pytest.mark.integration
 
@@ -96,10 +96,7 @@ def _tls(folder: Path) -> NodeTls:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    try:
-        find_binary(NatsServer.binary_name, NatsServer.package)
-    except BinaryNotFoundError as exc:
-        skip_unless(str(exc))
+    require_nats_server()
     root = tmp_path_factory.mktemp("compose-tls")
     files = write_compose_config(root / "compose", TOPO, hosts=[LOOPBACK, "localhost"])
     route_auth = read_route_auth(files.folder / "nats" / "route.json")

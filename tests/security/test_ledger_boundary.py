@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,9 +22,9 @@ from pathlib import Path
 import nats
 import pytest
 
+from infra.managed_process import free_port
 from infra.service_process import ServiceProcess
 from schemas.events import TrialFailed, encode_event
-from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.importer.jobdir import scoped_trial_id
@@ -34,6 +33,7 @@ from tests import harbor_fixtures
 from tests.harbor_fixtures import HarborTrials
 from tests.support import importer_process
 from tests.support.importer_process import until
+from tests.support.records import records_in
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +46,6 @@ TRIALBUS = Path(sys.executable).with_name("trialbus")
 REPO = Path(__file__).resolve().parents[2]
 IMPORTER_WAIT_S = 90.0
 """Bound on the importer's recording the control event."""
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def _job(harbor_trials: HarborTrials, dest: Path) -> Path:
@@ -82,18 +75,10 @@ def cli_env(ledger_url: str, ledger_db: str, tmp_path: Path) -> dict[str, str]:
     env.update(
         LEDGER_URL=ledger_url,
         TRIALBUS_LEDGER_DB=ledger_db,
-        NATS_URL=f"nats://127.0.0.1:{_closed_port()}",
+        NATS_URL=f"nats://127.0.0.1:{free_port()}",  # nothing listens there
         TRIALBUS_STACK_FILE=str(tmp_path / "no-stack.json"),
     )
     return env
-
-
-async def _records(ledger_url: str, ledger_db: str, experiment_id: str) -> list[TrialRecord]:
-    ledger = MongoLedger(ledger_url, ledger_db)
-    try:
-        return await ledger.records_for(experiment_id)
-    finally:
-        await ledger.close()
 
 
 async def test_a_copied_job_folder_never_moves_the_first_experiments_records(
@@ -108,7 +93,7 @@ async def test_a_copied_job_folder_never_moves_the_first_experiments_records(
     assert imported.returncode == 0, imported.stderr
     summary = json.loads(imported.stdout)
     assert (summary["experiment_id"], summary["inserted"]) == ("harbor-run-a", N_TRIALS)
-    original = await _records(ledger_url, ledger_db, "harbor-run-a")
+    original = await records_in(ledger_url, ledger_db, "harbor-run-a")
     assert len(original) == N_TRIALS
 
     # The finding: the same trials under a second name.
@@ -121,8 +106,8 @@ async def test_a_copied_job_folder_never_moves_the_first_experiments_records(
     message = " ".join(refused.stderr.split())  # rich wraps long lines
     for word in ("harbor-run-a", "harbor-run-b", "--as-new", f"{N_TRIALS} of {N_TRIALS}"):
         assert word in message, refused.stderr
-    assert await _records(ledger_url, ledger_db, "harbor-run-a") == original
-    assert await _records(ledger_url, ledger_db, "harbor-run-b") == []
+    assert await records_in(ledger_url, ledger_db, "harbor-run-a") == original
+    assert await records_in(ledger_url, ledger_db, "harbor-run-b") == []
 
     # Negative control of the refusal: the first folder again is the same experiment.
     again = _import(cli_env, first)
@@ -137,7 +122,7 @@ async def test_a_copied_job_folder_never_moves_the_first_experiments_records(
     assert as_new.returncode == 0, as_new.stderr
     summary = json.loads(as_new.stdout)
     assert (summary["experiment_id"], summary["inserted"]) == ("harbor-run-b", N_TRIALS)
-    copied = await _records(ledger_url, ledger_db, "harbor-run-b")
+    copied = await records_in(ledger_url, ledger_db, "harbor-run-b")
     assert {r.trial_id for r in copied} == {
         scoped_trial_id("harbor-run-b", r.trial_id) for r in original
     }
@@ -145,7 +130,7 @@ async def test_a_copied_job_folder_never_moves_the_first_experiments_records(
     assert sorted(r.evaluation.main_reward or 0.0 for r in copied) == sorted(
         r.evaluation.main_reward or 0.0 for r in original
     )
-    assert await _records(ledger_url, ledger_db, "harbor-run-a") == original
+    assert await records_in(ledger_url, ledger_db, "harbor-run-a") == original
 
 
 def _final_failure(experiment_id: str, trial_id: str) -> TrialFailed:

@@ -18,16 +18,14 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
-from fastapi import FastAPI
 from nats.js.errors import NotFoundError
 
 from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, TrialFailed, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_registry import NatsRunnerRegistry
-from services.common.settings import SubmitterSettings
-from services.submitter.app import create_app
 from tests.e2e.cli import ROOT
+from tests.support.api_client import api_client
 from tests.support.importer_process import until
 from tests.support.runner_policy import write_policy
 
@@ -94,21 +92,16 @@ def client(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -
 
     @asynccontextmanager
     async def open_client(check_runners: bool) -> AsyncIterator[httpx.AsyncClient]:
-        settings = SubmitterSettings(
-            nats_url=nats_url,
-            ledger_url=ledger_url,
-            ledger_db=ledger_db,
-            prefix=topology.prefix,
+        async with api_client(
+            nats_url,
+            ledger_url,
+            ledger_db,
+            topology.prefix,
             api_no_auth=True,
             tasks_root=ROOT / "examples" / "tasks",
             check_runners=check_runners,
-            log_json=True,
-        )
-        app: FastAPI = create_app(settings)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-                yield c
+        ) as c:
+            yield c
 
     return open_client
 

@@ -31,13 +31,12 @@ import yaml
 from nats.errors import Error as NatsError
 
 from benchmarks.instant_executor import EXECUTOR_SPEC
-from infra.embedded import BinaryNotFoundError, NatsServer, find_binary
 from infra.nats_auth import AUTH_CONF, RoleCredentials, connect_as, load_credentials
 from infra.nats_permissions import ROLES
 from schemas.subjects import Topology
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.common.stackfile import settings_for, write_stack_file
-from tests.conftest import skip_unless
+from tests.support.bus_roles import require_nats_server
 from tests.support.stack_console import StackConsole, launched
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -82,10 +81,7 @@ class Up(StackConsole):
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    try:
-        find_binary(NatsServer.binary_name, NatsServer.package)
-    except BinaryNotFoundError as exc:
-        skip_unless(str(exc))
+    require_nats_server()
     root = tmp_path_factory.mktemp("stack-auth")
     with launched(root, RUNNER_ENV, Up) as handle:
         handle.wait_line("trialbus is up", timeout=120)

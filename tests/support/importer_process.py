@@ -9,7 +9,6 @@ never sleep blindly.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ import nats
 import pytest
 from nats.js.errors import NotFoundError
 
+from infra.embedded_stack import stack_env
 from infra.service_process import ServiceProcess
 from schemas.subjects import Topology
 
@@ -54,15 +54,8 @@ async def importer(
     importer_env: dict[str, str],
 ) -> AsyncIterator[ServiceProcess]:
     """The importer as a separate process, ready (its durable consumer exists)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_LEDGER_DB=ledger_db,
-        TRIALBUS_LOG_JSON="true",
-        **importer_env,
-    )
+    env = stack_env(nats_url, ledger_url, topology.prefix, ledger_db)
+    env.update(TRIALBUS_LOG_JSON="true", **importer_env)
     proc = ServiceProcess("importer", env, tmp_path / "importer.log")
     proc.start()
     nc = await nats.connect(nats_url)

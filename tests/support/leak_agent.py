@@ -15,9 +15,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
+
+from tests.support.harbor_agent import SupportAgent
 
 SHOWN = ("OPENAI_API_KEY", "MYLLM_CRED")
 """Variables the agent prints from its environment (the test's api_key_env)."""
@@ -43,20 +44,13 @@ def runner_variable(name: str) -> str:
     return ""
 
 
-class LeakAgent(BaseAgent):  # type: ignore[misc]  # Harbor ships no types
+class LeakAgent(SupportAgent):
     """Prints its secrets (see the module docstring)."""
 
     @staticmethod
     def name() -> str:
         """Harbor's agent name."""
         return "leak-agent"
-
-    def version(self) -> str:
-        """Agent version (recorded by Harbor)."""
-        return "1.0.0"
-
-    async def setup(self, environment: BaseEnvironment) -> None:
-        """Nothing to install."""
 
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext

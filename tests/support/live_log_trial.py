@@ -16,11 +16,12 @@ from pathlib import Path
 
 import nats
 
-from schemas.events import TaskRef, TrialRequested
-from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH, AgentSpec, ComputeSpec, RetrySpec
+from schemas.events import TrialRequested
+from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH, AgentSpec, ComputeSpec
 from services.common.settings import RunnerSettings
 from services.runner.live_logs import CoreNatsLogSinks
 from tests.support.leak_agent import SHOWN
+from tests.support.work_requests import hello_file_request
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO_FILE = ROOT / "examples" / "tasks" / "hello-file"
@@ -29,18 +30,14 @@ TRIAL_ID = "hello-file__leak"
 
 def request() -> TrialRequested:
     """The work message a runner would get for this trial."""
-    task: dict[str, str] = {"name": "hello-file", "checksum": "ab" * 32}
-    if "path" in TaskRef.model_fields:  # the field is leaving the wire format
-        task["path"] = str(HELLO_FILE)
-    return TrialRequested(
+    agent = AgentSpec(import_path="tests.support.leak_agent:LeakAgent", api_key_env=[*SHOWN])
+    return hello_file_request(
+        TRIAL_ID,
+        agent,
         experiment_id="exp-leak",
         correlation_id="corr",
-        trial_id=TRIAL_ID,
-        task=TaskRef.model_validate(task),
-        agent=AgentSpec(import_path="tests.support.leak_agent:LeakAgent", api_key_env=[*SHOWN]),
-        repetition=0,
+        task_path=str(HELLO_FILE),
         compute=ComputeSpec(environment="local"),
-        retry=RetrySpec(),
     )
 
 

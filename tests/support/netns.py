@@ -38,7 +38,6 @@ everything from here.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -50,9 +49,9 @@ import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
+from infra.managed_process import StartStop, cleaned_up_at_exit
 from tests.support.netns_host import (
     HOST_DATA_DIR,
     PRIVATE_DIRS,
@@ -166,17 +165,10 @@ def _used_subnets() -> set[str]:
     return used
 
 
-_live: set[Hosts] = set()
+_live: set[Hosts] = cleaned_up_at_exit(lambda hosts: hosts.close())
 
 
-@atexit.register
-def _close_leftovers() -> None:
-    for hosts in list(_live):
-        with contextlib.suppress(Exception):
-            hosts.close()
-
-
-class Hosts:
+class Hosts(StartStop):
     """``count`` hosts on one bridge, created by ``start()``/``with``, removed by ``close()``.
 
     Args:
@@ -282,15 +274,8 @@ class Hosts:
             _remove_names(self.token)
             _live.discard(self)
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
+        """The same as ``close()`` (what leaving a ``with`` block calls)."""
         self.close()
 
     def __getitem__(self, index: int) -> Host:

@@ -22,9 +22,10 @@ import logging
 import os
 from typing import Any
 
-from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
+
+from tests.support.harbor_agent import SupportAgent
 
 PROBE_MODEL = "probe/isolation-model"
 PROBE_ENV = "TRIALBUS_PROBE_LEAK"
@@ -46,20 +47,13 @@ def snapshot() -> dict[str, Any]:
     }
 
 
-class ProbeAgent(BaseAgent):  # type: ignore[misc]  # Harbor ships no types
+class ProbeAgent(SupportAgent):
     """Reports, then pollutes, the process it runs in (see the module docstring)."""
 
     @staticmethod
     def name() -> str:
         """Harbor's agent name."""
         return "isolation-probe"
-
-    def version(self) -> str:
-        """Agent version (recorded by Harbor)."""
-        return "1.0.0"
-
-    async def setup(self, environment: BaseEnvironment) -> None:
-        """Nothing to install."""
 
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext

@@ -7,6 +7,8 @@ names the object. Tests that feed the importer directly do the same here.
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 from nats.js import JetStreamContext
@@ -16,6 +18,16 @@ from schemas.objects import ObjectRef
 from schemas.subjects import Topology
 from services.common.adapters.nats_objects import BucketSettings, NatsObjectStore
 from services.common.archive import pack_trial
+
+
+def file_members(data: bytes) -> dict[str, bytes]:
+    """The regular files of a stored trial folder (a gzipped tar), by member name."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        return {
+            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.isfile()
+        }
 
 
 async def store_trial(

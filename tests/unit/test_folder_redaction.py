@@ -8,27 +8,17 @@ has its control (the same folder packed without the scrub keeps it).
 from __future__ import annotations
 
 import base64
-import io
 import json
-import tarfile
 from pathlib import Path
 
 from schemas.events import TaskRef, TrialRequested
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
 from services.common.archive import TRIAL_MANIFEST, pack_trial
 from services.runner.redaction import Redactor, TrialSecrets
+from tests.support.stored_results import file_members
 
 KEY = "sk-test-0123456789abcdefghij"
 CRED = "cred-9876543210zyxwvutsrq"
-
-
-def _members(data: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        return {
-            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
-            for m in tar.getmembers()
-            if m.isfile()
-        }
 
 
 def _folder(root: Path) -> Path:
@@ -47,7 +37,7 @@ def test_text_files_are_redacted_and_counted_binary_files_kept(tmp_path: Path) -
     folder = _folder(tmp_path / "trial")
     redactor = Redactor({"OPENAI_API_KEY": KEY, "MYLLM_CRED": CRED})
     archive = pack_trial(folder, scrub=redactor.redact_file)
-    members = _members(archive.data)
+    members = file_members(archive.data)
     text = b"".join(v for k, v in members.items() if not k.endswith(".bin"))
     assert KEY.encode() not in text and CRED.encode() not in text
     assert b"[redacted:OPENAI_API_KEY]" in members["result.json"]
@@ -60,7 +50,7 @@ def test_text_files_are_redacted_and_counted_binary_files_kept(tmp_path: Path) -
     assert KEY.encode() not in members[TRIAL_MANIFEST]
 
     # Control: without the scrub the values are stored, and no count is claimed.
-    plain = _members(pack_trial(folder).data)
+    plain = file_members(pack_trial(folder).data)
     assert KEY.encode() in plain["result.json"]
     assert "redacted" not in json.loads(plain[TRIAL_MANIFEST])
 

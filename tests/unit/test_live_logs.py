@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import TaskRef, TrialRequested
-from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+from schemas.events import TrialRequested
+from schemas.manifest import AgentSpec
 from schemas.subjects import Topology
 from services.runner.live_logs import CoreNatsLogSinks, LogLimits, TrialLogSink
 from services.runner.redaction import MIN_SECRET_CHARS, Redactor, base64_forms, runner_secrets
+from tests.support.work_requests import hello_file_request
 
 KEY = "sk-live-0123456789abcdefXYZ"
 TOKEN = "ghp_Q1w2E3r4T5y6U7i8O9p0"
@@ -147,19 +148,8 @@ def test_runner_secrets_come_from_the_credentials_file_and_url_passwords(tmp_pat
 
 def request(api_key_env: list[str], trial_id: str = "hello-file__0") -> TrialRequested:
     """A work message whose agent names ``api_key_env``."""
-    task: dict[str, str] = {"name": "hello-file", "checksum": "ab" * 32}
-    if "path" in TaskRef.model_fields:  # the field is leaving the wire format
-        task["path"] = "/tasks/hello-file"
-    return TrialRequested(
-        experiment_id="exp-1",
-        correlation_id="corr-1",
-        trial_id=trial_id,
-        task=TaskRef.model_validate(task),
-        agent=AgentSpec(name="terminus-2", model="openai/gpt-x", api_key_env=api_key_env),
-        repetition=0,
-        compute=ComputeSpec(),
-        retry=RetrySpec(),
-    )
+    agent = AgentSpec(name="terminus-2", model="openai/gpt-x", api_key_env=api_key_env)
+    return hello_file_request(trial_id, agent, experiment_id="exp-1", correlation_id="corr-1")
 
 
 class Published:

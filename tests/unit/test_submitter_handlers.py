@@ -28,7 +28,7 @@ from services.common.ports import ExperimentInfo
 from services.common.unpack import unpack_task
 from services.reports.queries import load_experiment
 from services.submitter import handlers
-from services.submitter.submit import PreparedExperiment, longest_size, prepare
+from services.submitter.submit import PreparedExperiment, SubmitResult, longest_size, prepare
 from tests.support.records import single_reward
 from tests.support.sample_events import instances
 
@@ -260,28 +260,21 @@ async def test_a_manifest_no_live_runner_can_run_is_refused_before_anything_is_p
     await runners.announce(
         RunnerInfo(runner_id="r-gpu", host="h", pool="gpu", capabilities=["local"], concurrency=1)
     )
+
+    async def submit() -> SubmitResult:
+        """Submit ``prepared`` to ``bus``, checked against ``runners``, on fresh ports."""
+        ledger, tasks = InMemoryLedger(), InMemoryObjectStore("TASKS")
+        coordinator = InMemoryCoordinator(lease_ttl_s=60)
+        return await handlers.submit(prepared, bus, ledger, coordinator, tasks, runners)
+
     with pytest.raises(ManifestError, match=r"no live runner in pool 'default'.*gpu \(local\)"):
-        await handlers.submit(
-            prepared,
-            bus,
-            InMemoryLedger(),
-            InMemoryCoordinator(lease_ttl_s=60),
-            InMemoryObjectStore("TASKS"),
-            runners,
-        )
+        await submit()
     assert bus.published == []
     # Negative control: once a default-pool runner that can run it is live, it goes out.
     await runners.announce(
         RunnerInfo(runner_id="r-1", host="h", capabilities=["local"], concurrency=2)
     )
-    result = await handlers.submit(
-        prepared,
-        bus,
-        InMemoryLedger(),
-        InMemoryCoordinator(lease_ttl_s=60),
-        InMemoryObjectStore("TASKS"),
-        runners,
-    )
+    result = await submit()
     assert result.n_published == len(prepared.trials)
 
 

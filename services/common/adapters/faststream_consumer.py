@@ -5,6 +5,8 @@ the admin (or ``ensure_streams``) declared, bodies left as raw bytes for
 ``parse_event``, manual acks applied from the verdicts their ``handle_batch``
 returns, in-progress heartbeats while a batch runs, and the role's own inbox prefix.
 What differs (the durable, batch size, consumer limits, the handler) is a parameter.
+``EventsConsumer`` also builds what both wrap around it: the role's broker, the
+service metrics, the metered ledger, the app that closes it, the metrics exporter.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from faststream import FastStream
@@ -24,13 +27,17 @@ from nats.js import JetStreamContext
 
 from infra.nats_auth import BrokerAuth, broker_auth
 from services.common.adapters.jetstream import apply_settle, ensure_streams
+from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.errors import Settle
 from services.common.logging import configure_logging
+from services.common.metrics import MeteredLedger, ServiceMetrics, serve_metrics
 from services.common.ports import Ledger
+from services.common.service import running_beside
 from services.common.settings import CommonSettings
 
 __all__ = [
     "BatchHandler",
+    "EventsConsumer",
     "app_closing_ledger",
     "make_broker",
     "run_app",
@@ -40,6 +47,68 @@ __all__ = [
 
 BatchHandler = Callable[[list[Msg]], Awaitable[Sequence[Settle]]]
 """Turns one batch of raw messages into one verdict per message, in order."""
+
+
+@dataclass(slots=True)
+class EventsConsumer:
+    """A service that consumes the events stream in batches (the importer, the watcher).
+
+    Built before its handler, which closes over ``ledger`` (metered); ``app`` then
+    registers the handler and returns the FastStream app to add start-up hooks to.
+    """
+
+    settings: CommonSettings
+    broker: NatsBroker
+    auth: BrokerAuth
+    metrics: ServiceMetrics
+    ledger: Ledger
+
+    @classmethod
+    def build(cls, settings: CommonSettings, role: str, ledger: Ledger | None) -> EventsConsumer:
+        """The role's broker and metrics, and ``ledger`` (the settings' MongoLedger
+        when None) metered; nothing connects until the app starts."""
+        broker, auth = make_broker(settings, role)
+        metrics = ServiceMetrics(role)
+        metrics.instrument(broker)
+        metered = MeteredLedger(
+            ledger or MongoLedger(settings.ledger_url, settings.ledger_db), metrics
+        )
+        return cls(settings, broker, auth, metrics, metered)
+
+    def app(
+        self,
+        handle: BatchHandler,
+        *,
+        durable: str,
+        batch_size: int,
+        batch_timeout_s: float,
+        ack_wait_s: float,
+        max_ack_pending: int | None = None,
+    ) -> FastStream:
+        """Subscribe ``handle`` (metered) to every event on ``durable``; the app closes
+        the ledger after shutdown, serves the metrics and polls the durable's counts."""
+        topo = self.settings.topology
+        subscribe_batches(
+            self.broker,
+            self.auth,
+            self.metrics.metered(handle),
+            subject=topo.event_filter(),
+            stream=topo.events_stream,
+            durable=durable,
+            batch_size=batch_size,
+            batch_timeout_s=batch_timeout_s,
+            ack_wait_s=ack_wait_s,
+            max_ack_pending=max_ack_pending,
+        )
+        app = app_closing_ledger(self.broker, self.ledger)
+        serve_metrics(
+            app, self.metrics, self.settings.metrics_port, str(self.settings.metrics_addr)
+        )
+        broker = self.broker
+        self.metrics.watch_consumer(
+            app, lambda: broker.connection.jetstream(), topo.events_stream, durable
+        )
+        return app
 
 
 def make_broker(settings: CommonSettings, role: str) -> tuple[NatsBroker, BrokerAuth]:
@@ -144,10 +213,5 @@ async def keep_in_progress(msgs: Sequence[Msg], every_s: float) -> AsyncIterator
             await asyncio.sleep(every_s)
             await asyncio.gather(*(m.in_progress() for m in msgs), return_exceptions=True)
 
-    task = asyncio.create_task(beat())
-    try:
+    async with running_beside(beat()):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

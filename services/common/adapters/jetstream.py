@@ -19,7 +19,13 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import NotFoundError
 
 from schemas.events import Envelope, TrialLog, TrialRequested, encode_event
@@ -81,6 +87,22 @@ def stream_configs(topology: Topology, replicas: int = 1) -> list[StreamConfig]:
             duplicate_window=60,
         ),
     ]
+
+
+def kv_config(bucket: str, *, ttl_s: float | None, replicas: int) -> KeyValueConfig:
+    """How the admin (and a service on an open stack) creates a trialbus KV bucket:
+    one value per key, on file, ``replicas`` copies, entries expiring after ``ttl_s``
+    (None: never)."""
+    # direct: reads are $JS.API.DIRECT.GET.KV_<b>.$KV.<b>.<key>, so a role's read
+    # right could be narrowed to some keys.
+    return KeyValueConfig(
+        bucket=bucket,
+        history=1,
+        ttl=ttl_s,
+        storage=StorageType.FILE,
+        replicas=replicas,
+        direct=True,
+    )
 
 
 async def ensure_streams(js: JetStreamContext, topology: Topology, replicas: int = 1) -> None:

@@ -26,15 +26,16 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from schemas.runners import RunnerInfo, registry_key
 from schemas.subjects import Topology
+from services.common.adapters.jetstream import kv_config
 from services.common.logging import get_logger
 from services.common.ports import RunnerRegistry
+from services.common.service import running_beside
 
 log = get_logger(__name__)
 
@@ -74,16 +75,7 @@ class NatsRunnerRegistry:
         try:
             kv = await js.key_value(name)
         except BucketNotFoundError:
-            kv = await js.create_key_value(
-                KeyValueConfig(
-                    bucket=name,
-                    history=1,
-                    ttl=create_ttl_s,
-                    storage=StorageType.FILE,
-                    replicas=replicas,
-                    direct=True,
-                )
-            )
+            kv = await js.create_key_value(kv_config(name, ttl_s=create_ttl_s, replicas=replicas))
         ttl = (await kv.status()).ttl
         return cls(js, kv, name, float(ttl) if ttl else create_ttl_s)
 
@@ -138,13 +130,10 @@ async def heartbeat(
             except Exception as exc:  # noqa: BLE001 - reconnecting; try at the next beat
                 log.warning("runner heartbeat failed", error=f"{type(exc).__name__}: {exc}")
 
-    task = asyncio.create_task(beat())
     try:
-        yield
+        async with running_beside(beat()):
+            yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         try:
             await registry.withdraw(info)
         except Exception as exc:  # noqa: BLE001 - the record expires with the TTL anyway

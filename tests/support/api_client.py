@@ -1,0 +1,39 @@
+"""The submitter's HTTP API run in-process, and an httpx client of it.
+
+Tests of the API's behaviour need no server process: the app's lifespan runs (NATS
+and the ledger connected, as in production) and requests go through ASGI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from services.common.settings import SubmitterSettings
+from services.submitter.app import create_app
+
+
+@asynccontextmanager
+async def api_client(
+    nats_url: str, ledger_url: str, ledger_db: str, prefix: str, **options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a submitter app on the test's NATS and ledger (JSON logs), for as
+    long as the block runs; ``options`` are further SubmitterSettings fields."""
+    settings = SubmitterSettings(
+        nats_url=nats_url,
+        ledger_url=ledger_url,
+        ledger_db=ledger_db,
+        prefix=prefix,
+        log_json=True,
+        **options,
+    )
+    app: FastAPI = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        # The Host header must be one the API answers (localhost by default).
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            yield c

@@ -1,0 +1,21 @@
+"""The base of the Harbor agents the tests load by ``import_path``.
+
+Each agent in tests/support is a few lines of behaviour in ``run``; what Harbor asks
+of every agent besides (a version, a setup step) is the same for all, and kept here.
+"""
+
+from __future__ import annotations
+
+from harbor.agents.base import BaseAgent
+from harbor.environments.base import BaseEnvironment
+
+
+class SupportAgent(BaseAgent):  # type: ignore[misc]  # Harbor ships no types
+    """An agent with nothing to install; subclasses give ``name`` and ``run``."""
+
+    def version(self) -> str:
+        """Agent version (recorded by Harbor)."""
+        return "1.0.0"
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        """Nothing to install."""
