@@ -3,6 +3,7 @@ Harbor trials in the local (bubblewrap) environment, driven by the real CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -26,6 +27,9 @@ pytestmark = pytest.mark.e2e
 
 MANIFEST = ROOT / "examples" / "experiment.yaml"
 BIN = Path(sys.executable).parent
+# ExperimentCompleted follows the last record by the watcher's count (or its periodic
+# re-check); the importer then writes the job result.json.
+JOB_RESULT_DEADLINE_S = 120.0
 
 
 async def _records(stack: EmbeddedStack, experiment_id: str) -> dict[str, Any]:
@@ -132,7 +136,14 @@ async def test_example_experiment_end_to_end(
 
     # 5. Importing the job folder again changes nothing.
     job_dir = stack.jobs_dir / exp
-    assert json.loads((job_dir / "result.json").read_text())["n_total_trials"] == 24
+    # The job-level result.json is written when the importer handles ExperimentCompleted,
+    # which follows the last record (what `--wait` waits for): wait for it, generously.
+    job_result = job_dir / "result.json"
+    deadline = time.monotonic() + JOB_RESULT_DEADLINE_S
+    while not job_result.is_file():
+        assert time.monotonic() < deadline, f"no job result.json after {JOB_RESULT_DEADLINE_S} s"
+        await asyncio.sleep(0.2)
+    assert json.loads(job_result.read_text())["n_total_trials"] == 24
     imported = cli.run("import", str(job_dir), "--json")
     assert imported.returncode == 0, imported.stderr
     counts = json.loads(imported.stdout)
