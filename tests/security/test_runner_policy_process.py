@@ -9,7 +9,6 @@ trial ran with the agent's key sent to ``evil.example``.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -27,7 +26,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry
 from tests.e2e.cli import ROOT
 from tests.support.api_client import api_client
 from tests.support.importer_process import until
-from tests.support.runner_policy import write_policy
+from tests.support.runner_policy import start_runner, write_policy
 
 pytestmark = pytest.mark.integration
 
@@ -55,20 +54,14 @@ async def runner(
 ) -> AsyncIterator[ServiceProcess]:
     """A runner process under a policy file, live in the registry with its policy."""
     policy = write_policy(tmp_path / "policy", extra_secret_names=["MYLLM_API_KEY"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_RUNNER_ID=RUNNER_ID,
-        TRIALBUS_CONCURRENCY="1",
-        TRIALBUS_WORK_DIR=str(tmp_path / "runner"),
-        TRIALBUS_SANDBOX_DIR=str(tmp_path / "sandboxes"),
-        TRIALBUS_POLICY_FILE=str(policy),
-        TRIALBUS_LOG_JSON="true",
+    proc = start_runner(
+        tmp_path,
+        policy,
+        runner_id=RUNNER_ID,
+        nats_url=nats_url,
+        ledger_url=ledger_url,
+        prefix=topology.prefix,
     )
-    proc = ServiceProcess("runner", env, tmp_path / "runner.log")
-    proc.start()
     nc = await nats.connect(nats_url)
     try:
         registry = await NatsRunnerRegistry.open(nc.jetstream(), topology)

@@ -25,9 +25,6 @@ values in clear (checked by hand with ``restrict_environ`` and
 from __future__ import annotations
 
 import hashlib
-import io
-import os
-import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -47,7 +44,8 @@ from services.submitter.app import create_app
 from tests.e2e.cli import ROOT
 from tests.support.environ_agent import GRANTED
 from tests.support.importer_process import until
-from tests.support.runner_policy import write_policy
+from tests.support.runner_policy import start_runner, write_policy
+from tests.support.stored_results import file_members
 
 pytestmark = pytest.mark.integration
 
@@ -85,23 +83,17 @@ async def runner(
         extra_secret_names=[GRANTED],
         pass_env=[PASSED[0]],
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
+    proc = start_runner(
+        tmp_path,
+        policy,
+        runner_id=RUNNER_ID,
+        nats_url=nats_url,
+        ledger_url=ledger_url,
+        prefix=topology.prefix,
         TRIALBUS_LEDGER_URL=f"mongodb://trialbus:{LEDGER_PASSWORD}@ledger.invalid:27017",
         CLOUD_SECRET_TOKEN=CLOUD_TOKEN,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_RUNNER_ID=RUNNER_ID,
-        TRIALBUS_CONCURRENCY="1",
-        TRIALBUS_WORK_DIR=str(tmp_path / "runner"),
-        TRIALBUS_SANDBOX_DIR=str(tmp_path / "sandboxes"),
-        TRIALBUS_POLICY_FILE=str(policy),
-        TRIALBUS_LOG_JSON="true",
         **{GRANTED: GRANTED_VALUE, PASSED[0]: PASSED[1]},
     )
-    proc = ServiceProcess("runner", env, tmp_path / "runner.log")
-    proc.start()
     try:
         yield proc
     finally:
@@ -137,15 +129,6 @@ async def _stream(js: nats.js.JetStreamContext, stream: str) -> list[bytes]:
     return [(await js.get_msg(stream, seq)).data or b"" for seq in range(1, n + 1)]
 
 
-def _members(data: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        return {
-            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
-            for m in tar.getmembers()
-            if m.isfile()
-        }
-
-
 async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
     runner: ServiceProcess,
     nats_url: str,
@@ -173,7 +156,7 @@ async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
         store = await open_bucket(
             js, RunnerSettings(nats_url=nats_url, prefix=topology.prefix), "results"
         )
-        members = _members(await store.get(completed[0].result))
+        members = file_members(await store.get(completed[0].result))
         record = await record_for(completed[0], StoredTrials(store, tmp_path / "importer"))
     finally:
         await nc.drain()
