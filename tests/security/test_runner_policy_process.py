@@ -26,7 +26,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry
 from tests.e2e.cli import ROOT
 from tests.support.api_client import api_client
 from tests.support.importer_process import until
-from tests.support.runner_policy import start_runner, write_policy
+from tests.support.runner_policy import StartRunner, write_policy
 
 pytestmark = pytest.mark.integration
 
@@ -50,18 +50,11 @@ Client = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 @pytest.fixture
 async def runner(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology
+    tmp_path: Path, nats_url: str, topology: Topology, policy_runner: StartRunner
 ) -> AsyncIterator[ServiceProcess]:
     """A runner process under a policy file, live in the registry with its policy."""
     policy = write_policy(tmp_path / "policy", extra_secret_names=["MYLLM_API_KEY"])
-    proc = start_runner(
-        tmp_path,
-        policy,
-        runner_id=RUNNER_ID,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        prefix=topology.prefix,
-    )
+    proc = policy_runner(policy, RUNNER_ID)
     nc = await nats.connect(nats_url)
     try:
         registry = await NatsRunnerRegistry.open(nc.jetstream(), topology)
@@ -76,7 +69,6 @@ async def runner(
         yield proc
     finally:
         await nc.close()
-        proc.stop()
 
 
 @pytest.fixture

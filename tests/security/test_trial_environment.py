@@ -25,7 +25,6 @@ values in clear (checked by hand with ``restrict_environ`` and
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -44,7 +43,7 @@ from services.submitter.app import create_app
 from tests.e2e.cli import ROOT
 from tests.support.environ_agent import GRANTED
 from tests.support.importer_process import until
-from tests.support.runner_policy import start_runner, write_policy
+from tests.support.runner_policy import StartRunner, write_policy
 from tests.support.stored_results import file_members
 
 pytestmark = pytest.mark.integration
@@ -73,9 +72,7 @@ def _leaks(data: bytes) -> list[str]:
 
 
 @pytest.fixture
-async def runner(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology
-) -> AsyncIterator[ServiceProcess]:
+def runner(tmp_path: Path, policy_runner: StartRunner) -> ServiceProcess:
     """A runner process with secrets of its own in its environment, live."""
     policy = write_policy(
         tmp_path / "policy",
@@ -83,21 +80,13 @@ async def runner(
         extra_secret_names=[GRANTED],
         pass_env=[PASSED[0]],
     )
-    proc = start_runner(
-        tmp_path,
+    return policy_runner(
         policy,
-        runner_id=RUNNER_ID,
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        prefix=topology.prefix,
+        RUNNER_ID,
         TRIALBUS_LEDGER_URL=f"mongodb://trialbus:{LEDGER_PASSWORD}@ledger.invalid:27017",
         CLOUD_SECRET_TOKEN=CLOUD_TOKEN,
         **{GRANTED: GRANTED_VALUE, PASSED[0]: PASSED[1]},
     )
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 async def _submit(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -> str:

@@ -9,11 +9,16 @@ EmbeddedStack's ``runner_env`` or a runner process's environment;
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from infra.service_process import ServiceProcess
 from schemas.runners import RunnerPolicy
+
+type StartRunner = Callable[..., ServiceProcess]
+"""``start(policy_file, runner_id, **extra_env)``: a started runner process (the
+``policy_runner`` fixture of tests/security/conftest.py)."""
 
 
 def write_policy(folder: Path, **fields: Any) -> Path:
