@@ -23,11 +23,11 @@ from typing import Any
 import pymongo
 import pymongo.errors
 import pytest
-import yaml
 
 from benchmarks.instant_executor import EXECUTOR_SPEC
 from infra.embedded import LedgerServer
 from infra.stack import LEDGER_ARGS
+from tests.support.manifests import manifest_file, nop_agents
 from tests.support.stack_console import ROOT, StackConsole, launched
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -111,18 +111,15 @@ def up(tmp_path: Path) -> Iterator[Up]:
 
 
 def write_manifest(folder: Path) -> Path:
-    reps = N_TRIALS // 2
-    data = {
-        "name": "supervision",
-        "tasks": [str(TASK)],
-        "agents": [{"name": "nop", "label": f"nop-{i}", "kwargs": {"i": i}} for i in range(2)],
-        "repetitions": reps,
-        "compute": {"environment": "local", "n_concurrent_trials": 1000},
-        "retry": {"max_attempts": 3, "backoff_seconds": 0.2},
-    }
-    path = folder / "supervision.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return manifest_file(
+        folder,
+        "supervision",
+        tasks=[TASK],
+        agents=nop_agents(2),
+        repetitions=N_TRIALS // 2,
+        concurrency=1000,
+        retry={"max_attempts": 3, "backoff_seconds": 0.2},
+    )
 
 
 def submit(up: Up, manifest: Path) -> str:
