@@ -27,12 +27,11 @@ import pytest
 from benchmarks.instant_executor import EXECUTOR_SPEC
 from infra.embedded import LedgerServer
 from infra.stack import LEDGER_ARGS
-from tests.support.manifests import manifest_file, nop_agents
-from tests.support.stack_console import ROOT, StackConsole, launched
+from tests.support.manifests import nop_manifest
+from tests.support.stack_console import StackConsole, launched
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-TASK = ROOT / "examples" / "tasks" / "hello-file"
 N_TRIALS = 80
 
 # What identifies each child in the process table (its command line).
@@ -111,14 +110,9 @@ def up(tmp_path: Path) -> Iterator[Up]:
 
 
 def write_manifest(folder: Path) -> Path:
-    return manifest_file(
-        folder,
-        "supervision",
-        tasks=[TASK],
-        agents=nop_agents(2),
-        repetitions=N_TRIALS // 2,
-        concurrency=1000,
-        retry={"max_attempts": 3, "backoff_seconds": 0.2},
+    retry = {"max_attempts": 3, "backoff_seconds": 0.2}
+    return nop_manifest(
+        folder, "supervision", agents=2, repetitions=N_TRIALS // 2, concurrency=1000, retry=retry
     )
 
 
