@@ -27,20 +27,18 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import httpx
 import nats
 import pytest
-from fastapi import FastAPI
 
 from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, TrialLog, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_objects import open_bucket
-from services.common.settings import RunnerSettings, SubmitterSettings
+from services.common.settings import RunnerSettings
 from services.importer.folders import StoredTrials
 from services.importer.handlers import record_for
-from services.submitter.app import create_app
 from tests.e2e.cli import ROOT
+from tests.support.api_client import api_client
 from tests.support.environ_agent import GRANTED
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
@@ -91,23 +89,18 @@ def runner(tmp_path: Path, policy_runner: StartRunner) -> ServiceProcess:
 
 async def _submit(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -> str:
     """Submit the probe's experiment over the HTTP API (in-process); its id."""
-    settings = SubmitterSettings(
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        ledger_db=ledger_db,
-        prefix=topology.prefix,
+    async with api_client(
+        nats_url,
+        ledger_url,
+        ledger_db,
+        topology.prefix,
         api_no_auth=True,
         tasks_root=ROOT / "examples" / "tasks",
         check_runners=False,  # the runner may not be live yet; it checks again anyway
-        log_json=True,
-    )
-    app: FastAPI = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            answer = await c.post(
-                "/experiments", content=MANIFEST, headers={"Content-Type": "application/yaml"}
-            )
+    ) as c:
+        answer = await c.post(
+            "/experiments", content=MANIFEST, headers={"Content-Type": "application/yaml"}
+        )
     assert answer.status_code == 202, answer.text
     experiment_id: str = answer.json()["experiment_id"]
     return experiment_id

@@ -17,13 +17,12 @@ from services.common.settings import SubmitterSettings
 from services.submitter.app import create_app
 
 
-@asynccontextmanager
-async def api_client(
+def submitter_settings(
     nats_url: str, ledger_url: str, ledger_db: str, prefix: str, **options: Any
-) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of a submitter app on the test's NATS and ledger (JSON logs), for as
-    long as the block runs; ``options`` are further SubmitterSettings fields."""
-    settings = SubmitterSettings(
+) -> SubmitterSettings:
+    """The submitter's settings on the test's NATS and ledger (JSON logs); ``options``
+    are further SubmitterSettings fields."""
+    return SubmitterSettings(
         nats_url=nats_url,
         ledger_url=ledger_url,
         ledger_db=ledger_db,
@@ -31,6 +30,15 @@ async def api_client(
         log_json=True,
         **options,
     )
+
+
+@asynccontextmanager
+async def api_client(
+    nats_url: str, ledger_url: str, ledger_db: str, prefix: str, **options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a submitter app on the test's NATS and ledger (JSON logs), for as
+    long as the block runs; ``options`` are further SubmitterSettings fields."""
+    settings = submitter_settings(nats_url, ledger_url, ledger_db, prefix, **options)
     app: FastAPI = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
