@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import nats
 import pytest
 import yaml
@@ -28,11 +25,9 @@ from schemas.subjects import Topology
 from services.common.errors import ManifestError
 from services.submitter.submit import prepare
 from tests.e2e.cli import run_module
-from tests.support.api_client import api_client
+from tests.support.api_client import EXAMPLE_TASKS, examples_api
 
 pytestmark = pytest.mark.integration
-
-EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
 
 def _manifest(prompt_chars: int) -> dict[str, Any]:
@@ -61,22 +56,6 @@ def _just_under() -> int:
     return chars
 
 
-@asynccontextmanager
-async def _api(
-    nats_url: str, ledger_url: str, ledger_db: str, prefix: str
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with api_client(
-        nats_url,
-        ledger_url,
-        ledger_db,
-        prefix,
-        api_no_auth=True,
-        tasks_root=EXAMPLE_TASKS,
-        check_runners=False,
-    ) as c:
-        yield c
-
-
 async def _stored(nats_url: str, stream: str) -> list[bytes]:
     nc = await nats.connect(nats_url)
     try:
@@ -90,7 +69,9 @@ async def _stored(nats_url: str, stream: str) -> list[bytes]:
 async def test_an_oversized_kwargs_value_is_refused_naming_it_and_nothing_is_published(
     nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
 ) -> None:
-    async with _api(nats_url, ledger_url, ledger_db, topology.prefix) as api:
+    async with examples_api(
+        nats_url, ledger_url, ledger_db, topology.prefix, check_runners=False
+    ) as api:
         refused = await api.post("/experiments", json=_manifest(600 * 1024))
         assert refused.status_code == 422, refused.text
         error = refused.json()["error"]

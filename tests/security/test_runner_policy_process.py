@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import httpx
@@ -23,8 +23,7 @@ from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, TrialFailed, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_registry import NatsRunnerRegistry
-from tests.e2e.cli import ROOT
-from tests.support.api_client import api_client
+from tests.support.api_client import examples_api
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
 
@@ -75,18 +74,10 @@ async def runner(
 def client(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -> Client:
     """The submitter's HTTP API in-process (no auth on loopback; tasks from examples)."""
 
-    @asynccontextmanager
-    async def open_client(check_runners: bool) -> AsyncIterator[httpx.AsyncClient]:
-        async with api_client(
-            nats_url,
-            ledger_url,
-            ledger_db,
-            topology.prefix,
-            api_no_auth=True,
-            tasks_root=ROOT / "examples" / "tasks",
-            check_runners=check_runners,
-        ) as c:
-            yield c
+    def open_client(check_runners: bool) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+        return examples_api(
+            nats_url, ledger_url, ledger_db, topology.prefix, check_runners=check_runners
+        )
 
     return open_client
 

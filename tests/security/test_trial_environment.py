@@ -37,8 +37,7 @@ from services.common.adapters.nats_objects import open_bucket
 from services.common.settings import RunnerSettings
 from services.importer.folders import StoredTrials
 from services.importer.handlers import record_for
-from tests.e2e.cli import ROOT
-from tests.support.api_client import api_client
+from tests.support.api_client import examples_api
 from tests.support.environ_agent import GRANTED
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
@@ -89,14 +88,9 @@ def runner(tmp_path: Path, policy_runner: StartRunner) -> ServiceProcess:
 
 async def _submit(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -> str:
     """Submit the probe's experiment over the HTTP API (in-process); its id."""
-    async with api_client(
-        nats_url,
-        ledger_url,
-        ledger_db,
-        topology.prefix,
-        api_no_auth=True,
-        tasks_root=ROOT / "examples" / "tasks",
-        check_runners=False,  # the runner may not be live yet; it checks again anyway
+    # No runner check: the runner may not be live yet; it checks again anyway.
+    async with examples_api(
+        nats_url, ledger_url, ledger_db, topology.prefix, check_runners=False
     ) as c:
         answer = await c.post(
             "/experiments", content=MANIFEST, headers={"Content-Type": "application/yaml"}

@@ -7,7 +7,8 @@ and the ledger connected, as in production) and requests go through ASGI.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +16,9 @@ from fastapi import FastAPI
 
 from services.common.settings import SubmitterSettings
 from services.submitter.app import create_app
+
+EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+"""The repository's example tasks (what a manifest's ``tasks: [hello-file]`` names)."""
 
 
 def submitter_settings(
@@ -45,3 +49,20 @@ async def api_client(
         # The Host header must be one the API answers (localhost by default).
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             yield c
+
+
+def examples_api(
+    nats_url: str, ledger_url: str, ledger_db: str, prefix: str, *, check_runners: bool
+) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+    """:func:`api_client` as on a developer's loopback: no authentication, task paths
+    inside ``EXAMPLE_TASKS``; ``check_runners``: whether a submission needs a live
+    runner that can take it."""
+    return api_client(
+        nats_url,
+        ledger_url,
+        ledger_db,
+        prefix,
+        api_no_auth=True,
+        tasks_root=EXAMPLE_TASKS,
+        check_runners=check_runners,
+    )
