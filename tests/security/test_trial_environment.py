@@ -37,6 +37,7 @@ from services.common.adapters.nats_objects import open_bucket
 from services.common.settings import RunnerSettings
 from services.importer.folders import StoredTrials
 from services.importer.handlers import record_for
+from tests.e2e.events import stream_payloads
 from tests.support.api_client import examples_api
 from tests.support.environ_agent import GRANTED
 from tests.support.importer_process import until
@@ -100,11 +101,6 @@ async def _submit(nats_url: str, ledger_url: str, topology: Topology, ledger_db:
     return experiment_id
 
 
-async def _stream(js: nats.js.JetStreamContext, stream: str) -> list[bytes]:
-    n = (await js.stream_info(stream)).state.messages
-    return [(await js.get_msg(stream, seq)).data or b"" for seq in range(1, n + 1)]
-
-
 async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
     runner: ServiceProcess,
     nats_url: str,
@@ -121,14 +117,14 @@ async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
         logs: list[bytes] = []
 
         async def done() -> bool:
-            events = [parse_event(p) for p in await _stream(js, topology.events_stream)]
+            events = [parse_event(p) for p in await stream_payloads(js, topology.events_stream)]
             completed[:] = [e for e in events if isinstance(e, TrialCompleted)]
-            logs[:] = await _stream(js, topology.logs_stream)
+            logs[:] = await stream_payloads(js, topology.logs_stream)
             # The dump's last line reached the logs stream (the control of that channel).
             return bool(completed) and any(b"== granted" in p for p in logs)
 
         await until(f"{experiment_id}'s trial and its live output", done, runner, 240)
-        events = await _stream(js, topology.events_stream)
+        events = await stream_payloads(js, topology.events_stream)
         store = await open_bucket(
             js, RunnerSettings(nats_url=nats_url, prefix=topology.prefix), "results"
         )
