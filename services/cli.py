@@ -185,23 +185,6 @@ def compare(
     out.print(comparison_renderable(data))
 
 
-@app.command()
-def cancel(experiment: str, json_out: JsonOpt = False) -> None:
-    """Cancel an experiment: queued trials are dropped, running ones stopped."""
-    from services.submitter.commands import cancel_experiment
-
-    result = _call(cancel_experiment, experiment)
-    if _printed_as_json(result, json_out):
-        return
-    if not result["known"]:
-        err.print(f"warning: the ledger does not know {experiment!r} (yet); flag set anyway")
-    err.print(
-        f"experiment {experiment} cancelled ({result['already_recorded']} trials already "
-        "recorded); the rest get 'cancelled' records",
-        highlight=False,
-    )
-
-
 def _register_schedule_commands() -> None:
     from services.cli_schedule import register
 

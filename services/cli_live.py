@@ -104,6 +104,19 @@ def runners_table(rows: list[RunnerRow]) -> Table:
 def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
     """Add the live commands to the CLI's ``app``; ``run`` maps errors to exit codes."""
 
+    def show_rows[R: ExperimentRow | RunnerRow](
+        fetch: Callable[[CommonSettings], Awaitable[list[R]]],
+        table: Callable[[list[R]], Table],
+        json_out: bool,
+    ) -> None:
+        """A list command's output: the rows ``fetch`` reads, as JSON or as ``table``."""
+        settings = settings_for(CommonSettings)
+        rows: list[R] = run(lambda: fetch(settings))
+        if json_out:
+            out.print_json(json.dumps([r.as_dict() for r in rows]))
+        else:
+            out.print(table(rows))
+
     @app.command()
     def status(
         experiment: str,
@@ -138,12 +151,7 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
         """Every experiment: id, name, submitted by, state, progress, started, duration."""
         from services.submitter.follow import list_experiments
 
-        settings = settings_for(CommonSettings)
-        rows: list[ExperimentRow] = run(lambda: list_experiments(settings))
-        if json_out:
-            out.print_json(json.dumps([r.as_dict() for r in rows]))
-        else:
-            out.print(experiments_table(rows))
+        show_rows(list_experiments, experiments_table, json_out)
 
     @app.command()
     def logs(
@@ -175,12 +183,7 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
         """Live runners: id, host, pool, capabilities, concurrency, last seen; stale marked."""
         from services.submitter.follow import list_runners
 
-        settings = settings_for(CommonSettings)
-        rows: list[RunnerRow] = run(lambda: list_runners(settings))
-        if json_out:
-            out.print_json(json.dumps([r.as_dict() for r in rows]))
-        else:
-            out.print(runners_table(rows))
+        show_rows(list_runners, runners_table, json_out)
 
 
 def follow_status(

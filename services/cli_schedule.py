@@ -1,5 +1,5 @@
-"""The ``trialbus`` commands that steer an experiment's work: ``pause``, ``resume``
-and ``retry`` (docs/scheduling.md). Thin like services/cli.py: parse, call
+"""The ``trialbus`` commands that steer an experiment's work: ``cancel``, ``pause``,
+``resume`` and ``retry`` (docs/scheduling.md). Thin like services/cli.py: parse, call
 services.submitter.commands, print; registered on the CLI's app by ``register``.
 """
 
@@ -21,23 +21,43 @@ type Call = Callable[..., Any]
 def register(
     app: typer.Typer, call: Call, err: Console, printed_as_json: Callable[[Any, bool], bool]
 ) -> None:
-    """Add pause, resume and retry to the CLI's ``app``."""
+    """Add cancel, pause, resume and retry to the CLI's ``app``."""
+
+    def set_flag(op: Call, experiment: str, json_out: bool) -> dict[str, Any] | None:
+        """Set the experiment's cancel or pause flag through ``op``; the result to say in
+        words, or None once printed as JSON. The flag is set even for an experiment the
+        ledger does not know yet (its records may not be written yet): a warning says so."""
+        result: dict[str, Any] = call(op, experiment)
+        if printed_as_json(result, json_out):
+            return None
+        if not result["known"]:
+            err.print(f"warning: the ledger does not know {experiment!r} (yet); flag set anyway")
+        return result
+
+    @app.command()
+    def cancel(experiment: str, json_out: JsonOpt = False) -> None:
+        """Cancel an experiment: queued trials are dropped, running ones stopped."""
+        from services.submitter.commands import cancel_experiment
+
+        result = set_flag(cancel_experiment, experiment, json_out)
+        if result is not None:
+            err.print(
+                f"experiment {experiment} cancelled ({result['already_recorded']} trials "
+                "already recorded); the rest get 'cancelled' records",
+                highlight=False,
+            )
 
     @app.command()
     def pause(experiment: str, json_out: JsonOpt = False) -> None:
         """Pause an experiment: queued trials wait (not started, not lost); running ones finish."""
         from services.submitter.commands import pause_experiment
 
-        result = call(pause_experiment, experiment)
-        if printed_as_json(result, json_out):
-            return
-        if not result["known"]:
-            err.print(f"warning: the ledger does not know {experiment!r} (yet); flag set anyway")
-        err.print(
-            f"experiment {experiment} paused: queued trials wait until `trialbus resume "
-            f"{experiment}`; trials already running finish",
-            highlight=False,
-        )
+        if set_flag(pause_experiment, experiment, json_out) is not None:
+            err.print(
+                f"experiment {experiment} paused: queued trials wait until `trialbus resume "
+                f"{experiment}`; trials already running finish",
+                highlight=False,
+            )
 
     @app.command()
     def resume(experiment: str, json_out: JsonOpt = False) -> None:

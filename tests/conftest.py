@@ -24,10 +24,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Generator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
+import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from infra.embedded import (
     BinaryNotFoundError,
@@ -185,6 +187,16 @@ def ledger_url(ledger_server: LedgerServer) -> str:
 def topology() -> Topology:
     """A topology with a prefix unique to this test (its own streams and durables)."""
     return Topology(prefix="t" + secrets.token_hex(5))
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
+    """A NATS connection of this test's own to ``nats_url``, closed at teardown."""
+    client = await nats.connect(nats_url)
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 @pytest.fixture

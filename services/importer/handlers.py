@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from schemas.events import (
     Event,
@@ -118,18 +118,31 @@ def _completed_record(trial_dir: Path, event: TrialCompleted) -> TrialRecord:
     return record.model_copy(update={"artifacts": Artifacts(archive=event.result)})
 
 
-def unreadable_result_record(event: TrialCompleted, exc: BaseException) -> TrialRecord:
-    """The partial record of a trial whose stored folder cannot be used."""
-    failed = TrialFailed(
+def _importer_failure(
+    event: TrialCompleted | TrialFailed, error_type: str, message: str, **fields: Any
+) -> TrialFailed:
+    """A final infrastructure failure standing for ``event`` when the importer cannot
+    record it as it came; ``fields``: more of the event's own fields to keep."""
+    return TrialFailed(
         experiment_id=event.experiment_id,
         trial_id=event.trial_id,
         correlation_id=event.correlation_id,
         failure_class="infrastructure",
-        error_type=type(exc).__name__,
-        message=f"stored trial folder {event.result.name} unusable: {exc}"[:2000],
+        error_type=error_type,
+        message=message,
         attempt=event.attempt,
         final=True,
         result=event.result,
+        **fields,
+    )
+
+
+def unreadable_result_record(event: TrialCompleted, exc: BaseException) -> TrialRecord:
+    """The partial record of a trial whose stored folder cannot be used."""
+    failed = _importer_failure(
+        event,
+        type(exc).__name__,
+        f"stored trial folder {event.result.name} unusable: {exc}"[:2000],
         repetition=event.repetition,
         runner_host=event.runner_host,
     )
@@ -185,18 +198,8 @@ def record_failure_verdict(
 
 def importer_error_record(event: TrialCompleted | TrialFailed, exc: BaseException) -> TrialRecord:
     """The partial record written when the importer gives up on a trial's record."""
-    failed = TrialFailed(
-        experiment_id=event.experiment_id,
-        trial_id=event.trial_id,
-        correlation_id=event.correlation_id,
-        failure_class="infrastructure",
-        error_type="ImporterError",
-        message=f"importer could not build the record: {type(exc).__name__}: {exc}",
-        attempt=event.attempt,
-        final=True,
-        result=event.result,
-    )
-    return build_failed_record(failed)
+    message = f"importer could not build the record: {type(exc).__name__}: {exc}"
+    return build_failed_record(_importer_failure(event, "ImporterError", message))
 
 
 def _prefer(new: TrialRecord, old: TrialRecord | None) -> TrialRecord:

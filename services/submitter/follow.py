@@ -143,23 +143,18 @@ async def trial_logs(
         raise UserInputError(f"{trial_id!r} is not a trial id")
     topology = settings.topology
     async with open_nats(settings, "trialbus-logs") as nats, open_ledger(settings) as ledger:
-        js = nats.nc.jetstream()
+        feeds = LiveFeeds(nats.nc, topology)
         subject = f"{topology.prefix}.logs.*.{trial_id}"
 
         async def held() -> int:
-            info = await js.stream_info(topology.logs_stream, subjects_filter=subject)
-            return sum((info.state.subjects or {}).values())
+            return await feeds.held(topology.logs_stream, subject)
 
         seen = 0
-        async with LiveFeeds(nats.nc, topology).trial_log(trial_id) as feed:
+        async with feeds.trial_log(trial_id) as feed:
 
             async def read_until(count: int, timeout_s: float) -> None:
                 nonlocal seen
-                deadline = time.monotonic() + timeout_s
-                while seen < count and (left := deadline - time.monotonic()) > 0:
-                    event = await feed.next(left)
-                    if event is None:
-                        return
+                async for event in feed.take(count - seen, time.monotonic() + timeout_s):
                     seen += 1
                     if isinstance(event, TrialLog):
                         on_line(LogLine(event.phase, event.stream, event.text))

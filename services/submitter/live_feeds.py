@@ -63,6 +63,18 @@ class EventFeed:
                 continue  # not ours to judge: the importer terminates poison
         return None
 
+    async def take(self, count: int, deadline: float) -> AsyncIterator[Envelope]:
+        """Up to ``count`` events as they come; stops early at ``deadline`` (a
+        ``time.monotonic()`` value) or when none arrives in the time left."""
+        for _ in range(count):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            event = await self.next(left)
+            if event is None:
+                return
+            yield event
+
 
 @dataclass(frozen=True, slots=True)
 class LiveFeeds:
@@ -81,6 +93,11 @@ class LiveFeeds:
         finally:
             with contextlib.suppress(Exception):  # closing: nothing left to lose
                 await sub.unsubscribe()
+
+    async def held(self, stream: str, subject: str) -> int:
+        """How many messages ``stream`` holds on ``subject`` (a filter), now."""
+        info = await self.nc.jetstream().stream_info(stream, subjects_filter=subject)
+        return sum((info.state.subjects or {}).values())
 
     def experiment_events(
         self, experiment_id: str
@@ -111,19 +128,14 @@ class LiveFeeds:
         if not valid_experiment_id(experiment_id):
             raise ValueError(f"not an experiment id: {experiment_id!r}")
         subject = self.topology.event_subject("trial_started", experiment_id)
-        js = self.nc.jetstream()
-        info = await js.stream_info(self.topology.events_stream, subjects_filter=subject)
-        expected = sum((info.state.subjects or {}).values())
+        expected = await self.held(self.topology.events_stream, subject)
         started: dict[str, TrialStarted] = {}
         if expected == 0:
             return started
         deadline = time.monotonic() + HISTORY_TIMEOUT_S
         seen = 0
         async with self._follow(subject, DeliverPolicy.ALL) as feed:
-            while seen < expected and (left := deadline - time.monotonic()) > 0:
-                event = await feed.next(left)
-                if event is None:
-                    break
+            async for event in feed.take(expected, deadline):
                 seen += 1
                 if isinstance(event, TrialStarted):
                     started[event.trial_id] = event

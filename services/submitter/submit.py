@@ -169,25 +169,31 @@ def longest_size(trial: TrialRequested) -> int:
     return len(encode_event(trial)) + len(_longest_run_id(trial)) - len(trial.run_id)
 
 
-def check_event_sizes(prepared: PreparedExperiment) -> None:
-    """Raise ManifestError naming the field when an event of ``prepared`` would be too
-    large for its consumers (MAX_EVENT_BYTES), measured in the largest form each takes
-    (a resumed trial's run id; the manifest as stored, ``submitted_by`` included)."""
+def experiment_submitted(prepared: PreparedExperiment, n_published: int) -> ExperimentSubmitted:
+    """The experiment's ExperimentSubmitted: the manifest as stored (canonical, with the
+    experiment id and ``submitted_by``) and how many trials this submission publishes."""
     manifest = canonical_manifest(prepared.manifest)
     manifest["experiment_id"] = prepared.experiment_id
     if prepared.submitted_by is not None:
         manifest["submitted_by"] = dict(prepared.submitted_by)
-    submitted = ExperimentSubmitted(
+    return ExperimentSubmitted(
         experiment_id=prepared.experiment_id,
         correlation_id=prepared.correlation_id,
         name=prepared.manifest.name,
         n_trials=len(prepared.trials),
-        n_published=len(prepared.trials),
+        n_published=n_published,
         manifest=manifest,
     )
+
+
+def check_event_sizes(prepared: PreparedExperiment) -> None:
+    """Raise ManifestError naming the field when an event of ``prepared`` would be too
+    large for its consumers (MAX_EVENT_BYTES), measured in the largest form each takes
+    (a resumed trial's run id; the manifest as stored, ``submitted_by`` included)."""
+    submitted = experiment_submitted(prepared, len(prepared.trials))
     data = encode_event(submitted)
     if len(data) > MAX_EVENT_BYTES:
-        raise _too_large("experiment_submitted", data, *_largest_field(manifest, ""))
+        raise _too_large("experiment_submitted", data, *_largest_field(submitted.manifest, ""))
     agents = prepared.manifest.agents
     for trial in prepared.trials:
         # The resume form of the run id is the longest a trial is published with.
@@ -255,20 +261,7 @@ async def publish_experiment(
         correlation_id=prepared.correlation_id,
         trial_ids=[t.trial_id for t in prepared.trials],
     )
-    manifest = canonical_manifest(prepared.manifest)
-    manifest["experiment_id"] = prepared.experiment_id
-    if prepared.submitted_by is not None:
-        manifest["submitted_by"] = dict(prepared.submitted_by)
-    await bus.publish(
-        ExperimentSubmitted(
-            experiment_id=prepared.experiment_id,
-            correlation_id=prepared.correlation_id,
-            name=prepared.manifest.name,
-            n_trials=len(prepared.trials),
-            n_published=len(todo),
-            manifest=manifest,
-        )
-    )
+    await bus.publish(experiment_submitted(prepared, len(todo)))
     items: list[TrialRequested] = []
     for t in todo:
         # A trial with an unscored record is re-run under a msg id derived from that

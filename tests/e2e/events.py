@@ -33,6 +33,13 @@ Condition = Callable[[Sequence[Event]], T | None | Awaitable[T | None]]
 """Given every event so far (stream order): a truthy answer ends the wait."""
 
 
+async def stream_payloads(js: JetStreamContext, stream: str) -> list[bytes]:
+    """The payload of every message ``stream`` holds, by sequence from 1 (for a stream
+    nothing was removed from: the events and logs streams, work no runner took)."""
+    n = (await js.stream_info(stream)).state.messages
+    return [(await js.get_msg(stream, seq)).data or b"" for seq in range(1, n + 1)]
+
+
 def server_list(nats_url: str) -> list[str]:
     """``nats://a,nats://b`` (the form EmbeddedStack takes for a cluster) as a list."""
     return [u.strip() for u in nats_url.split(",") if u.strip()]

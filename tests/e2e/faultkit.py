@@ -24,9 +24,8 @@ from schemas.subjects import Topology
 from tests.e2e.cli import ROOT, Cli
 from tests.e2e.events import read_events
 from tests.e2e.ledger_check import LedgerCheck, check_ledger
+from tests.support.manifests import nop_manifest
 from tests.support.records import records_in
-
-TASK = ROOT / "examples" / "tasks" / "hello-file"
 
 
 def instant_runner_env(delay_s: float, **extra: str) -> dict[str, str]:
@@ -54,19 +53,14 @@ def write_manifest(
     reps = min(100, n_trials)
     n_agents = -(-n_trials // reps)
     assert n_agents * reps == n_trials, "n_trials must be <= 100 or a multiple of 100"
-    data: dict[str, Any] = {
-        "name": name,
-        "tasks": [str(TASK)],
-        "agents": [
-            {"name": "nop", "label": f"nop-{i}", "kwargs": {"i": i}} for i in range(n_agents)
-        ],
-        "repetitions": reps,
-        "compute": {"environment": "local", "n_concurrent_trials": concurrency},
-        "retry": {"max_attempts": max_attempts, "backoff_seconds": backoff_s},
-    }
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return nop_manifest(
+        folder,
+        name,
+        agents=n_agents,
+        repetitions=reps,
+        concurrency=concurrency,
+        retry={"max_attempts": max_attempts, "backoff_seconds": backoff_s},
+    )
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from infra.stack import EmbeddedStack
 from schemas.events import TrialFailed
@@ -31,6 +30,7 @@ from tests.e2e.conftest import Stacks
 from tests.e2e.events import EventTap
 from tests.e2e.faultkit import ledger_records
 from tests.e2e.test_llm_agents import API_KEY_ENV, HELLO_FILE, runner_env, submit_wait, terminus
+from tests.support.manifests import manifest_file
 from tests.support.model_stub import ModelStub
 
 pytestmark = pytest.mark.e2e
@@ -46,17 +46,15 @@ def stub() -> Iterator[ModelStub]:
 
 
 def manifest(folder: Path, stub: ModelStub) -> Path:
-    data = {
-        "name": "refused-key",
-        "tasks": [str(HELLO_FILE)],
-        "agents": [terminus(stub, "unauthorized"), {"name": "oracle"}],
-        "repetitions": REPETITIONS,
-        "compute": {"environment": "local", "n_concurrent_trials": 1},
-        "retry": {"max_attempts": 2, "backoff_seconds": 0.5},
-    }
-    path = folder / "refused-key.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return manifest_file(
+        folder,
+        "refused-key",
+        tasks=[HELLO_FILE],
+        agents=[terminus(stub, "unauthorized"), {"name": "oracle"}],
+        repetitions=REPETITIONS,
+        concurrency=1,
+        retry={"max_attempts": 2, "backoff_seconds": 0.5},
+    )
 
 
 def by_agent(records: list[Any]) -> dict[str, list[Any]]:
@@ -118,16 +116,15 @@ async def a_token_budget_stops_trials_not_yet_started(
     # A solving model, one trial at a time, and a budget the first trial uses up
     # (terminus-2 uses ~1,750 tokens on hello-file here): the runner reads the tokens from
     # Harbor's own result.json, and the trials after it do not start.
-    data = {
-        "name": "budgeted",
-        "tasks": [str(HELLO_FILE)],
-        "agents": [terminus(stub, "solve")],
-        "repetitions": 3,
-        "compute": {"environment": "local", "n_concurrent_trials": 1},
-        "budget": {"max_tokens": 1000, "max_cost_usd": 5.0},
-    }
-    path = tmp_path / "budgeted.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = manifest_file(
+        tmp_path,
+        "budgeted",
+        tasks=[HELLO_FILE],
+        agents=[terminus(stub, "solve")],
+        repetitions=3,
+        concurrency=1,
+        budget={"max_tokens": 1000, "max_cost_usd": 5.0},
+    )
     exp = await submit_wait(cli, path)
     records = await ledger_records(stack, exp)
     errors = sorted(str(r.evaluation.exception_type) for r in records)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from infra.stack import EmbeddedStack
 from schemas.events import TrialFailed
@@ -31,6 +30,7 @@ from tests.conftest import skip_unless
 from tests.e2e.cli import ROOT, Cli
 from tests.e2e.conftest import Stacks
 from tests.e2e.faultkit import ledger_records
+from tests.support.manifests import manifest_file
 from tests.support.model_stub import ModelStub
 from tests.support.runner_policy import policy_env
 
@@ -92,17 +92,15 @@ def write_manifest(
     max_attempts: int = 1,
 ) -> Path:
     """A manifest of ``agents`` x hello-file (or ``tasks``), one repetition each."""
-    data = {
-        "name": name,
-        "tasks": [str(t) for t in tasks or [HELLO_FILE]],
-        "agents": agents,
-        "repetitions": 1,
-        "compute": {"environment": "local", "n_concurrent_trials": 6},
-        "retry": {"max_attempts": max_attempts, "backoff_seconds": 0.5},
-    }
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return manifest_file(
+        folder,
+        name,
+        tasks=tasks or [HELLO_FILE],
+        agents=agents,
+        repetitions=1,
+        concurrency=6,
+        retry={"max_attempts": max_attempts, "backoff_seconds": 0.5},
+    )
 
 
 async def submit_wait(cli: Cli, manifest: Path, limit_s: float = 420) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.reports.progress import experiment_row
-from tests.e2e.cli import ROOT, run_module
+from tests.e2e.cli import ROOT, Cli, run_module
 
 pytestmark = pytest.mark.integration
 
@@ -97,14 +96,7 @@ async def world(
     await ledger.upsert_experiment(
         ExperimentInfo(EXP, "live demo", len(TRIALS), {"submitted_by": {"user": "alice"}})
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
-        TRIALBUS_LEDGER_DB=ledger_db,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_STACK_FILE=str(tmp_path / "no-stack.json"),
-    )
+    env = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json").env
     registry = await NatsRunnerRegistry.open(js, topology, create_ttl_s=30.0)
     try:
         yield World(JetStreamBus(js, topology), ledger, registry, env)

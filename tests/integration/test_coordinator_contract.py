@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from schemas.subjects import Topology
@@ -64,32 +65,28 @@ class TestNatsCoordinator(CoordinatorContract):
 
 
 async def test_a_released_slot_leaves_no_marker_so_the_next_take_is_one_write(
-    nats_url: str, topology: Topology
+    nc: NatsClient, topology: Topology
 ) -> None:
     """``release`` purges the key's subject: nothing stays for a conditional take to trip on."""
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        coord = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
-        stream = f"KV_{topology.leases_bucket}"
-        subject = f"$KV.{topology.leases_bucket}.exp-1.0"
+    js = nc.jetstream()
+    coord = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
+    stream = f"KV_{topology.leases_bucket}"
+    subject = f"$KV.{topology.leases_bucket}.exp-1.0"
 
-        async def messages_on_slot() -> int:
-            info = await js.stream_info(stream, subjects_filter=subject)
-            return (info.state.subjects or {}).get(subject, 0)
+    async def messages_on_slot() -> int:
+        info = await js.stream_info(stream, subjects_filter=subject)
+        return (info.state.subjects or {}).get(subject, 0)
 
-        lease = await coord.acquire("exp-1", 1, "runner-a")
-        assert lease is not None and await messages_on_slot() == 1
-        await coord.release(lease)
-        assert await messages_on_slot() == 0
-        # The slot's next take is the conditional write alone (expected last sequence 0).
-        leases = await js.key_value(topology.leases_bucket)
-        await leases.update("exp-1.0", b"runner-b", last=0)
-        # Negative control: a KV purge (how slots were released before) leaves a marker,
-        # and the same write is refused.
-        await leases.purge("exp-1.0")
-        assert await messages_on_slot() == 1
-        with pytest.raises(KeyWrongLastSequenceError):
-            await leases.update("exp-1.0", b"runner-c", last=0)
-    finally:
-        await nc.close()
+    lease = await coord.acquire("exp-1", 1, "runner-a")
+    assert lease is not None and await messages_on_slot() == 1
+    await coord.release(lease)
+    assert await messages_on_slot() == 0
+    # The slot's next take is the conditional write alone (expected last sequence 0).
+    leases = await js.key_value(topology.leases_bucket)
+    await leases.update("exp-1.0", b"runner-b", last=0)
+    # Negative control: a KV purge (how slots were released before) leaves a marker,
+    # and the same write is refused.
+    await leases.purge("exp-1.0")
+    assert await messages_on_slot() == 1
+    with pytest.raises(KeyWrongLastSequenceError):
+        await leases.update("exp-1.0", b"runner-c", last=0)

@@ -30,11 +30,11 @@ from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.ports import ExperimentInfo
-from services.common.settings import SubmitterSettings
 from services.submitter.api_tokens import token_digest
 from services.submitter.app import create_app
 from services.submitter.dashboard_views import leaderboard_cells
 from services.submitter.http_security import SESSION_COOKIE
+from tests.support.api_client import submitter_settings
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +53,8 @@ async def server(
     tokens = tmp_path / "api-tokens.yaml"
     tokens.write_text(f"tokens:\n  - {{sha256: {token_digest(TOKEN)}, user: ada, team: t1}}\n")
     tokens.chmod(0o600)
-    settings = SubmitterSettings(
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        ledger_db=ledger_db,
-        prefix=topology.prefix,
-        api_tokens_file=tokens,
-        log_json=True,
+    settings = submitter_settings(
+        nats_url, ledger_url, ledger_db, topology.prefix, api_tokens_file=tokens
     )
     port = free_port()
     config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")

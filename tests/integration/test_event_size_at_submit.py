@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-import nats
 import pytest
 import yaml
+from nats.aio.client import Client as NatsClient
 
 from schemas.events import MAX_EVENT_BYTES, parse_event
 from schemas.manifest import ExperimentManifest
@@ -28,11 +25,10 @@ from schemas.subjects import Topology
 from services.common.errors import ManifestError
 from services.submitter.submit import prepare
 from tests.e2e.cli import run_module
-from tests.support.api_client import api_client
+from tests.e2e.events import stream_payloads
+from tests.support.api_client import EXAMPLE_TASKS, examples_api
 
 pytestmark = pytest.mark.integration
-
-EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 
 
 def _manifest(prompt_chars: int) -> dict[str, Any]:
@@ -61,50 +57,27 @@ def _just_under() -> int:
     return chars
 
 
-@asynccontextmanager
-async def _api(
-    nats_url: str, ledger_url: str, ledger_db: str, prefix: str
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with api_client(
-        nats_url,
-        ledger_url,
-        ledger_db,
-        prefix,
-        api_no_auth=True,
-        tasks_root=EXAMPLE_TASKS,
-        check_runners=False,
-    ) as c:
-        yield c
-
-
-async def _stored(nats_url: str, stream: str) -> list[bytes]:
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        n = (await js.stream_info(stream)).state.messages
-        return [(await js.get_msg(stream, seq)).data or b"" for seq in range(1, n + 1)]
-    finally:
-        await nc.close()
-
-
 async def test_an_oversized_kwargs_value_is_refused_naming_it_and_nothing_is_published(
-    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, nc: NatsClient
 ) -> None:
-    async with _api(nats_url, ledger_url, ledger_db, topology.prefix) as api:
+    js = nc.jetstream()
+    async with examples_api(
+        nats_url, ledger_url, ledger_db, topology.prefix, check_runners=False
+    ) as api:
         refused = await api.post("/experiments", json=_manifest(600 * 1024))
         assert refused.status_code == 422, refused.text
         error = refused.json()["error"]
         assert "agents[0].kwargs.prompt" in error, error
         assert f"{MAX_EVENT_BYTES}-byte limit" in error, error
-        assert await _stored(nats_url, topology.work_stream) == []
-        assert await _stored(nats_url, topology.events_stream) == []
+        assert await stream_payloads(js, topology.work_stream) == []
+        assert await stream_payloads(js, topology.events_stream) == []
 
         # Control: just under the limit, the same manifest is published, and a
         # consumer accepts each of its events (parse_event enforces the limit).
         accepted = await api.post("/experiments", json=_manifest(_just_under()))
         assert accepted.status_code == 202, accepted.text
-        work = await _stored(nats_url, topology.work_stream)
-        events = await _stored(nats_url, topology.events_stream)
+        work = await stream_payloads(js, topology.work_stream)
+        events = await stream_payloads(js, topology.events_stream)
         assert len(work) == 1 and len(events) == 1
         for payload in (*work, *events):
             assert MAX_EVENT_BYTES - 1024 < len(payload) <= MAX_EVENT_BYTES, len(payload)

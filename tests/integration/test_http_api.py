@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import tarfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -31,7 +30,7 @@ from services.common.ports import ExperimentInfo
 from services.common.task_identity import task_checksum
 from services.submitter.api_tokens import token_digest
 from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
-from tests.e2e.cli import run_module
+from tests.e2e.cli import Cli, run_module
 from tests.support.api_client import api_client
 
 pytestmark = pytest.mark.integration
@@ -301,14 +300,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
         )
     finally:
         await nc.close()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_LEDGER_DB=ledger_db,
-        TRIALBUS_STACK_FILE=str(tmp_path / "no-stack.json"),
-    )
+    env = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json").env
     page = tmp_path / "report.html"
     status, board, report, unknown = await asyncio.gather(
         *(

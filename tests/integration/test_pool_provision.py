@@ -8,10 +8,9 @@ installation is provisioned again, and the work waiting in it is not lost.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -31,15 +30,6 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     require_nats_server()
     with NatsServer(Path(tmp_path_factory.mktemp("pools"))) as server:
         yield server.url
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
-    client = await nats.connect(nats_url)
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def _legacy_durable(topo: Topology) -> ConsumerConfig:

@@ -31,6 +31,7 @@ from services.common.settings import RunnerSettings
 from services.common.trial_folders import TrialFolders
 from services.importer.folders import StoredTrials
 from services.importer.handlers import record_for
+from tests.e2e.events import stream_payloads
 from tests.support.redaction_trial import TRIAL_ID
 from tests.support.secret_trials import LEDGER_PASSWORD, SECRETS, run_with_secrets
 from tests.support.stored_results import file_members
@@ -43,12 +44,6 @@ VALUES = [*SECRETS.values(), LEDGER_PASSWORD, KEY64[:16]]
 
 def _leaks(data: bytes) -> list[str]:
     return [v for v in VALUES if v.encode() in data]
-
-
-async def _events(js: nats.js.JetStreamContext, topology: Topology) -> list[bytes]:
-    stream = topology.events_stream
-    n = (await js.stream_info(stream)).state.messages
-    return [(await js.get_msg(stream, seq)).data or b"" for seq in range(1, n + 1)]
 
 
 async def test_a_trial_quoting_its_secrets_is_published_stored_and_recorded_redacted(
@@ -69,7 +64,7 @@ async def test_a_trial_quoting_its_secrets_is_published_stored_and_recorded_reda
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
-        payloads = await _events(js, topology)
+        payloads = await stream_payloads(js, topology.events_stream)
         events = [parse_event(p) for p in payloads]
         failed = [e for e in events if isinstance(e, TrialFailed)]
         completed = [e for e in events if isinstance(e, TrialCompleted)]

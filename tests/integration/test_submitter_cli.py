@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 from pathlib import Path
 
 import nats
 import pytest
 
+from infra.managed_process import free_port
 from schemas.events import ResultImported, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.settings import CommonSettings
 from services.submitter.commands import import_job
-from tests.e2e.cli import run_module
+from tests.e2e.cli import Cli, run_module
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +35,6 @@ def _job(tmp_path: Path, name: str) -> Path:
         (job / trial).mkdir(parents=True)
         (job / trial / "trial.log").write_text("started\n")
     return job
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 async def _announced(nats_url: str, topology: Topology, experiment_id: str) -> list[str]:
@@ -92,7 +84,7 @@ async def test_import_without_nats_ledgers_and_says_it_announced_nothing(
     nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
 ) -> None:
     settings = CommonSettings(
-        nats_url=f"nats://127.0.0.1:{_closed_port()}",
+        nats_url=f"nats://127.0.0.1:{free_port()}",
         ledger_url=ledger_url,
         ledger_db=ledger_db,
         prefix=topology.prefix,
@@ -111,27 +103,15 @@ async def test_import_without_nats_ledgers_and_says_it_announced_nothing(
     assert topology.events_stream not in streams
 
 
-def _env(nats_url: str, ledger_url: str, ledger_db: str, prefix: str, tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
-        TRIALBUS_LEDGER_DB=ledger_db,
-        TRIALBUS_PREFIX=prefix,
-        TRIALBUS_STACK_FILE=str(tmp / "no-stack.json"),
-    )
-    return env
-
-
 async def test_the_cli_submits_and_imports_with_its_documented_output(
     nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
 ) -> None:
-    env = _env(nats_url, ledger_url, ledger_db, topology.prefix, tmp_path)
+    env = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json").env
     # Its own database: the two job folders hold the same trial names, and a ledger
     # refuses to move a trial to another experiment (test_ledger_boundary).
     offline = {
         **env,
-        "NATS_URL": f"nats://127.0.0.1:{_closed_port()}",
+        "NATS_URL": f"nats://127.0.0.1:{free_port()}",
         "TRIALBUS_LEDGER_DB": f"{ledger_db}-offline",
     }
     manifest = str(REPO / "examples" / "experiment.yaml")

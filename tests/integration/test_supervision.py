@@ -23,16 +23,15 @@ from typing import Any
 import pymongo
 import pymongo.errors
 import pytest
-import yaml
 
 from benchmarks.instant_executor import EXECUTOR_SPEC
 from infra.embedded import LedgerServer
 from infra.stack import LEDGER_ARGS
-from tests.support.stack_console import ROOT, StackConsole, launched
+from tests.support.manifests import nop_manifest
+from tests.support.stack_console import StackConsole, launched
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-TASK = ROOT / "examples" / "tasks" / "hello-file"
 N_TRIALS = 80
 
 # What identifies each child in the process table (its command line).
@@ -111,18 +110,10 @@ def up(tmp_path: Path) -> Iterator[Up]:
 
 
 def write_manifest(folder: Path) -> Path:
-    reps = N_TRIALS // 2
-    data = {
-        "name": "supervision",
-        "tasks": [str(TASK)],
-        "agents": [{"name": "nop", "label": f"nop-{i}", "kwargs": {"i": i}} for i in range(2)],
-        "repetitions": reps,
-        "compute": {"environment": "local", "n_concurrent_trials": 1000},
-        "retry": {"max_attempts": 3, "backoff_seconds": 0.2},
-    }
-    path = folder / "supervision.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    retry = {"max_attempts": 3, "backoff_seconds": 0.2}
+    return nop_manifest(
+        folder, "supervision", agents=2, repetitions=N_TRIALS // 2, concurrency=1000, retry=retry
+    )
 
 
 def submit(up: Up, manifest: Path) -> str:

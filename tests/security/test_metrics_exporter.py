@@ -27,6 +27,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from infra.managed_process import free_port
 from infra.service_process import ServiceProcess
 from services.common.runner_metrics import exporter
 from services.common.settings import CommonSettings
@@ -84,16 +85,9 @@ def answers(addr: str, port: int) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def metrics_port() -> int:
-    return _free_port()
+    return free_port()
 
 
 @pytest.fixture

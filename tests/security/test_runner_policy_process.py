@@ -9,10 +9,9 @@ trial ran with the agent's key sent to ``evil.example``.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import httpx
@@ -24,10 +23,9 @@ from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, TrialFailed, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_registry import NatsRunnerRegistry
-from tests.e2e.cli import ROOT
-from tests.support.api_client import api_client
+from tests.support.api_client import examples_api
 from tests.support.importer_process import until
-from tests.support.runner_policy import write_policy
+from tests.support.runner_policy import StartRunner, write_policy
 
 pytestmark = pytest.mark.integration
 
@@ -51,24 +49,11 @@ Client = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 @pytest.fixture
 async def runner(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology
+    tmp_path: Path, nats_url: str, topology: Topology, policy_runner: StartRunner
 ) -> AsyncIterator[ServiceProcess]:
     """A runner process under a policy file, live in the registry with its policy."""
     policy = write_policy(tmp_path / "policy", extra_secret_names=["MYLLM_API_KEY"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_RUNNER_ID=RUNNER_ID,
-        TRIALBUS_CONCURRENCY="1",
-        TRIALBUS_WORK_DIR=str(tmp_path / "runner"),
-        TRIALBUS_SANDBOX_DIR=str(tmp_path / "sandboxes"),
-        TRIALBUS_POLICY_FILE=str(policy),
-        TRIALBUS_LOG_JSON="true",
-    )
-    proc = ServiceProcess("runner", env, tmp_path / "runner.log")
-    proc.start()
+    proc = policy_runner(policy, RUNNER_ID)
     nc = await nats.connect(nats_url)
     try:
         registry = await NatsRunnerRegistry.open(nc.jetstream(), topology)
@@ -83,25 +68,16 @@ async def runner(
         yield proc
     finally:
         await nc.close()
-        proc.stop()
 
 
 @pytest.fixture
 def client(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -> Client:
     """The submitter's HTTP API in-process (no auth on loopback; tasks from examples)."""
 
-    @asynccontextmanager
-    async def open_client(check_runners: bool) -> AsyncIterator[httpx.AsyncClient]:
-        async with api_client(
-            nats_url,
-            ledger_url,
-            ledger_db,
-            topology.prefix,
-            api_no_auth=True,
-            tasks_root=ROOT / "examples" / "tasks",
-            check_runners=check_runners,
-        ) as c:
-            yield c
+    def open_client(check_runners: bool) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+        return examples_api(
+            nats_url, ledger_url, ledger_db, topology.prefix, check_runners=check_runners
+        )
 
     return open_client
 

@@ -27,7 +27,6 @@ from typing import Any
 import nats
 import pymongo
 import pytest
-import yaml
 from nats.errors import Error as NatsError
 
 from benchmarks.instant_executor import EXECUTOR_SPEC
@@ -37,12 +36,11 @@ from schemas.subjects import Topology
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.common.stackfile import settings_for, write_stack_file
 from tests.support.bus_roles import require_nats_server
+from tests.support.manifests import nop_manifest
 from tests.support.stack_console import StackConsole, launched
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-ROOT = Path(__file__).resolve().parents[2]
-TASK = ROOT / "examples" / "tasks" / "hello-file"
 TRIALBUS = Path(sys.executable).with_name("trialbus")
 TOPO = Topology("trialbus")
 N_TRIALS = 8
@@ -179,16 +177,7 @@ def _violations(up: Up) -> list[str]:
 
 
 def _write_manifest(folder: Path) -> Path:
-    data = {
-        "name": "stack-auth",
-        "tasks": [str(TASK)],
-        "agents": [{"name": "nop", "label": f"nop-{i}", "kwargs": {"i": i}} for i in range(2)],
-        "repetitions": N_TRIALS // 2,
-        "compute": {"environment": "local", "n_concurrent_trials": 8},
-    }
-    path = folder / "stack-auth.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return nop_manifest(folder, "stack-auth", agents=2, repetitions=N_TRIALS // 2, concurrency=8)
 
 
 def test_cli_submission_through_the_stack_file_completes(up: Up, tmp_path: Path) -> None:

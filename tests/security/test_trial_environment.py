@@ -25,29 +25,24 @@ values in clear (checked by hand with ``restrict_environ`` and
 from __future__ import annotations
 
 import hashlib
-import io
-import os
-import tarfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import nats
 import pytest
-from fastapi import FastAPI
 
 from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, TrialLog, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_objects import open_bucket
-from services.common.settings import RunnerSettings, SubmitterSettings
+from services.common.settings import RunnerSettings
 from services.importer.folders import StoredTrials
 from services.importer.handlers import record_for
-from services.submitter.app import create_app
-from tests.e2e.cli import ROOT
+from tests.e2e.events import stream_payloads
+from tests.support.api_client import examples_api
 from tests.support.environ_agent import GRANTED
 from tests.support.importer_process import until
-from tests.support.runner_policy import write_policy
+from tests.support.runner_policy import StartRunner, write_policy
+from tests.support.stored_results import file_members
 
 pytestmark = pytest.mark.integration
 
@@ -75,9 +70,7 @@ def _leaks(data: bytes) -> list[str]:
 
 
 @pytest.fixture
-async def runner(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology
-) -> AsyncIterator[ServiceProcess]:
+def runner(tmp_path: Path, policy_runner: StartRunner) -> ServiceProcess:
     """A runner process with secrets of its own in its environment, live."""
     policy = write_policy(
         tmp_path / "policy",
@@ -85,65 +78,27 @@ async def runner(
         extra_secret_names=[GRANTED],
         pass_env=[PASSED[0]],
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
-    env.update(
-        NATS_URL=nats_url,
-        LEDGER_URL=ledger_url,
+    return policy_runner(
+        policy,
+        RUNNER_ID,
         TRIALBUS_LEDGER_URL=f"mongodb://trialbus:{LEDGER_PASSWORD}@ledger.invalid:27017",
         CLOUD_SECRET_TOKEN=CLOUD_TOKEN,
-        TRIALBUS_PREFIX=topology.prefix,
-        TRIALBUS_RUNNER_ID=RUNNER_ID,
-        TRIALBUS_CONCURRENCY="1",
-        TRIALBUS_WORK_DIR=str(tmp_path / "runner"),
-        TRIALBUS_SANDBOX_DIR=str(tmp_path / "sandboxes"),
-        TRIALBUS_POLICY_FILE=str(policy),
-        TRIALBUS_LOG_JSON="true",
         **{GRANTED: GRANTED_VALUE, PASSED[0]: PASSED[1]},
     )
-    proc = ServiceProcess("runner", env, tmp_path / "runner.log")
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 async def _submit(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -> str:
     """Submit the probe's experiment over the HTTP API (in-process); its id."""
-    settings = SubmitterSettings(
-        nats_url=nats_url,
-        ledger_url=ledger_url,
-        ledger_db=ledger_db,
-        prefix=topology.prefix,
-        api_no_auth=True,
-        tasks_root=ROOT / "examples" / "tasks",
-        check_runners=False,  # the runner may not be live yet; it checks again anyway
-        log_json=True,
-    )
-    app: FastAPI = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            answer = await c.post(
-                "/experiments", content=MANIFEST, headers={"Content-Type": "application/yaml"}
-            )
+    # No runner check: the runner may not be live yet; it checks again anyway.
+    async with examples_api(
+        nats_url, ledger_url, ledger_db, topology.prefix, check_runners=False
+    ) as c:
+        answer = await c.post(
+            "/experiments", content=MANIFEST, headers={"Content-Type": "application/yaml"}
+        )
     assert answer.status_code == 202, answer.text
     experiment_id: str = answer.json()["experiment_id"]
     return experiment_id
-
-
-async def _stream(js: nats.js.JetStreamContext, stream: str) -> list[bytes]:
-    n = (await js.stream_info(stream)).state.messages
-    return [(await js.get_msg(stream, seq)).data or b"" for seq in range(1, n + 1)]
-
-
-def _members(data: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        return {
-            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
-            for m in tar.getmembers()
-            if m.isfile()
-        }
 
 
 async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
@@ -162,18 +117,18 @@ async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
         logs: list[bytes] = []
 
         async def done() -> bool:
-            events = [parse_event(p) for p in await _stream(js, topology.events_stream)]
+            events = [parse_event(p) for p in await stream_payloads(js, topology.events_stream)]
             completed[:] = [e for e in events if isinstance(e, TrialCompleted)]
-            logs[:] = await _stream(js, topology.logs_stream)
+            logs[:] = await stream_payloads(js, topology.logs_stream)
             # The dump's last line reached the logs stream (the control of that channel).
             return bool(completed) and any(b"== granted" in p for p in logs)
 
         await until(f"{experiment_id}'s trial and its live output", done, runner, 240)
-        events = await _stream(js, topology.events_stream)
+        events = await stream_payloads(js, topology.events_stream)
         store = await open_bucket(
             js, RunnerSettings(nats_url=nats_url, prefix=topology.prefix), "results"
         )
-        members = _members(await store.get(completed[0].result))
+        members = file_members(await store.get(completed[0].result))
         record = await record_for(completed[0], StoredTrials(store, tmp_path / "importer"))
     finally:
         await nc.drain()

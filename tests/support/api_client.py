@@ -7,7 +7,8 @@ and the ledger connected, as in production) and requests go through ASGI.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,14 +17,16 @@ from fastapi import FastAPI
 from services.common.settings import SubmitterSettings
 from services.submitter.app import create_app
 
+EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+"""The repository's example tasks (what a manifest's ``tasks: [hello-file]`` names)."""
 
-@asynccontextmanager
-async def api_client(
+
+def submitter_settings(
     nats_url: str, ledger_url: str, ledger_db: str, prefix: str, **options: Any
-) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of a submitter app on the test's NATS and ledger (JSON logs), for as
-    long as the block runs; ``options`` are further SubmitterSettings fields."""
-    settings = SubmitterSettings(
+) -> SubmitterSettings:
+    """The submitter's settings on the test's NATS and ledger (JSON logs); ``options``
+    are further SubmitterSettings fields."""
+    return SubmitterSettings(
         nats_url=nats_url,
         ledger_url=ledger_url,
         ledger_db=ledger_db,
@@ -31,9 +34,35 @@ async def api_client(
         log_json=True,
         **options,
     )
+
+
+@asynccontextmanager
+async def api_client(
+    nats_url: str, ledger_url: str, ledger_db: str, prefix: str, **options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a submitter app on the test's NATS and ledger (JSON logs), for as
+    long as the block runs; ``options`` are further SubmitterSettings fields."""
+    settings = submitter_settings(nats_url, ledger_url, ledger_db, prefix, **options)
     app: FastAPI = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         # The Host header must be one the API answers (localhost by default).
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             yield c
+
+
+def examples_api(
+    nats_url: str, ledger_url: str, ledger_db: str, prefix: str, *, check_runners: bool
+) -> AbstractAsyncContextManager[httpx.AsyncClient]:
+    """:func:`api_client` as on a developer's loopback: no authentication, task paths
+    inside ``EXAMPLE_TASKS``; ``check_runners``: whether a submission needs a live
+    runner that can take it."""
+    return api_client(
+        nats_url,
+        ledger_url,
+        ledger_db,
+        prefix,
+        api_no_auth=True,
+        tasks_root=EXAMPLE_TASKS,
+        check_runners=check_runners,
+    )

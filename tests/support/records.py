@@ -3,8 +3,19 @@ from a real ledger for the integration and end-to-end tests."""
 
 from __future__ import annotations
 
-from schemas.record import Evaluation, FailureClass, TrialRecord
+import itertools
+
+from schemas.record import (
+    Evaluation,
+    FailureClass,
+    Provenance,
+    RecordStatus,
+    TrialRecord,
+    Usage,
+)
 from services.common.adapters.mongo_ledger import MongoLedger
+
+_trial_ids = itertools.count()
 
 
 def single_reward(
@@ -18,6 +29,28 @@ def single_reward(
         reward_valid=reward is not None,
         failure_class=failure,
         exception_type=exception,
+    )
+
+
+def report_record(
+    evaluation: Evaluation,
+    *,
+    task: str = "task",
+    agent: str = "oracle",
+    model: str | None = None,
+    label: str | None = None,
+    status: RecordStatus = "complete",
+    usage: Usage | None = None,
+) -> TrialRecord:
+    """A record of experiment ``exp`` under a trial id of its own (the reports group
+    records by task, agent and model; the id only has to differ)."""
+    return TrialRecord(
+        trial_id=f"t{next(_trial_ids)}",
+        experiment_id="exp",
+        status=status,
+        provenance=Provenance(task_name=task, agent_name=agent, agent_label=label, model=model),
+        evaluation=evaluation,
+        usage=usage or Usage(),
     )
 
 

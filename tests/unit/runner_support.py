@@ -101,3 +101,8 @@ class ScriptedExecutor:
                 self.was_cancelled = True
                 raise
         return self._script(request, attempt)
+
+
+def held_completion(tmp: Path) -> ScriptedExecutor:
+    """An executor whose trials wait for ``release``, then complete (result.json in ``tmp``)."""
+    return ScriptedExecutor(lambda r, a: completed(tmp, r.trial_id), block=True)

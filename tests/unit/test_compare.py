@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.record import FailureClass, Provenance, TrialRecord
+from schemas.record import FailureClass, TrialRecord
 from services.common.errors import UserInputError
 from services.reports.compare import Side, compare, pick_side
-from tests.support.records import single_reward
+from tests.support.records import report_record, single_reward
 
-_ids = itertools.count()
 A, B = Side("exp-a", "alpha", None), Side("exp-b", "beta", None)
 
 
@@ -24,13 +21,8 @@ def trial(
     model: str | None = None,
     cause: FailureClass = "none",
 ) -> TrialRecord:
-    return TrialRecord(
-        trial_id=f"c{next(_ids)}",
-        experiment_id="exp",
-        status="complete",
-        provenance=Provenance(task_name=task, agent_name=agent, model=model),
-        evaluation=single_reward(reward, "infrastructure" if reward is None else cause),
-    )
+    evaluation = single_reward(reward, "infrastructure" if reward is None else cause)
+    return report_record(evaluation, task=task, agent=agent, model=model)
 
 
 def side(outcomes: dict[str, list[float | None]], agent: str = "alpha") -> list[TrialRecord]:

@@ -7,21 +7,19 @@ used to leave such trials out of the sum silently and show "-" when none had a c
 
 from __future__ import annotations
 
-import itertools
 import re
 
 from rich.console import Console
 
-from schemas.record import FailureClass, Provenance, TrialRecord, Usage
+from schemas.record import FailureClass, TrialRecord, Usage
 from services.common.ports import ExperimentInfo
 from services.reports.formatting import cost, shows_cost, total_cost, usage_cell
 from services.reports.html import render_html
 from services.reports.leaderboard import leaderboard
 from services.reports.report import build_report
 from services.reports.tables import leaderboard_table, report_renderable
-from tests.support.records import single_reward
+from tests.support.records import report_record, single_reward
 
-_ids = itertools.count()
 MODEL = "openai/gpt-x"
 
 
@@ -29,12 +27,11 @@ def rec(
     agent: str, cost_usd: float | None, *, model: str | None = MODEL, reward: float | None = 1.0
 ) -> TrialRecord:
     failure: FailureClass = "none" if reward is not None else "infrastructure"
-    return TrialRecord(
-        trial_id=f"c{next(_ids)}",
-        experiment_id="exp",
-        status="complete",
-        provenance=Provenance(task_name="hello-file", agent_name=agent, model=model),
-        evaluation=single_reward(reward, failure, None if reward is not None else "E"),
+    return report_record(
+        single_reward(reward, failure, None if reward is not None else "E"),
+        task="hello-file",
+        agent=agent,
+        model=model,
         usage=Usage(cost_usd=cost_usd, n_input_tokens=None if cost_usd is None else 1000),
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
@@ -12,15 +11,13 @@ from hypothesis import strategies as st
 from schemas.record import (
     Evaluation,
     FailureClass,
-    Provenance,
     RecordStatus,
     TrialRecord,
     Usage,
 )
 from services.common.ports import ExperimentInfo
 from services.reports.leaderboard import MIN_SCORED, LeaderboardRow, leaderboard, status_counts
-
-_ids = itertools.count()
+from tests.support.records import report_record
 
 
 def scored(reward: float, agent: str = "oracle", **kw: Any) -> TrialRecord:
@@ -53,13 +50,7 @@ def record(
     label: str | None = None,
     status: RecordStatus = "complete",
 ) -> TrialRecord:
-    return TrialRecord(
-        trial_id=f"t{next(_ids)}",
-        experiment_id="exp",
-        status=status,
-        provenance=Provenance(task_name="task", agent_name=agent, agent_label=label, model=model),
-        evaluation=evaluation,
-    )
+    return report_record(evaluation, agent=agent, model=model, label=label, status=status)
 
 
 def info(n_trials: int, *agents: dict[str, Any]) -> ExperimentInfo:

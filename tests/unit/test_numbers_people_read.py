@@ -7,32 +7,24 @@ unscored trial with a failure class keeps that class as its cause.
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
 from rich.console import Console
 from rich.text import Text
 
-from schemas.record import Evaluation, FailureClass, Provenance, TrialRecord
+from schemas.record import Evaluation, FailureClass, TrialRecord
 from services.reports.html import leaderboard_html
 from services.reports.leaderboard import leaderboard, status_counts
 from services.reports.report import build_report
 from services.reports.scoring import estimate_mean, estimate_rate, unscored_cause
 from services.reports.tables import leaderboard_table
 from services.submitter.dashboard_views import leaderboard_cells
-
-_ids = itertools.count()
+from tests.support.records import report_record
 
 
 def _record(evaluation: Evaluation, agent: str = "oracle") -> TrialRecord:
-    return TrialRecord(
-        trial_id=f"t{next(_ids)}",
-        experiment_id="exp",
-        status="complete",
-        provenance=Provenance(task_name="task", agent_name=agent),
-        evaluation=evaluation,
-    )
+    return report_record(evaluation, agent=agent)
 
 
 def scored(reward: float, agent: str = "oracle") -> TrialRecord:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 
 import pytest
 from rich.console import Console
 
-from schemas.record import FailureClass, Provenance, TrialRecord, Usage
+from schemas.record import FailureClass, TrialRecord, Usage
 from services.common.adapters.memory import InMemoryLedger
 from services.common.errors import UserInputError
 from services.common.ports import ExperimentInfo
@@ -18,9 +17,7 @@ from services.reports.html import heat_colour, render_html
 from services.reports.queries import comparison, experiment_report
 from services.reports.report import build_report
 from services.reports.tables import comparison_renderable, report_renderable
-from tests.support.records import single_reward
-
-_ids = itertools.count()
+from tests.support.records import report_record, single_reward
 
 
 def rec(
@@ -30,13 +27,7 @@ def rec(
     failure: FailureClass = "none",
     exception: str | None = None,
 ) -> TrialRecord:
-    return TrialRecord(
-        trial_id=f"r{next(_ids)}",
-        experiment_id="exp",
-        status="complete",
-        provenance=Provenance(task_name=task, agent_name=agent),
-        evaluation=single_reward(reward, failure, exception),
-    )
+    return report_record(single_reward(reward, failure, exception), task=task, agent=agent)
 
 
 def demo_records() -> list[TrialRecord]:

@@ -36,6 +36,7 @@ from tests.unit.runner_support import (
     ScriptedExecutor,
     completed,
     failed,
+    held_completion,
     make_request,
     trial_folders,
 )
@@ -116,6 +117,13 @@ class World:
         data = request if isinstance(request, bytes) else encode_event(request)
         return await self.handler.handle(data, self.keep_alive, subject="p.work.exp-1")
 
+    async def start(self, request: TrialRequested) -> asyncio.Task[Settle]:
+        """Handle ``request`` in a task of its own, returned once the executor runs it
+        (an executor that blocks, e.g. ``held_completion``, keeps it running)."""
+        task = asyncio.create_task(self.handle(request))
+        await self.executor.running.wait()
+        return task
+
 
 def kinds(bus: RecordingBus) -> list[str]:
     return [getattr(e, "type") for e in bus.published]  # noqa: B009 - Envelope has no tag
@@ -193,11 +201,10 @@ async def test_a_cancelled_experiment_is_not_started() -> None:
 
 
 async def test_cancellation_stops_a_running_trial(tmp_path: Path) -> None:
-    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+    executor = held_completion(tmp_path)
     world = World(executor, heartbeat_s=0.01)
     req = make_request()
-    task = asyncio.create_task(world.handle(req))
-    await executor.running.wait()
+    task = await world.start(req)
     await world.keep_alive.beats(1)
     # Negative control: heartbeats alone do not stop the trial.
     assert not task.done() and not executor.was_cancelled
@@ -212,11 +219,10 @@ async def test_cancellation_stops_a_running_trial(tmp_path: Path) -> None:
 
 async def test_heartbeats_keep_the_lease_past_its_ttl(tmp_path: Path) -> None:
     async def held_after_ttl(heartbeat_s: float) -> list[str]:
-        executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+        executor = held_completion(tmp_path)
         world = World(executor, heartbeat_s=heartbeat_s, ttl_s=60.0)
         req = make_request()
-        task = asyncio.create_task(world.handle(req))
-        await executor.running.wait()
+        task = await world.start(req)
         world.clock.now += 50  # a beat now renews the lease at t+50
         if heartbeat_s < 1:
             await world.keep_alive.beats(2)  # the second beat follows a renew
@@ -313,11 +319,10 @@ async def test_an_ending_stored_but_not_published_is_published_on_redelivery(
 async def test_when_another_runner_ended_the_run_first_its_ending_is_published(
     tmp_path: Path,
 ) -> None:
-    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+    executor = held_completion(tmp_path)
     world = World(executor)
     req = make_request()
-    task = asyncio.create_task(world.handle(req))
-    await executor.running.wait()
+    task = await world.start(req)
     # Meanwhile another runner, handed the same message after ack_wait, finished it.
     theirs = TrialCompleted(
         experiment_id=req.experiment_id,
@@ -397,11 +402,10 @@ async def test_a_bug_is_redelivered_later_never_acked() -> None:
 
 
 async def test_shutdown_cancels_the_handler_and_frees_the_slot(tmp_path: Path) -> None:
-    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+    executor = held_completion(tmp_path)
     world = World(executor)
     req = make_request()
-    task = asyncio.create_task(world.handle(req))
-    await executor.running.wait()
+    task = await world.start(req)
     # Negative control: while running, the trial holds its slot.
     assert world.coord.holders(req.experiment_id) == ["runner-1"]
     task.cancel()
@@ -499,11 +503,10 @@ async def test_a_runner_without_the_trials_environment_ends_it_naming_what_is_mi
 
 async def test_no_slot_is_taken_when_the_limit_cannot_bind(tmp_path: Path) -> None:
     async def holders_while_running(experiment_trials: int | None) -> list[str]:
-        executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+        executor = held_completion(tmp_path)
         world = World(executor)
         req = make_request(limit=2, experiment_trials=experiment_trials)
-        task = asyncio.create_task(world.handle(req))
-        await executor.running.wait()
+        task = await world.start(req)
         holders = world.coord.holders(req.experiment_id)
         executor.release.set()
         assert await asyncio.wait_for(task, 10) == ACK
@@ -576,7 +579,7 @@ class StartNotConfirmed(RecordingBus):
 
 
 async def test_a_start_that_cannot_be_announced_stops_the_run_at_once(tmp_path: Path) -> None:
-    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+    executor = held_completion(tmp_path)
     world = World(executor, bus=StartNotConfirmed())
     req = make_request()
     verdict = await asyncio.wait_for(world.handle(req), 10)

@@ -13,7 +13,13 @@ from pathlib import Path
 from schemas.events import TrialFailed, TrialStarted
 from services.common.errors import ACK
 from services.runner.handlers import PAUSE_WAIT_S
-from tests.unit.runner_support import ScriptedExecutor, completed, failed, make_request
+from tests.unit.runner_support import (
+    ScriptedExecutor,
+    completed,
+    failed,
+    held_completion,
+    make_request,
+)
 from tests.unit.test_runner_handlers import World, kinds
 
 
@@ -52,11 +58,10 @@ async def test_a_pause_leaves_other_experiments_alone(tmp_path: Path) -> None:
 
 
 async def test_a_running_trial_finishes_when_its_experiment_is_paused(tmp_path: Path) -> None:
-    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id), block=True)
+    executor = held_completion(tmp_path)
     world = World(executor, heartbeat_s=0.01)
     req = make_request()
-    task = asyncio.create_task(world.handle(req))
-    await executor.running.wait()
+    task = await world.start(req)
     await world.coord.pause(req.experiment_id)
     await world.keep_alive.beats(3)  # heartbeats ran with the flag set
     assert not task.done() and not executor.was_cancelled

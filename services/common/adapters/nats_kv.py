@@ -73,8 +73,8 @@ class NatsCoordinator:
         self._leases_bucket = leases_bucket
         self._control = control
         self._cache_s = cache_s
-        self._cancelled: dict[str, tuple[float, bool]] = {}
-        # key -> (read at, value): the cached reads of stops, budgets and spend
+        # key -> (read at, value): the cached reads of the control bucket's flags,
+        # stops, budgets and spend
         self._reads: dict[str, tuple[float, bytes | None]] = {}
 
     @classmethod
@@ -125,42 +125,24 @@ class NatsCoordinator:
 
     # -- cancellation ------------------------------------------------------------------
     async def cancel(self, experiment_id: str) -> None:
-        await self._control.put(f"cancel.{experiment_id}", b"1")
-        self._cancelled[experiment_id] = (time.monotonic(), True)
+        await self._put(f"cancel.{experiment_id}", b"1")
 
     async def uncancel(self, experiment_id: str) -> None:
         """A new submission of the experiment lifts an earlier cancellation."""
-        with contextlib.suppress(KeyNotFoundError):
-            await self._control.purge(f"cancel.{experiment_id}")
-        self._cancelled.pop(experiment_id, None)
+        await self._purge(f"cancel.{experiment_id}")
 
     async def is_cancelled(self, experiment_id: str, *, fresh: bool = False) -> bool:
         """Whether the experiment was cancelled (cached for ``cache_s``)."""
-        now = time.monotonic()
-        cached = self._cancelled.get(experiment_id)
-        if cached is not None and not fresh and now - cached[0] < self._cache_s:
-            return cached[1]
-        try:
-            entry = await self._control.get(f"cancel.{experiment_id}")
-            value = entry.value == b"1"
-        except KeyNotFoundError:
-            value = False
-        self._cancelled[experiment_id] = (now, value)
-        return value
+        return await self._read(f"cancel.{experiment_id}", fresh=fresh) == b"1"
 
     # -- pause -------------------------------------------------------------------------
     async def pause(self, experiment_id: str) -> None:
         """Flag the experiment paused."""
-        key = f"pause.{experiment_id}"
-        await self._control.put(key, b"1")
-        self._reads[key] = (time.monotonic(), b"1")
+        await self._put(f"pause.{experiment_id}", b"1")
 
     async def resume(self, experiment_id: str) -> None:
         """Lift the pause (purged, so the bucket keeps no trace of it)."""
-        key = f"pause.{experiment_id}"
-        with contextlib.suppress(KeyNotFoundError):
-            await self._control.purge(key)
-        self._reads.pop(key, None)
+        await self._purge(f"pause.{experiment_id}")
 
     async def is_paused(self, experiment_id: str, *, fresh: bool = False) -> bool:
         """Whether the experiment is paused (cached for ``cache_s``)."""
@@ -239,20 +221,16 @@ class NatsCoordinator:
         """Purge these agents' stops (keys are named, not listed: the submitter may not
         read the control bucket)."""
         for agent_key in agent_keys:
-            key = f"stops.{experiment_id}.{agent_key}"
-            with contextlib.suppress(KeyNotFoundError):
-                await self._control.purge(key)
-            self._reads.pop(key, None)
+            await self._purge(f"stops.{experiment_id}.{agent_key}")
 
     async def set_budget(self, experiment_id: str, budget: bytes | None) -> None:
         """Store (or with None purge) the experiment's budget."""
         key = f"budget.{experiment_id}"
         if budget is None:
-            with contextlib.suppress(KeyNotFoundError):
-                await self._control.purge(key)
+            await self._purge(key)
         else:
             await self._control.put(key, budget)
-        self._reads.pop(key, None)
+            self._reads.pop(key, None)
 
     async def budget(self, experiment_id: str, *, fresh: bool = False) -> bytes | None:
         """The experiment's stored budget, or None (cached for ``cache_s``)."""
@@ -283,7 +261,19 @@ class NatsCoordinator:
         """The running total (cached for ``cache_s``)."""
         return Spend.decode(await self._read(f"spend.{experiment_id}", fresh=fresh))
 
+    async def _put(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key``; this process reads it back without asking."""
+        await self._control.put(key, value)
+        self._reads[key] = (time.monotonic(), value)
+
+    async def _purge(self, key: str) -> None:
+        """Remove ``key`` and its history (the bucket keeps no trace); forget its read."""
+        with contextlib.suppress(KeyNotFoundError):
+            await self._control.purge(key)
+        self._reads.pop(key, None)
+
     async def _read(self, key: str, *, fresh: bool) -> bytes | None:
+        """The value under ``key`` or None, cached for ``cache_s`` unless ``fresh``."""
         now = time.monotonic()
         cached = self._reads.get(key)
         if cached is not None and not fresh and now - cached[0] < self._cache_s:
