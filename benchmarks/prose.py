@@ -327,28 +327,32 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
     (
         "dispatch latency p99 (idle stack)",
         "551 ms",
-        "17 ms and 32 ms (two sittings); 686 ms with the old pull loop in the first sitting",
-        "idle runners pull one message (consumer.py)",
+        "5.9 ms (quiet sitting, 2026-11-26 10:41); 17-32 ms in busy sittings",
+        "idle runners pull one message (consumer.py); the start path below",
     ),
     (
         "dispatch latency p50",
         "4.4 ms",
-        "5.6-6.2 ms (busy); 3.5 ms with the proposed handler",
-        "nothing yet (proposal below)",
+        "3.1 ms (quiet sitting); 4.85 -> 3.24 ms before/after the handler change in one "
+        "busy sitting",
+        "the handler change (one write per lease and first attempt, ending check beside "
+        "the lease, TrialStarted beside the executor)",
     ),
     (
         "waiting trials in flight",
         "10,000 on 4 runners: efficiency ~0.09, trials started up to 7 times",
-        "2,000 on 1/2/4/8 runners: efficiency 0.41-0.55, **no trial started twice**, "
-        "269-733 redeliveries",
-        "measured by the new capacity benchmark; 10,000 is `make bench-scale`",
+        "2,000 on 1/2/4/8 runners: efficiency 0.67/0.75/0.76/0.52 (quiet), **no "
+        "redelivery, no trial started twice**; before the handler change 0.47/0.49/0.49/"
+        "0.45 with 22-379 redeliveries (one sitting)",
+        "admission bound, no lease where the limit cannot bind, fewer round trips; "
+        "10,000 is `make bench-scale` (not run)",
     ),
     (
         "pipeline, instant trials",
         "793 trials/s, ~3.5 ms CPU per trial",
-        "87-89 trials/s, 8.9-10.3 ms CPU per trial",
-        "the object store is in the path (pack/put/get/unpack); the new pull loop is "
-        "neutral (A/B in one sitting: 87.0 vs 88.9 trials/s)",
+        "227 trials/s, 7.8 ms CPU per trial (quiet sitting); 87-89 trials/s in busy ones",
+        "the object store is in the path (pack/put/get/unpack): runner 2.9 ms and "
+        "importer 2.7 ms CPU per trial",
     ),
     (
         "trial folder through the object store",
@@ -362,13 +366,16 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
         "not measured",
         "list 4.9-8.5 s, records of a 10,000-trial experiment 1.5-2.2 s, "
         "leaderboard/report 1.4-3.3 s on SecantusDB (two sittings)",
-        "new ledger benchmark; two indexes added for MongoDB",
+        "new ledger benchmark; two indexes added for MongoDB; the list needs per-experiment "
+        "summary documents next",
     ),
     (
         "submit 10,000 trials",
         "0.65 s",
-        "9.5 s in process, 6.4 s for the CLI (load average 9-10)",
-        "tasks now travel through the tasks bucket; not profiled in this sitting",
+        "0.72 s in process (publish 0.41 s against a 0.35 s raw floor), 1.9 s for the CLI "
+        "(quiet sitting); 9.5 s in a busy sitting before the fix",
+        "pipelined acknowledged publishes (js_pipeline.py) and one encoding per trial for "
+        "the size check",
     ),
     (
         "overhead vs bare Harbor",
@@ -383,9 +390,11 @@ BEFORE_AFTER = (
     """
 ## Before and after (issue 12)
 
-"Before" is the issue's quiet full run (2026-11-26); "now" is this page's sittings,
-on the same kind of machine but busy (load average 4-12 from other engineers'
-tests): compare ratios, counts and CPU times, not wall-clock rates.
+"Before" is the issue's quiet full run (2026-11-26); "now" is this page's sittings:
+one quiet (load average 0.6 before it, one run each of capacity, pipeline, submit,
+latency and dispatch), the others on the same kind of machine but busy (load
+average 4-12 from other engineers' tests), where ratios, counts and CPU times
+compare, not wall-clock rates.
 
 | benchmark | before | now | what changed |
 |---|---|---|---|
