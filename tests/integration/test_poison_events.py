@@ -47,9 +47,9 @@ from services.common import errors
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.logging import NOISY_LIBRARIES
 from services.common.settings import ImporterSettings
-from services.importer import handlers
+from services.importer import event_records
 from services.importer.app import create_app
-from services.importer.handlers import BUG_MAX_DELIVERIES
+from services.importer.event_records import BUG_MAX_DELIVERIES
 from services.importer.records import RecordContext
 from tests import harbor_fixtures
 from tests.bad_inputs.corpus import Case, cases, event_bytes, materialize_result
@@ -226,7 +226,7 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     attempts: list[str] = []
-    real_build = handlers.build_record
+    real_build = event_records.build_record
 
     def build(trial_dir: Path, context: RecordContext) -> TrialRecord:
         attempts.append(context.trial_id)
@@ -234,7 +234,7 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
             raise KeyError("planted importer bug")
         return real_build(trial_dir, context)
 
-    monkeypatch.setattr(handlers, "build_record", build)
+    monkeypatch.setattr(event_records, "build_record", build)
     # The bug delay shortened (10 s in production): the same five deliveries, in ~5 s.
     monkeypatch.setattr(errors, "BUG_RETRY_DELAY_S", BUG_DELAY_S)
     settings = ImporterSettings(

@@ -29,8 +29,8 @@ from services.common.adapters.nats_objects import open_bucket
 from services.common.archive import TRIAL_MANIFEST
 from services.common.settings import RunnerSettings
 from services.common.trial_folders import TrialFolders
+from services.importer.event_records import record_for
 from services.importer.folders import StoredTrials
-from services.importer.handlers import record_for
 from tests.e2e.events import stream_payloads
 from tests.support.redaction_trial import TRIAL_ID
 from tests.support.secret_trials import LEDGER_PASSWORD, SECRETS, run_with_secrets

@@ -35,8 +35,8 @@ from schemas.events import TrialCompleted, TrialLog, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_objects import open_bucket
 from services.common.settings import RunnerSettings
+from services.importer.event_records import record_for
 from services.importer.folders import StoredTrials
-from services.importer.handlers import record_for
 from tests.e2e.events import stream_payloads
 from tests.support.api_client import examples_api
 from tests.support.environ_agent import GRANTED

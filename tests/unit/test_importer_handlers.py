@@ -38,16 +38,15 @@ from services.common.errors import (
     nak,
 )
 from services.common.ports import UpsertOutcome
-from services.importer import handlers
+from services.importer import event_records, handlers
+from services.importer.event_records import BUG_MAX_DELIVERIES, record_failure_verdict
 from services.importer.folders import StoredTrials
 from services.importer.handlers import (
-    BUG_MAX_DELIVERIES,
     BatchPlan,
     Incoming,
     apply_plan,
     failed_batch_settles,
     handle_batch,
-    record_failure_verdict,
 )
 from services.importer.records import RecordContext, build_failed_record, build_record
 
@@ -109,7 +108,7 @@ def buggy_importer(monkeypatch: pytest.MonkeyPatch) -> None:
             raise KeyError("a bug")
         return real(trial_dir, context)
 
-    monkeypatch.setattr(handlers, "build_record", build)
+    monkeypatch.setattr(event_records, "build_record", build)
 
 
 def stored_trials(jobs_root: Path = Path("/nonexistent/jobs")) -> StoredTrials:
