@@ -15,7 +15,7 @@ settled on its own:
   times, the importer gives up on it: it writes an acknowledged partial record with
   error_type "ImporterError" naming the exception, so the experiment still completes
   and the cause is visible: an honest unscored record, never a lost trial, never a
-  stuck batch (``record_failure_verdict``);
+  stuck batch (``event_records.record_failure_verdict``);
 - a bug while writing or announcing the batch naks the batch with the bug delay;
 - a TrialCompleted's trial folder comes from the results bucket (``StoredTrials``):
   an archive that is damaged or unsafe gives at once a partial record saying so (a
