@@ -1,5 +1,8 @@
 """The experiment manifest: what a researcher or CI submits (YAML or JSON).
 
+One file on purpose (over 350 lines, nearly all field declarations with their
+descriptions): the manifest's JSON schema and docs/manifest.md come from this page.
+
 Only the *shape* lives here; resolving task paths against the file system is the
 submitter's job (services.submitter.resolve).
 """

@@ -1,5 +1,9 @@
 """The ``trialbus`` command line. Thin: parse arguments, call a function, print.
 
+Longer than 350 lines because each command declares its options here (typer reads
+them from the signatures); the work is elsewhere, and the live and steering
+commands have their own modules (cli_live, cli_schedule, cli_deploy).
+
 Exit codes (README): 0 ok; 1 experiment finished with unscored trials; 2 bad input
 (manifest, task folder, job folder); 3 NATS or ledger unreachable; 4 --wait (or
 status --follow) timed out; 130 interrupted. The live commands (experiments, status

@@ -1,5 +1,8 @@
 """The ports: what service logic depends on. Adapters live in services.common.adapters.
 
+One file on purpose (over 350 lines, nearly all Protocol signatures and their
+contracts): every adapter and every fake is written against this one page.
+
     EventBus     publish typed events (one, or many at once), each with a dedup id
     Ledger       TrialRecords and experiment metadata, keyed by trial_id
     Coordinator  what runners share: concurrency leases, attempt counters, cancel/pause flags,

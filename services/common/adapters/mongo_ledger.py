@@ -1,5 +1,8 @@
 """MongoLedger: the Ledger port over MongoDB (or SecantusDB) with PyMongo's async client.
 
+A little over 350 lines: one adapter for one port, each method a query and its
+error translation; splitting it would split the document shape described below.
+
 Document shape (collection ``trials``): the record's JSON-mode dump (datetimes as
 ISO-8601 strings, so a record reads back exactly as written, microseconds included;
 BSON dates would truncate them to milliseconds and change the content hash) plus
