@@ -229,6 +229,7 @@ class EmbeddedStack(StartStop):
         asyncio.run(self._wait_ready(timeout))
 
     async def _wait_ready(self, timeout_s: float) -> None:
+        from nats.errors import TimeoutError as NatsTimeoutError
         from nats.js.errors import NotFoundError
 
         topo = Topology(self.prefix)
@@ -251,7 +252,9 @@ class EmbeddedStack(StartStop):
                 for stream, durable in pending:
                     try:
                         info = await js.consumer_info(stream, durable)
-                    except NotFoundError:
+                    except (NotFoundError, NatsTimeoutError):
+                        # Not there yet, or no answer in time (a replicated cluster's
+                        # meta leader busy creating the streams): ask again.
                         still.append((stream, durable))
                         continue
                     if self._auth is not None and not info.num_waiting:
