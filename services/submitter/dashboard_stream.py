@@ -35,6 +35,7 @@ from services.common.ports import Ledger
 from services.reports import formatting, queries
 from services.submitter import dashboard_charts as charts
 from services.submitter import dashboard_views as views
+from services.submitter.dashboard_compare import experiment_compare_url
 from services.submitter.live_feeds import LiveFeeds
 
 TRIAL_ROWS_MAX = 500
@@ -89,6 +90,9 @@ async def sections(
             "trials": [{**asdict(t), "url": views.trial_url(t.trial_id)} for t in shown],
             "hidden": len(rows) - len(shown),
             "experiment_id": experiment_id,
+            "compare_url": experiment_compare_url(
+                experiment_id, [charts.agent_label(r) for r in board]
+            ),
         }
     )
 
