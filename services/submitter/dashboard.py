@@ -1,9 +1,10 @@
 """The web dashboard (``/ui/``): server-rendered pages over the one read path.
 
 Pages: the experiments list (``/ui/``, filter ``?q=``), an experiment (leaderboard,
-trials, live progress) and a trial (its record and live log); two Server-Sent Events
-streams feed the live parts (dashboard_stream.py). Numbers come from
-services.reports.queries, as the CLI's and the JSON API's do.
+failure causes, pass@k, matrix, cost, trials, live progress), a trial (its record and
+live log) and the comparison of two sides (``/ui/compare``, ``queries.comparison``);
+two Server-Sent Events streams feed the live parts (dashboard_stream.py). Numbers
+come from services.reports.queries, as the CLI's and the JSON API's do.
 
 Security (docs/security.md, "Dashboard"): every page is a GET behind http_security's
 guard (the login form excepted); a browser authenticates with the session cookie the
@@ -25,10 +26,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from pydantic import BaseModel
 
 from schemas.record import TrialRecord
-from services.common.errors import ExperimentNotFound
+from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.submitter import dashboard_views as views
+from services.submitter.dashboard_compare import comparison_view
 from services.submitter.dashboard_stream import experiment_stream, log_stream, sections
 from services.submitter.dashboard_views import experiment_url, trial_url
 from services.submitter.http_security import SESSION_COOKIE, ApiAccess, identify_token
@@ -204,6 +206,33 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
             ports(request).coordinator.is_paused,
         )
         return _sse(stream)
+
+    @router.get("/compare")
+    async def compare(
+        request: Request,
+        a: str = "",
+        b: str = "",
+        agent_a: str = "",
+        agent_b: str = "",
+    ) -> Response:
+        # The JSON API's /compare parameters; an empty form field means "not given".
+        form = {"a": a, "b": b, "agent_a": agent_a, "agent_b": agent_b}
+        context: dict[str, Any] = {"form": form, "cmp": None, "error": None, "back_url": None}
+        if a and valid_experiment_id(a):
+            context["back_url"] = experiment_url(a)
+        if not a:
+            return render("compare.html", request, title="Compare", **context)
+        status = 200
+        try:
+            data = await queries.comparison(
+                ports(request).ledger, a, b or None, agent_a or None, agent_b or None
+            )
+            context["cmp"] = comparison_view(data)
+        except ExperimentNotFound as exc:
+            status, context["error"] = 404, str(exc)
+        except UserInputError as exc:
+            status, context["error"] = 422, str(exc)  # as the JSON API answers it
+        return render("compare.html", request, status, title="Compare", **context)
 
     @router.get("/trials/{trial_id}")
     async def trial(request: Request, trial_id: str) -> Response:

@@ -194,3 +194,40 @@ def budget_meters(budget: dict[str, Any] | None) -> list[dict[str, Any]]:
         share = "unknown" if spent is None else f"{spent / limit:.0%}" if limit else "-"
         meters.append({"what": what, "value": spent, "max": limit, "share": share})
     return meters
+
+
+def unscored_causes(board: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Unscored trials by cause per agent (the leaderboard's ``unscored_by_cause``):
+    ``causes`` (the columns, every cause some agent has, sorted) and ``rows`` (per
+    agent: a count per cause, the unscored total, the pending trials, the recorded
+    trials). Counts, as ``trialbus leaderboard`` prints them in its Unscored column."""
+    causes = sorted({c for r in board for c in r["unscored_by_cause"]})
+    rows = [
+        {
+            "agent": agent_label(r),
+            "counts": [r["unscored_by_cause"].get(c, 0) for c in causes],
+            "unscored": sum(r["unscored_by_cause"].values()),
+            "pending": r["n_pending"],
+            "recorded": r["n_recorded"],
+        }
+        for r in board
+    ]
+    return {"causes": causes, "rows": rows, "any": any(r["unscored"] for r in rows)}
+
+
+def pass_at_k(board: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """pass@k per agent, as ``trialbus report``'s pass@k table: ``ks`` (every k some
+    agent has), and per agent the tasks it is averaged over and each k's value (3
+    decimals, "-" where the agent has no such k: too few scored trials, or fewer
+    attempts per task than k)."""
+    ks = sorted({int(k) for r in board for k in r.get("pass_at_k") or {}})
+    rows = [
+        {
+            "agent": agent_label(r),
+            "tasks": r["pass_at_k_tasks"],
+            "values": [formatting.num((r.get("pass_at_k") or {}).get(str(k))) for k in ks],
+            "note": formatting.too_few(r) if r.get("too_few") else "",
+        }
+        for r in board
+    ]
+    return {"ks": ks, "rows": rows}

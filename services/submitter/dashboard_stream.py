@@ -35,6 +35,7 @@ from services.common.ports import Ledger
 from services.reports import formatting, queries
 from services.submitter import dashboard_charts as charts
 from services.submitter import dashboard_views as views
+from services.submitter.dashboard_compare import experiment_compare_url
 from services.submitter.live_feeds import LiveFeeds
 
 TRIAL_ROWS_MAX = 500
@@ -53,7 +54,7 @@ class Sections:
         """Element id -> the fragment that replaces its content."""
         return {
             part: views.PAGES.get_template(f"_{part}.html").render(**self.context)
-            for part in ("leaderboard", "matrix", "usage", "trials")
+            for part in ("leaderboard", "causes", "passk", "matrix", "usage", "trials")
         }
 
 
@@ -63,8 +64,9 @@ async def sections(
     records: Sequence[TrialRecord],
     started: Mapping[str, TrialStarted],
 ) -> Sections:
-    """The leaderboard with its error bars, the task x agent matrix, cost and budget
-    (``queries.experiment_report``, as the JSON API's report) and the trials."""
+    """The leaderboard with its error bars, the failure causes, pass@k, the task x
+    agent matrix, cost and budget (``queries.experiment_report``, as the JSON API's
+    report) and the trials."""
     report = await queries.experiment_report(ledger, experiment_id, required=False)
     board = report["leaderboard"]
     scale = charts.mean_scale(board)
@@ -76,6 +78,10 @@ async def sections(
                 {**views.leaderboard_cells(r), "bars": charts.error_bars(r, scale)} for r in board
             ],
             "bars_legend": charts.bars_legend(scale),
+            "causes": charts.unscored_causes(board),
+            "failures": report["failures"],
+            "passk": charts.pass_at_k(board),
+            "min_scored": report["scoring"]["min_scored"],
             "matrix": charts.matrix(report),
             "usage": charts.usage_rows(board),
             "total_cost": formatting.total_cost(report) if formatting.shows_cost(board) else "",
@@ -84,6 +90,9 @@ async def sections(
             "trials": [{**asdict(t), "url": views.trial_url(t.trial_id)} for t in shown],
             "hidden": len(rows) - len(shown),
             "experiment_id": experiment_id,
+            "compare_url": experiment_compare_url(
+                experiment_id, [charts.agent_label(r) for r in board]
+            ),
         }
     )
 
