@@ -107,3 +107,22 @@ def total_cost(report: dict[str, Any]) -> str:
     if usage is None:
         return "unknown (no trial recorded)"
     return cost({"usage": {"cost_usd": usage}, "n_recorded": usage["n_recorded"]}, "/scored")
+
+
+def comparison_notes(cmp: dict[str, Any]) -> list[str]:
+    """McNemar's test and the tasks one side alone solved or scored, as lines (the
+    CLI's compare table and the dashboard's compare page print the same ones)."""
+    lines = []
+    if cmp.get("mcnemar"):
+        m = cmp["mcnemar"]
+        lines.append(
+            f"McNemar exact test: {m['only_a']} tasks only A solved, {m['only_b']} only B "
+            f"solved, p = {m['p_value']:.3g}"
+        )
+    for side, key in (("A", "solved_only_by_a"), ("B", "solved_only_by_b")):
+        if cmp[key]:
+            lines.append(f"solved only by {side}: {', '.join(cmp[key])}")
+    for side, key in (("A", "tasks_only_a_scored"), ("B", "tasks_only_b_scored")):
+        if cmp[key]:
+            lines.append(f"scored only by {side} (not compared): {', '.join(cmp[key])}")
+    return lines

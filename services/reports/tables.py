@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from services.reports.formatting import (
+    comparison_notes,
     cost,
     num,
     shows_cost,
@@ -221,18 +222,6 @@ def comparison_renderable(cmp: dict[str, Any]) -> Group:
         diff = "-" if d["difference"] is None else with_ci(d["difference"], d["ci"], pct)
         table.add_row(name, num(d["a"], pct), num(d["b"], pct), diff)
     table.add_row("tasks compared", str(cmp["n_paired_tasks"]), "", "")
-    lines = []
-    if cmp.get("mcnemar"):
-        m = cmp["mcnemar"]
-        lines.append(
-            f"McNemar exact test: {m['only_a']} tasks only A solved, {m['only_b']} only B "
-            f"solved, p = {m['p_value']:.3g}"
-        )
-    for side, key in (("A", "solved_only_by_a"), ("B", "solved_only_by_b")):
-        if cmp[key]:
-            lines.append(f"solved only by {side}: {', '.join(cmp[key])}")
-    for side, key in (("A", "tasks_only_a_scored"), ("B", "tasks_only_b_scored")):
-        if cmp[key]:
-            lines.append(f"scored only by {side} (not compared): {', '.join(cmp[key])}")
+    lines = comparison_notes(cmp)
     lines.append(f"verdict: {cmp['verdict']}")
     return Group(table, *(Text(line) for line in lines))

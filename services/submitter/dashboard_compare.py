@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from markupsafe import Markup, escape
 
-from services.reports.formatting import num, with_ci
+from services.reports.formatting import comparison_notes, num, with_ci
 
 DIFF_WIDTH: Final = 160
 _HALF, _HEIGHT = DIFF_WIDTH / 2, 14
@@ -47,24 +47,6 @@ def summary_rows(cmp: dict[str, Any]) -> list[dict[str, str]]:
         diff = "-" if d["difference"] is None else with_ci(d["difference"], d["ci"], pct)
         rows.append({"name": name, "a": num(d["a"], pct), "b": num(d["b"], pct), "diff": diff})
     return rows
-
-
-def notes(cmp: dict[str, Any]) -> list[str]:
-    """McNemar's test, the tasks one side alone solved or scored, as the CLI's lines."""
-    lines = []
-    if cmp.get("mcnemar"):
-        m = cmp["mcnemar"]
-        lines.append(
-            f"McNemar exact test: {m['only_a']} tasks only A solved, {m['only_b']} only B "
-            f"solved, p = {m['p_value']:.3g}"
-        )
-    for side, key in (("A", "solved_only_by_a"), ("B", "solved_only_by_b")):
-        if cmp[key]:
-            lines.append(f"solved only by {side}: {', '.join(cmp[key])}")
-    for side, key in (("A", "tasks_only_a_scored"), ("B", "tasks_only_b_scored")):
-        if cmp[key]:
-            lines.append(f"scored only by {side} (not compared): {', '.join(cmp[key])}")
-    return lines
 
 
 def _side(score: dict[str, Any]) -> str:
@@ -118,7 +100,7 @@ def comparison_view(cmp: dict[str, Any]) -> dict[str, Any]:
         "b_label": cmp["b"]["label"],
         "summary": summary_rows(cmp),
         "n_paired": cmp["n_paired_tasks"],
-        "notes": notes(cmp),
+        "notes": comparison_notes(cmp),
         "verdict": cmp["verdict"],
         "tasks": task_rows(cmp),
     }
