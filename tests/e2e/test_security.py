@@ -121,6 +121,24 @@ def occurrences(blobs: list[bytes], needle: bytes) -> int:
     return sum(blob.count(needle) for blob in blobs)
 
 
+async def _experiment_recorded(
+    ledger_url: str, database: str, experiment_id: str, timeout_s: float
+) -> None:
+    """Wait until the ledger holds the experiment's document (written by the importer)."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(ledger_url)
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        query = {"experiment_id": experiment_id}
+        while await asyncio.to_thread(client[database]["experiments"].find_one, query) is None:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(
+                    f"the importer did not record experiment {experiment_id} in {timeout_s} s"
+                )
+            await asyncio.sleep(0.2)
+    finally:
+        client.close()
+
+
 # -- fixtures --------------------------------------------------------------------------------
 
 
@@ -215,9 +233,13 @@ async def test_secret_reaches_the_agent_and_nothing_else(
             stderr=asyncio.subprocess.PIPE,
         )
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=240)
+        assert proc.returncode == 0, stderr.decode()[-3000:]
+        summary = json.loads(stdout)
+        # `submit --wait` returns on the trials' ResultImported; the experiment's own
+        # document (ExperimentSubmitted) may still be on its way (a batch naked on a
+        # loaded machine is redelivered later), so wait for it before the stack stops.
+        await _experiment_recorded(ledger_url, ledger_db, summary["experiment_id"], 120)
         await asyncio.to_thread(stack.stop)  # flush and close every service log
-    assert proc.returncode == 0, stderr.decode()[-3000:]
-    summary = json.loads(stdout)
     assert summary["status"]["scored"] == 2
 
     # The agent really had the value: the probe's verifier rewarded its hash.
@@ -230,9 +252,8 @@ async def test_secret_reaches_the_agent_and_nothing_else(
     leaked_files = files_containing(stack.data_dir, needle)
     streams = [topology.work_stream, topology.events_stream, topology.logs_stream]
     stored = await stored_messages(nats_url, streams)
-    # The scans saw the run: the two records are among the ledger's documents (the
-    # experiment's own document is not counted on: one full run read it back missing).
-    assert len(seen) > 20 and len(stored) > 5 and len(docs) >= len(records) == 2
+    # The scans saw the run: the experiment's document and its two records.
+    assert len(seen) > 20 and len(stored) > 5 and len(docs) == len(records) + 1 == 3
     assert len(list(stack.jobs_dir.rglob("config.json"))) == 3  # the job, its 2 trials
     assert leaked_files == []
     assert occurrences([stdout, stderr], needle) == 0
