@@ -204,8 +204,10 @@ async def test_provider_failures_are_classified(
     cli = stacks.cli(stack)
     # A failing provider costs an attempt ~40-60 s of retries inside the agent (see
     # PROVIDER_FAILURES); past the agent's timeout it would be recorded as the agent's
-    # timeout instead, so those trials get a long one, and the hung model a short one.
-    long, short = (hello_file_with_agent_timeout(tmp_path, s) for s in (300.0, 15.0))
+    # timeout instead, so those trials get a long one, and the hung model a shorter one:
+    # 60 s, so a loaded machine's agent still reaches its first request (at 15 s one
+    # timed out before asking), and half the stub's 120 s answer delay.
+    long, short = (hello_file_with_agent_timeout(tmp_path, s) for s in (300.0, 60.0))
     failing = [terminus(stub, m) for m in PROVIDER_FAILURES if m != "slow"]
     manifests = [
         write_manifest(tmp_path, "provider-failures", failing, tasks=[long], max_attempts=2),
