@@ -36,6 +36,7 @@ from schemas.manifest import (
     ComputeSpec,
 )
 from schemas.runners import RunnerPolicy, forbidden_secret_name
+from services.common.small_files import FileTooLarge, read_small_file
 
 POLICY_REFUSED = "PolicyRefused"
 """exception_type of a trial the runner refused (final: services.common.failures)."""
@@ -74,12 +75,11 @@ def load_policy(path: Path | None) -> RunnerPolicy:
     if path is None:
         return RunnerPolicy()
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_POLICY_BYTES + 1)
+        raw = read_small_file(path, MAX_POLICY_BYTES)
+    except FileTooLarge as exc:
+        raise PolicyFileError(f"policy file {path}: {exc.strerror}") from None
     except OSError as exc:
         raise PolicyFileError(f"policy file {path}: cannot be read ({exc.strerror})") from exc
-    if len(raw) > MAX_POLICY_BYTES:
-        raise PolicyFileError(f"policy file {path}: larger than {MAX_POLICY_BYTES} bytes")
     try:
         data = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw.decode())
     except (ValueError, yaml.YAMLError) as exc:

@@ -3,8 +3,6 @@ file, the field and the fix."""
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ from pydantic import ValidationError
 
 from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
+from services.common.small_files import FileTooLarge, NotRegularFile, read_small_file
 from services.common.validation import field_path, problem_lines
 
 MAX_MANIFEST_BYTES = 1024 * 1024
@@ -148,21 +147,15 @@ def parse_manifest_text(text: str, source: str) -> ExperimentManifest:
 def load_manifest(path: Path) -> ExperimentManifest:
     """Read and validate a manifest file (a regular file of at most MAX_MANIFEST_BYTES)."""
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        raw = read_small_file(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise ManifestError(f"{path}: no such manifest file") from None
+    except NotRegularFile:
+        raise ManifestError(f"{path}: not a regular file (a manifest is a YAML file)") from None
+    except FileTooLarge:
+        raise ManifestError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes") from None
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ManifestError(f"{path}: not a regular file (a manifest is a YAML file)")
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-        except OSError as exc:
-            raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
     try:
         text = raw.decode()
     except UnicodeDecodeError as exc:

@@ -18,7 +18,6 @@ from schemas.events import (
     Event,
     ResultImported,
     TrialCompleted,
-    TrialFailed,
     TrialStarted,
     encode_event,
 )
@@ -29,6 +28,7 @@ from tests.e2e.conftest import Stacks
 from tests.e2e.events import connect
 from tests.e2e.faultkit import instant_runner_env, judge, ledger_records, submit, write_manifest
 from tests.e2e.ledger_check import check_ledger
+from tests.support.event_builders import result_imported, trial_failed
 
 EXP = "exp-1"
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -69,15 +69,8 @@ def completed(trial: str, attempt: int, when: float) -> TrialCompleted:
     )
 
 
-def imported(trial: str, changed: bool = True, reward: float = 1.0) -> ResultImported:
-    return ResultImported(
-        experiment_id=EXP,
-        trial_id=trial,
-        status="complete",
-        scored=True,
-        main_reward=reward,
-        changed=changed,
-    )
+def imported(trial: str, changed: bool = True) -> ResultImported:
+    return result_imported(trial, experiment_id=EXP, changed=changed)
 
 
 def record(trial: str, attempt: int, finished: float, reward: float = 1.0) -> TrialRecord:
@@ -134,14 +127,12 @@ def test_a_second_completion_of_a_run_is_a_duplicate() -> None:
 def test_completed_and_final_failure_of_one_run_is_a_duplicate() -> None:
     trials, events, records = healthy()
     events.append(
-        TrialFailed(
+        trial_failed(
+            "t2",
             experiment_id=EXP,
-            trial_id="t2",
             failure_class="cancelled",
             error_type="Cancelled",
             message="",
-            attempt=1,
-            final=True,
             run_id="t2",
         )
     )

@@ -23,7 +23,7 @@ from typing import Any
 import nats
 import pytest
 
-from schemas.events import ResultImported, TrialLog, TrialStarted
+from schemas.events import TrialLog, TrialStarted
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
@@ -33,6 +33,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.reports.progress import experiment_row
 from tests.e2e.cli import ROOT, Cli, run_module
+from tests.support.event_builders import result_imported
 
 pytestmark = pytest.mark.integration
 
@@ -74,14 +75,7 @@ class World:
         )
         await self.ledger.upsert_records([rec])
         await self.bus.publish(
-            ResultImported(
-                experiment_id=EXP,
-                trial_id=trial_id,
-                status="complete",
-                scored=valid,
-                main_reward=reward,
-                changed=True,
-            )
+            result_imported(trial_id, experiment_id=EXP, scored=valid, main_reward=reward)
         )
 
 

@@ -32,6 +32,7 @@ from services.importer.records import build_failed_record
 from tests import harbor_fixtures
 from tests.harbor_fixtures import HarborTrials
 from tests.support import importer_process
+from tests.support.event_builders import trial_failed
 from tests.support.importer_process import until
 from tests.support.records import records_in
 
@@ -134,14 +135,11 @@ async def test_a_copied_job_folder_never_moves_the_first_experiments_records(
 
 
 def _final_failure(experiment_id: str, trial_id: str) -> TrialFailed:
-    return TrialFailed(
+    return trial_failed(
+        trial_id,
         experiment_id=experiment_id,
-        trial_id=trial_id,
-        failure_class="agent",
         error_type="Forged",
         message="written by whoever can publish trial events",
-        attempt=1,
-        final=True,
     )
 
 

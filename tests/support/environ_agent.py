@@ -19,9 +19,10 @@ import hashlib
 import os
 from pathlib import Path
 
-from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
+
+from tests.support.harbor_agent import SupportAgent
 
 GRANTED = "ENVIRON_PROBE_CRED"
 """The variable the test's manifest names in api_key_env."""
@@ -49,20 +50,10 @@ def dump() -> str:
     return "\n".join(lines)
 
 
-class EnvironAgent(BaseAgent):  # type: ignore[misc]  # Harbor ships no types
+class EnvironAgent(SupportAgent):
     """Shows its environment (see the module docstring)."""
 
-    @staticmethod
-    def name() -> str:
-        """Harbor's agent name."""
-        return "environ-probe"
-
-    def version(self) -> str:
-        """Agent version (recorded by Harbor)."""
-        return "1.0.0"
-
-    async def setup(self, environment: BaseEnvironment) -> None:
-        """Nothing to install."""
+    agent_name = "environ-probe"
 
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext

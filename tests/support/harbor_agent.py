@@ -6,12 +6,22 @@ of every agent besides (a version, a setup step) is the same for all, and kept h
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 
 
 class SupportAgent(BaseAgent):  # type: ignore[misc]  # Harbor ships no types
-    """An agent with nothing to install; subclasses give ``name`` and ``run``."""
+    """An agent with nothing to install; subclasses give ``agent_name`` and ``run``."""
+
+    agent_name: ClassVar[str]
+    """Harbor's agent name (what ``name()`` answers)."""
+
+    @classmethod
+    def name(cls) -> str:
+        """Harbor's agent name."""
+        return cls.agent_name
 
     def version(self) -> str:
         """Agent version (recorded by Harbor)."""

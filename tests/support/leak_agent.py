@@ -47,10 +47,7 @@ def runner_variable(name: str) -> str:
 class LeakAgent(SupportAgent):
     """Prints its secrets (see the module docstring)."""
 
-    @staticmethod
-    def name() -> str:
-        """Harbor's agent name."""
-        return "leak-agent"
+    agent_name = "leak-agent"
 
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext

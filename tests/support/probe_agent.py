@@ -50,10 +50,7 @@ def snapshot() -> dict[str, Any]:
 class ProbeAgent(SupportAgent):
     """Reports, then pollutes, the process it runs in (see the module docstring)."""
 
-    @staticmethod
-    def name() -> str:
-        """Harbor's agent name."""
-        return "isolation-probe"
+    agent_name = "isolation-probe"
 
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext
@@ -78,10 +75,7 @@ class ProbeAgent(SupportAgent):
 class SleepyAgent(ProbeAgent):
     """Writes ``started`` into its log folder, then waits forever (cancellation tests)."""
 
-    @staticmethod
-    def name() -> str:
-        """Harbor's agent name."""
-        return "sleepy-probe"
+    agent_name = "sleepy-probe"
 
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext

@@ -23,10 +23,7 @@ from tests.support.leak_agent import FROM_PROCESS, SHOWN, LeakAgent, runner_vari
 class RaisingLeakAgent(LeakAgent):
     """LeakAgent, then a RuntimeError quoting the secrets (module docstring)."""
 
-    @staticmethod
-    def name() -> str:
-        """Harbor's agent name."""
-        return "raising-leak-agent"
+    agent_name = "raising-leak-agent"
 
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext

@@ -25,6 +25,7 @@ from schemas.events import (
     parse_event,
 )
 from schemas.trial_events import MAX_MESSAGE_CHARS
+from tests.support.event_builders import trial_failed
 from tests.support.sample_events import RESULT, WHEN, instances
 
 COMMON: dict[str, Any] = {
@@ -216,19 +217,8 @@ def test_trial_started_dedup_id_differs_per_attempt() -> None:
 
 
 def test_trial_failed_dedup_id_separates_retry_from_final() -> None:
-    def failed(final: bool) -> TrialFailed:
-        return TrialFailed(
-            experiment_id="e",
-            trial_id="t",
-            failure_class="infrastructure",
-            error_type="X",
-            message="m",
-            attempt=3,
-            final=final,
-        )
-
-    assert failed(False).dedup_id() == "t:failed:3:0"
-    assert failed(True).dedup_id() == "t:failed:3:1"
+    assert trial_failed("t", attempt=3, final=False).dedup_id() == "t:failed:3:0"
+    assert trial_failed("t", attempt=3, final=True).dedup_id() == "t:failed:3:1"
 
 
 def test_each_submission_and_import_is_its_own_message() -> None:

@@ -19,7 +19,6 @@ from schemas.events import (
     ExperimentCompleted,
     ResultImported,
     TrialCompleted,
-    TrialFailed,
     encode_event,
 )
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
@@ -49,6 +48,7 @@ from services.importer.handlers import (
     handle_batch,
 )
 from services.importer.records import RecordContext, build_failed_record, build_record
+from tests.support.event_builders import trial_failed
 
 
 class RefusingLedger(InMemoryLedger):
@@ -63,21 +63,9 @@ class RefusingLedger(InMemoryLedger):
         return await super().upsert_records(records)
 
 
-def agent_failure(trial_id: str) -> TrialFailed:
-    """A final agent failure: a real record without any trial folder."""
-    return TrialFailed(
-        experiment_id="e",
-        trial_id=trial_id,
-        failure_class="agent",
-        error_type="X",
-        message="m",
-        attempt=1,
-        final=True,
-    )
-
-
 def record(trial_id: str) -> TrialRecord:
-    return build_failed_record(agent_failure(trial_id))
+    """A final agent failure's record: a real record without any trial folder."""
+    return build_failed_record(trial_failed(trial_id))
 
 
 async def test_refused_record_is_replaced_and_the_rest_of_the_batch_lands() -> None:
@@ -134,7 +122,7 @@ async def completed(trial_id: str, trials: StoredTrials, tmp_path: Path) -> byte
 
 
 def failed(trial_id: str) -> bytes:
-    return encode_event(agent_failure(trial_id))
+    return encode_event(trial_failed(trial_id))
 
 
 DELAY = 2.0
@@ -275,7 +263,7 @@ def test_within_a_batch_the_ledgers_order_decides() -> None:
 
 def forged_failure(trial_id: str, experiment_id: str) -> bytes:
     """A final failure naming ``experiment_id`` (forged when the trial is another's)."""
-    return encode_event(agent_failure(trial_id).model_copy(update={"experiment_id": experiment_id}))
+    return encode_event(trial_failed(trial_id, experiment_id=experiment_id))
 
 
 class LogRecorder:

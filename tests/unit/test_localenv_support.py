@@ -140,17 +140,52 @@ async def test_a_failed_build_leaves_nothing(tmp_path: Path) -> None:
 
 
 # -- cgroups --------------------------------------------------------------------------------
-def test_cgroup_v1_limits(tmp_path: Path) -> None:
-    for ctrl in ("memory", "cpu"):
-        (tmp_path / ctrl / "runner").mkdir(parents=True)
-    cg = TrialCgroup.create(
-        "t1",
-        cpus=1.5,
-        memory_mb=64,
-        logger=logging.getLogger("t"),
-        root=tmp_path,
-        membership="5:memory:/runner\n2:cpu,cpuacct:/runner\n0::/\n",
+V1_RUNNER = "5:memory:/runner\n2:cpu,cpuacct:/runner\n8:pids:/runner\n0::/\n"
+"""/proc/self/cgroup of a runner in /runner of each v1 hierarchy."""
+V2_RUNNER = "0::/svc\n"
+"""/proc/self/cgroup of a runner in /svc of the v2 hierarchy."""
+
+
+def v1_tree(root: Path, *controllers: str) -> Path:
+    """A cgroup v1 mount at ``root`` with the runner's folder in each of ``controllers``."""
+    for ctrl in controllers:
+        (root / ctrl / "runner").mkdir(parents=True)
+    return root
+
+
+def v2_tree(root: Path, delegated: str) -> Path:
+    """A cgroup v2 mount at ``root``; the runner's trialbus folder gets ``delegated``."""
+    (root / "svc" / "trialbus").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory pids")
+    (root / "svc" / "trialbus" / "cgroup.controllers").write_text(delegated)
+    (root / "svc" / "trialbus" / "cgroup.subtree_control").write_text("")
+    return root
+
+
+def cgroup(
+    name: str,
+    root: Path,
+    membership: str,
+    *,
+    cpus: float | None = None,
+    memory_mb: int | None = None,
+    pids: int | None = None,
+) -> TrialCgroup | None:
+    """``TrialCgroup.create`` for a runner in ``membership`` of the tree at ``root``."""
+    log = logging.getLogger("t")
+    return TrialCgroup.create(
+        name,
+        cpus=cpus,
+        memory_mb=memory_mb,
+        pids=pids,
+        logger=log,
+        root=root,
+        membership=membership,
     )
+
+
+def test_cgroup_v1_limits(tmp_path: Path) -> None:
+    cg = cgroup("t1", v1_tree(tmp_path, "memory", "cpu"), V1_RUNNER, cpus=1.5, memory_mb=64)
     assert cg is not None
     mem, cpu = cg.dirs
     assert (mem / "memory.limit_in_bytes").read_text() == str(64 * 1024 * 1024)
@@ -159,35 +194,14 @@ def test_cgroup_v1_limits(tmp_path: Path) -> None:
 
 
 def test_cgroup_v2_needs_delegated_controllers(tmp_path: Path) -> None:
-    (tmp_path / "cgroup.controllers").write_text("cpu memory")
-    own = tmp_path / "svc"
-    (own / "trialbus").mkdir(parents=True)
-    (own / "trialbus" / "cgroup.controllers").write_text("cpu memory")
-    (own / "trialbus" / "cgroup.subtree_control").write_text("")
-    cg = TrialCgroup.create(
-        "t2",
-        cpus=2,
-        memory_mb=128,
-        logger=logging.getLogger("t"),
-        root=tmp_path,
-        membership="0::/svc\n",
-    )
+    root = v2_tree(tmp_path, "cpu memory")
+    cg = cgroup("t2", root, V2_RUNNER, cpus=2, memory_mb=128)
     assert cg is not None
     (d,) = cg.dirs
     assert (d / "cpu.max").read_text() == "200000 100000"
     assert (d / "memory.max").read_text() == str(128 * 1024 * 1024)
-    (own / "trialbus" / "cgroup.controllers").write_text("")
-    assert (
-        TrialCgroup.create(
-            "t3",
-            cpus=1,
-            memory_mb=None,
-            logger=logging.getLogger("t"),
-            root=tmp_path,
-            membership="0::/svc\n",
-        )
-        is None
-    )
+    (root / "svc" / "trialbus" / "cgroup.controllers").write_text("")
+    assert cgroup("t3", root, V2_RUNNER, cpus=1) is None
 
 
 def test_no_limits_no_cgroup(tmp_path: Path) -> None:
@@ -211,29 +225,14 @@ def test_environment_errors_are_infrastructure(name: str, retryable: bool) -> No
 
 
 def test_pids_limit_is_best_effort(tmp_path: Path) -> None:
-    log = logging.getLogger("t")
-    v1 = tmp_path / "v1"
-    for ctrl in ("memory", "pids"):
-        (v1 / ctrl / "runner").mkdir(parents=True)
-    membership = "5:memory:/runner\n8:pids:/runner\n0::/\n"
-    cg = TrialCgroup.create(
-        "p1", cpus=None, memory_mb=None, pids=64, logger=log, root=v1, membership=membership
-    )
+    v1 = v1_tree(tmp_path / "v1", "memory", "pids")
+    cg = cgroup("p1", v1, V1_RUNNER, pids=64)
     assert cg is not None and cg.pids_limited
     assert (v1 / "pids" / "runner" / "trialbus-p1" / "pids.max").read_text() == "64"
     # Without a pids hierarchy the other limits still apply, and the caller is told.
     shutil.rmtree(v1 / "pids")
-    cg = TrialCgroup.create(
-        "p2", cpus=None, memory_mb=32, pids=64, logger=log, root=v1, membership=membership
-    )
+    cg = cgroup("p2", v1, V1_RUNNER, memory_mb=32, pids=64)
     assert cg is not None and not cg.pids_limited and len(cg.dirs) == 1
-    v2 = tmp_path / "v2"
-    (v2 / "svc" / "trialbus").mkdir(parents=True)
-    (v2 / "cgroup.controllers").write_text("memory pids")
-    (v2 / "svc" / "trialbus" / "cgroup.controllers").write_text("memory pids")
-    (v2 / "svc" / "trialbus" / "cgroup.subtree_control").write_text("")
-    cg = TrialCgroup.create(
-        "p3", cpus=None, memory_mb=None, pids=100, logger=log, root=v2, membership="0::/svc\n"
-    )
+    cg = cgroup("p3", v2_tree(tmp_path / "v2", "memory pids"), V2_RUNNER, pids=100)
     assert cg is not None and cg.pids_limited
     assert (cg.dirs[0] / "pids.max").read_text() == "100"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from schemas.events import TaskRef, TrialFailed
+from schemas.events import TaskRef
 from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH, AgentSpec
 from schemas.objects import ObjectRef
 from services.common.archive import pack_trial
@@ -23,6 +23,7 @@ from services.importer.reads import MAX_FILE_BYTES
 from services.importer.records import RecordContext, build_failed_record, build_record
 from services.importer.scoring import main_reward_key
 from tests.harbor_fixtures import JOB_ID, HarborTrials
+from tests.support.event_builders import trial_failed
 
 CTX = RecordContext(experiment_id="exp-1", trial_id="trial-1", source="import")
 
@@ -499,14 +500,12 @@ STORED = ObjectRef(bucket="RESULTS", name="exp-1/t/1.tar.gz", size=10, sha256="c
 
 
 def test_failed_record_from_trial_failed_event() -> None:
-    event = TrialFailed(
-        experiment_id="exp-1",
-        trial_id="hello-file__abc",
+    event = trial_failed(
+        "hello-file__abc",
         failure_class="infrastructure",
         error_type="LocalEnvironmentError",
         message="bwrap: setting up uid map: Permission denied\nsecond line of detail",
         attempt=3,
-        final=True,
         result=STORED,
         task=TaskRef(name="hello-file", checksum="ab" * 32),
         agent=AgentSpec(name="oracle", label="Oracle"),
@@ -536,15 +535,7 @@ def test_failed_record_from_trial_failed_event() -> None:
 
 
 def test_failed_record_with_little_information() -> None:
-    event = TrialFailed(
-        experiment_id="exp-1",
-        trial_id="t",
-        failure_class="cancelled",
-        error_type="CancelledError",
-        message="",
-        attempt=1,
-        final=True,
-    )
+    event = trial_failed(failure_class="cancelled", error_type="CancelledError", message="")
     record = build_failed_record(event)
     assert record.errors == [
         "result.json: none; the trial failed before Harbor wrote one (cancelled: CancelledError)"

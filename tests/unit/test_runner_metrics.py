@@ -6,11 +6,12 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas.events import TrialCompleted, TrialFailed, TrialStarted
+from schemas.events import TrialCompleted, TrialStarted
 from schemas.objects import ObjectRef
 from services.common.adapters.memory import RecordingBus
 from services.common.errors import ACK, Settle
 from services.common.runner_metrics import RunnerMetrics, exporter
+from tests.support.event_builders import trial_failed
 
 
 def value(m: RunnerMetrics, name: str, **labels: str) -> float:
@@ -29,10 +30,7 @@ async def test_trials_started_completed_failed_and_durations() -> None:
     done = TrialCompleted(
         experiment_id="e", trial_id="t1", attempt=1, result=stored, trial_name="t1"
     )
-    failed = TrialFailed(
-        experiment_id="e", trial_id="t2", failure_class="agent", error_type="X",
-        message="m", attempt=2, final=True,
-    )  # fmt: skip
+    failed = trial_failed("t2", failure_class="agent", attempt=2, final=True)
     await bus.publish_many([done, failed])
     assert value(m, "trialbus_trials_total", event="started", failure_class="", final="") == 1
     assert value(m, "trialbus_trials_total", event="completed", failure_class="", final="") == 1

@@ -29,6 +29,7 @@ from services.common.unpack import unpack_task
 from services.reports.queries import load_experiment
 from services.submitter import handlers
 from services.submitter.submit import PreparedExperiment, SubmitResult, longest_size, prepare
+from tests.support.event_builders import result_imported, trial_failed
 from tests.support.records import single_reward
 from tests.support.sample_events import instances
 
@@ -88,13 +89,10 @@ def _record(
 
 
 def _imported(prepared: PreparedExperiment, i: int, correlation_id: str) -> ResultImported:
-    return ResultImported(
+    return result_imported(
+        prepared.trials[i].trial_id,
         experiment_id=prepared.experiment_id,
-        trial_id=prepared.trials[i].trial_id,
         correlation_id=correlation_id,
-        status="complete",
-        scored=True,
-        changed=True,
     )
 
 
@@ -179,14 +177,13 @@ async def test_wait_counts_only_this_submissions_results() -> None:
     first = prepared.trials[0].trial_id
     feed.put(
         _imported(prepared, 0, "someone-else"),
-        TrialFailed(
+        trial_failed(
+            first,
             experiment_id=prepared.experiment_id,
-            trial_id=first,
             correlation_id=prepared.correlation_id,
             failure_class="infrastructure",
             error_type="EnvironmentStartTimeoutError",
             message="",
-            attempt=1,
             final=False,
         ),
         _imported(prepared, 0, prepared.correlation_id),

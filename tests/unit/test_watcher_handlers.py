@@ -13,7 +13,6 @@ import pytest
 from schemas.events import (
     ExperimentCompleted,
     ExperimentSubmitted,
-    ResultImported,
     TrialCompleted,
     encode_event,
 )
@@ -31,6 +30,7 @@ from services.common.ports import ExperimentInfo
 from services.common.trial_folders import TrialFolders
 from services.common.unpack import unpack_trial
 from services.watcher.handlers import Watcher, handle_batch
+from tests.support.event_builders import result_imported
 from tests.unit.test_watcher_logic import record
 
 DELAY = 2.0
@@ -193,15 +193,7 @@ def submitted(n_trials: int, correlation_id: str = "corr") -> bytes:
 
 def imported(trial_id: str, correlation_id: str = "corr") -> bytes:
     return encode_event(
-        ResultImported(
-            experiment_id="exp",
-            trial_id=trial_id,
-            correlation_id=correlation_id,
-            status="complete",
-            scored=True,
-            main_reward=1.0,
-            changed=True,
-        )
+        result_imported(trial_id, experiment_id="exp", correlation_id=correlation_id)
     )
 
 
