@@ -143,6 +143,9 @@ async def test_the_runners_files_are_hidden_from_a_trial(
         ):
             done = await trial.exec(attempt)
             assert files.token not in (done.stdout or ""), (attempt, done.stdout)
+        # Control: the nested namespace does hold the power those attempts needed.
+        nested = await sh(trial, _nested("mount --bind /logs/agent /mnt && echo bound"))
+        assert nested == "bound", nested
         assert await sh(trial, files.probe()) == seen
         # The trial's own folders stay its own: Harbor's log folders still work.
         await sh(trial, "echo mine > /logs/agent/mine.txt")
