@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.embedded_stack import EmbeddedStack
 from schemas.manifest import ComputeSpec
 from services.common.settings import RunnerSettings
 from services.localenv.spec import Bind, Overlay, SandboxSpec, hidden_targets
@@ -85,3 +86,13 @@ def test_local_trials_get_the_runners_hidden_paths_and_a_manifest_only_adds(
     # Docker trials (another environment class) are not given the kwarg.
     docker = trial_config(make_request(), tmp_path, tmp_path, None, ["/var/lib/trialbus"])
     assert "hidden_paths" not in docker.environment.kwargs
+
+
+def test_trialbus_up_hides_its_whole_data_folder_from_its_runners(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = EmbeddedStack(tmp_path / "data", nats_url="nats://x:4222", ledger_url="mongodb://y")
+    for name, value in stack._env().items():
+        monkeypatch.setenv(name, value)
+    # The data folder holds every role's credentials and the API token.
+    assert (tmp_path / "data").resolve() in RunnerSettings().hidden_from_trials()
