@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import time
@@ -187,6 +188,9 @@ class EmbeddedStack(StartStop):
                 "TRIALBUS_HTTP_PORT": str(self.http_port),
                 "TRIALBUS_LOG_JSON": "true",
                 "TRIALBUS_SANDBOX_DIR": str((self.data_dir / "sandboxes").resolve()),
+                # Every role's credentials, the ledger's and NATS's data, the API token:
+                # no local trial may see this folder, wherever the operator put it.
+                "TRIALBUS_SANDBOX_HIDE": json.dumps([str(self.data_dir.resolve())]),
                 # The runners' own disk (trial folders until stored, the task cache);
                 # jobs_dir is the importer's: the job folders it rebuilds from the bucket.
                 "TRIALBUS_WORK_DIR": str((self.data_dir / "runner").resolve()),

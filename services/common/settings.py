@@ -142,6 +142,11 @@ class RunnerSettings(CommonSettings):
         description="Characters per trial_log event; longer output is split.",
     )
     sandbox_dir: Path | None = Field(default=None, description="Scratch root of local sandboxes.")
+    sandbox_hide: list[Path] = Field(
+        default_factory=list,
+        description="Host paths no local-environment trial or build may see, besides the "
+        "runner's own (hidden_from_trials); `trialbus up` adds its data folder. A JSON list.",
+    )
     policy_file: Path | None = Field(
         default=None,
         description="What manifests may ask of this runner (environments and their kwargs, "
@@ -169,6 +174,14 @@ class RunnerSettings(CommonSettings):
         description="Keep each trial folder after its archive is stored (debugging); "
         "default: deleted once the upload is confirmed.",
     )
+
+    def hidden_from_trials(self) -> list[Path]:
+        """Host paths the local sandbox covers in every trial and build: the runner's
+        folders (trial folders of every experiment, the task cache, sandboxes, job
+        folders), its NATS credentials file, its policy file, and ``sandbox_hide``."""
+        own = [self.work_dir, self.jobs_dir, self.sandbox_dir, self.nats_credentials]
+        own += [self.policy_file, *self.sandbox_hide]
+        return [p.resolve() for p in own if p is not None]
 
 
 class ImporterSettings(CommonSettings):

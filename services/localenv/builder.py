@@ -82,6 +82,8 @@ class BuildRequest:
     """Deadline of the whole build (Harbor's ``build_timeout_sec``); None: none."""
     pids_limit: int | None = None
     memory_mb: int | None = None
+    hidden: tuple[Path, ...] = ()
+    """Host paths a RUN step must not see (``SandboxSpec.hidden``)."""
 
 
 class _Log:
@@ -144,6 +146,7 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
         memory_rlimit_mb=req.memory_mb if cgroup is None else None,
         pids_rlimit=req.pids_limit if cgroup is None or not cgroup.pids_limited else None,
         helpers_root=dest.parent / ".exec-helpers",
+        hidden=req.hidden,
     )
     sandbox = Sandbox(spec, logger)
     log_path = dest / "build.log"

@@ -28,7 +28,8 @@ folders), ``cache_dir`` (built layers; default ``<scratch_dir>/.layers``),
 ``test_tools`` (lend uv/uvx and host Pythons; default true), ``ca_env`` (point
 SSL_CERT_FILE and friends at the host's CA bundle; default true), ``pids_limit``
 (processes per trial and per build, default 4096), ``build_memory_mb`` (memory of a
-Dockerfile build; default none).
+Dockerfile build; default none), ``hidden_paths`` (host paths no trial or build may
+see: the runner passes its own credentials and data folders, docs/security.md).
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         self._pids_limit = pids if pids > 0 else None
         build_memory = kwargs.pop("build_memory_mb", None)
         self._build_memory_mb = int(build_memory) if build_memory else None
+        self._hidden = tuple(Path(p) for p in kwargs.pop("hidden_paths", None) or ())
         # Bind Harbor's log folders straight into the sandbox: no copies back and forth.
         kwargs.setdefault("auto_mounting", True)
         super().__init__(*args, **kwargs)
@@ -206,6 +208,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             timeout_sec=self.task_env_config.build_timeout_sec,
             pids_limit=self._pids_limit,
             memory_mb=self._build_memory_mb,
+            hidden=self._hidden,
         )
 
         async def build(tmp: Path) -> ImageConfig:
@@ -319,6 +322,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             memory_rlimit_mb=memory if cgroup is None and memory else None,
             pids_rlimit=self._pids_limit if cgroup is None or not cgroup.pids_limited else None,
             helpers_root=self._cache.root / ".exec-helpers",
+            hidden=self._hidden,
         )
 
     async def stop(self, delete: bool) -> None:

@@ -74,6 +74,7 @@ from services.localenv.spec import (
     ExecOutcome,
     SandboxSpec,
     fstab_escape,
+    hidden_targets,
     missing_host_tools,
     resolve_in_root,
 )
@@ -205,9 +206,20 @@ class Sandbox:
             Bind(helpers.host_dir, HELPERS_TARGET, read_only=True),
             Bind(helpers.empty_file, PRELOAD_FILE, read_only=True),
         ]
+        # The runner's own files (credentials, data, other trials' folders) are covered
+        # where they would show: an empty read-only tmpfs over a folder, the empty file
+        # over a file. Without CAP_SYS_ADMIN the trial cannot unmount them.
+        hidden = hidden_targets(spec)
+        for target, is_dir in hidden:
+            if is_dir:
+                bwrap += ["--tmpfs", target]
+            else:
+                bwrap += ["--ro-bind", str(helpers.empty_file), target]
         unique = {b.target: b for b in binds}.values()  # the last bind per target wins
         for b in sorted(unique, key=lambda b: len(PurePosixPath(b.target).parts)):
             bwrap += ["--ro-bind" if b.read_only else "--bind", str(b.source), b.target]
+        # Read-only once the binds inside them (if any) have their mount points.
+        bwrap += [a for target, is_dir in hidden if is_dir for a in ("--remount-ro", target)]
         bwrap += ["--chdir", "/", "--info-fd", str(pipes.info_w)]
         # dash (fast to start) writes to the pipes by /dev/fd path: its redirections only
         # take one-digit descriptors. Inherited pipe ends stay open, which is harmless.

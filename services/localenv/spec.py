@@ -78,6 +78,9 @@ class SandboxSpec:
     """Fallback when no pids cgroup exists (``prlimit --nproc``; host uid 0 is exempt)."""
     helpers_root: Path | None = None
     """Where the read-only exec helpers are prepared (default: ``state_dir``)."""
+    hidden: tuple[Path, ...] = ()
+    """Host paths the sandbox must not show (the runner's credentials, data, other
+    trials' folders): each place where one would appear is covered (``hidden_targets``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,32 @@ class ExecOutcome:
     stdout: str
     stderr: str
     return_code: int
+
+
+def hidden_targets(spec: SandboxSpec) -> list[tuple[str, bool]]:
+    """Where each of ``spec.hidden`` would show inside the sandbox: (path, is a folder).
+
+    A host path shows through an overlay's host lower folder (the host's /usr, /etc,
+    /var: everything below them) and through a bind's source; it is compared once
+    links are resolved (``/srv/x -> /var/lib/x`` shows as ``/var/lib/x``). Paths that
+    do not exist, or show nowhere (under /tmp, /root, /home: the sandbox's root is the
+    task's layer, not the host's), need nothing.
+    """
+    found: dict[str, bool] = {}
+    sources = [
+        (low, ov.target) for ov in spec.overlays for low in ov.lowers if low == Path(ov.target)
+    ]
+    sources += [(b.source, b.target) for b in spec.binds]
+    for hidden in spec.hidden:
+        real = Path(os.path.realpath(hidden))
+        if not os.path.lexists(real):
+            continue
+        for source, target in sources:
+            host = Path(os.path.realpath(source))
+            if real.is_relative_to(host):
+                inside = PurePosixPath(target, real.relative_to(host))
+                found[str(inside)] = real.is_dir()
+    return sorted(found.items(), key=lambda item: len(PurePosixPath(item[0]).parts))
 
 
 def fstab_escape(field: str) -> str:

@@ -53,6 +53,7 @@ def build_executor(
             settings.sandbox_dir,
             policy=policy,
             secrets=TrialSecrets.from_settings(settings),
+            hidden_paths=settings.hidden_from_trials(),
         )
     executor = load_factory(settings.executor)(settings)
     return executor  # type: ignore[return-value]

@@ -23,6 +23,7 @@ the redacted text only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
@@ -56,8 +57,10 @@ class HarborExecutor:
         processes: TrialProcesses | None = None,
         policy: RunnerPolicy | None = None,
         secrets: TrialSecrets | None = None,
+        hidden_paths: Sequence[Path] = (),
     ) -> None:
-        """``secrets``: redact exception messages with them (None: messages as they are)."""
+        """``secrets``: redact exception messages with them (None: messages as they are);
+        ``hidden_paths``: host paths no local-environment trial may see."""
         self._jobs_root = jobs_root
         # What manifests may ask of this runner; enforced in each trial's process
         # before Harbor sees the request (None: the safe default policy).
@@ -66,6 +69,7 @@ class HarborExecutor:
         self._sandbox_dir = sandbox_dir
         self._processes = processes or TrialProcesses()
         self._secrets = secrets
+        self._hidden = tuple(str(p) for p in hidden_paths)
         self.version = dist_version("harbor")
 
     def trial_dir_for(self, req: TrialRequested) -> Path:
@@ -87,6 +91,7 @@ class HarborExecutor:
                     sandbox_dir=str(self._sandbox_dir) if self._sandbox_dir is not None else None,
                     live_logs=on_log is not None,
                     policy_json=self._policy_json,
+                    hidden_paths=self._hidden,
                 )
                 outcome = await self._processes.run(
                     job, on_log, llm=request.agent.model is not None

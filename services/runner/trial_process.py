@@ -23,12 +23,14 @@ import ctypes
 import os
 import shutil
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from schemas.events import TrialRequested
+from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH
 from schemas.runners import RunnerPolicy, forbidden_secret_name
 from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
 from services.common.runner_policy import (
@@ -58,6 +60,8 @@ class TrialJob:
     live_logs: bool
     policy_json: str | None = None
     """The runner's policy (schemas.runners.RunnerPolicy as JSON); None: the safe default."""
+    hidden_paths: tuple[str, ...] = ()
+    """Host paths the local sandbox hides from the trial (RunnerSettings.hidden_from_trials)."""
 
 
 Outcome = dict[str, Any]
@@ -76,7 +80,11 @@ def failed(exception_type: str, message: str, trial_dir: str | None = None) -> O
 
 
 def trial_config(
-    req: TrialRequested, task_dir: Path, job_dir: Path, sandbox_dir: str | None
+    req: TrialRequested,
+    task_dir: Path,
+    job_dir: Path,
+    sandbox_dir: str | None,
+    hidden_paths: Sequence[str] = (),
 ) -> Any:
     """Harbor's TrialConfig for one request (the agent's secrets stay templates)."""
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
@@ -93,6 +101,10 @@ def trial_config(
     env_kwargs = dict(compute.environment_kwargs)
     if compute.environment_import_path and sandbox_dir is not None:
         env_kwargs.setdefault("scratch_dir", sandbox_dir)
+    if compute.environment_import_path == LOCAL_ENVIRONMENT_IMPORT_PATH:
+        # The runner's own paths are always hidden: a manifest may add, never remove.
+        asked = env_kwargs.get("hidden_paths")
+        env_kwargs["hidden_paths"] = [*hidden_paths, *(asked if isinstance(asked, list) else [])]
     return TrialConfig(
         task=TaskConfig(path=task_dir),
         trial_name=req.trial_id,
@@ -185,7 +197,9 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
         attempts_dir.mkdir(exist_ok=True)
         shutil.move(trial_dir, attempts_dir / f"{request.trial_id}.{job.attempt - 1}")
     try:
-        config = trial_config(request, Path(job.task_dir), job_dir, job.sandbox_dir)
+        config = trial_config(
+            request, Path(job.task_dir), job_dir, job.sandbox_dir, job.hidden_paths
+        )
         trial = await Trial.create(config)
     except Exception as exc:  # noqa: BLE001 - every cause becomes a TrialFailed
         return failed(type(exc).__name__, str(exc)[:2000] or type(exc).__name__)

@@ -46,7 +46,8 @@ def start_runner(
 ) -> ServiceProcess:
     """A runner process (one trial at a time, JSON logs, its folders and log in
     ``folder``) under the policy file ``policy``, started; ``extra_env`` is added to
-    its environment, which inherits no TRIALBUS_ variable of the test's own."""
+    its environment (replacing the defaults above, folders included), which inherits
+    no TRIALBUS_ variable of the test's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
     env.update(
         NATS_URL=nats_url,
@@ -58,8 +59,8 @@ def start_runner(
         TRIALBUS_SANDBOX_DIR=str(folder / "sandboxes"),
         TRIALBUS_POLICY_FILE=str(policy),
         TRIALBUS_LOG_JSON="true",
-        **extra_env,
     )
+    env.update(extra_env)  # may replace the folders above
     proc = ServiceProcess("runner", env, folder / "runner.log")
     proc.start()
     return proc
