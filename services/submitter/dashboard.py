@@ -2,7 +2,8 @@
 
 Pages: the experiments list (``/ui/``, filter ``?q=``), an experiment (leaderboard,
 failure causes, pass@k, matrix, cost, trials, live progress), a trial (its record and
-live log) and the comparison of two sides (``/ui/compare``, ``queries.comparison``);
+live log), the comparison of two sides (``/ui/compare``, ``queries.comparison``) and
+the runner fleet (``/ui/runners``, ``follow.fleet`` as ``GET /runners``);
 two Server-Sent Events streams feed the live parts (dashboard_stream.py). Numbers
 come from services.reports.queries, as the CLI's and the JSON API's do.
 
@@ -33,6 +34,7 @@ from services.submitter import dashboard_views as views
 from services.submitter.dashboard_compare import comparison_view
 from services.submitter.dashboard_stream import experiment_stream, log_stream, sections
 from services.submitter.dashboard_views import experiment_url, trial_url
+from services.submitter.follow import fleet
 from services.submitter.http_security import SESSION_COOKIE, ApiAccess, identify_token
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
 from services.submitter.routes import Ports
@@ -233,6 +235,12 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
         except UserInputError as exc:
             status, context["error"] = 422, str(exc)  # as the JSON API answers it
         return render("compare.html", request, status, title="Compare", **context)
+
+    @router.get("/runners")
+    async def runners(request: Request) -> Response:
+        registry = await request.app.state.nats.registry()
+        view = views.fleet_view(await fleet(registry), registry.heartbeat_s)
+        return render("runners.html", request, title="Runners", **view)
 
     @router.get("/trials/{trial_id}")
     async def trial(request: Request, trial_id: str) -> Response:
