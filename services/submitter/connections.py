@@ -63,6 +63,7 @@ class NatsSide:
     bus: EventBus
     _coordinator: Coordinator | None = field(default=None)
     _tasks: ObjectStore | None = field(default=None)
+    _results: ObjectStore | None = field(default=None)
     _runners: NatsRunnerRegistry | None = field(default=None)
 
     async def coordinator(self) -> Coordinator:
@@ -98,6 +99,12 @@ class NatsSide:
         if self._tasks is None:
             self._tasks = await open_bucket(self.nc.jetstream(), self.settings, "tasks")
         return self._tasks
+
+    async def results(self) -> ObjectStore:
+        """The results bucket (stored trial folders), read by the dashboard's downloads."""
+        if self._results is None:
+            self._results = await open_bucket(self.nc.jetstream(), self.settings, "results")
+        return self._results
 
     @contextlib.asynccontextmanager
     async def events_of(self, experiment_id: str) -> AsyncIterator[_SubscriptionFeed]:

@@ -31,8 +31,10 @@ from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.submitter import dashboard_views as views
+from services.submitter.dashboard_artifacts import archive_listing, build_artifact_routes
 from services.submitter.dashboard_compare import comparison_view
 from services.submitter.dashboard_stream import experiment_stream, log_stream, sections
+from services.submitter.dashboard_trial import timeline
 from services.submitter.dashboard_views import experiment_url, trial_url
 from services.submitter.follow import fleet
 from services.submitter.http_security import SESSION_COOKIE, ApiAccess, identify_token
@@ -257,6 +259,8 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
             experiment_id=exp_id,
             experiment_url=experiment_url(exp_id) if exp_id else None,
             sections=record_sections(record) if record else [],
+            timeline=timeline(record.timing) if record else None,
+            stored=await archive_listing(request, record) if record else None,
         )
 
     @router.get("/trials/{trial_id}/log")
@@ -265,6 +269,7 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
             return _not_found(request, f"{trial_id!r} is not a trial id.")
         return _sse(log_stream(feeds(request), trial_id))
 
+    router.include_router(build_artifact_routes(render, SECURITY_HEADERS))
     return router
 
 
