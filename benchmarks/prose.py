@@ -87,6 +87,7 @@ KEY_PEERS: dict[str, list[str]] = {
     "objects": ["harbor_archive_bytes", "instant_ms_per_trial", "harbor_raw_put_ceiling"],
     "ledger": ["records_for_ms", "leaderboard_ms", "experiment_ids_ms", "load_s", "disk_mib"],
     "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
+    "dashboard": ["ttfb_ms", "cold_fcp_ms", "html_kib"],
 }
 """The figures shown in the summary table (all figures are in each section)."""
 

@@ -33,7 +33,7 @@ from services.reports import queries
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_artifacts import archive_listing, build_artifact_routes
 from services.submitter.dashboard_compare import comparison_view
-from services.submitter.dashboard_stream import experiment_stream, log_stream, sections
+from services.submitter.dashboard_stream import experiment_stream, loaded_sections, log_stream
 from services.submitter.dashboard_trial import timeline
 from services.submitter.dashboard_views import experiment_url, trial_url
 from services.submitter.follow import fleet
@@ -184,7 +184,7 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
         started = await live.started_trials(experiment_id)
         paused = await ports(request).coordinator.is_paused(experiment_id)
         row = views.experiment_row(experiment_id, info, records, started, paused=paused)
-        parts = await sections(ledger, experiment_id, records, started)
+        parts = await loaded_sections(experiment_id, info, records, started)
         return render(
             "experiment.html",
             request,
