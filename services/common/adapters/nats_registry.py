@@ -143,9 +143,11 @@ async def heartbeat(
             now_load = load() if load is not None else None
             if now_load == current and time.monotonic() - last < interval_s:
                 continue
+            # Taken as written even when the write fails: the next try is at the next
+            # beat, not every LOAD_CHECK_S (one warning per beat while NATS is away).
+            current, last = now_load, time.monotonic()
             try:
                 await registry.announce(info.seen_now(now_load))
-                current, last = now_load, time.monotonic()
             except Exception as exc:  # noqa: BLE001 - reconnecting; try at the next beat
                 log.warning("runner heartbeat failed", error=f"{type(exc).__name__}: {exc}")
 
