@@ -26,7 +26,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from schemas.objects import ObjectRef
 from schemas.record import TrialRecord
-from services.common.errors import ObjectCorrupt, ObjectMissing
+from services.common.errors import ObjectCorrupt, ObjectMissing, TrialbusError
 from services.common.logging import get_logger
 from services.reports import queries
 from services.submitter import dashboard_trial as trial_files
@@ -89,7 +89,10 @@ async def _record(request: Request, experiment_id: str, trial_id: str) -> TrialR
 
 
 async def _fetch(request: Request, record: TrialRecord) -> tuple[ObjectRef, bytes]:
-    store = await request.app.state.nats.results()
+    try:
+        store = await request.app.state.nats.results()
+    except TrialbusError as exc:  # NATS away, or a user without the bucket's read right
+        raise Refusal(503, f"the results bucket cannot be read now: {exc}") from None
     ref = archive_of(record, store.bucket)
     try:
         return ref, await store.get(ref)
@@ -102,6 +105,8 @@ async def _fetch(request: Request, record: TrialRecord) -> tuple[ObjectRef, byte
     except ObjectCorrupt as exc:
         log.warning("stored archive corrupt", trial_id=record.trial_id, error=str(exc))
         raise Refusal(502, f"trial {record.trial_id!r}'s archive is corrupt: {exc}") from None
+    except TrialbusError as exc:
+        raise Refusal(503, f"the results bucket cannot be read now: {exc}") from None
 
 
 async def archive_listing(request: Request, record: TrialRecord) -> dict[str, Any]:
@@ -147,7 +152,9 @@ def build_artifact_routes(render: Render, headers: dict[str, str]) -> APIRouter:
     router = APIRouter()
 
     def refused(request: Request, exc: Refusal) -> HTMLResponse:
-        title = {404: "Not found", 413: "Too large"}.get(exc.status, "Cannot serve")
+        title = {404: "Not found", 413: "Too large", 503: "Unavailable"}.get(
+            exc.status, "Cannot serve"
+        )
         return render("message.html", request, exc.status, title=title, message=str(exc))
 
     def download(body: bytes, name: str, media_type: str) -> Response:
