@@ -11,6 +11,7 @@ from typing import Any
 
 from benchmarks import (
     bench_capacity,
+    bench_dashboard,
     bench_dispatch,
     bench_import,
     bench_latency,
@@ -40,6 +41,7 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "objects": bench_objects.run,
     "ledger": bench_ledger.run,
     "dispatch": bench_dispatch.run,
+    "dashboard": bench_dashboard.run,
 }
 """Name -> benchmark, in the order of the issue that asked for them."""
 

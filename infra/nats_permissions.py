@@ -13,8 +13,9 @@ proves them against a real nats-server.
   names, so two installations sharing a cluster cannot touch each other's).
 - ``submitter`` publishes work and ExperimentSubmitted, follows events and live logs
   (the dashboard shows them), sets cancel and pause flags (and reads the pause flags
-  back: ``trialbus status`` shows ``paused``), uploads task archives and reads the
-  runner registry.
+  back: ``trialbus status`` shows ``paused``), uploads task archives, reads the
+  runner registry and reads (never writes) stored trial folders (the dashboard's
+  downloads).
 - ``runner`` consumes work through its pool's durable only, publishes its run events
   and live logs, uses the leases / attempt-counter keys and its pool's runner-registry
   keys, reads tasks and writes results. No work, no experiment events, no cancel or
@@ -223,6 +224,10 @@ def role_permissions(
             *_kv_write(t.control_bucket, "budget.>"),
             *_kv_read(t.runners_bucket),
             *_obj_write(t.tasks_bucket),
+            # The dashboard serves a trial's stored folder (redacted when packed): read
+            # only, the importer's right; writing results stays the runners' and watcher's.
+            *_info(obj_stream(t.results_bucket)),
+            *_obj_read(t.results_bucket),
         ]
         sub = []
     elif role == "runner":

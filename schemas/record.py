@@ -60,6 +60,12 @@ class PhaseTiming(_Doc):
         default=None, description="Seconds the agent ran on the task."
     )
     verifier_s: float | None = Field(default=None, description="Seconds the verifier ran.")
+    phase_offsets_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="Seconds from the trial's start to each phase's start as Harbor "
+        "recorded it (keys: environment_setup, agent_setup, agent_execution, verifier); "
+        "a phase that did not run is absent (records written before this field: empty).",
+    )
 
 
 class Evaluation(_Doc):

@@ -218,15 +218,45 @@ class RunnerInfo(BaseModel):
     last_seen: AwareDatetime = Field(
         default_factory=_utcnow, description="When this record was written (UTC)."
     )
+    in_flight: int | None = Field(
+        default=None,
+        ge=0,
+        description="Trials it is running now, as of last_seen (None: a runner older "
+        "than this field).",
+    )
+    done: int | None = Field(
+        default=None,
+        ge=0,
+        description="Attempts it ran to the end (TrialCompleted) since it started.",
+    )
+    failed: int | None = Field(
+        default=None,
+        ge=0,
+        description="Attempts that ended in TrialFailed (final or retried) since it started.",
+    )
 
     @property
     def offers(self) -> frozenset[str]:
         """Everything a manifest's ``compute.requires`` may be matched against."""
         return frozenset(self.capabilities) | frozenset(self.labels)
 
-    def seen_now(self) -> RunnerInfo:
-        """This record with ``last_seen`` set to now (what a heartbeat writes)."""
-        return self.model_copy(update={"last_seen": _utcnow()})
+    def seen_now(self, load: RunnerLoad | None = None) -> RunnerInfo:
+        """This record with ``last_seen`` set to now and, when given, the runner's
+        ``load`` (what a heartbeat writes)."""
+        update: dict[str, object] = {"last_seen": _utcnow()}
+        if load is not None:
+            update.update(in_flight=load.in_flight, done=load.done, failed=load.failed)
+        return self.model_copy(update=update)
+
+
+class RunnerLoad(BaseModel):
+    """What a runner is doing, counted since it started (its heartbeat carries it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    in_flight: int = Field(default=0, ge=0, description="Trials running now.")
+    done: int = Field(default=0, ge=0, description="Attempts that ended in TrialCompleted.")
+    failed: int = Field(default=0, ge=0, description="Attempts that ended in TrialFailed.")
 
 
 def registry_key(pool: str, runner_id: str) -> str:

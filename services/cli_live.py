@@ -85,8 +85,9 @@ def status_table(experiment: str, counts: dict[str, Any]) -> Table:
 def runners_table(rows: list[RunnerRow]) -> Table:
     """The runner fleet: one line per live runner record, stale ones marked."""
     table = Table(title="runners", caption="stale: missed a heartbeat (it drops out after its TTL)")
-    for col in ("id", "host", "pool", "capabilities", "concurrency", "last seen", "state"):
-        table.add_column(col, justify="right" if col == "concurrency" else "left")
+    numbers = ("concurrency", "in flight", "done", "failed")
+    for col in ("id", "host", "pool", "capabilities", *numbers, "last seen", "state"):
+        table.add_column(col, justify="right" if col in numbers else "left")
     for r in rows:
         offers = ", ".join([*r.capabilities, *(f"{label} (label)" for label in r.labels)])
         table.add_row(
@@ -95,6 +96,7 @@ def runners_table(rows: list[RunnerRow]) -> Table:
             escape(r.pool),
             escape(offers) or "-",
             str(r.concurrency),
+            *("-" if n is None else str(n) for n in (r.in_flight, r.done, r.failed)),
             f"{when(r.last_seen)} ({duration(r.age_s)} ago)",
             "[red]stale[/red]" if r.stale else "live",
         )

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from schemas.events import Envelope, TrialCompleted, TrialFailed, TrialStarted
+from schemas.runners import RunnerLoad
 from schemas.subjects import Topology
 from services.common.errors import Settle
 from services.common.ports import EventBus
@@ -67,6 +68,12 @@ class RunnerMetrics:
             registry=r,
         )
         self._open: dict[tuple[str, int], float] = {}
+        self._active = self._done = self._failed = 0
+
+    def load(self) -> RunnerLoad:
+        """Trials in flight now and attempts done / failed since start (the runner's
+        heartbeat record carries them to the fleet view, ``trialbus runners``)."""
+        return RunnerLoad(in_flight=self._active, done=self._done, failed=self._failed)
 
     def published(self, event: Envelope) -> None:
         """Count one event the runner published (others are ignored)."""
@@ -78,8 +85,10 @@ class RunnerMetrics:
         elif isinstance(event, TrialCompleted | TrialFailed):
             if isinstance(event, TrialCompleted):
                 outcome, labels = "completed", ("completed", "", "")
+                self._done += 1
             else:
                 outcome = "failed"
+                self._failed += 1
                 labels = ("failed", event.failure_class, str(event.final).lower())
             self.trials.labels(*labels).inc()
             started = self._open.pop((event.trial_id, event.attempt), None)
@@ -95,10 +104,12 @@ class RunnerMetrics:
 
         async def metered(data: bytes, keep_alive: KeepAlive, *, subject: str = "") -> Settle:
             self.in_flight.inc()
+            self._active += 1
             try:
                 settle = await handle(data, keep_alive, subject=subject)
             finally:
                 self.in_flight.dec()
+                self._active -= 1
             self.settled.labels("runner", settle.action, settle.reason).inc()
             return settle
 

@@ -184,7 +184,26 @@ def _timing(result: HarborTrialResult | None) -> PhaseTiming:
         agent_setup_s=_seconds(result.agent_setup),
         agent_execution_s=_seconds(result.agent_execution),
         verifier_s=_seconds(result.verifier),
+        phase_offsets_s=_offsets(started, result),
     )
+
+
+def _offsets(started: datetime | None, result: HarborTrialResult) -> dict[str, float]:
+    """Each phase's start, in seconds after the trial's (the dashboard's timeline)."""
+    if started is None:
+        return {}
+    phases = {
+        "environment_setup": result.environment_setup,
+        "agent_setup": result.agent_setup,
+        "agent_execution": result.agent_execution,
+        "verifier": result.verifier,
+    }
+    out = {}
+    for name, timing in phases.items():
+        at = _utc(timing.started_at) if timing is not None else None
+        if at is not None:
+            out[name] = round((at - started).total_seconds(), 3)
+    return out
 
 
 def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:

@@ -189,6 +189,9 @@ class RunnerRow:
     capabilities: list[str]
     labels: list[str]
     concurrency: int
+    in_flight: int | None
+    done: int | None
+    failed: int | None
     harbor_version: str | None
     started_at: datetime
     last_seen: datetime
@@ -204,6 +207,9 @@ class RunnerRow:
             "capabilities": self.capabilities,
             "labels": self.labels,
             "concurrency": self.concurrency,
+            "in_flight": self.in_flight,
+            "done": self.done,
+            "failed": self.failed,
             "harbor_version": self.harbor_version,
             "started_at": self.started_at.isoformat(),
             "last_seen": self.last_seen.isoformat(),
@@ -229,6 +235,9 @@ def runner_rows(
                 capabilities=list(r.capabilities),
                 labels=list(r.labels),
                 concurrency=r.concurrency,
+                in_flight=r.in_flight,
+                done=r.done,
+                failed=r.failed,
                 harbor_version=r.harbor_version,
                 started_at=r.started_at,
                 last_seen=r.last_seen,

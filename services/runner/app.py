@@ -141,7 +141,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         # Announced before its durable is made: whoever waits for the durable (the
         # embedded stack's readiness) then finds the runner live.
         with exporter(metrics.registry, settings.metrics_port, str(settings.metrics_addr)):
-            async with heartbeat(registry, info, registry.heartbeat_s):
+            async with heartbeat(registry, info, registry.heartbeat_s, metrics.load):
                 await ensure_runner_consumer(js, topo, settings.ack_wait_s, settings.pool)
                 await consumer.run()
             log.info("runner draining", in_flight=len(consumer.in_flight))

@@ -63,7 +63,8 @@ class NatsSide:
     bus: EventBus
     _coordinator: Coordinator | None = field(default=None)
     _tasks: ObjectStore | None = field(default=None)
-    _runners: RunnerRegistry | None = field(default=None)
+    _results: ObjectStore | None = field(default=None)
+    _runners: NatsRunnerRegistry | None = field(default=None)
 
     async def coordinator(self) -> Coordinator:
         """The Coordinator (KV buckets opened, created when missing, on first use)."""
@@ -80,6 +81,11 @@ class NatsSide:
         """The runner registry, or None when the settings say not to check runners."""
         if not getattr(self.settings, "check_runners", False):
             return None
+        return await self.registry()
+
+    async def registry(self) -> NatsRunnerRegistry:
+        """The runner registry whatever the settings (the fleet views read it; opened,
+        created when missing, on first use)."""
         if self._runners is None:
             self._runners = await NatsRunnerRegistry.open(
                 self.nc.jetstream(),
@@ -93,6 +99,12 @@ class NatsSide:
         if self._tasks is None:
             self._tasks = await open_bucket(self.nc.jetstream(), self.settings, "tasks")
         return self._tasks
+
+    async def results(self) -> ObjectStore:
+        """The results bucket (stored trial folders), read by the dashboard's downloads."""
+        if self._results is None:
+            self._results = await open_bucket(self.nc.jetstream(), self.settings, "results")
+        return self._results
 
     @contextlib.asynccontextmanager
     async def events_of(self, experiment_id: str) -> AsyncIterator[_SubscriptionFeed]:

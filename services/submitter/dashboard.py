@@ -2,7 +2,8 @@
 
 Pages: the experiments list (``/ui/``, filter ``?q=``), an experiment (leaderboard,
 failure causes, pass@k, matrix, cost, trials, live progress), a trial (its record and
-live log) and the comparison of two sides (``/ui/compare``, ``queries.comparison``);
+live log), the comparison of two sides (``/ui/compare``, ``queries.comparison``) and
+the runner fleet (``/ui/runners``, ``follow.fleet`` as ``GET /runners``);
 two Server-Sent Events streams feed the live parts (dashboard_stream.py). Numbers
 come from services.reports.queries, as the CLI's and the JSON API's do.
 
@@ -30,9 +31,12 @@ from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.submitter import dashboard_views as views
+from services.submitter.dashboard_artifacts import archive_listing, build_artifact_routes
 from services.submitter.dashboard_compare import comparison_view
-from services.submitter.dashboard_stream import experiment_stream, log_stream, sections
+from services.submitter.dashboard_stream import experiment_stream, loaded_sections, log_stream
+from services.submitter.dashboard_trial import timeline
 from services.submitter.dashboard_views import experiment_url, trial_url
+from services.submitter.follow import fleet
 from services.submitter.http_security import SESSION_COOKIE, ApiAccess, identify_token
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
 from services.submitter.routes import Ports
@@ -180,7 +184,7 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
         started = await live.started_trials(experiment_id)
         paused = await ports(request).coordinator.is_paused(experiment_id)
         row = views.experiment_row(experiment_id, info, records, started, paused=paused)
-        parts = await sections(ledger, experiment_id, records, started)
+        parts = await loaded_sections(experiment_id, info, records, started)
         return render(
             "experiment.html",
             request,
@@ -234,6 +238,12 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
             status, context["error"] = 422, str(exc)  # as the JSON API answers it
         return render("compare.html", request, status, title="Compare", **context)
 
+    @router.get("/runners")
+    async def runners(request: Request) -> Response:
+        registry = await request.app.state.nats.registry()
+        view = views.fleet_view(await fleet(registry), registry.heartbeat_s)
+        return render("runners.html", request, title="Runners", **view)
+
     @router.get("/trials/{trial_id}")
     async def trial(request: Request, trial_id: str) -> Response:
         if not valid_trial_id(trial_id):
@@ -249,6 +259,8 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
             experiment_id=exp_id,
             experiment_url=experiment_url(exp_id) if exp_id else None,
             sections=record_sections(record) if record else [],
+            timeline=timeline(record.timing) if record else None,
+            stored=await archive_listing(request, record) if record else None,
         )
 
     @router.get("/trials/{trial_id}/log")
@@ -257,6 +269,7 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
             return _not_found(request, f"{trial_id!r} is not a trial id.")
         return _sse(log_stream(feeds(request), trial_id))
 
+    router.include_router(build_artifact_routes(render, SECURITY_HEADERS))
     return router
 
 

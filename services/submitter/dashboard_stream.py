@@ -31,7 +31,7 @@ from schemas.events import (
     TrialStarted,
 )
 from schemas.record import TrialRecord
-from services.common.ports import Ledger
+from services.common.ports import ExperimentInfo, Ledger
 from services.reports import formatting, queries
 from services.submitter import dashboard_charts as charts
 from services.submitter import dashboard_views as views
@@ -68,6 +68,27 @@ async def sections(
     agent matrix, cost and budget (``queries.experiment_report``, as the JSON API's
     report) and the trials."""
     report = await queries.experiment_report(ledger, experiment_id, required=False)
+    return _sections(experiment_id, report, records, started)
+
+
+async def loaded_sections(
+    experiment_id: str,
+    info: ExperimentInfo | None,
+    records: list[TrialRecord],
+    started: Mapping[str, TrialStarted],
+) -> Sections:
+    """``sections`` from the metadata and records the caller already read (the
+    report is ``queries.report_of`` them: the page reads the ledger once)."""
+    report = await queries.report_of(experiment_id, info, records)
+    return _sections(experiment_id, report, records, started)
+
+
+def _sections(
+    experiment_id: str,
+    report: dict[str, Any],
+    records: Sequence[TrialRecord],
+    started: Mapping[str, TrialStarted],
+) -> Sections:
     board = report["leaderboard"]
     scale = charts.mean_scale(board)
     rows = views.trial_rows(records, started)
@@ -136,7 +157,7 @@ async def progress_event(
     coordinator's pause flag, for the state)."""
     _, info, records = await queries.load_experiment(ledger, experiment_id, required=False)
     started = await live.started_trials(experiment_id)
-    parts = await sections(ledger, experiment_id, records, started)
+    parts = await loaded_sections(experiment_id, info, records, started)
     paused = paused_of is not None and await paused_of(experiment_id)
     row = views.experiment_row(experiment_id, info, records, started, paused=paused)
     shown = {

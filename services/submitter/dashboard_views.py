@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -22,8 +23,10 @@ from schemas.events import TrialStarted
 from schemas.record import TrialRecord
 from services.reports import formatting
 from services.reports.progress import (  # the dashboard's names for the shared logic
+    STALE_AFTER_HEARTBEATS,
     ExperimentRow,
     Progress,
+    RunnerRow,
     duration,
     experiment_row,
     progress,
@@ -41,6 +44,7 @@ __all__ = [
     "duration",
     "experiment_row",
     "experiment_url",
+    "fleet_view",
     "leaderboard_cells",
     "progress",
     "span",
@@ -124,6 +128,46 @@ def leaderboard_cells(row: dict[str, Any]) -> dict[str, str]:
         "scored": f"{row['n_scored']} / {row['n_trials']}",
         "unscored": formatting.unscored(row),
         "note": few,
+    }
+
+
+def fleet_view(rows: Sequence[RunnerRow], heartbeat_s: float) -> dict[str, Any]:
+    """The fleet page's context: each runner's row as text (the numbers of
+    ``RunnerRow.as_dict``, "-" for a count an older runner does not report), the
+    totals, and after how long a runner is stale (``heartbeat_s``: the registry's)."""
+
+    def count(n: int | None) -> str:
+        return "-" if n is None else str(n)
+
+    shown = [
+        {
+            "runner_id": r.runner_id,
+            "host": r.host,
+            "pool": r.pool,
+            "offers": ", ".join([*r.capabilities, *(f"{x} (label)" for x in r.labels)]),
+            "concurrency": str(r.concurrency),
+            "in_flight": count(r.in_flight),
+            "done": count(r.done),
+            "failed": count(r.failed),
+            "last_seen": when(r.last_seen),
+            "last_seen_iso": r.last_seen.isoformat(),
+            "age": duration(r.age_s),
+            "stale": r.stale,
+            "state": "stale" if r.stale else "live",
+        }
+        for r in rows
+    ]
+    totals = {
+        "live": sum(not r.stale for r in rows),
+        "stale": sum(r.stale for r in rows),
+        "concurrency": sum(r.concurrency for r in rows),
+        "in_flight": sum(r.in_flight or 0 for r in rows),
+    }
+    return {
+        "rows": shown,
+        "totals": totals,
+        "read_at": when(datetime.now(UTC)),
+        "stale_after": duration(STALE_AFTER_HEARTBEATS * heartbeat_s),
     }
 
 

@@ -170,10 +170,13 @@ async def trial_logs(
                     return seen
 
 
+async def fleet(registry: NatsRunnerRegistry) -> list[RunnerRow]:
+    """The runner fleet: the registry's live records, stale ones marked. The one read
+    path of ``trialbus runners``, ``GET /runners`` and the dashboard's fleet page."""
+    return runner_rows(await registry.live_runners(), registry.heartbeat_s)
+
+
 async def list_runners(settings: CommonSettings) -> list[RunnerRow]:
-    """``trialbus runners``: the registry's live records, stale ones marked."""
+    """``trialbus runners``: the fleet (``fleet``)."""
     async with open_nats(settings, "trialbus-runners") as nats:
-        registry = await NatsRunnerRegistry.open(
-            nats.nc.jetstream(), nats.settings.topology, replicas=nats.settings.stream_replicas
-        )
-        return runner_rows(await registry.live_runners(), registry.heartbeat_s)
+        return await fleet(await nats.registry())

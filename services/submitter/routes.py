@@ -45,6 +45,7 @@ from services.reports import queries
 from services.reports.html import render_html
 from services.submitter import handlers
 from services.submitter.api_tokens import Identity, owner_from_record
+from services.submitter.follow import fleet
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
 from services.submitter.retry import retry_trial
@@ -288,5 +289,12 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
     ) -> dict[str, Any]:
         """Paired comparison (as `trialbus compare A [B] --a AGENT --b AGENT --json`)."""
         return await queries.comparison(ports.ledger, a, b, agent_a, agent_b)
+
+    @router.get("/runners")
+    async def runners(request: Request) -> list[dict[str, Any]]:
+        """The runner fleet (as `trialbus runners --json`): each live runner's host,
+        pool, capabilities, concurrency, trials in flight, attempts done and failed,
+        last heartbeat, and whether it is stale (missed its heartbeats)."""
+        return [r.as_dict() for r in await fleet(await request.app.state.nats.registry())]
 
     return router

@@ -27,6 +27,7 @@ NAMES = [
     "objects",
     "ledger",
     "dispatch",
+    "dashboard",
 ]
 
 
@@ -61,7 +62,7 @@ def test_quick_benchmarks_write_every_result(tmp_path: Path) -> None:
         for figure in bench["peers"]:
             assert math.isfinite(figure["value"]), figure
     by_name = {b["name"]: b for b in report["benchmarks"]}
-    for name in ("pipeline", "import", "capacity", "objects", "ledger", "dispatch"):
+    for name in ("pipeline", "import", "capacity", "objects", "ledger", "dispatch", "dashboard"):
         assert by_name[name]["value"] > 0, by_name[name]
     # Orchestration capacity counts every trial's starts: none may be started twice.
     capacity = {f["name"]: f["value"] for f in by_name["capacity"]["peers"]}

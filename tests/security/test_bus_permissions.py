@@ -440,6 +440,14 @@ async def test_task_archives_and_results(roles: dict[str, Role]) -> None:
         await importer_results.put(f"forged-{name}", b"forged")
     while not importer.errors.empty():  # the refusal, seen by the error callback too
         importer.errors.get_nowait()
+    # The submitter (the dashboard's downloads) reads a stored result, and cannot
+    # write one (control: the runner's put above had the right).
+    submitter_results = await NatsObjectStore.open(submitter.js, TOPO.results_bucket)
+    assert await submitter_results.get(stored) == b"result two"
+    with pytest.raises(ObjectAccessDenied, match=f"right on bucket {TOPO.results_bucket}"):
+        await submitter_results.put(f"forged-{name}", b"forged")
+    while not submitter.errors.empty():
+        submitter.errors.get_nowait()
     # A subscriber reads neither.
     subscriber = roles["subscriber"]
     await subscriber.denied(

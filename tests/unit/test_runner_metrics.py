@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.events import TrialCompleted, TrialStarted
 from schemas.objects import ObjectRef
+from schemas.runners import RunnerLoad
 from services.common.adapters.memory import RecordingBus
 from services.common.errors import ACK, Settle
 from services.common.runner_metrics import RunnerMetrics, exporter
@@ -70,3 +71,33 @@ def test_exporter_serves_the_registry_and_stops() -> None:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"trialbus_trials", "trialbus_trials_in_flight"} <= names
+
+
+async def test_the_heartbeat_load_counts_what_the_metrics_count() -> None:
+    # The fleet view's in flight / done / failed (RunnerInfo via heartbeat) come from
+    # the same events and handler as the Prometheus counters.
+    m = RunnerMetrics()
+    bus = m.bus(RecordingBus())
+    loads: list[RunnerLoad] = []
+
+    async def handle(data: bytes, keep_alive: object, *, subject: str = "") -> Settle:
+        loads.append(m.load())
+        return ACK
+
+    async def beat() -> None:
+        pass
+
+    assert m.load() == RunnerLoad(in_flight=0, done=0, failed=0)
+    await m.handler(handle)(b"x", beat)
+    assert loads == [RunnerLoad(in_flight=1, done=0, failed=0)]
+    stored = ObjectRef(bucket="RESULTS", name="e/t1/1.tar.gz", size=1, sha256="ab" * 32)
+    done = TrialCompleted(
+        experiment_id="e", trial_id="t1", attempt=1, result=stored, trial_name="t1"
+    )
+    retried = TrialFailed(
+        experiment_id="e", trial_id="t2", failure_class="infrastructure", error_type="X",
+        message="m", attempt=1, final=False,
+    )  # fmt: skip
+    await bus.publish_many([done, retried])
+    await bus.publish(done)  # a duplicate: not a second attempt done
+    assert m.load() == RunnerLoad(in_flight=0, done=1, failed=1)

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from schemas.runners import RunnerInfo, registry_key
+from schemas.runners import RunnerInfo, RunnerLoad, registry_key
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import kv_config
 from services.common.logging import get_logger
@@ -41,6 +42,9 @@ log = get_logger(__name__)
 
 HEARTBEATS_PER_TTL = 3
 """A record is rewritten this many times per TTL: two lost heartbeats drop no runner."""
+
+LOAD_CHECK_S = 1.0
+"""How often a heartbeat looks whether the runner's load changed (then it rewrites)."""
 
 DEFAULT_TTL_S = 60.0
 """The bucket's max age when a runner has to create it (no provisioned stack)."""
@@ -112,21 +116,38 @@ class NatsRunnerRegistry:
 
 @contextlib.asynccontextmanager
 async def heartbeat(
-    registry: RunnerRegistry, info: RunnerInfo, interval_s: float
+    registry: RunnerRegistry,
+    info: RunnerInfo,
+    interval_s: float,
+    load: Callable[[], RunnerLoad] | None = None,
 ) -> AsyncIterator[None]:
     """Keep ``info`` announced while the block runs; withdraw it when the block ends.
 
     The first announcement happens before the block starts (a failure there raises:
     a runner that cannot announce itself should not start). Later ones that fail are
     logged and retried at the next beat (a NATS blip must not stop a runner).
+
+    ``load`` (the runner's trials in flight, done and failed) goes into each record;
+    when it changes the record is rewritten within ``LOAD_CHECK_S`` rather than at the
+    next beat, so the fleet view follows a runner's work without waiting a whole beat
+    (at most one write per ``LOAD_CHECK_S``, and none while nothing changes).
     """
-    await registry.announce(info.seen_now())
+    current = load() if load is not None else None
+    await registry.announce(info.seen_now(current))
 
     async def beat() -> None:
+        nonlocal current
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(min(interval_s, LOAD_CHECK_S) if load else interval_s)
+            now_load = load() if load is not None else None
+            if now_load == current and time.monotonic() - last < interval_s:
+                continue
+            # Taken as written even when the write fails: the next try is at the next
+            # beat, not every LOAD_CHECK_S (one warning per beat while NATS is away).
+            current, last = now_load, time.monotonic()
             try:
-                await registry.announce(info.seen_now())
+                await registry.announce(info.seen_now(now_load))
             except Exception as exc:  # noqa: BLE001 - reconnecting; try at the next beat
                 log.warning("runner heartbeat failed", error=f"{type(exc).__name__}: {exc}")
 
