@@ -94,10 +94,7 @@ async def test_the_heartbeat_load_counts_what_the_metrics_count() -> None:
     done = TrialCompleted(
         experiment_id="e", trial_id="t1", attempt=1, result=stored, trial_name="t1"
     )
-    retried = TrialFailed(
-        experiment_id="e", trial_id="t2", failure_class="infrastructure", error_type="X",
-        message="m", attempt=1, final=False,
-    )  # fmt: skip
+    retried = trial_failed("t2", experiment_id="e", attempt=1, final=False)
     await bus.publish_many([done, retried])
     await bus.publish(done)  # a duplicate: not a second attempt done
     assert m.load() == RunnerLoad(in_flight=0, done=1, failed=1)
