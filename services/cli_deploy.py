@@ -128,6 +128,7 @@ def register(app: typer.Typer, run: Runner, err: Console) -> None:
                     runner_ack_wait_s=settings.ack_wait_s,
                     replicas=settings.stream_replicas,
                     pools=pool or [DEFAULT_POOL],
+                    classes=settings.classes,
                 )
             finally:
                 await nc.close()
