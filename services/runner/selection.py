@@ -3,13 +3,14 @@
 Each class has a weight (services.common.priority). At every pick, each class that has
 work waiting earns its weight in credit; the class with the most credit is picked and
 pays the sum of the weights of the classes that were waiting (nginx's smooth weighted
-round robin). A class with nothing waiting keeps no credit: it cannot bank slots while
-idle and then take a burst of them.
+round robin). Credits count only while the same classes contend: when a class starts
+or stops waiting, every credit starts again from zero, so no class banks slots while
+idle (or alone) and takes a burst of them later.
 
 So, while several classes wait, class ``c`` gets exactly ``weight(c) / sum of their
-weights`` of the picks, spread evenly (urgent 8 and batch 1 waiting: 8 urgent picks,
-then 1 batch, and again): higher classes first in proportion, and a lower class is
-never starved (at least one pick in every ``sum of weights`` picks). A class alone is
+weights`` of the picks, spread evenly (urgent 8 and batch 1 waiting: 4 urgent picks,
+1 batch, 4 urgent, and again): higher classes first in proportion, and a lower class
+is never starved (at least one pick in every ``sum of weights`` picks). A class alone is
 picked every time. Ties go to the heavier class, then to the name, so the order is
 deterministic (tests/unit/test_runner_selection.py).
 """
@@ -30,6 +31,8 @@ def pick(
     eligible = [c for c in weights if waiting.get(c, 0) > 0]
     if not eligible:
         return None, {}
+    if set(credit) != set(eligible):
+        credit = {}  # the contenders changed: a fresh round, nothing carried over
     new = {c: credit.get(c, 0) + weights[c] for c in eligible}
     chosen = max(eligible, key=lambda c: (new[c], weights[c], c))
     new[chosen] -= sum(weights[c] for c in eligible)
