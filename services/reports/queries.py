@@ -20,7 +20,7 @@ from services.common.ports import ExperimentInfo, Ledger
 from services.reports.budget import spent_line
 from services.reports.compare import compare, pick_side, records_of
 from services.reports.leaderboard import leaderboard, status_counts
-from services.reports.progress import ExperimentRow, experiment_row
+from services.reports.progress import ExperimentRow, experiment_row, priority_class_of
 from services.reports.report import build_report
 
 
@@ -61,6 +61,9 @@ async def experiment_status(
     spent = spent_line(records, info)
     if spent is not None:
         status["budget"] = spent
+    named = priority_class_of(info)
+    if named is not None:  # absent: the installation's default class
+        status["priority_class"] = named
     if paused_of is not None:
         status["paused"] = bool(counts["pending"] and await paused_of(experiment_id))
     return status
