@@ -48,9 +48,10 @@ class MessageHandler(Protocol):
 
 
 LOOK_AGAIN_S = 1.0
-"""A class believed empty is looked at again (its pending count) at most this often
-while other classes keep the runner busy: the most an urgent arrival can wait for a
-slot that frees meanwhile."""
+"""A class believed empty is looked at again (its durable's pending counts) at most
+this often while other classes keep the runner busy: the most an urgent arrival can
+wait for a slot that frees meanwhile. A class with unacknowledged messages (running
+somewhere, or handed back to come again) then costs one short, maybe empty, fetch."""
 IDLE_FETCH_TIMEOUT_S = 1.0
 """An idle runner's single-message pull: it returns the moment a trial arrives, so
 this window only sets how often an idle runner renews its request (once a second)."""
@@ -70,10 +71,11 @@ async def ensure_runner_consumers(
     """Create the pool's shared durables (one per priority class) that do not exist yet.
 
     With per-role NATS users the admin created them when provisioning (and narrowed
-    ones left from before pools or classes); then this only looks.
+    ones left from before pools or classes); then this only looks. Without users, it
+    also narrows a durable left from before classes, as provisioning does.
     """
     classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
-    await ensure_runner_durables(js, topology, ack_wait_s, [pool], classes, refilter=False)
+    await ensure_runner_durables(js, topology, ack_wait_s, [pool], classes)
 
 
 async def apply_verdict(msg: Msg, verdict: Settle) -> None:
@@ -214,7 +216,14 @@ class WorkConsumer:
             except Exception as exc:  # noqa: BLE001 - reconnecting: look next time
                 log.warning("could not read a class's pending count", error=str(exc))
                 return
-            queue.pending, queue.seen_at = int(info.num_pending or 0), time.monotonic()
+            # num_pending counts messages never delivered. A message handed back (nak
+            # with a delay: a full experiment lease, a pause, a retry's backoff) waits
+            # among the unacknowledged ones instead, with the running trials: then the
+            # class may hold work, and one short fetch finds out.
+            pending = int(info.num_pending or 0)
+            if not pending and info.num_ack_pending:
+                pending = 1
+            queue.pending, queue.seen_at = pending, time.monotonic()
 
         await asyncio.gather(*(look(q) for q in stale))
 
