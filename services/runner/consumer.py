@@ -231,9 +231,13 @@ class WorkConsumer:
         """Fetch ``free`` messages by weight from the ``waiting`` classes, start each on
         one of the held slots; return how many slots were used."""
         picks, self._credit = plan(self._weights, self._credit, waiting, free)
-        fetched = await asyncio.gather(
-            *(self._fetch(self._queues[c].psub, n, BUSY_FETCH_TIMEOUT_S) for c, n in picks)
-        )
+        if len(picks) == 1:  # the usual case, one class with work: no task per fetch
+            ((name, n),) = picks
+            fetched = [await self._fetch(self._queues[name].psub, n, BUSY_FETCH_TIMEOUT_S)]
+        else:
+            fetched = await asyncio.gather(
+                *(self._fetch(self._queues[c].psub, n, BUSY_FETCH_TIMEOUT_S) for c, n in picks)
+            )
         taken = 0
         for (name, asked), msgs in zip(picks, fetched, strict=True):
             queue = self._queues[name]
