@@ -253,15 +253,18 @@ class WorkConsumer:
         queue = self._queues[name]
         try:
             msgs = await self._fetch(queue.psub, 1, IDLE_FETCH_TIMEOUT_S, stopping_ok=True)
-            queue.pending, queue.seen_at = _pending_after(msgs, 1), time.monotonic()
+            handed_back = False
             for msg in msgs:
                 if self._stopping.is_set() or self._slots.locked():
-                    queue.pending = max(queue.pending, 1)
+                    handed_back = True
                     with contextlib.suppress(Exception):
                         await msg.nak()
                     continue
                 await self._slots.acquire()  # free: returns at once
-                self._start(msg)
+                self._start(msg)  # first: the trial's start is what an idle runner owes
+            pending = _pending_after(msgs, 1)
+            queue.pending = max(pending, 1) if handed_back else pending
+            queue.seen_at = time.monotonic()
         finally:
             queue.poll = None
 
