@@ -229,14 +229,29 @@ def token_digest(token: str) -> str:
 
 
 def issue_token(
-    path: Path, *, user: str | None = None, team: str | None = None, admin: bool = False
+    path: Path,
+    *,
+    user: str | None = None,
+    team: str | None = None,
+    admin: bool = False,
+    priority_classes: list[str] | None = None,
 ) -> str:
     """Add a new token for this identity to the tokens file (created 0600); return it.
 
+    ``priority_classes``: the classes it may submit in (None: the default rule).
     The token is returned once and never stored: only its digest is written.
     """
     token = secrets.token_urlsafe(32)  # 256 random bits
-    entry = _Entry(sha256=token_digest(token), user=user, team=team, admin=admin)
+    try:
+        entry = _Entry(
+            sha256=token_digest(token),
+            user=user,
+            team=team,
+            admin=admin,
+            priority_classes=priority_classes,
+        )
+    except ValidationError as exc:
+        raise ApiConfigError(problem_lines("the new token", exc, _message)) from None
     current: list[dict[str, Any]] = []
     if path.exists():
         current = [

@@ -19,7 +19,12 @@ import pytest
 
 from schemas.subjects import Topology
 from services.common.priority import PriorityClasses
-from services.submitter.api_tokens import Identity, load_token_table
+from services.submitter.api_tokens import (
+    ApiConfigError,
+    Identity,
+    issue_token,
+    load_token_table,
+)
 from tests.security.http_api_support import write_tokens_file
 from tests.support.api_client import EXAMPLE_TASKS, api_client
 
@@ -67,6 +72,12 @@ def test_who_may_use_which_class(tmp_path: Path) -> None:
     assert [c for c in classes.names if release.may_use(c, classes)] == ["urgent"]
     assert [c for c in classes.names if ops.may_use(c, classes)] == list(classes.names)
     assert not alice.may_use("vip", classes)
+    # `trialbus api-token --priority-class` writes the same entry; a bad name is refused.
+    issued = issue_token(tmp_path / "issued.yaml", team="ci", priority_classes=["urgent"])
+    ci = load_token_table(tmp_path / "issued.yaml").identify(issued)
+    assert ci == Identity(team="ci", priority_classes=("urgent",))
+    with pytest.raises(ApiConfigError, match=r"priority_classes\[0\]"):
+        issue_token(tmp_path / "issued.yaml", team="ci", priority_classes=["URGENT"])
 
 
 async def test_a_token_submits_only_in_the_classes_it_may_use(
