@@ -48,7 +48,8 @@ async def experiment_status(
     ledger: Ledger, experiment_id: str, *, paused_of: PausedOf | None = None
 ) -> dict[str, int | str | bool]:
     """Counts of an experiment's trials by state (``status_counts``); with a budget in
-    the manifest, ``budget``: what the recorded trials spent of it; with ``paused_of``
+    the manifest, ``budget``: what the recorded trials spent of it; when the manifest
+    names a priority class, ``priority_class``; with ``paused_of``
     (the coordinator's flag), ``paused``: whether its queued trials wait for a resume.
 
     ``paused`` is False once every trial is recorded (nothing waits any more), as the
