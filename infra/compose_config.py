@@ -35,6 +35,7 @@ from pathlib import Path
 from infra.nats_auth import AuthFiles, write_auth
 from infra.tls import DEFAULT_HOSTS, TlsFiles, write_certs
 from schemas.subjects import Topology
+from services.common.priority import PriorityClasses
 from services.common.private_files import write_private
 
 NODES = ("nats-1", "nats-2", "nats-3")
@@ -170,6 +171,7 @@ def write_compose_config(
     rotate: bool = False,
     ledger_db: str = "trialbus",
     service_uid: int | None = SERVICE_UID,
+    classes: PriorityClasses | None = None,
 ) -> ComposeFiles:
     """Write (or refresh) every file compose.yaml mounts; see the module docstring.
 
@@ -177,6 +179,8 @@ def write_compose_config(
     in ``folder/tls`` is kept and signs a new server certificate each run).
     ``service_uid``: owner given to the files the trialbus containers read, when this
     process may (root); otherwise they stay the caller's (docs/operations.md).
+    ``classes``: the installation's priority classes (the runner users' fetch rights;
+    default: services.common.priority's defaults).
     """
     topology = topology or Topology("trialbus")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -187,7 +191,7 @@ def write_compose_config(
     auth_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     shutil.copyfile(certs.ca_cert, auth_dir / CA_COPY)
     os.chmod(auth_dir / CA_COPY, 0o644)
-    auth = write_auth(auth_dir, topology, rotate=rotate, ca_file=CA_COPY)
+    auth = write_auth(auth_dir, topology, rotate=rotate, ca_file=CA_COPY, classes=classes)
 
     nats_dir = folder / "nats"
     nats_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -31,6 +31,7 @@ from infra.stack_nats import (
     connect_stack,
     credentials_env,
     runner_ack_wait_s,
+    stack_classes,
     start_authenticated_nats,
 )
 from infra.supervise import Supervised
@@ -150,6 +151,7 @@ class EmbeddedStack(StartStop):
                     port=self.nats_port,
                     host=self.nats_host,
                     ack_wait_s=runner_ack_wait_s({**self.extra_env, **self.runner_env}),
+                    classes=stack_classes({**self.extra_env, **self.runner_env}),
                 )
                 self.nats_url = self._nats.url
             if self.ledger_url is None:

@@ -42,6 +42,7 @@ from infra.nats_permissions import (
     user_name,
 )
 from schemas.subjects import DEFAULT_POOL, Topology
+from services.common.priority import PriorityClasses
 from services.common.private_files import write_private
 
 AUTH_CONF = "auth.conf"
@@ -107,6 +108,7 @@ def render_server_config(
     topology: Topology,
     credentials: Mapping[str, RoleCredentials],
     js_domain: str | None = None,
+    classes: PriorityClasses | None = None,
 ) -> str:
     """The ``authorization`` block (nats-server config syntax) for these credentials.
 
@@ -133,7 +135,7 @@ def render_server_config(
         "  users = [",
     ]
     for name, cred in credentials.items():
-        perms = role_permissions(topology, cred.role, pool_of(name, cred.role), js_domain)
+        perms = role_permissions(topology, cred.role, pool_of(name, cred.role), js_domain, classes)
         lines += [
             f"    {{user: {q(cred.user)}, password: {q(cred.password)}, permissions: {{",
             f"      publish: {{allow: {subjects(perms.publish)}}}",
@@ -178,12 +180,15 @@ def write_auth(
     pools: Sequence[str] = (),
     js_domain: str | None = None,
     ca_file: str | None = None,
+    classes: PriorityClasses | None = None,
 ) -> AuthFiles:
     """Write the server config include and one credentials file per role (all 0600).
 
     ``pools`` adds a runner user per named pool (``runner-<pool>.json``), allowed that
     pool's work only; the plain ``runner`` user is the default pool's. ``js_domain``
-    is the server's JetStream domain when runners reach it through leaf nodes.
+    is the server's JetStream domain when runners reach it through leaf nodes;
+    ``classes`` the installation's priority classes (a runner may fetch through its
+    pool's durable of each; default: services.common.priority's defaults).
     ``ca_file`` (relative to ``folder``, or absolute) goes into every credentials
     file: their clients then require TLS with a server certificate that CA signed.
 
@@ -219,7 +224,7 @@ def write_auth(
             write_private(path, json.dumps(record, indent=2) + "\n")
         creds[name], paths[name] = cred, path
     server_config = folder / AUTH_CONF
-    write_private(server_config, render_server_config(topology, creds, js_domain))
+    write_private(server_config, render_server_config(topology, creds, js_domain, classes))
     return AuthFiles(folder, server_config, paths)
 
 

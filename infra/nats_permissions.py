@@ -16,7 +16,8 @@ proves them against a real nats-server.
   back: ``trialbus status`` shows ``paused``), uploads task archives, reads the
   runner registry and reads (never writes) stored trial folders (the dashboard's
   downloads).
-- ``runner`` consumes work through its pool's durable only, publishes its run events
+- ``runner`` consumes work through its pool's durables only (one per priority
+  class: ``classes``), publishes its run events
   and live logs, uses the leases / attempt-counter keys and its pool's runner-registry
   keys, reads tasks and writes results. No work, no experiment events, no cancel or
   pause flags, no stream config. A runner user is scoped to ONE pool (``pool=``): the
@@ -42,6 +43,7 @@ import re
 from dataclasses import dataclass
 
 from schemas.subjects import DEFAULT_POOL, Topology, check_pool
+from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 
 ROLES = ("admin", "submitter", "runner", "importer", "watcher", "subscriber")
 """Every role, in the order they are written into the server config."""
@@ -174,10 +176,24 @@ def _events(topology: Topology, *types: str) -> list[str]:
     return [f"{topology.prefix}.events.{t}.>" for t in types]
 
 
+def runner_durables(
+    topology: Topology, pool: str = DEFAULT_POOL, classes: PriorityClasses | None = None
+) -> tuple[str, ...]:
+    """The durables the runners of ``pool`` fetch through: one per priority class."""
+    classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
+    return tuple(topology.runner_durable_for(pool, classes.durable_class(c)) for c in classes.names)
+
+
 def role_permissions(
-    topology: Topology, role: str, pool: str = DEFAULT_POOL, js_domain: str | None = None
+    topology: Topology,
+    role: str,
+    pool: str = DEFAULT_POOL,
+    js_domain: str | None = None,
+    classes: PriorityClasses | None = None,
 ) -> Permissions:
-    """The exact allow lists of ``role`` for ``topology`` (a runner: of ``pool``).
+    """The exact allow lists of ``role`` for ``topology`` (a runner: of ``pool``, with a
+    fetch right on its pool's durable of each of ``classes``; default: the default
+    classes of services.common.priority).
 
     ``js_domain``: the hub's JetStream domain. A client behind a leaf node reaches the
     hub's JetStream as ``$JS.<domain>.API.>`` (nats-server does not carry the plain
@@ -236,7 +252,7 @@ def role_permissions(
             t.logs_wildcard,
             *_info(w, e, lg, *(kv_stream(b) for b in _runner_kv(t))),
             *_info(obj_stream(t.tasks_bucket), obj_stream(t.results_bucket)),
-            *_durable(w, t.runner_durable_for(pool)),
+            *(right for d in runner_durables(t, pool, classes) for right in _durable(w, d)),
             *_kv_write(t.leases_bucket),
             *_kv_read(t.leases_bucket),
             # A lease is given back by a subject purge of the leases stream (no marker is

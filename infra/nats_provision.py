@@ -2,7 +2,7 @@
 
 With per-role NATS users (infra.nats_auth) only ``admin`` may create streams, buckets
 and consumers. The services still call ``ensure_streams`` / ``NatsCoordinator.open`` /
-``ensure_runner_consumer`` / FastStream's durable subscribe, but against objects that
+``ensure_runner_consumers`` / FastStream's durable subscribe, but against objects that
 already exist those only look (STREAM.INFO, CONSUMER.INFO), which their roles may do.
 So ``trialbus up`` (or a compose init step) runs :func:`provision` as admin before
 starting any service.
@@ -25,39 +25,13 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams, kv_config
 from services.common.logging import get_logger
-from services.runner.consumer import runner_durable_config
+from services.common.priority import DEFAULT_CLASSES, PriorityClasses
+from services.runner.durables import ensure_runner_durables
 
 log = get_logger(__name__)
 
 EVENTS_ACK_WAIT_S = 10.0
 """ack_wait of the importer's and watcher's durables (their apps' ACK_WAIT_S)."""
-
-
-async def ensure_runner_durables(
-    js: JetStreamContext, topology: Topology, ack_wait_s: float, pools: Sequence[str]
-) -> None:
-    """Create each pool's runner durable; re-filter one left from before pools existed.
-
-    A default durable created by an older trialbus takes ``work.>``: it would take every
-    pool's work and make the other pools' durables overlap, so its filter is narrowed.
-    """
-    for pool in dict.fromkeys(pools):
-        config = runner_durable_config(topology, ack_wait_s, pool)
-        assert config.durable_name is not None
-        try:
-            info = await js.consumer_info(topology.work_stream, config.durable_name)
-        except NotFoundError:
-            await js.add_consumer(topology.work_stream, config)
-            log.info("consumer created", durable=config.durable_name, pool=pool)
-            continue
-        if info.config.filter_subject != config.filter_subject:
-            await js.add_consumer(topology.work_stream, config)
-            log.warning(
-                "runner durable re-filtered",
-                durable=config.durable_name,
-                was=info.config.filter_subject,
-                now=config.filter_subject,
-            )
 
 
 def events_durable_configs(topology: Topology) -> list[ConsumerConfig]:
@@ -97,6 +71,7 @@ async def provision(
     runners_ttl_s: float | None = None,
     replicas: int = 1,
     pools: Sequence[str] = (DEFAULT_POOL,),
+    classes: PriorityClasses | None = None,
 ) -> None:
     """Create the streams, buckets and durables that are missing; leave the rest alone.
 
@@ -104,7 +79,8 @@ async def provision(
     lives as long as an unacknowledged trial); ``runners_ttl_s`` (default: the lease
     TTL) is how long a silent runner's registry record stays (about three heartbeats,
     see services.common.adapters.nats_registry). ``pools`` get one runner durable each
-    (runners may not create their own).
+    (runners may not create their own) per priority class of ``classes`` (default:
+    services.common.priority's defaults).
     """
     await ensure_streams(js, topology, replicas)
     for bucket, ttl in (
@@ -125,7 +101,9 @@ async def provision(
                 bucket, ObjectStoreConfig(storage=StorageType.FILE, replicas=replicas)
             )
             log.info("object store created", bucket=bucket)
-    await ensure_runner_durables(js, topology, runner_ack_wait_s, pools)
+    await ensure_runner_durables(
+        js, topology, runner_ack_wait_s, pools, classes or PriorityClasses.parse(DEFAULT_CLASSES)
+    )
     for config in events_durable_configs(topology):
         assert config.durable_name is not None
         try:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.ids import agent_key
-from schemas.subjects import DEFAULT_POOL, POOL_PATTERN
+from schemas.subjects import CLASS_PATTERN, DEFAULT_POOL, POOL_PATTERN
 
 ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -225,6 +225,17 @@ class ComputeSpec(_Strict):
         max_length=MAX_REQUIRES,
         description="Capabilities a runner of the pool must offer (e.g. 'docker', "
         "'gpu'); the submitter refuses the manifest when no live runner has them all.",
+    )
+    priority_class: str | None = Field(
+        default=None,
+        pattern=CLASS_PATTERN,
+        # Left out of the wire form when unset: an unclassed TrialRequested keeps the
+        # exact bytes (and the parse by older runners) it had before classes existed.
+        exclude_if=lambda v: v is None,
+        description="Priority class of the experiment's trials (e.g. 'urgent', "
+        "'batch'; the operator's TRIALBUS_PRIORITY_CLASSES): runners take higher "
+        "classes first by weight, never starving a lower one. Unset: the "
+        "installation's default class ('normal'). Over HTTP, the token must allow it.",
     )
 
     @field_validator("environment_kwargs")

@@ -20,6 +20,21 @@ DEFAULT_POOL = "default"
 """The pool of a manifest that names none, and of a runner configured with none."""
 
 
+CLASS_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+"""What a priority class name may be: a subject token and part of a durable's name."""
+_CLASS_RE = re.compile(CLASS_PATTERN)
+
+
+def check_class(name: str) -> str:
+    """Return ``name``, or raise ValueError naming the rule a priority class breaks."""
+    if not _CLASS_RE.match(name):
+        raise ValueError(
+            f"priority class {name!r} must match {CLASS_PATTERN} (lowercase letters, "
+            "digits and '-', starting with a letter, at most 32 characters)"
+        )
+    return name
+
+
 def check_pool(pool: str) -> str:
     """Return ``pool``, or raise ValueError naming the rule it breaks."""
     if not _POOL_RE.match(pool):
@@ -36,10 +51,13 @@ class Topology:
 
     Streams:
     - ``work``: TrialRequested messages, work-queue retention, one subject per pool
-      (``<prefix>.work.<pool>.<experiment_id>``); the runners of a pool share that
-      pool's durable pull consumer (filtered on the pool), so each trial is handed to
-      exactly one runner of the pool the manifest asked for. A work-queue stream
-      refuses overlapping consumer filters, which is why no durable takes ``work.>``.
+      and priority class: ``<prefix>.work.<pool>.<experiment_id>`` for a manifest
+      that names no class (the installation's default class, and the only form
+      before classes existed), ``<prefix>.work.<pool>.<class>.<experiment_id>`` for
+      one that does. The runners of a pool share one durable pull consumer per
+      class, so each trial is handed to exactly one runner of the pool the manifest
+      asked for. A work-queue stream refuses overlapping consumer filters, which is
+      why no durable takes ``work.>`` or ``work.<pool>.>`` (docs/scheduling.md).
     - ``events``: lifecycle events (ExperimentSubmitted, TrialStarted, ...), limits
       retention; any number of consumers may follow it.
     - ``logs``: live trial output lines, limits retention with a max age.
@@ -100,13 +118,28 @@ class Topology:
         return f"{self._stream_base}_RESULTS"
 
     # -- subjects ----------------------------------------------------------------
-    def work_subject(self, experiment_id: str, pool: str = DEFAULT_POOL) -> str:
-        """Subject of one experiment's TrialRequested messages for runners of ``pool``."""
-        return f"{self.prefix}.work.{check_pool(pool)}.{experiment_id}"
+    def work_subject(
+        self, experiment_id: str, pool: str = DEFAULT_POOL, priority_class: str | None = None
+    ) -> str:
+        """Subject of one experiment's TrialRequested messages for runners of ``pool``,
+        in ``priority_class`` (None: the installation's default class)."""
+        base = f"{self.prefix}.work.{check_pool(pool)}"
+        if priority_class is None:
+            return f"{base}.{experiment_id}"
+        return f"{base}.{check_class(priority_class)}.{experiment_id}"
 
     def work_pool_filter(self, pool: str = DEFAULT_POOL) -> str:
-        """Every work subject of ``pool``: the filter of that pool's durable."""
+        """Every work subject of ``pool`` (every class): for counting, never a durable's
+        filter (it would overlap the class durables')."""
         return f"{self.prefix}.work.{check_pool(pool)}.>"
+
+    def work_class_filters(
+        self, pool: str, priority_class: str, *, default: bool
+    ) -> tuple[str, ...]:
+        """The filters of the durable of (``pool``, ``priority_class``): the class's
+        subjects, and for the ``default`` class also the unclassed ones."""
+        named = f"{self.prefix}.work.{check_pool(pool)}.{check_class(priority_class)}.*"
+        return (f"{self.prefix}.work.{pool}.*", named) if default else (named,)
 
     @property
     def work_wildcard(self) -> str:
@@ -137,11 +170,21 @@ class Topology:
         """The default pool's durable (the name it had before pools existed)."""
         return f"{self.prefix}-runners"
 
-    def runner_durable_for(self, pool: str = DEFAULT_POOL) -> str:
-        """Durable pull consumer shared by the runners of ``pool``."""
-        if check_pool(pool) == DEFAULT_POOL:
-            return self.runner_durable
-        return f"{self.prefix}-runners-{pool}"
+    def runner_durable_for(
+        self, pool: str = DEFAULT_POOL, priority_class: str | None = None
+    ) -> str:
+        """Durable pull consumer shared by the runners of ``pool`` for ``priority_class``.
+
+        The default class (None) keeps the pool's name from before classes existed;
+        another class appends ``_<class>`` (pools and classes have no ``_``, so the
+        names of (pool, class) pairs never collide).
+        """
+        base = (
+            self.runner_durable
+            if check_pool(pool) == DEFAULT_POOL
+            else f"{self.prefix}-runners-{pool}"
+        )
+        return base if priority_class is None else f"{base}_{check_class(priority_class)}"
 
     @property
     def importer_durable(self) -> str:

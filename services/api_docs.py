@@ -69,7 +69,9 @@ DOCS = {"openapi": "docs/openapi.json", "asyncapi": "docs/asyncapi.json"}
 _PARAM_DOCS = {
     "experiment_id": "The experiment's id (schemas.ids).",
     "trial_id": "The trial's id (schemas.ids).",
-    "pool": "The runner pool the manifest asked for (compute.pool; default 'default').",
+    "pool": "The runner pool the manifest asked for (compute.pool; default 'default'). A "
+    "manifest that names a priority class (compute.priority_class) adds it as one more "
+    "token after the pool: work.{pool}.{class}.{experiment_id} (docs/scheduling.md).",
 }
 
 
@@ -168,9 +170,12 @@ def _receivers() -> list[tuple[str, str, str]]:
         (
             "runner",
             topo.work_pool_filter(DEFAULT_POOL).replace(f".{DEFAULT_POOL}.", ".{pool}."),
-            "nats-py pull consumer of its pool, durable "
-            f"{topo.runner_durable_for(DEFAULT_POOL)} (default pool) or "
-            f"{topo.prefix}-runners-{{pool}}",
+            "nats-py pull consumers of its pool, one durable per priority class, fetched "
+            "by weight (docs/scheduling.md): "
+            f"{topo.runner_durable_for(DEFAULT_POOL)} (default pool, default class: "
+            "`work.{pool}.*` and `work.{pool}.<default class>.*`), "
+            f"{topo.runner_durable_for(DEFAULT_POOL)}_{{class}} (`work.{{pool}}.{{class}}.*`); "
+            f"another pool's are {topo.prefix}-runners-{{pool}}[_{{class}}]",
         )
     )
     found.append(

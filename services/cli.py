@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Concatenate
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from services.common import errors as E
 from services.common.errors import LedgerUnavailable, TransientError, UserInputError
@@ -312,6 +313,13 @@ def api_token(
     user: Annotated[str | None, typer.Option(help="Identity the token acts as.")] = None,
     team: Annotated[str | None, typer.Option(help="Team recorded with the identity.")] = None,
     admin: Annotated[bool, typer.Option(help="May cancel anyone's experiments.")] = False,
+    priority_class: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A priority class it may submit in (repeat; default: the default "
+            "class and lower ones, docs/scheduling.md)."
+        ),
+    ] = None,
 ) -> None:
     """Add an HTTP API token to TOKENS_FILE (created 0600) and print it, once.
 
@@ -323,9 +331,12 @@ def api_token(
         err.print("[red]error:[/red] name the identity: --user NAME and/or --team NAME")
         raise typer.Exit(E.EXIT_USER_ERROR)
     try:
-        token = issue_token(tokens_file, user=user, team=team, admin=admin)
+        token = issue_token(
+            tokens_file, user=user, team=team, admin=admin, priority_classes=priority_class
+        )
     except ApiConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        # escape: the message may quote a pattern such as [a-z], which rich would eat.
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(E.EXIT_USER_ERROR) from None
     print(token)
 

@@ -74,10 +74,16 @@ def register(app: typer.Typer, run: Runner, err: Console) -> None:
         from infra.compose_config import SERVICE_UID, write_compose_config
         from infra.tls import TlsError
         from schemas.subjects import Topology
+        from services.common.settings import CommonSettings
 
         try:
             files = write_compose_config(
-                folder, Topology(prefix), hosts=_hosts(hosts), rotate=rotate
+                folder,
+                Topology(prefix),
+                hosts=_hosts(hosts),
+                rotate=rotate,
+                # The runner users may fetch each class this installation has.
+                classes=CommonSettings().classes,
             )
         except TlsError as exc:
             err.print(f"[red]error:[/red] {exc}", highlight=False)
@@ -128,6 +134,7 @@ def register(app: typer.Typer, run: Runner, err: Console) -> None:
                     runner_ack_wait_s=settings.ack_wait_s,
                     replicas=settings.stream_replicas,
                     pools=pool or [DEFAULT_POOL],
+                    classes=settings.classes,
                 )
             finally:
                 await nc.close()

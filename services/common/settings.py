@@ -10,10 +10,11 @@ from __future__ import annotations
 from ipaddress import IPv4Address
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, IPvAnyAddress
+from pydantic import AliasChoices, Field, IPvAnyAddress, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.subjects import DEFAULT_POOL, POOL_PATTERN, Topology
+from services.common.priority import DEFAULT_CLASS, DEFAULT_CLASSES, PriorityClasses
 
 
 class CommonSettings(BaseSettings):
@@ -81,6 +82,27 @@ class CommonSettings(BaseSettings):
     )
     log_level: str = "INFO"
     log_json: bool | None = Field(default=None, description="JSON logs (default: when not a TTY).")
+    priority_classes: str = Field(
+        default=DEFAULT_CLASSES,
+        description="Priority classes and their weights, highest first by weight: "
+        "'name=weight,...' (docs/scheduling.md). Every process of an installation "
+        "must share it: the submitter checks manifests against it, the admin makes "
+        "one runner durable per pool and class, runners weigh their fetches by it.",
+    )
+    default_priority_class: str = Field(
+        default=DEFAULT_CLASS,
+        description="The class of a manifest that names none (one of priority_classes).",
+    )
+
+    @model_validator(mode="after")
+    def _classes_parse(self) -> CommonSettings:
+        self.classes  # noqa: B018 - raises a ValueError naming the problem, at start-up
+        return self
+
+    @property
+    def classes(self) -> PriorityClasses:
+        """The parsed priority classes (services.common.priority)."""
+        return PriorityClasses.parse(self.priority_classes, self.default_priority_class)
 
     @property
     def topology(self) -> Topology:

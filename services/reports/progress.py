@@ -103,6 +103,8 @@ class ExperimentRow:
     progress: Progress
     started: datetime | None
     duration_s: float | None
+    priority_class: str | None = None
+    """The class the manifest names (compute.priority_class); None: the default class."""
 
     def matches(self, query: str) -> bool:
         """Whether the filter box's text is in the id, the name, the submitter or the state."""
@@ -119,7 +121,16 @@ class ExperimentRow:
             **self.progress.as_dict(),
             "started": self.started.isoformat() if self.started else None,
             "duration_s": self.duration_s,
+            "priority_class": self.priority_class,
         }
+
+
+def priority_class_of(info: ExperimentInfo | None) -> str | None:
+    """The priority class the stored manifest names, None when it names none (the
+    installation's default class) or is unknown."""
+    compute = info.manifest.get("compute") if info else None
+    named = compute.get("priority_class") if isinstance(compute, dict) else None
+    return named if isinstance(named, str) else None
 
 
 def submitter_label(info: ExperimentInfo | None) -> str:
@@ -163,6 +174,7 @@ def experiment_row(
         progress=p,
         started=first,
         duration_s=duration,
+        priority_class=priority_class_of(info),
     )
 
 

@@ -20,7 +20,7 @@ from services.common.ports import ExperimentInfo, Ledger
 from services.reports.budget import spent_line
 from services.reports.compare import compare, pick_side, records_of
 from services.reports.leaderboard import leaderboard, status_counts
-from services.reports.progress import ExperimentRow, experiment_row
+from services.reports.progress import ExperimentRow, experiment_row, priority_class_of
 from services.reports.report import build_report
 
 
@@ -48,7 +48,8 @@ async def experiment_status(
     ledger: Ledger, experiment_id: str, *, paused_of: PausedOf | None = None
 ) -> dict[str, int | str | bool]:
     """Counts of an experiment's trials by state (``status_counts``); with a budget in
-    the manifest, ``budget``: what the recorded trials spent of it; with ``paused_of``
+    the manifest, ``budget``: what the recorded trials spent of it; when the manifest
+    names a priority class, ``priority_class``; with ``paused_of``
     (the coordinator's flag), ``paused``: whether its queued trials wait for a resume.
 
     ``paused`` is False once every trial is recorded (nothing waits any more), as the
@@ -61,6 +62,9 @@ async def experiment_status(
     spent = spent_line(records, info)
     if spent is not None:
         status["budget"] = spent
+    named = priority_class_of(info)
+    if named is not None:  # absent: the installation's default class
+        status["priority_class"] = named
     if paused_of is not None:
         status["paused"] = bool(counts["pending"] and await paused_of(experiment_id))
     return status

@@ -27,7 +27,7 @@ from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
 from services.common.trial_folders import TrialFolders
 from services.runner.capabilities import detect_environments
-from services.runner.consumer import WorkConsumer, ensure_runner_consumer
+from services.runner.consumer import WorkConsumer, ensure_runner_consumers
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
 from services.runner.live_logs import CoreNatsLogSinks
@@ -129,6 +129,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             concurrency=settings.concurrency,
             runner_id=runner_id,
             pool=settings.pool,
+            classes=settings.classes,
         )
         install_stop_signals(consumer.stop)
         log.info(
@@ -142,7 +143,9 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         # embedded stack's readiness) then finds the runner live.
         with exporter(metrics.registry, settings.metrics_port, str(settings.metrics_addr)):
             async with heartbeat(registry, info, registry.heartbeat_s, metrics.load):
-                await ensure_runner_consumer(js, topo, settings.ack_wait_s, settings.pool)
+                await ensure_runner_consumers(
+                    js, topo, settings.ack_wait_s, settings.pool, settings.classes
+                )
                 await consumer.run()
             log.info("runner draining", in_flight=len(consumer.in_flight))
             await consumer.drain(drain_grace_s)

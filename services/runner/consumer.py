@@ -7,29 +7,35 @@ given to the handler (services.runner.handlers) with its ``in_progress()`` as th
 keep-alive, and the handler's verdict is applied to the message here. On drain or
 shutdown a message still in flight is handed back (nak) for another runner.
 
-An idle runner pulls one message at a time (returned the moment it arrives); once a
-pull finds work, the next asks for every free slot with a short window, so a burst
-is taken in batches and a lone trial never waits out a batch's fetch window.
+Work comes from one durable per priority class (services.runner.durables). An idle
+runner long-polls every class for one message (returned the moment it arrives); once
+a class is known to hold work, free slots are shared between the classes that do by
+weighted deficit round robin (services.runner.selection), each fetched with a short
+pull of its share, so a burst is taken in batches and a lone trial never waits out a
+batch's fetch window. docs/scheduling.md gives the rule and what it costs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
 
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import apply_settle
 from services.common.errors import Settle, settle_error
 from services.common.logging import get_logger
+from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 from services.runner.attempt import KeepAlive
+from services.runner.durables import ensure_runner_durables
 from services.runner.handlers import TRANSIENT_RETRY_DELAY_S
+from services.runner.selection import plan
 
 log = get_logger(__name__)
 
@@ -41,6 +47,11 @@ class MessageHandler(Protocol):
         """Handle one message; raises only CancelledError."""
 
 
+LOOK_AGAIN_S = 1.0
+"""A class believed empty is looked at again (its durable's pending counts) at most
+this often while other classes keep the runner busy: the most an urgent arrival can
+wait for a slot that frees meanwhile. A class with unacknowledged messages (running
+somewhere, or handed back to come again) then costs one short, maybe empty, fetch."""
 IDLE_FETCH_TIMEOUT_S = 1.0
 """An idle runner's single-message pull: it returns the moment a trial arrives, so
 this window only sets how often an idle runner renews its request (once a second)."""
@@ -50,41 +61,21 @@ is full or after this window, so a trial that is delivered into a batch that nev
 fills waits at most this long (it waited the whole idle window before)."""
 
 
-def runner_durable_config(
-    topology: Topology, ack_wait_s: float, pool: str = DEFAULT_POOL
-) -> ConsumerConfig:
-    """The durable pull consumer shared by the runners of ``pool``.
-
-    Filtered on the pool's work subjects: a work-queue stream refuses two consumers
-    whose filters overlap, so no pool's durable may take ``work.>``.
-    """
-    durable = topology.runner_durable_for(pool)
-    return ConsumerConfig(
-        name=durable,
-        durable_name=durable,
-        ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL,
-        filter_subject=topology.work_pool_filter(pool),
-        ack_wait=ack_wait_s,
-        max_deliver=-1,  # attempts are counted (KV) and bounded by the runner
-        max_ack_pending=100_000,
-    )
-
-
-async def ensure_runner_consumer(
-    js: JetStreamContext, topology: Topology, ack_wait_s: float, pool: str = DEFAULT_POOL
+async def ensure_runner_consumers(
+    js: JetStreamContext,
+    topology: Topology,
+    ack_wait_s: float,
+    pool: str = DEFAULT_POOL,
+    classes: PriorityClasses | None = None,
 ) -> None:
-    """Create the pool's shared durable pull consumer if it does not exist yet.
+    """Create the pool's shared durables (one per priority class) that do not exist yet.
 
-    With per-role NATS users the admin created it when provisioning (and narrowed one
-    left from before pools); then this only looks.
+    With per-role NATS users the admin created them when provisioning (and narrowed
+    ones left from before pools or classes); then this only looks. Without users, it
+    also narrows a durable left from before classes, as provisioning does.
     """
-    config = runner_durable_config(topology, ack_wait_s, pool)
-    assert config.durable_name is not None
-    try:
-        await js.consumer_info(topology.work_stream, config.durable_name)
-    except NotFoundError:
-        await js.add_consumer(topology.work_stream, config)
+    classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
+    await ensure_runner_durables(js, topology, ack_wait_s, [pool], classes)
 
 
 async def apply_verdict(msg: Msg, verdict: Settle) -> None:
@@ -99,8 +90,30 @@ async def apply_verdict(msg: Msg, verdict: Settle) -> None:
         await apply_settle(msg, verdict)
 
 
+@dataclass
+class _ClassQueue:
+    """What the loop knows of one class's durable."""
+
+    psub: JetStreamContext.PullSubscription
+    pending: int = 1  # messages believed waiting; 1 at start: look before assuming none
+    seen_at: float = 0.0  # when ``pending`` was last learnt (monotonic)
+    poll: asyncio.Task[None] | None = None  # an idle long poll in flight
+
+
+def _pending_after(msgs: list[Msg], asked: int) -> int:
+    """Messages left in the class after a fetch: the server's count in the last
+    message's metadata; 0 when the fetch came back short."""
+    if len(msgs) < asked:
+        return 0
+    try:
+        return int(msgs[-1].metadata.num_pending)
+    except Exception:  # noqa: BLE001 - not a JetStream reply: assume more, look again
+        return 1
+
+
 class WorkConsumer:
-    """Fetches work messages for free slots only and hands each to the handler."""
+    """Fetches work messages for free slots only, from the priority classes by weight,
+    and hands each to the handler."""
 
     def __init__(
         self,
@@ -111,6 +124,7 @@ class WorkConsumer:
         concurrency: int,
         runner_id: str = "",
         pool: str = DEFAULT_POOL,
+        classes: PriorityClasses | None = None,
     ) -> None:
         self._js = js
         self._pool = pool
@@ -118,52 +132,159 @@ class WorkConsumer:
         self._handle = handle
         self._concurrency = concurrency
         self._runner_id = runner_id
+        self._classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
+        self._weights = dict(self._classes.weights)
+        self._credit: dict[str, int] = {}
+        self._queues: dict[str, _ClassQueue] = {}
         self._slots = asyncio.Semaphore(concurrency)
         self._stopping = asyncio.Event()
         self.in_flight: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        """Fetch and handle trials until ``stop()`` (in-flight trials go on)."""
-        topo = self._topology
-        psub = await self._js.pull_subscribe_bind(
-            topo.runner_durable_for(self._pool), stream=topo.work_stream
-        )
+        """Fetch and handle trials until ``stop()`` (in-flight trials go on).
+
+        With free slots: classes known to hold work are fetched from by weight
+        (services.runner.selection), each with a short pull; a class believed empty is
+        looked at again (its durable's pending count, one API request) at most once a
+        second. When no class is known to hold work, every class gets a long poll
+        that returns the moment a message arrives, so a lone class costs no latency.
+        """
+        topo, classes = self._topology, self._classes
+        for name in classes.names:
+            durable = topo.runner_durable_for(self._pool, classes.durable_class(name))
+            psub = await self._js.pull_subscribe_bind(durable, stream=topo.work_stream)
+            self._queues[name] = _ClassQueue(psub)
         log.info(
             "runner ready",
             runner_id=self._runner_id,
             pool=self._pool,
             concurrency=self._concurrency,
+            classes=dict(classes.weights),
         )
-        busy = False
+        stopped = asyncio.create_task(self._stopping.wait())
         try:
             while not self._stopping.is_set():
                 await self._slots.acquire()
                 free = 1
-                # Take every other free slot too, without waiting, to fetch in one request.
+                # Take every other free slot too, without waiting, to fetch in one go.
                 while free < self._concurrency and not self._slots.locked():
                     await self._slots.acquire()
                     free += 1
-                # Idle: one message, returned on arrival (a batch pull would hold an
-                # early arrival until the batch fills or the window ends: the old p99).
-                # Busy: the rest of the free slots in one short pull.
-                msgs = await self._fetch(psub, free if busy else 1)
-                busy = bool(msgs)
-                for _ in range(free - len(msgs)):
+                await self._look_again()
+                waiting = {
+                    c: q.pending for c, q in self._queues.items() if q.pending and q.poll is None
+                }
+                if waiting:
+                    taken = await self._fetch_planned(waiting, free)
+                    for _ in range(free - taken):
+                        self._slots.release()
+                    continue
+                # Nothing known to wait: give the slots back (a poll takes one when its
+                # message arrives) and long-poll every class not already polled.
+                for _ in range(free):
                     self._slots.release()
-                for msg in msgs:
-                    task = asyncio.create_task(self._process(msg))
-                    self.in_flight.add(task)
-                    task.add_done_callback(self._done)
+                for name, queue in self._queues.items():
+                    if queue.poll is None:
+                        queue.poll = asyncio.create_task(self._poll(name))
+                polls = {q.poll for q in self._queues.values() if q.poll is not None}
+                await asyncio.wait({*polls, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            with contextlib.suppress(Exception):
-                await psub.unsubscribe()
+            stopped.cancel()
+            # A poll in flight ends within its window; what it brings is handed back.
+            await asyncio.gather(
+                *(q.poll for q in self._queues.values() if q.poll is not None),
+                return_exceptions=True,
+            )
+            for queue in self._queues.values():
+                with contextlib.suppress(Exception):
+                    await queue.psub.unsubscribe()
 
-    async def _fetch(self, psub: JetStreamContext.PullSubscription, n: int) -> list[Msg]:
-        if self._stopping.is_set():
-            return []
-        timeout = IDLE_FETCH_TIMEOUT_S if n == 1 else BUSY_FETCH_TIMEOUT_S
+    async def _look_again(self) -> None:
+        """Refresh the pending count of classes believed empty for over LOOK_AGAIN_S."""
+        now = time.monotonic()
+        stale = [
+            q
+            for q in self._queues.values()
+            if not q.pending and q.poll is None and now - q.seen_at >= LOOK_AGAIN_S
+        ]
+        if not stale or self._stopping.is_set():
+            return
+
+        async def look(queue: _ClassQueue) -> None:
+            try:
+                info = await queue.psub.consumer_info()
+            except Exception as exc:  # noqa: BLE001 - reconnecting: look next time
+                log.warning("could not read a class's pending count", error=str(exc))
+                return
+            # num_pending counts messages never delivered. A message handed back (nak
+            # with a delay: a full experiment lease, a pause, a retry's backoff) waits
+            # among the unacknowledged ones instead, with the running trials: then the
+            # class may hold work, and one short fetch finds out.
+            pending = int(info.num_pending or 0)
+            if not pending and info.num_ack_pending:
+                pending = 1
+            queue.pending, queue.seen_at = pending, time.monotonic()
+
+        await asyncio.gather(*(look(q) for q in stale))
+
+    async def _fetch_planned(self, waiting: dict[str, int], free: int) -> int:
+        """Fetch ``free`` messages by weight from the ``waiting`` classes, start each on
+        one of the held slots; return how many slots were used."""
+        picks, self._credit = plan(self._weights, self._credit, waiting, free)
+        if len(picks) == 1:  # the usual case, one class with work: no task per fetch
+            ((name, n),) = picks
+            fetched = [await self._fetch(self._queues[name].psub, n, BUSY_FETCH_TIMEOUT_S)]
+        else:
+            fetched = await asyncio.gather(
+                *(self._fetch(self._queues[c].psub, n, BUSY_FETCH_TIMEOUT_S) for c, n in picks)
+            )
+        taken = 0
+        for (name, asked), msgs in zip(picks, fetched, strict=True):
+            queue = self._queues[name]
+            queue.pending, queue.seen_at = _pending_after(msgs, asked), time.monotonic()
+            for msg in msgs:
+                self._start(msg)
+            taken += len(msgs)
+        return taken
+
+    async def _poll(self, name: str) -> None:
+        """One long poll of class ``name``: its message takes a free slot, or goes back
+        at once (no delay, no attempt) when the slots filled meanwhile."""
+        queue = self._queues[name]
         try:
-            return await psub.fetch(batch=n, timeout=timeout)
+            msgs = await self._fetch(queue.psub, 1, IDLE_FETCH_TIMEOUT_S, stopping_ok=True)
+            handed_back = False
+            for msg in msgs:
+                if self._stopping.is_set() or self._slots.locked():
+                    handed_back = True
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+                    continue
+                await self._slots.acquire()  # free: returns at once
+                self._start(msg)  # first: the trial's start is what an idle runner owes
+            pending = _pending_after(msgs, 1)
+            queue.pending = max(pending, 1) if handed_back else pending
+            queue.seen_at = time.monotonic()
+        finally:
+            queue.poll = None
+
+    def _start(self, msg: Msg) -> None:
+        task = asyncio.create_task(self._process(msg))
+        self.in_flight.add(task)
+        task.add_done_callback(self._done)
+
+    async def _fetch(
+        self,
+        psub: JetStreamContext.PullSubscription,
+        n: int,
+        window_s: float,
+        *,
+        stopping_ok: bool = False,
+    ) -> list[Msg]:
+        if self._stopping.is_set() and not stopping_ok:
+            return []
+        try:
+            return await psub.fetch(batch=n, timeout=window_s)
         except (NatsTimeoutError, TimeoutError):
             return []
         except Exception as exc:  # noqa: BLE001 - reconnecting; keep the loop alive

@@ -8,12 +8,18 @@ backup, a support bundle) lets nobody in::
       - {sha256: <64 hex digits>, user: alice, team: red}
       - {sha256: <64 hex digits>, team: blue}
       - {sha256: <64 hex digits>, user: ops, admin: true}
+      - {sha256: <64 hex digits>, team: release, priority_classes: [urgent, normal, batch]}
 
 It must be a regular file that only its owner can read or write (``chmod 600``), like
 a credentials file. ``issue_token`` adds an entry and returns the new token (what
 ``trialbus up`` calls). An identity is recorded on each experiment it submits
 (``submitted_by`` in the ledger's copy of the manifest); only that identity or an
 admin may resubmit or cancel the experiment over HTTP.
+
+``priority_classes`` lists the priority classes (docs/scheduling.md) a token may
+submit in. Without it, a token may use the installation's default class and every
+class of no greater weight (``normal`` and ``batch`` by default), never a higher one
+(``urgent``); an admin may use every class.
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from schemas.subjects import CLASS_PATTERN
 from services.common.errors import UserInputError
+from services.common.priority import PriorityClasses
 from services.common.private_files import write_private
 from services.common.validation import problem_lines
 
@@ -58,6 +66,8 @@ class Identity:
     user: str | None = None
     team: str | None = None
     admin: bool = False
+    priority_classes: tuple[str, ...] | None = None
+    """Classes this identity may submit in; None: the default class and lower ones."""
 
     def record(self) -> dict[str, str] | None:
         """What is stored as ``submitted_by`` (None for the anonymous identity)."""
@@ -72,6 +82,16 @@ class Identity:
         if self.user or self.team:
             return f"user {self.user}" if self.user else f"team {self.team}"
         return "anonymous (no-auth API)"
+
+    def may_use(self, priority_class: str, classes: PriorityClasses) -> bool:
+        """Whether this identity may submit an experiment in ``priority_class``."""
+        if self.admin:
+            return True
+        if self.priority_classes is not None:
+            return priority_class in self.priority_classes
+        known = dict(classes.weights)
+        weight = known.get(priority_class)
+        return weight is not None and weight <= known[classes.default]
 
     def may_change(self, owner: Identity | None) -> bool:
         """Whether this identity may resubmit or cancel what ``owner`` submitted."""
@@ -103,6 +123,9 @@ class _Entry(BaseModel):
     user: str | None = Field(default=None, pattern=NAME_PATTERN)
     team: str | None = Field(default=None, pattern=NAME_PATTERN)
     admin: StrictBool = False
+    priority_classes: list[Annotated[str, Field(pattern=CLASS_PATTERN)]] | None = Field(
+        default=None, max_length=64
+    )
 
     @model_validator(mode="after")
     def _named(self) -> _Entry:
@@ -122,7 +145,7 @@ def _message(err: ErrorDetails) -> str | None:
         # Never echo the value: it may be a raw token pasted by mistake.
         return "must be the token's SHA-256 as 64 lowercase hex digits, not the token"
     if err["type"] == "extra_forbidden":
-        return "unknown field (fields: sha256, user, team, admin)"
+        return "unknown field (fields: sha256, user, team, admin, priority_classes)"
     return None
 
 
@@ -191,8 +214,13 @@ def load_token_table(path: Path) -> TokenTable:
                 "(a token acts as one identity)"
             )
         seen[e.sha256] = i
-        entries.append((bytes.fromhex(e.sha256), Identity(e.user, e.team, e.admin)))
+        identity = Identity(e.user, e.team, e.admin, _classes(e.priority_classes))
+        entries.append((bytes.fromhex(e.sha256), identity))
     return TokenTable(entries)
+
+
+def _classes(listed: list[str] | None) -> tuple[str, ...] | None:
+    return None if listed is None else tuple(listed)
 
 
 def token_digest(token: str) -> str:
@@ -201,14 +229,29 @@ def token_digest(token: str) -> str:
 
 
 def issue_token(
-    path: Path, *, user: str | None = None, team: str | None = None, admin: bool = False
+    path: Path,
+    *,
+    user: str | None = None,
+    team: str | None = None,
+    admin: bool = False,
+    priority_classes: list[str] | None = None,
 ) -> str:
     """Add a new token for this identity to the tokens file (created 0600); return it.
 
+    ``priority_classes``: the classes it may submit in (None: the default rule).
     The token is returned once and never stored: only its digest is written.
     """
     token = secrets.token_urlsafe(32)  # 256 random bits
-    entry = _Entry(sha256=token_digest(token), user=user, team=team, admin=admin)
+    try:
+        entry = _Entry(
+            sha256=token_digest(token),
+            user=user,
+            team=team,
+            admin=admin,
+            priority_classes=priority_classes,
+        )
+    except ValidationError as exc:
+        raise ApiConfigError(problem_lines("the new token", exc, _message)) from None
     current: list[dict[str, Any]] = []
     if path.exists():
         current = [

@@ -47,6 +47,10 @@ async def submit_and_wait(
 ) -> SubmitOutcome:
     """``trialbus submit [--wait]``: a bad manifest is refused before connecting."""
     prepared = prepare_file(manifest_path, settings.tasks_root)
+    try:
+        handlers.check_priority_class(prepared, settings.classes)
+    except ManifestError as exc:
+        raise ManifestError(f"{manifest_path}: {exc}") from None
     async with open_nats(settings, "trialbus-submit") as nats, open_ledger(settings) as ledger:
         coordinator = await nats.coordinator()
         # Subscribed before publishing, so no completion can slip past.

@@ -27,6 +27,7 @@ from services.common import errors as E
 from services.common.errors import ManifestError
 from services.common.pools import policy_refusal, pool_refusal
 from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
+from services.common.priority import PriorityClasses
 from services.reports.leaderboard import status_counts
 from services.reports.queries import experiment_leaderboard, load_experiment
 from services.submitter.submit import PreparedExperiment, SubmitResult, publish_experiment
@@ -58,6 +59,16 @@ class SubmitOutcome:
     exit_code: int
     rows: list[dict[str, Any]] | None = None
     counts: dict[str, int] = field(default_factory=dict)
+
+
+def check_priority_class(prepared: PreparedExperiment, classes: PriorityClasses) -> str:
+    """The class the experiment runs in; ManifestError naming ``compute.priority_class``
+    and the installation's classes when it names one this installation lacks."""
+    requested = prepared.manifest.compute.priority_class
+    refusal = classes.refusal(requested)
+    if refusal is not None:
+        raise ManifestError(refusal)
+    return classes.resolve(requested)
 
 
 async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -> None:

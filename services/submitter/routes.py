@@ -60,6 +60,10 @@ class NotOwner(UserInputError):
     """The caller may not change an experiment another identity submitted (403)."""
 
 
+class ClassNotAllowed(UserInputError):
+    """The caller's token may not submit in the manifest's priority class (403)."""
+
+
 class UnsupportedMediaType(UserInputError):
     """A body that is neither JSON nor YAML (415)."""
 
@@ -107,11 +111,13 @@ def _answer(status: int, key: str) -> ErrorHandler:
 ERROR_HANDLERS: dict[int | type[Exception], ErrorHandler] = {
     UserInputError: _answer(422, "error"),
     NotOwner: _answer(403, "error"),
+    ClassNotAllowed: _answer(403, "error"),
     UnsupportedMediaType: _answer(415, "error"),
     ExperimentNotFound: _answer(404, "detail"),
     LedgerUnavailable: _answer(503, "error"),
 }
-"""Exceptions to answers: bad input 422, another's experiment 403, a body neither JSON
+"""Exceptions to answers: bad input 422, another's experiment or a priority class the
+token may not use 403, a body neither JSON
 nor YAML 415, unknown experiment 404, ledger down 503."""
 
 
@@ -189,6 +195,13 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         body = await request.body()  # already read and bounded by the guard
         content_type = request.headers.get("content-type", "")
         prepared = await asyncio.to_thread(prepare_body, body, content_type, settings)
+        chosen = handlers.check_priority_class(prepared, settings.classes)
+        if not identity.may_use(chosen, settings.classes):
+            raise ClassNotAllowed(
+                f"compute.priority_class: {identity.label} may not submit in priority class "
+                f"{chosen!r}; ask an operator for a token that allows it (priority_classes "
+                "in the API tokens file), or use a lower class"
+            )
         info = await ports.ledger.get_experiment(prepared.experiment_id)
         owner = check_owner(info, prepared.experiment_id, identity)
         # An admin resubmitting keeps the recorded owner; anyone else is the owner.
@@ -254,8 +267,8 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
 
     @router.get("/experiments/{experiment_id}/status")
     async def status(experiment_id: str, ports: PortsDep) -> dict[str, bool | int | str]:
-        """Counts by state, spend against a budget, and whether it is paused (as
-        `trialbus status --json`)."""
+        """Counts by state, spend against a budget, whether it is paused, and the priority
+        class its manifest names (as `trialbus status --json`)."""
         # bool first: pydantic's union keeps True a bool rather than reading it as 1.
         return await queries.experiment_status(
             ports.ledger, experiment_id, paused_of=ports.coordinator.is_paused

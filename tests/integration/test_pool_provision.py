@@ -1,8 +1,10 @@
-"""Provisioning runner pools on a real nats-server: one durable per pool, no overlap.
+"""Provisioning runner pools on a real nats-server: one durable per pool and priority
+class, no overlap.
 
 A work-queue stream refuses two consumers whose filters overlap, so the default pool's
-durable, which took ``work.>`` before pools existed, is narrowed to its pool when an
-installation is provisioned again, and the work waiting in it is not lost.
+durable, which took ``work.>`` before pools existed (and ``work.<pool>.>`` before
+classes), is narrowed to its pool's default class when an installation is provisioned
+again, and the work waiting in it is not lost.
 """
 
 from __future__ import annotations
@@ -61,9 +63,15 @@ async def test_a_legacy_default_durable_is_narrowed_and_keeps_its_work(nc: NatsC
     await provision(js, topo, lease_ttl_s=30, runner_ack_wait_s=30, pools=(DEFAULT_POOL, "gpu"))
 
     default = await js.consumer_info(topo.work_stream, topo.runner_durable)
-    assert default.config.filter_subject == topo.work_pool_filter(DEFAULT_POOL)
+    assert default.config.filter_subjects == [
+        f"{topo.prefix}.work.default.*",
+        f"{topo.prefix}.work.default.normal.*",
+    ]
     gpu_info = await js.consumer_info(topo.work_stream, topo.runner_durable_for("gpu"))
-    assert gpu_info.config.filter_subject == topo.work_pool_filter("gpu")
+    assert gpu_info.config.filter_subjects == [
+        f"{topo.prefix}.work.gpu.*",
+        f"{topo.prefix}.work.gpu.normal.*",
+    ]
     # The waiting trial is still the default pool's, and a gpu trial goes to gpu.
     await js.publish(topo.work_subject("exp1", "gpu"), b"gpu work")
     for pool, body in ((DEFAULT_POOL, b"waiting"), ("gpu", b"gpu work")):
@@ -73,18 +81,55 @@ async def test_a_legacy_default_durable_is_narrowed_and_keeps_its_work(nc: NatsC
         await msgs[0].ack_sync()
 
 
+async def test_a_pre_classes_durable_is_narrowed_and_each_class_gets_its_work(
+    nc: NatsClient,
+) -> None:
+    js = nc.jetstream()
+    topo = Topology(f"p{uuid.uuid4().hex[:8]}")
+    await ensure_streams(js, topo)
+    before_classes = ConsumerConfig(
+        durable_name=topo.runner_durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subject=topo.work_pool_filter(DEFAULT_POOL),
+        ack_wait=30,
+    )
+    await js.add_consumer(topo.work_stream, before_classes)
+    await js.publish(topo.work_subject("exp0"), b"queued before classes")
+    # Control: next to it, a class durable is refused by the server (filters overlap).
+    urgent = ConsumerConfig(
+        durable_name=topo.runner_durable_for(DEFAULT_POOL, "urgent"),
+        ack_policy=AckPolicy.EXPLICIT,
+        filter_subject=f"{topo.prefix}.work.default.urgent.*",
+    )
+    with pytest.raises(BadRequestError, match=r"(?i)unique|overlap"):
+        await js.add_consumer(topo.work_stream, urgent)
+
+    await provision(js, topo, lease_ttl_s=30, runner_ack_wait_s=30)
+
+    for exp, cls in (("exp1", "urgent"), ("exp2", "normal"), ("exp3", "batch")):
+        await js.publish(topo.work_subject(exp, DEFAULT_POOL, cls), cls.encode())
+    expected = {
+        None: [b"queued before classes", b"normal"],  # the default class: normal
+        "urgent": [b"urgent"],
+        "batch": [b"batch"],
+    }
+    for token, bodies in expected.items():
+        durable = topo.runner_durable_for(DEFAULT_POOL, token)
+        psub = await js.pull_subscribe_bind(durable, stream=topo.work_stream)
+        msgs = await psub.fetch(batch=5, timeout=5)
+        assert [m.data for m in msgs] == bodies, durable
+        for m in msgs:
+            await m.ack_sync()
+
+
 async def test_provisioning_again_changes_nothing(nc: NatsClient) -> None:
     js = nc.jetstream()
     topo = Topology(f"p{uuid.uuid4().hex[:8]}")
     pools = (DEFAULT_POOL, "remote")
+    durables = [topo.runner_durable_for(p, c) for p in pools for c in (None, "urgent", "batch")]
     await provision(js, topo, lease_ttl_s=30, runner_ack_wait_s=30, pools=pools)
-    before = {
-        p: (await js.consumer_info(topo.work_stream, topo.runner_durable_for(p))).created
-        for p in pools
-    }
+    before = {d: (await js.consumer_info(topo.work_stream, d)).created for d in durables}
     await provision(js, topo, lease_ttl_s=30, runner_ack_wait_s=30, pools=pools)
-    after = {
-        p: (await js.consumer_info(topo.work_stream, topo.runner_durable_for(p))).created
-        for p in pools
-    }
+    after = {d: (await js.consumer_info(topo.work_stream, d)).created for d in durables}
     assert after == before

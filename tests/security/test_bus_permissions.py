@@ -41,7 +41,7 @@ from services.common.adapters.nats_objects import NatsObjectStore
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import ObjectAccessDenied
 from services.common.ports import Lease, Spend
-from services.runner.consumer import ensure_runner_consumer
+from services.runner.consumer import ensure_runner_consumers
 from tests.support.bus_roles import RoleBus, connect_role, require_nats_server, role_server
 
 pytestmark = pytest.mark.integration
@@ -182,7 +182,8 @@ async def test_runner_takes_work_only_through_its_durable(roles: dict[str, Role]
     exp = _exp()
     # The runner's start-up calls only look (the objects exist): they must pass.
     await ensure_streams(runner.js, TOPO)
-    await ensure_runner_consumer(runner.js, TOPO, ACK_WAIT_S)
+    await ensure_runner_consumers(runner.js, TOPO, ACK_WAIT_S)
+    await ensure_runner_consumers(roles[f"runner-{POOL}"].js, TOPO, ACK_WAIT_S, POOL)
     ack = await submitter.js.publish(TOPO.work_subject(exp), b'{"w": 1}')
     assert ack.stream == TOPO.work_stream
     psub = await runner.js.pull_subscribe_bind(TOPO.runner_durable, stream=TOPO.work_stream)
@@ -202,9 +203,11 @@ async def test_runner_takes_work_only_through_its_durable(roles: dict[str, Role]
     await submitter.denied(fetcher.fetch(batch=1, timeout=2), "Publish", next_subject)
 
 
-async def _take(role: Role, pool: str, subject: str) -> None:
-    """Fetch from ``pool``'s durable as ``role`` until ``subject`` arrives (acking all)."""
-    psub = await role.js.pull_subscribe_bind(TOPO.runner_durable_for(pool), stream=TOPO.work_stream)
+async def _take(role: Role, pool: str, subject: str, cls: str | None = None) -> None:
+    """Fetch from ``pool``'s durable of class ``cls`` (None: the default class) as
+    ``role`` until ``subject`` arrives (acking all)."""
+    durable = TOPO.runner_durable_for(pool, cls)
+    psub = await role.js.pull_subscribe_bind(durable, stream=TOPO.work_stream)
     seen: list[str] = []
     while subject not in seen:
         for msg in await psub.fetch(batch=10, timeout=5):
@@ -237,6 +240,31 @@ async def test_a_pool_runner_takes_only_its_pools_work(roles: dict[str, Role]) -
     # Negative control: the default pool's runner takes the default pool's message,
     # which the remote runner's fetch above did not (it is still there).
     await _take(runner, DEFAULT_POOL, TOPO.work_subject(exp, DEFAULT_POOL))
+
+
+async def test_a_pool_runner_takes_each_class_only_through_its_pools_class_durables(
+    roles: dict[str, Role],
+) -> None:
+    """One durable per (pool, priority class): a runner user may fetch through its own
+    pool's durable of every class, never another pool's, and the submitter through none."""
+    submitter, runner, remote = roles["submitter"], roles["runner"], roles[f"runner-{POOL}"]
+    exp = _exp()
+    for pool in (DEFAULT_POOL, POOL):
+        for cls in ("urgent", "batch"):
+            await submitter.js.publish(TOPO.work_subject(exp, pool, cls), b'{"w": 1}')
+    for cls in ("urgent", "batch"):
+        await _take(remote, POOL, TOPO.work_subject(exp, POOL, cls), cls)
+        for role, other in ((remote, DEFAULT_POOL), (runner, POOL), (submitter, DEFAULT_POOL)):
+            durable = TOPO.runner_durable_for(other, cls)
+            psub = await role.js.pull_subscribe_bind(durable, stream=TOPO.work_stream)
+            await role.denied(
+                psub.fetch(batch=1, timeout=2),
+                "Publish",
+                f"$JS.API.CONSUMER.MSG.NEXT.{TOPO.work_stream}.{durable}",
+            )
+        # Negative control: the default pool's runner takes its pool's message of the
+        # class, which the denied fetches above did not take.
+        await _take(runner, DEFAULT_POOL, TOPO.work_subject(exp, DEFAULT_POOL, cls), cls)
 
 
 async def test_a_runner_writes_only_its_pools_registry_keys(roles: dict[str, Role]) -> None:

@@ -151,7 +151,8 @@ def subject_for(topology: Topology, event: Envelope) -> str:
     """Subject an event is published to."""
     event_type: str = getattr(event, "type")  # noqa: B009 - every concrete event has one
     if isinstance(event, TrialRequested):
-        return topology.work_subject(event.experiment_id, event.compute.pool)
+        compute = event.compute
+        return topology.work_subject(event.experiment_id, compute.pool, compute.priority_class)
     if isinstance(event, TrialLog):
         return topology.log_subject(event.experiment_id, event.trial_id)
     return topology.event_subject(event_type, event.experiment_id)
