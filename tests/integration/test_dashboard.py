@@ -20,9 +20,7 @@ import httpx
 import markupsafe
 import nats
 import pytest
-import uvicorn
 
-from infra.managed_process import free_port
 from schemas.events import ResultImported, TrialLog, TrialStarted, encode_event
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.subjects import Topology
@@ -30,11 +28,9 @@ from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.ports import ExperimentInfo
-from services.submitter.api_tokens import token_digest
-from services.submitter.app import create_app
 from services.submitter.dashboard_views import leaderboard_cells
 from services.submitter.http_security import SESSION_COOKIE
-from tests.support.api_client import submitter_settings
+from tests.support.dashboard_site import served_api, site_settings
 
 pytestmark = pytest.mark.integration
 
@@ -50,25 +46,11 @@ async def server(
     tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
 ) -> AsyncIterator[str]:
     """A submitter app under uvicorn on a free loopback port; its base URL."""
-    tokens = tmp_path / "api-tokens.yaml"
-    tokens.write_text(f"tokens:\n  - {{sha256: {token_digest(TOKEN)}, user: ada, team: t1}}\n")
-    tokens.chmod(0o600)
-    settings = submitter_settings(
-        nats_url, ledger_url, ledger_db, topology.prefix, api_tokens_file=tokens
-    )
-    port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    task = asyncio.create_task(srv.serve())
-    try:
-        async with asyncio.timeout(DEADLINE_S):
-            # uvicorn offers a flag, not an event, for this.
-            while not srv.started:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        await asyncio.wait_for(task, DEADLINE_S)
+    prefix = topology.prefix
+    identity = "user: ada, team: t1"
+    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, prefix, TOKEN, identity)
+    async with served_api(settings) as base:
+        yield base
 
 
 @pytest.fixture

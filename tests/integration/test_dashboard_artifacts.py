@@ -10,10 +10,8 @@ bucket, a file not in the archive: each refused, naming what is missing.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,9 +20,7 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
-import uvicorn
 
-from infra.managed_process import free_port
 from schemas.objects import ObjectRef
 from schemas.record import Artifacts, Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.subjects import Topology
@@ -32,12 +28,9 @@ from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_objects import open_bucket
 from services.common.archive import pack_trial
-from services.submitter.api_tokens import token_digest
-from services.submitter.app import create_app
 from services.submitter.http_security import SESSION_COOKIE
-from tests.conftest import skip_unless
 from tests.e2e.cli import ROOT
-from tests.support.api_client import submitter_settings
+from tests.support.dashboard_site import chromium_path, logged_in_page, served_api, site_settings
 
 pytestmark = pytest.mark.integration
 
@@ -98,12 +91,7 @@ def _record(exp: str, trial: str, archive: ObjectRef | None) -> TrialRecord:
 async def site(
     tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
 ) -> AsyncIterator[Site]:
-    tokens = tmp_path / "api-tokens.yaml"
-    tokens.write_text(f"tokens:\n  - {{sha256: {token_digest(TOKEN)}, user: ada}}\n")
-    tokens.chmod(0o600)
-    settings = submitter_settings(
-        nats_url, ledger_url, ledger_db, topology.prefix, api_tokens_file=tokens
-    )
+    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
     nc = await nats.connect(nats_url)
     ledger = MongoLedger(ledger_url, ledger_db)
     await ensure_streams(nc.jetstream(), topology)
@@ -125,18 +113,10 @@ async def site(
             _record("arts-a", "arts-a-gone", gone),
         ]
     )
-    port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    task = asyncio.create_task(srv.serve())
     try:
-        async with asyncio.timeout(DEADLINE_S):
-            while not srv.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-                await asyncio.sleep(0.05)
-        yield Site(f"http://127.0.0.1:{port}", refs)
+        async with served_api(settings) as base:
+            yield Site(base, refs)
     finally:
-        srv.should_exit = True
-        await asyncio.wait_for(task, DEADLINE_S)
         await ledger.close()
         await nc.close()
 
@@ -233,32 +213,20 @@ async def test_downloads_refuse_what_is_not_there_or_not_theirs(site: Site) -> N
 async def test_the_trial_page_in_a_browser(site: Site) -> None:
     from playwright.async_api import async_playwright
 
-    path = shutil.which("chromium")
-    skip_unless(None if path else "chromium is not installed (`make setup` installs it)")
+    path = chromium_path()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(
-            executable_path=path, headless=True, args=["--no-sandbox"]
-        )
-        try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 800})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            await page.goto(f"{site.base}/ui/login")
-            await page.fill("#token", TOKEN)
-            await page.click("button[type=submit]")
-            await page.wait_for_url(f"{site.base}/ui/")
-            await page.goto(f"{site.base}/ui/trials/arts-a-t1")
-            bar = page.locator("svg.timeline g.agent_execution rect")
-            box = await bar.bounding_box()
-            assert box is not None and box["width"] > 100  # 60 of 100 s, drawn
-            # A download from the page arrives as a file with its safe name.
-            async with page.expect_download() as info:
-                await page.click("#stored-files a >> text=agent/trajectory.json")
-            download = await info.value
-            assert download.suggested_filename == "trajectory.json"
-            await page.screenshot(path=str(SHOTS / "trial.png"), full_page=True)
-            assert errors == []  # a CSP violation would be one
-        finally:
-            await browser.close()
+    async with (
+        async_playwright() as pw,
+        logged_in_page(pw, path, site.base, TOKEN) as (page, errors),
+    ):
+        await page.goto(f"{site.base}/ui/trials/arts-a-t1")
+        bar = page.locator("svg.timeline g.agent_execution rect")
+        box = await bar.bounding_box()
+        assert box is not None and box["width"] > 100  # 60 of 100 s, drawn
+        # A download from the page arrives as a file with its safe name.
+        async with page.expect_download() as info:
+            await page.click("#stored-files a >> text=agent/trajectory.json")
+        download = await info.value
+        assert download.suggested_filename == "trajectory.json"
+        await page.screenshot(path=str(SHOTS / "trial.png"), full_page=True)
+        assert errors == []  # a CSP violation would be one

@@ -13,9 +13,7 @@ them; no token, no fleet.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -26,19 +24,14 @@ from typing import Any
 import httpx
 import nats
 import pytest
-import uvicorn
 
-from infra.managed_process import free_port
 from schemas.runners import RunnerInfo, RunnerLoad
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
-from services.submitter.api_tokens import token_digest
-from services.submitter.app import create_app
 from services.submitter.http_security import SESSION_COOKIE
-from tests.conftest import skip_unless
 from tests.e2e.cli import ROOT, Cli, run_module
-from tests.support.api_client import submitter_settings
+from tests.support.dashboard_site import chromium_path, logged_in_page, served_api, site_settings
 
 pytestmark = pytest.mark.integration
 
@@ -134,25 +127,12 @@ async def fleet(
     js = nc.jetstream()
     await ensure_streams(js, topology)
     registry = await NatsRunnerRegistry.open(js, topology, create_ttl_s=TTL_S)
-    tokens = tmp_path / "api-tokens.yaml"
-    tokens.write_text(f"tokens:\n  - {{sha256: {token_digest(TOKEN)}, user: ada}}\n")
-    tokens.chmod(0o600)
-    settings = submitter_settings(
-        nats_url, ledger_url, ledger_db, topology.prefix, api_tokens_file=tokens
-    )
-    port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    task = asyncio.create_task(srv.serve())
+    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
     env = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json").env
     try:
-        async with asyncio.timeout(DEADLINE_S):
-            while not srv.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-                await asyncio.sleep(0.05)
-        yield Fleet(registry, f"http://127.0.0.1:{port}", env)
+        async with served_api(settings) as base:
+            yield Fleet(registry, base, env)
     finally:
-        srv.should_exit = True
-        await asyncio.wait_for(task, DEADLINE_S)
         await nc.close()
 
 
@@ -229,17 +209,10 @@ async def test_the_fleet_needs_a_token(fleet: Fleet) -> None:
         assert (await web.get("/ui/runners")).status_code == 200
 
 
-def _chromium() -> str:
-    path = shutil.which("chromium")
-    skip_unless(None if path else "chromium is not installed (`make setup` installs it)")
-    assert path is not None
-    return path
-
-
 async def test_fleet_page_in_a_browser(fleet: Fleet) -> None:
     from playwright.async_api import async_playwright
 
-    chromium = _chromium()
+    chromium = chromium_path()
     fresh, stale, _old = _runners()
     await fleet.registry.announce(stale)
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -247,46 +220,32 @@ async def test_fleet_page_in_a_browser(fleet: Fleet) -> None:
     async with (
         heartbeat(fleet.registry, fresh, fleet.registry.heartbeat_s, lambda: load),
         async_playwright() as pw,
+        logged_in_page(pw, chromium, fleet.base, TOKEN) as (page, errors),
     ):
-        browser = await pw.chromium.launch(
-            executable_path=chromium, headless=True, args=["--no-sandbox"]
-        )
-        try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 800})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            await page.goto(f"{fleet.base}/ui/login")
-            await page.fill("#token", TOKEN)
-            await page.click("button[type=submit]")
-            await page.wait_for_url(f"{fleet.base}/ui/")
-            # Reached from the navigation, as a person would.
-            await page.click("header nav a[href='/ui/runners']")
-            await page.wait_for_url(f"{fleet.base}/ui/runners")
-            stale_row = page.locator("tr[data-runner='hostB-2']")
-            fresh_row = page.locator("tr[data-runner='hostA-1']")
-            assert await stale_row.get_attribute("class") == "runner-stale"
-            assert await fresh_row.get_attribute("class") == "runner-live"
-            assert "stale" in await stale_row.locator("[data-field=state]").inner_text()
-            assert "live" in await fresh_row.locator("[data-field=state]").inner_text()
-            api = await fleet.json_rows()
-            for runner_id in ("hostA-1", "hostB-2"):
-                row = page.locator(f"tr[data-runner='{runner_id}']")
-                for field in ("in_flight", "done", "failed", "concurrency"):
-                    cell = await row.locator(f"[data-field={field}]").inner_text()
-                    assert cell == page_numbers(api[runner_id])[field], (runner_id, field)
-            await page.screenshot(path=str(SHOTS / "runners.png"), full_page=True)
-            # Phone width: one card per runner, no sideways scroll.
-            await page.set_viewport_size({"width": 390, "height": 800})
-            wide = await page.evaluate("document.documentElement.scrollWidth")
-            assert wide <= 390, f"the fleet page scrolls sideways at 390 px ({wide} px)"
-            await page.screenshot(path=str(SHOTS / "runners-phone.png"), full_page=True)
-            # The refresh link reads the registry again: a withdrawn runner is gone.
-            await fleet.registry.withdraw(stale)
-            await page.click("#refresh")
-            await page.wait_for_selector("tr[data-runner='hostB-2']", state="detached")
-            assert await fresh_row.count() == 1
-            assert errors == []
-        finally:
-            with contextlib.suppress(Exception):
-                await browser.close()
+        # Reached from the navigation, as a person would.
+        await page.click("header nav a[href='/ui/runners']")
+        await page.wait_for_url(f"{fleet.base}/ui/runners")
+        stale_row = page.locator("tr[data-runner='hostB-2']")
+        fresh_row = page.locator("tr[data-runner='hostA-1']")
+        assert await stale_row.get_attribute("class") == "runner-stale"
+        assert await fresh_row.get_attribute("class") == "runner-live"
+        assert "stale" in await stale_row.locator("[data-field=state]").inner_text()
+        assert "live" in await fresh_row.locator("[data-field=state]").inner_text()
+        api = await fleet.json_rows()
+        for runner_id in ("hostA-1", "hostB-2"):
+            row = page.locator(f"tr[data-runner='{runner_id}']")
+            for field in ("in_flight", "done", "failed", "concurrency"):
+                cell = await row.locator(f"[data-field={field}]").inner_text()
+                assert cell == page_numbers(api[runner_id])[field], (runner_id, field)
+        await page.screenshot(path=str(SHOTS / "runners.png"), full_page=True)
+        # Phone width: one card per runner, no sideways scroll.
+        await page.set_viewport_size({"width": 390, "height": 800})
+        wide = await page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, f"the fleet page scrolls sideways at 390 px ({wide} px)"
+        await page.screenshot(path=str(SHOTS / "runners-phone.png"), full_page=True)
+        # The refresh link reads the registry again: a withdrawn runner is gone.
+        await fleet.registry.withdraw(stale)
+        await page.click("#refresh")
+        await page.wait_for_selector("tr[data-runner='hostB-2']", state="detached")
+        assert await fresh_row.count() == 1
+        assert errors == []
