@@ -19,7 +19,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 
 from schemas.events import TrialCompleted
@@ -101,27 +101,30 @@ class StoredTrials:
             self._job_dirs[event.experiment_id] = job_dir
         return place_trial(self.jobs_root, event.experiment_id, event.trial_name, data, job_dir)
 
-    @contextlib.asynccontextmanager
-    async def folder(self, event: TrialCompleted) -> AsyncIterator[Path]:
-        """The trial's folder, unpacked from the archive ``event.result`` names.
+    async def use_folder[T](self, event: TrialCompleted, use: Callable[[Path], T]) -> T:
+        """``use(folder)``: the trial's folder, unpacked from the archive ``event.result`` names.
 
         A trial trialbus ran lands in its experiment's job folder and stays; one of an
         external job (its own job folder exists where the watcher found it) is
-        unpacked into a scratch folder removed on exit. Raises ObjectMissing (gone:
-        expired or never stored), ObjectCorrupt (bytes differ from the reference),
-        ArchiveError (breaks an unpacking rule), or a TransientError.
+        unpacked into a scratch folder removed after ``use``. The unpacking and ``use``
+        run in one worker thread (one hand-off per trial: they were two, and each is a
+        wake-up of the event loop). Raises ObjectMissing (gone: expired or never
+        stored), ObjectCorrupt (bytes differ from the reference), ArchiveError (breaks
+        an unpacking rule), or a TransientError.
         """
         data = await self.store.get(event.result)
+        return await asyncio.to_thread(self._unpacked, event, data, use)
+
+    def _unpacked[T](self, event: TrialCompleted, data: bytes, use: Callable[[Path], T]) -> T:
         if event.source != "external":
-            yield await asyncio.to_thread(self._place, event, data)
-            return
+            return use(self._place(event, data))
         scratch = self.jobs_root / ".scratch"
         scratch.mkdir(parents=True, exist_ok=True)
         dest = scratch / f"{event.trial_name}.{uuid.uuid4().hex[:8]}"
         try:
-            yield await asyncio.to_thread(unpack_trial, data, dest)
+            return use(unpack_trial(data, dest))
         finally:
-            await asyncio.to_thread(shutil.rmtree, dest, True)
+            shutil.rmtree(dest, ignore_errors=True)
 
     async def finish_job(self, experiment_id: str, n_trials: int) -> bool:
         """Write Harbor's job-level result.json of a completed experiment's job folder.
