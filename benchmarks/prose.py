@@ -213,13 +213,13 @@ issue 12: py-spy at 200 Hz on the runner, the importer and the watcher through a
 10,000-trial run, CPU per process from /proc; the machine was shared, load average
 9-16, so read shares and CPU times, not rates). Each trial's folder is packed and
 stored by the runner and fetched and unpacked by the importer, and a trial costs the
-stack 7.5-9 ms of CPU (figure `cpu_ms_per_trial`): runner 2.8-3.4 ms, importer
-2.1-2.9, ledger 1.4-1.8, nats-server 0.7-0.9, watcher 0.3-0.4, the submitting client
-0.15. Two cores give at most 2 / 8 ms = 250 trials/s with perfect overlap, which is
-what the quiet run measured (227): the pipeline is CPU-bound, and the slowest ceiling
-(the ledger's bulk upsert, measured with the ledger alone on the machine) cannot be
-approached while six processes share two cores; 0.75 of it (about 1,450 trials/s)
-needs under 1.4 ms of CPU per trial in total, a fifth of today's.
+stack about 8 ms of CPU (figure `cpu_ms_per_trial`; medians of the runs below): runner
+~3 ms, importer ~2.2-2.5, ledger ~1.5, nats-server ~0.8, watcher ~0.35, the submitting
+client 0.15. Two cores give at most 2 / 8 ms = 250 trials/s with perfect overlap,
+which is what the quiet run measured (227): the pipeline is CPU-bound, and the slowest
+ceiling (the ledger's bulk upsert, measured with the ledger alone on the machine)
+cannot be approached while six processes share two cores; 0.75 of it (about 1,450
+trials/s) needs under 1.4 ms of CPU per trial in total, a fifth of today's.
 
 - **Runner** (half its busy samples in worker threads, half on the event loop):
   deleting the local trial folder once its ending is published (`shutil.rmtree`,
@@ -254,9 +254,20 @@ and new code alternating, three rounds each, medians, client CPU per trial):
    redelivered one), and unpacks and builds the record in one worker-thread hand-off
    (there were two): 0.73 -> 0.60 ms per instant trial.
 Together the instant trial's object-store path went from 2.34 to 1.80 ms of client
-CPU (pack + put + get + unpack), about 7 % of the stack's CPU per trial; the
-pipeline runs on the shared machine scatter more than that (figures above:
-PIPELINE_RUNS).
+CPU (pack + put + get + unpack). The pipeline itself, one run at a time, old and new
+code alternating in one busy sitting (load average 4-12; `--only pipeline --runs 1`;
+CPU medians in ms per trial):
+
+| | trials/s per run | median | CPU/trial (range) | runner | importer | ledger | nats |
+|---|---|---|---|---|---|---|---|
+| before | 87, 50, 109, 56, 86, 106 | 86 | 8.4 ms (7.7-10.8) | 3.0 | 2.5 | 1.5 | 0.83 |
+| after | 108, 95, 91, 129 | 101 | 7.7 ms (6.8-8.6) | 2.9 | 2.2 | 1.4 | 0.74 |
+
+About 8 % less CPU per trial, within the scatter of single runs on a shared machine;
+the profile moved as expected (packing fell from a quarter of the runner's busy
+samples to a sixth, path resolution from 16 % of the importer's to 3 %). In the
+unprofiled runs the importer kept up (its last batch 1-8 s after the runner's last
+trial), so the runner's CPU paces the pipeline there.
 
 **Considered, not done:** an inline path for small folders (the archive in
 TrialCompleted) would save the put and the get, but the record's
