@@ -209,22 +209,81 @@ the saving multiplies (the overhead benchmark's slots wait on exactly that while
 Harbor's synchronous work holds the loop).
 """,
     "pipeline": """
-**With the object store in the path** (measured 2026-11-26 on a busy machine, load
-average 6-7): every trial's folder is now packed and stored by the runner and
-fetched and unpacked by the importer, and the CPU per trial across the stack went
-from about 3.5 ms to about 10 ms (figure `cpu_ms_per_trial`; CPU time is the figure
-a busy machine distorts least): runner ~3.7 ms, importer ~3.1 ms, ledger ~1.8 ms,
-nats-server ~1.0 ms. The objects benchmark prices the object-store part alone at
-3.8 ms per instant trial, in one process, one at a time (pack 0.4, put 1.1, get
-0.7, unpack 1.2). On two cores shared with other work that caps the pipeline near
-100 trials/s, which is what it measured: the runner ended trials at ~100/s and the
-importer kept up (its last record 0.1 s after the last trial ended), so the
-pipeline is CPU-bound, not waiting on a queue. The instant trial is the worst case
-for this cost; a real trial's folder costs the same few milliseconds against minutes
-of work. What would win it back: pack and unpack in a process (not a thread: they
-hold the GIL while the runner's loop needs it), skip the extra object info round
-trip of each put, and let the importer build the record from the archive in memory
-instead of unpacking to disk first (the job folder can be written after the record).
+**Where the time goes with the object store in the path** (profiled 2026-11-26 for
+issue 12: py-spy at 200 Hz on the runner, the importer and the watcher through a whole
+10,000-trial run, CPU per process from /proc; the machine was shared, load average
+9-16, so read shares and CPU times, not rates). Each trial's folder is packed and
+stored by the runner and fetched and unpacked by the importer, and a trial costs the
+stack about 8 ms of CPU (figure `cpu_ms_per_trial`; medians of the runs below): runner
+~3 ms, importer ~2.2-2.5, ledger ~1.5, nats-server ~0.8, watcher ~0.35, the submitting
+client 0.15. Two cores give at most 2 / 8 ms = 250 trials/s with perfect overlap,
+which is what the quiet run measured (227): the pipeline is CPU-bound, and the slowest
+ceiling (the ledger's bulk upsert, measured with the ledger alone on the machine)
+cannot be approached while six processes share two cores; 0.75 of it (about 1,450
+trials/s) needs under 1.4 ms of CPU per trial in total, a fifth of today's.
+
+- **Runner** (half its busy samples in worker threads, half on the event loop):
+  deleting the local trial folder once its ending is published (`shutil.rmtree`,
+  about a quarter: unlink and rmdir system calls) and packing it (about a quarter);
+  on the loop, the handler's round trips (KV reads and writes, acknowledged
+  publishes; nats-py draws a fresh inbox from `os.urandom` for each request, 6 % of
+  loop time), the instant executor's own file writes (a fifth of loop time: the
+  benchmark's stand-in for Harbor), reading result.json for the spend account (7 %).
+- **Importer** (80 % of its busy samples in worker threads): unpacking the archive
+  into the job folder (mkdtemp, mkdir, writes, renames: file-system calls) 55-70 %,
+  building the record from the unpacked files 15 %, threads handing results back to
+  the loop 10 %. On the busy machine it was the serial stage: in the profiled run the
+  runner settled its last trial 103 s before the importer's last batch (one batch at
+  a time, about 1.8 s per 180 messages, waiting mostly on the disk).
+- **Watcher**: idle 80 % of its samples. **nats-server**: about 20 requests and 4
+  events per trial; the object store's share fell with the changes below.
+
+**Fixed while measuring** (issue 12; in-process A/B of the object-store path, old
+and new code alternating, three rounds each, medians, client CPU per trial):
+1. One meta lookup per put: `NatsObjectStore.put` looked the object up, then
+   nats-py's put looked it up again. The adapter now writes the object itself in
+   nats-py's format (chunks on a fresh nuid, the meta entry with a rollup, a replaced
+   object's chunks purged): lookup + chunks + meta, 3 round trips instead of 4; the
+   importer reads the meta by direct get (no JetStream API request). Put 0.75 -> 0.50
+   ms, get 0.42 -> 0.34 ms; nats-server per Harbor-sized put 0.53 -> 0.33 ms.
+2. `pack_trial` read every file with `read(cap)`, which allocates the whole 32 MiB cap
+   per file (~0.1 ms each): now the size first, the rest only if the file grew. Pack
+   0.44 -> 0.37 ms (instant folder), 2.4 -> 2.1 ms (Harbor-shaped).
+3. The importer resolved three paths per trial (a `realpath` is an lstat per path
+   component) and unpacked twice-staged; it now resolves an experiment's job folder
+   once, unpacks a new trial straight into place (staging only to replace a
+   redelivered one), and unpacks and builds the record in one worker-thread hand-off
+   (there were two): 0.73 -> 0.60 ms per instant trial.
+Together the instant trial's object-store path went from 2.34 to 1.80 ms of client
+CPU (pack + put + get + unpack). The pipeline itself, one run at a time, old and new
+code alternating in one busy sitting (load average 4-12; `--only pipeline --runs 1`;
+CPU medians in ms per trial):
+
+| | trials/s per run | median | CPU/trial (range) | runner | importer | ledger | nats |
+|---|---|---|---|---|---|---|---|
+| before | 87, 50, 109, 56, 86, 106 | 86 | 8.4 ms (7.7-10.8) | 3.0 | 2.5 | 1.5 | 0.83 |
+| after | 108, 95, 91, 129 | 101 | 7.7 ms (6.8-8.6) | 2.9 | 2.2 | 1.4 | 0.74 |
+
+About 8 % less CPU per trial, within the scatter of single runs on a shared machine;
+the profile moved as expected (packing fell from a quarter of the runner's busy
+samples to a sixth, path resolution from 16 % of the importer's to 3 %). In the
+unprofiled runs the importer kept up (its last batch 1-8 s after the runner's last
+trial), so the runner's CPU paces the pipeline there.
+
+**Considered, not done:** an inline path for small folders (the archive in
+TrialCompleted) would save the put and the get, but the record's
+`artifacts.archive`, `trialbus export` and `harbor view` of an exported job read the
+bucket: the importer would have to store it there, the same cost moved, and the
+event's size limit would need a second contract. Cheaper compression is no lever
+(level 1 saves 20 us on an instant folder's 10 KiB tar), nor hashing (microseconds).
+
+**Next steps** (largest expected gain first): build the record from the archive in
+memory and write the job folder afterwards, off the batch's path (the importer's
+unpack is most of its time, and the record needs three small files); give the
+importer only the events it uses (`filter_subjects`: two thirds of its deliveries and
+acks go); remove the runner's local trial folder off the handler's path (a reaper
+thread, or Harbor's trials on tmpfs); then a second importer process on the same
+durable consumer.
 
 The text below predates the object store (development profile, quiet machine):
 
@@ -361,9 +420,11 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
     (
         "pipeline, instant trials",
         "793 trials/s, ~3.5 ms CPU per trial",
-        "227 trials/s, 7.8 ms CPU per trial (quiet sitting); 87-89 trials/s in busy ones",
-        "the object store is in the path (pack/put/get/unpack): runner 2.9 ms and "
-        "importer 2.7 ms CPU per trial",
+        "227 trials/s, 7.8 ms CPU per trial (quiet sitting); 50-109 trials/s in busy ones",
+        "the object store is in the path (pack/put/get/unpack): runner 2.8-3.1 ms and "
+        "importer 2.1-2.4 ms CPU per trial; one lookup per put, direct-get reads, one "
+        "resolution per job folder and a read by size in packing took its path from "
+        "2.34 to 1.80 ms per trial",
     ),
     (
         "trial folder through the object store",

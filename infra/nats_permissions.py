@@ -154,9 +154,10 @@ def _kv_write(bucket: str, keys: str = ">") -> list[str]:
 
 
 def _obj_read(bucket: str) -> list[str]:
-    # NatsObjectStore.get: the meta by STREAM.MSG.GET (last by subject), then the chunks
-    # by direct gets (services/common/adapters/nats_objects.py says why); nats-py's own
-    # object_store.get reads the chunks through an ordered consumer instead.
+    # NatsObjectStore.get: the meta and then the chunks by direct gets (the subject in
+    # the request's body; services/common/adapters/nats_objects.py says why); its info
+    # by STREAM.MSG.GET (last by subject); nats-py's own object_store.get reads the
+    # chunks through an ordered consumer instead.
     s = obj_stream(bucket)
     return [
         f"{API}.STREAM.MSG.GET.{s}",

@@ -235,6 +235,15 @@ def _inside(root: Path, link: Path) -> str:
     return os.path.relpath(real, link.parent) if os.path.isabs(target) else target
 
 
+def _read_bounded(f: io.BufferedReader, size: int, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``f`` (``size`` when looked at): ``f.read(limit)``
+    allocates the whole cap (32 MiB) per file, ~0.1 ms each; this reads the same bytes."""
+    blob = f.read(min(limit, size + 1))
+    if len(blob) == size + 1 and len(blob) < limit:  # it grew since it was looked at
+        blob += f.read(limit - len(blob))
+    return blob
+
+
 Scrub = Callable[[bytes], tuple[bytes, int] | None]
 """Rewrites a file's bytes before they are packed: (new bytes, replacements), or None
 to keep them (services.runner.redaction.Redactor.redact_file)."""
@@ -305,7 +314,8 @@ def pack_trial(
             # agent left unreadable is recorded and cannot leave a half-written member.
             fd = os.open(kept[rel], os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as f:
-                mode, blob = os.fstat(fd).st_mode, f.read(cap_bytes - stored + 1)
+                st = os.fstat(fd)
+                mode, blob = st.st_mode, _read_bounded(f, st.st_size, cap_bytes - stored + 1)
         except OSError as exc:
             left.append(LeftOut(rel, 0, f"unreadable: {exc.strerror or exc}"))
             continue

@@ -91,8 +91,7 @@ async def record_for(event: TrialCompleted | TrialFailed, trials: StoredTrials) 
     if isinstance(event, TrialFailed):
         return build_failed_record(event)
     try:
-        async with trials.folder(event) as trial_dir:
-            return await asyncio.to_thread(_completed_record, trial_dir, event)
+        return await trials.use_folder(event, lambda trial_dir: _completed_record(trial_dir, event))
     except (ObjectCorrupt, ArchiveError) as exc:
         return unreadable_result_record(event, exc)
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 
 from schemas.events import TrialCompleted
@@ -26,38 +27,59 @@ from services.common.harbor_jobs import ensure_job_dir, job_dir_for, read_marker
 from services.common.ports import ObjectStore
 from services.common.unpack import unpack_trial
 
+_JOB_DIRS_KEPT = 1024  # experiments whose job folder StoredTrials remembers
+
 
 def job_config_for(experiment_id: str, jobs_root: Path) -> dict[str, object]:
     """The job-level config.json of a job folder built from stored trials."""
     return {"job_name": experiment_id, "jobs_dir": str(jobs_root)}
 
 
-def place_trial(jobs_root: Path, experiment_id: str, trial_name: str, data: bytes) -> Path:
+def checked_job_dir(jobs_root: Path, experiment_id: str) -> Path:
+    """The experiment's job folder, resolved and checked to lie directly in ``jobs_root``.
+
+    Resolved once per experiment (StoredTrials keeps it): a link in the jobs folder
+    cannot lead its trials elsewhere, and trials do not pay a path resolution each.
+    """
+    root = jobs_root.resolve()
+    job_dir = job_dir_for(root, experiment_id)
+    if job_dir.parent != root:
+        raise ValueError(f"experiment {experiment_id} would leave the jobs folder")
+    return job_dir
+
+
+def place_trial(
+    jobs_root: Path, experiment_id: str, trial_name: str, data: bytes, job_dir: Path | None = None
+) -> Path:
     """Unpack one trial archive as ``<jobs_root>/<experiment_id>/<trial_name>``; its path.
 
     Raises ArchiveError when the archive breaks an unpacking rule (nothing is left
     behind then). ``experiment_id`` and ``trial_name`` are pattern-checked by the event
     schema (one safe path component each); containment is checked here as well.
+    ``job_dir``: the experiment's ``checked_job_dir`` when the caller has it already.
     """
-    job_dir = job_dir_for(jobs_root, experiment_id)
-    dest = (job_dir / trial_name).resolve()
-    if dest.parent != job_dir or job_dir.parent != jobs_root.resolve():
+    if "/" in trial_name or trial_name in ("", ".", ".."):
         raise ValueError(f"trial {experiment_id}/{trial_name} would leave the jobs folder")
+    job_dir = job_dir or checked_job_dir(jobs_root, experiment_id)
     ensure_job_dir(
         job_dir,
         experiment_id=experiment_id,
         name=experiment_id,
-        job_config=job_config_for(experiment_id, jobs_root.resolve()),
+        job_config=job_config_for(experiment_id, job_dir.parent),
     )
+    dest = job_dir / trial_name
+    if not os.path.lexists(dest):
+        # The usual case: unpack_trial stages next to it and renames it into place.
+        with contextlib.suppress(FileExistsError):  # another delivery was faster
+            return unpack_trial(data, dest)
+    # A redelivery replaces the folder (or whatever took the name: renamed, not followed).
     staged = job_dir / f".{trial_name}.{uuid.uuid4().hex[:8]}.new"
     unpack_trial(data, staged)
-    if dest.exists():
-        old = job_dir / f".{trial_name}.{uuid.uuid4().hex[:8]}.old"
+    old = job_dir / f".{trial_name}.{uuid.uuid4().hex[:8]}.old"
+    with contextlib.suppress(FileNotFoundError):
         dest.rename(old)
-        staged.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staged.rename(dest)
+    staged.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
     return dest
 
 
@@ -67,30 +89,42 @@ class StoredTrials:
     def __init__(self, store: ObjectStore, jobs_root: Path) -> None:
         self.store = store
         self.jobs_root = jobs_root
+        self._job_dirs: dict[str, Path] = {}  # experiment id -> its checked_job_dir
 
-    @contextlib.asynccontextmanager
-    async def folder(self, event: TrialCompleted) -> AsyncIterator[Path]:
-        """The trial's folder, unpacked from the archive ``event.result`` names.
+    def _place(self, event: TrialCompleted, data: bytes) -> Path:
+        """``place_trial`` with the experiment's job folder resolved once (off the loop)."""
+        job_dir = self._job_dirs.get(event.experiment_id)
+        if job_dir is None:
+            if len(self._job_dirs) >= _JOB_DIRS_KEPT:
+                self._job_dirs.clear()
+            job_dir = checked_job_dir(self.jobs_root, event.experiment_id)
+            self._job_dirs[event.experiment_id] = job_dir
+        return place_trial(self.jobs_root, event.experiment_id, event.trial_name, data, job_dir)
+
+    async def use_folder[T](self, event: TrialCompleted, use: Callable[[Path], T]) -> T:
+        """``use(folder)``: the trial's folder, unpacked from the archive ``event.result`` names.
 
         A trial trialbus ran lands in its experiment's job folder and stays; one of an
         external job (its own job folder exists where the watcher found it) is
-        unpacked into a scratch folder removed on exit. Raises ObjectMissing (gone:
-        expired or never stored), ObjectCorrupt (bytes differ from the reference),
-        ArchiveError (breaks an unpacking rule), or a TransientError.
+        unpacked into a scratch folder removed after ``use``. The unpacking and ``use``
+        run in one worker thread (one hand-off per trial: they were two, and each is a
+        wake-up of the event loop). Raises ObjectMissing (gone: expired or never
+        stored), ObjectCorrupt (bytes differ from the reference), ArchiveError (breaks
+        an unpacking rule), or a TransientError.
         """
         data = await self.store.get(event.result)
+        return await asyncio.to_thread(self._unpacked, event, data, use)
+
+    def _unpacked[T](self, event: TrialCompleted, data: bytes, use: Callable[[Path], T]) -> T:
         if event.source != "external":
-            yield await asyncio.to_thread(
-                place_trial, self.jobs_root, event.experiment_id, event.trial_name, data
-            )
-            return
+            return use(self._place(event, data))
         scratch = self.jobs_root / ".scratch"
         scratch.mkdir(parents=True, exist_ok=True)
         dest = scratch / f"{event.trial_name}.{uuid.uuid4().hex[:8]}"
         try:
-            yield await asyncio.to_thread(unpack_trial, data, dest)
+            return use(unpack_trial(data, dest))
         finally:
-            await asyncio.to_thread(shutil.rmtree, dest, True)
+            shutil.rmtree(dest, ignore_errors=True)
 
     async def finish_job(self, experiment_id: str, n_trials: int) -> bool:
         """Write Harbor's job-level result.json of a completed experiment's job folder.

@@ -7,6 +7,7 @@ refusal has a negative control beside it (the same call succeeding when it shoul
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 
 from schemas.objects import ObjectRef
 from schemas.subjects import Topology
@@ -131,7 +135,7 @@ class TestNatsObjectStore(ObjectStoreContract):
 
     @pytest.fixture
     async def world(self, nats_url: str, topology: Topology) -> AsyncIterator[World]:
-        clients: list[nats.NATS] = []
+        clients: list[NatsClient] = []
         bucket = topology.tasks_bucket
 
         async def open_(max_bytes: int | None) -> ObjectStore:
@@ -184,6 +188,78 @@ class TestNatsObjectStore(ObjectStoreContract):
             assert (await js.stream_info(stream)).state.consumer_count == 0
             await (await js.object_store(topology.tasks_bucket)).get("often-read")
             assert (await js.stream_info(stream)).state.consumer_count == 1  # the control
+        finally:
+            await nc.close()
+
+    async def test_put_and_get_round_trips_and_nats_py_format(
+        self, world: World, nats_url: str, topology: Topology
+    ) -> None:
+        # Every trial's folder is a put by the runner and a get by the importer: each
+        # JetStream API request is a round trip per trial (docs/performance.md). A put
+        # makes one meta lookup, a get reads the meta by direct get (no API request
+        # through STREAM.MSG.GET); what they store stays readable by nats-py's own client.
+        store = await world.open(None)
+        bucket = topology.tasks_bucket
+        nc = await nats.connect(nats_url)
+        seen: list[str] = []
+
+        async def count(msg: Msg) -> None:
+            seen.append(msg.subject)
+
+        await nc.subscribe("$JS.API.>", cb=count)
+        await nc.subscribe(f"$O.{bucket}.>", cb=count)
+        await nc.flush()
+
+        async def traffic(call: Awaitable[object]) -> list[str]:
+            """What ``call`` sent: MSG.GET, DIRECT.GET, C (a chunk), M (a meta entry)."""
+            seen.clear()
+            await call
+            await nc.flush()
+            await asyncio.sleep(0.2)  # the copies of the requests travel on nc
+            kinds = {"$JS.API.STREAM.MSG.GET": "MSG.GET", "$JS.API.DIRECT.GET": "DIRECT.GET"}
+            kinds |= {f"$O.{bucket}.C": "C", f"$O.{bucket}.M": "M"}
+            return [next((k for p, k in kinds.items() if s.startswith(p)), s) for s in seen]
+
+        try:
+            data = os.urandom(300_000)  # three chunks
+            put = await traffic(store.put("counted", data))
+            assert put.count("MSG.GET") == 1, put  # STREAM.MSG.GET of the meta
+            assert put.count("C") == 3 and put.count("M") == 1 and len(put) == 5, put
+            ref = await store.info("counted")
+            assert ref is not None
+            got = await traffic(store.get(ref))
+            assert got.count("MSG.GET") == 0 and got.count("DIRECT.GET") == 4, got
+            js = nc.jetstream()
+            assert (await (await js.object_store(bucket)).get("counted")).data == data
+            # Control, the adapter's put before: its own lookup, then nats-py's put,
+            # which looks again (the count tells them apart).
+            their_store = await js.object_store(bucket)
+
+            async def before() -> None:
+                await store.info("theirs")
+                await their_store.put("theirs", b"x")
+
+            assert (await traffic(before())).count("MSG.GET") == 2
+            assert (await store.get(await store.put("theirs", b"x"))) == b"x"
+        finally:
+            await nc.close()
+
+    async def test_replacing_put_purges_the_old_chunks(
+        self, world: World, nats_url: str, topology: Topology
+    ) -> None:
+        store = await world.open(None)
+        bucket = topology.tasks_bucket
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            await store.put("replaced", b"first")
+            old = await (await js.object_store(bucket)).get_info("replaced")
+            chunks = f"$O.{bucket}.C.{old.nuid}"
+            await js.get_msg(f"OBJ_{bucket}", seq=1, subject=chunks, next=True)  # control
+            new = await store.put("replaced", b"second")
+            assert await store.get(new) == b"second"
+            with pytest.raises(NotFoundError):
+                await js.get_msg(f"OBJ_{bucket}", seq=1, subject=chunks, next=True)
         finally:
             await nc.close()
 

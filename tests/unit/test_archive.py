@@ -28,6 +28,7 @@ from services.common.archive import (
     unpack_task,
     unpack_trial,
 )
+from services.common.archive import _read_bounded as read_bounded
 from services.common.task_identity import task_checksum
 from tests.harbor_fixtures import EXAMPLE_TASKS, HarborTrials
 
@@ -202,6 +203,27 @@ def test_trial_under_the_cap_is_whole_and_deterministic(tmp_path: Path) -> None:
         if path.is_file():
             assert (dest / path.relative_to(trial)).read_bytes() == path.read_bytes()
     assert read_manifest(dest)["left_out"] == []
+
+
+@pytest.mark.parametrize(
+    ("looked_at", "limit", "expected"),
+    [
+        (50, 1000, 50),  # the size as looked at: the whole file
+        (3, 1000, 50),  # it grew after the look: still the whole file
+        (50, 20, 20),  # over the limit: the limit (the caller records it as over the cap)
+        (3, 20, 20),  # grew past the limit: bounded all the same
+        (0, 1000, 50),  # a size of 0 (a file the look could not size): the whole file
+    ],
+)
+def test_a_file_is_read_whole_up_to_the_limit(
+    tmp_path: Path, looked_at: int, limit: int, expected: int
+) -> None:
+    # Packing reads a file's size first (reading up to the cap allocates the whole cap
+    # per file); a file that grew after it was looked at must not be cut short.
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(50)))
+    with path.open("rb") as f:
+        assert read_bounded(f, looked_at, limit) == bytes(range(50))[:expected]
 
 
 def test_trial_entry_limit_is_recorded(tmp_path: Path) -> None:

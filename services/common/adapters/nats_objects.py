@@ -6,6 +6,9 @@ of the stream ``OBJ_<bucket>``. Beyond the library this adapter:
 
 - turns the digest into the hex sha256 of ObjectRef, and skips a put whose name already
   holds the same bytes (task archives are named by checksum: uploaded once);
+- writes objects in nats-py's format (chunks on a fresh nuid, the meta entry with a
+  rollup, a replaced object's chunks purged) with ONE meta lookup (nats-py's put looks
+  again after ours: a round trip per trial folder), and reads the meta by direct get;
 - reads an object's chunks with direct gets (no consumer per read: nats-py's ordered
   consumers outlive the read, and ~1000 reads in a few seconds hit the stream's
   consumer limit), and verifies the bytes against the caller's reference (size and
@@ -23,13 +26,15 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import json
 from dataclasses import dataclass
-from typing import Literal
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.api import ObjectInfo, ObjectStoreConfig, StorageType
+from nats.js.api import Header, ObjectInfo, ObjectMetaOptions, ObjectStoreConfig, StorageType
 from nats.js.errors import (
     APIError,
     BucketNotFoundError,
@@ -37,7 +42,15 @@ from nats.js.errors import (
     ObjectNotFoundError,
     ServiceUnavailableError,
 )
+from nats.js.manager import JetStreamManager
+from nats.js.object_store import (
+    OBJ_CHUNKS_PRE_TEMPLATE,
+    OBJ_DEFAULT_CHUNK_SIZE,
+    OBJ_DIGEST_TEMPLATE,
+    OBJ_META_PRE_TEMPLATE,
+)
 from nats.js.object_store import ObjectStore as JsObjectStore
+from nats.nuid import NUID
 
 from schemas.objects import ObjectRef
 from services.common.errors import (
@@ -54,6 +67,8 @@ _UNAVAILABLE = (NatsTimeoutError, NoRespondersError, ConnectionClosedError, Time
 # JetStream's error codes for a stream at its max_bytes (discard=new: 10077, "maximum
 # bytes exceeded") and for a server out of JetStream storage (10047).
 _STORE_FULL = (10077, 10047)
+# The meta entry replaces the subject's previous one (nats-py's put sends the same).
+_ROLLUP: dict[str, Any] = {Header.ROLLUP.value: "sub"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +94,7 @@ class NatsObjectStore:
         self._bucket = bucket
         self._stream = f"OBJ_{bucket}"
         self._timeout_s = timeout_s
+        self._nuid = NUID()
 
     @classmethod
     async def open(
@@ -151,21 +167,32 @@ class NatsObjectStore:
     async def put(self, name: str, data: bytes) -> ObjectRef:
         """Store ``data`` under ``name`` (replacing it) and return its reference.
 
-        Not wrapped in a timeout: each chunk's publish has the JetStream timeout, and on
-        an error nats-py purges the chunks it wrote (a cancellation would leak them).
+        Round trips: the meta lookup, one acknowledged publish per 128 KiB chunk, the
+        meta entry; a replaced object's chunks are purged afterwards. Not wrapped in a
+        timeout: each publish has the JetStream timeout, and a put that fails midway
+        purges the chunks it wrote (a cancellation would leak them).
         """
-        sha = hashlib.sha256(data).hexdigest()
+        digest = hashlib.sha256(data).digest()
+        sha = digest.hex()
         try:
             ObjectRef(bucket=self._bucket, name=name, size=len(data), sha256=sha)
         except ValueError as exc:
             raise InternalError(f"invalid object name {name!r}: {exc}") from None
-        existing = await self.info(name)
-        if existing is not None and existing.sha256 == sha and existing.size == len(data):
-            return existing
+        where = f"{self._bucket}/{name}"
         try:
-            info = await self._store.put(name, data)
+            existing: ObjectInfo | None = await self._store.get_info(name)
+        except ObjectNotFoundError:
+            existing = None
         except _UNAVAILABLE as exc:
-            raise self._unavailable(f"{self._bucket}/{name}", "upload not confirmed", exc) from exc
+            raise self._unavailable(where, "lookup failed", exc) from exc
+        if existing is not None:
+            ref = self._ref(existing)
+            if ref.sha256 == sha and ref.size == len(data):
+                return ref
+        try:
+            info = await self._write(name, data, digest)
+        except _UNAVAILABLE as exc:
+            raise self._unavailable(where, "upload not confirmed", exc) from exc
         except APIError as exc:
             if exc.err_code in _STORE_FULL:
                 raise TransientError(
@@ -174,12 +201,77 @@ class NatsObjectStore:
                     "shorten its retention"
                 ) from exc
             if isinstance(exc, ServiceUnavailableError):
-                raise TransientError(f"{self._bucket}/{name}: {exc.description}") from exc
+                raise TransientError(f"{where}: {exc.description}") from exc
             raise
-        ref = self._ref(info)
-        if ref.sha256 != sha:
-            raise ObjectCorrupt(f"{self._bucket}/{name}: stored digest differs from the data")
-        return ref
+        if existing is not None and existing.nuid:
+            # The name now points at the new chunks; the old ones are garbage. A role
+            # without the purge right (infra/nats_permissions.py) leaves them to the
+            # bucket's retention, as nats-py's put did (its purge failed the same way).
+            with contextlib.suppress(*_UNAVAILABLE, APIError):
+                await self._js.purge_stream(
+                    self._stream, subject=self._chunk_subject(existing.nuid)
+                )
+        return self._ref(info)
+
+    def _chunk_subject(self, nuid: str) -> str:
+        return OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=self._bucket, obj=nuid)
+
+    def _meta_subject(self, name: str) -> str:
+        encoded = base64.urlsafe_b64encode(name.encode()).decode()
+        return OBJ_META_PRE_TEMPLATE.format(bucket=self._bucket, obj=encoded)
+
+    async def _write(self, name: str, data: bytes, digest: bytes) -> ObjectInfo:
+        """Chunks on a fresh subject, then the meta entry naming them (nats-py's format).
+
+        Until the meta entry is stored the old object (if any) stays what the name
+        reads; on a failure the new chunks are purged (best effort) and it re-raises.
+        """
+        nuid = self._nuid.next().decode()
+        chunk_subject = self._chunk_subject(nuid)
+        size = OBJ_DEFAULT_CHUNK_SIZE
+        chunks = [data[i : i + size] for i in range(0, len(data), size)]
+        info = ObjectInfo(
+            name=name,
+            bucket=self._bucket,
+            nuid=nuid,
+            size=len(data),
+            chunks=len(chunks),
+            digest=OBJ_DIGEST_TEMPLATE.format(digest=base64.urlsafe_b64encode(digest).decode()),
+            mtime=datetime.now(UTC).isoformat(),
+            options=ObjectMetaOptions(max_chunk_size=size),
+        )
+        try:
+            for chunk in chunks:
+                await self._js.publish(chunk_subject, chunk)
+            meta = json.dumps(info.as_dict()).encode()
+            await self._js.publish(self._meta_subject(name), meta, headers=_ROLLUP)
+        except Exception:
+            with contextlib.suppress(Exception):  # cleanup: the put's own error is raised
+                await self._js.purge_stream(self._stream, subject=chunk_subject)
+            raise
+        return info
+
+    async def _meta(self, name: str) -> ObjectInfo:
+        """The object's meta entry by a direct get; ObjectNotFoundError when none.
+
+        The request names the subject in its body (``last_by_subj``), not in its own
+        subject: the readers' right is ``DIRECT.GET.<stream>`` exactly.
+        """
+        # nats-py sends the body form only for sequence reads: its connection, API
+        # prefix (domain) and timeout are private attributes of the context.
+        js: Any = self._js
+        body = json.dumps({"last_by_subj": self._meta_subject(name)}).encode()
+        msg = await js._nc.request(f"{js._prefix}.DIRECT.GET.{self._stream}", body, js._timeout)
+        try:
+            raw = JetStreamManager._lift_msg_to_raw_msg(msg)  # a 404 status: NotFoundError
+            info: ObjectInfo = ObjectInfo.from_response(json.loads(raw.data or b""))
+        except NotFoundError:
+            raise ObjectNotFoundError from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ObjectCorrupt(f"{self._bucket}/{name}: unreadable meta entry: {exc}") from None
+        if info.deleted:
+            raise ObjectNotFoundError
+        return info
 
     async def get(self, ref: ObjectRef) -> bytes:
         """The object's bytes; raises ObjectMissing or ObjectCorrupt (sha256/size differ)."""
@@ -187,7 +279,7 @@ class NatsObjectStore:
             raise InternalError(f"reference to bucket {ref.bucket} given to bucket {self._bucket}")
         where = f"{ref.bucket}/{ref.name}"
         try:
-            info = await self._store.get_info(ref.name)
+            info = await self._meta(ref.name)
             data = await asyncio.wait_for(self._chunks(info, where), self._timeout_s)
         except ObjectNotFoundError:
             raise ObjectMissing(
