@@ -74,6 +74,8 @@ async def test_a_refused_write_for_another_experiment_counts_nowhere(
     assert (await ledger.experiment_tally("exp-a"))["recorded"] == 1
     assert await ledger.experiment_tally("exp-b") == {}
     assert await ledger.experiment_tally("exp-none") == {}
+    # Refused, so it lists no experiment either (exp-a, listed, is the control).
+    assert await ledger.experiment_ids() == ["exp-a"]
 
 
 async def test_concurrent_writers_keep_the_tally_of_what_is_stored(
@@ -208,7 +210,7 @@ async def test_mongo_a_writer_that_died_mid_batch_leaves_a_tally_that_is_rebuilt
     try:
         await mongo.upsert_records([make_record("t1")])
 
-        async def die(*_args: object) -> None:
+        async def die(*_args: object, **_kwargs: object) -> None:
             raise ConnectionError("process killed between the records and the tally")
 
         monkeypatch.setattr(ExperimentStore, "commit", die)

@@ -136,12 +136,14 @@ class ExperimentStore:
         cursor = self._experiments.find({}, {"_id": 0, "experiment_id": 1}).sort(LISTING_SORT)
         return [doc["experiment_id"] async for doc in cursor]
 
-    async def begin(self, experiment_ids: Iterable[str]) -> str:
-        """Mark a write batch on each experiment (creating unseen ones); its id."""
+    async def begin(self, experiment_ids: Iterable[str]) -> tuple[str, set[str]]:
+        """Mark a write batch on each experiment, creating unseen ones: (batch id,
+        experiments whose document this created)."""
         batch = uuid.uuid4().hex
         now = datetime.now(UTC)
+        created: set[str] = set()
         for experiment_id in sorted(set(experiment_ids)):
-            await _upsert(
+            if await _upsert(
                 self._experiments,
                 {"experiment_id": experiment_id},
                 {
@@ -149,13 +151,24 @@ class ExperimentStore:
                     "$inc": {"tally_version": 1},
                     "$setOnInsert": {"created_at": now, "tally": {}, "tally_ok": True},
                 },
-            )
-        return batch
+            ):
+                created.add(experiment_id)
+        return batch, created
 
     async def commit(
-        self, batch: str, experiment_ids: Iterable[str], deltas: Mapping[str, Tally]
+        self,
+        batch: str,
+        experiment_ids: Iterable[str],
+        deltas: Mapping[str, Tally],
+        unused: Iterable[str] = (),
     ) -> None:
-        """Add each experiment's differences and remove the batch's mark, atomically."""
+        """Add each experiment's differences and remove the batch's mark, atomically.
+
+        ``unused``: experiments whose document ``begin`` created but under which the
+        batch stored nothing (every write was refused as naming another experiment's
+        trial): their document is removed, so a misrouted write lists no experiment,
+        unless another writer has marked it since or it has records or metadata.
+        """
         for experiment_id in sorted(set(experiment_ids)):
             inc: dict[str, float] = {"tally_version": 1}
             for name, value in deltas.get(experiment_id, {}).items():
@@ -163,6 +176,15 @@ class ExperimentStore:
             await self._experiments.update_one(
                 {"experiment_id": experiment_id},
                 {"$inc": inc, "$unset": {f"tally_pending.{batch}": ""}},
+            )
+        for experiment_id in sorted(set(unused)):
+            await self._experiments.delete_one(
+                {
+                    "experiment_id": experiment_id,
+                    "manifest": {"$exists": False},
+                    "tally_pending": {},
+                    "tally.recorded": {"$exists": False},
+                }
             )
 
     async def tally(

@@ -155,16 +155,18 @@ class MongoLedger:
         pending = [(r, record_content_hash(r)) for r in collapse_batch(records)]
         if not pending:
             return outcome
-        experiments = {r.experiment_id for r, _ in pending}
+        items = pending
+        experiments = {r.experiment_id for r, _ in items}
         deltas: dict[str, Tally] = {}
         async with _translate_errors("upsert_records"):
-            batch = await self._store.begin(experiments)
+            batch, created = await self._store.begin(experiments)
             pending = await self._insert_new(pending, outcome, deltas)
             for _ in range(_MAX_ROUNDS):
                 if not pending:
                     break
                 pending = await self._replace_stored(pending, outcome, deltas)
-            await self._store.commit(batch, experiments, deltas)
+            used = {r.experiment_id for r, _ in items if r.trial_id not in outcome.conflicts}
+            await self._store.commit(batch, experiments, deltas, unused=created - used)
         if pending:
             ids = ", ".join(r.trial_id for r, _ in pending)
             raise LedgerConflict(f"records kept changing under concurrent writers: {ids}")
