@@ -1,7 +1,8 @@
 """MongoLedger: the Ledger port over MongoDB (or SecantusDB) with PyMongo's async client.
 
-A little over 350 lines: one adapter for one port, each method a query and its
-error translation; splitting it would split the document shape described below.
+About 390 lines: one adapter for one port, each method a query and its error
+translation; splitting it would split the document shape and the write protocol
+described below (the experiments collection is mongo_experiments's).
 
 Document shape (collection ``trials``): the record's JSON-mode dump (datetimes as
 ISO-8601 strings, so a record reads back exactly as written, microseconds included;
@@ -11,27 +12,26 @@ BSON dates would truncate them to milliseconds and change the content hash) plus
   ``services.common.ports.record_content_hash``);
 - ``order_key``: the record's rank among the records of its trial
   (``services.common.ports.record_order``), a string the update filter compares;
+- ``tally``: what the record adds to its experiment's tally
+  (``services.reports.tally.record_tally``), subtracted when it is replaced;
 - ``imported_at``: BSON date of the last write that changed the document;
-- ``first_imported_at``: BSON date of the insert (orders ``experiment_ids``).
+- ``first_imported_at``: BSON date of the insert.
 
-A batch is first inserted as it is (unordered ``insert_many``): new trials, the usual
-case, are stored by the cheapest write. Items whose trial_id is stored already fail
-on the unique index and are upserted instead.
-
-An upsert is ``UpdateOne({trial_id, experiment_id, content_hash != h, order_key <= k},
-{$set: doc}, upsert=True)``. When the filter matches nothing because the stored
-document already has this content or ranks above the new record (a complete one
-against a partial, a newer result against an older one), the upsert's insert hits the
-unique index on trial_id: duplicate key (11000) means ``unchanged``. The stored
-experiment_id is part of the filter, so a write naming another experiment (a forged
-or misrouted event, a copied job folder imported under another name) can never match
-and move the record: it too ends on the unique index, and is reported as a conflict
-(``UpsertOutcome.conflicts``), not applied. That reading is verified: the stored
-experiment, hash and order key of every duplicate-key item are fetched, and an item
-that lost a race with a concurrent writer (same experiment, stored content neither
-equal nor ranked above) is retried. A document written before order keys existed has
-none: it ranks by its status alone (``ports.status_order``), as the ledger ranked
-records then.
+A batch marks its experiments (mongo_experiments: ``begin``), then is inserted as it
+is (unordered ``insert_many``): new trials, the usual case, are stored by the
+cheapest write. Items whose trial_id is stored already fail on the unique index; their
+stored versions (experiment, hash, order key, tally) are read, and each item is a
+conflict (stored under another experiment: a forged or misrouted event, a copied job
+folder imported under another name; never moved, reported in
+``UpsertOutcome.conflicts``), ``unchanged`` (``keeps_stored``: same content, or the
+stored one ranks above), or a replacement: ``UpdateOne({trial_id, experiment_id,
+content_hash: <the hash read>}, {$set: doc}, upsert=True)``. A replacement whose
+stored version changed since the read (a concurrent writer) matches nothing, its
+insert hits the unique index (11000), and it is read and decided again: so the tally
+subtracted is always the replaced version's. Finally the batch adds its tally
+differences to each experiment (``commit``). A document written before order keys
+existed has none: it ranks by its status alone (``ports.status_order``), as the ledger
+ranked records then; one written before tallies is read whole once to compute its own.
 
 Connection problems surface as ``LedgerUnavailable``; anything else propagates.
 """
