@@ -85,7 +85,14 @@ KEY_PEERS: dict[str, list[str]] = {
     "import": ["in_process_rate", "ledger_bulk_upsert_ceiling", "mongodb_cli_rate"],
     "latency": ["observed_p99", "dispatch_p50", "kv_create_rtt_p50"],
     "objects": ["harbor_archive_bytes", "instant_ms_per_trial", "harbor_raw_put_ceiling"],
-    "ledger": ["records_for_ms", "leaderboard_ms", "experiment_ids_ms", "load_s", "disk_mib"],
+    "ledger": [
+        "experiment_ids_ms",
+        "status_ms",
+        "records_for_ms",
+        "leaderboard_ms",
+        "load_s",
+        "disk_mib",
+    ],
     "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
     "dashboard": ["ttfb_ms", "cold_fcp_ms", "html_kib"],
 }
@@ -170,33 +177,58 @@ can be found by the put's error instead); and unpack straight into the final fol
 when no folder of that trial exists yet.
 """,
     "ledger": """
-**Where the time goes.** SecantusDB is a MongoDB-wire server written in Python: each
-document a query returns is read, decoded and re-encoded in Python, so a report of a
-10,000-trial experiment costs seconds on this machine whatever the indexes (the query
-plan is already an index scan on experiment_id, then a FETCH of every document and an
-in-memory SORT by trial_id; the time is the fetch). A count fetches the documents
-too. Per-experiment reads touch one experiment's records through the experiment_id
-index, so they should cost the same at a million records as at 100,000; the
-experiment list and the load do not (at this run's load rate a million records take
-about 7 minutes and 4 GB, and the list scans ten times as much). The million-record
-run is `make bench-scale`; it did not fit this sitting. The experiment list
-(`experiment_ids`) groups every record of every experiment (`$group` over the whole
-collection) to find experiments without metadata: no index serves that, and it grows
-with the ledger, not with the page. The new indexes make MongoDB answer
-`records_for` without an in-memory sort and `scored_trial_ids` from the index alone
-(covered); on SecantusDB they bring no measurable gain (A-B-A, two sittings) and
-each costs every write a further index entry: figure `load_rate_after` against
-`load_rate`, 7 % and 66 % fewer records/s in the two sittings of 2026-11-26, under a
-load that moved between the two loads, so not settled; if the embedded ledger's
-write rate matters more than MongoDB's reads, keep only (experiment_id, trial_id).
+**Fixed (issue 12).** The experiment list (`experiment_ids`) used to group every
+record of every experiment (`$group` over the whole collection, to find experiments
+without metadata): it grew with the ledger, not with the page. It now reads the
+`experiments` collection alone, newest first through an index on (`created_at`,
+`experiment_id`): every write of records keeps a document for its experiment (an
+imported Harbor job gets one without metadata), and ledgers written before get theirs
+from a one-time backfill at the first start (figure `listing_backfill_s`: one scan,
+then `ledger_meta` remembers it). `status` used to load every record of the
+experiment; it now reads the experiment's *tally* (counts by state and the spend) from
+that same document, kept by every `upsert_records`: the new record's tally added, the
+replaced record's subtracted, each replacement pinned to the stored version whose
+tally it subtracts, so a replay adds nothing and a record replaced by a better one
+counts once (services/common/adapters/mongo_experiments.py; contract tests against
+the real server in tests/integration/test_ledger_tally_contract.py). Both read one
+small document per experiment, so they stay flat at a million records (the list reads
+one document per experiment: 100 at a million records of 100 x 10,000). In one busy
+sitting (load average 11-15, same sizes, 2026-11-26 12:31 and 12:53): list 18,740 ms
+-> 10 ms, status 6,347 ms -> 20 ms; with 100 experiments of 1,000 trials (the 100
+listing documents of a million-record ledger of 100 x 10,000), list 5 ms and status
+6 ms (13:29, same load). The per-record tally adds about 0.2 KiB to each
+document (4.58 -> 4.81 KiB/record) and each write batch two small updates of the
+experiment's document (a mark before, the sums after).
 
-**What would fix it:** for the experiment list, read the experiments collection
-alone (every experiment submitted or imported has metadata; the importer can upsert
-one for an external job) sorted by an index on `created_at`; for status and the
-dashboard, a per-experiment summary document kept by the importer (counts by state)
-instead of loading every record; for reports of large experiments on the embedded
-ledger, projections of the fields the report uses. The 200 ms target is for MongoDB
-(`--mongo-url`); the embedded ledger is for development and small teams.
+**Where the time goes (the rest).** SecantusDB is a MongoDB-wire server written in
+Python: each document a query returns is read, decoded and re-encoded in Python, so a
+report of a 10,000-trial experiment costs seconds on this machine whatever the
+indexes (the query plan is already an index scan on experiment_id, then a FETCH of
+every document and an in-memory SORT by trial_id; the time is the fetch). A count
+fetches the documents too (SecantusDB has no covered queries or count scans), as does
+an aggregation: measured on 10,000 records, `$group` by state took 1.5 s and a
+projection of six fields 2.5 s against 3.2 s for whole documents. So neither a
+server-side aggregation nor projections can bring a 10,000-trial leaderboard or report
+to 200 ms on the embedded ledger (projections were measured, not adopted: the report
+uses most of the record, and turning records into TrialRecords is a smaller part of
+the time than the server's fetch). Per-experiment reads touch one experiment's
+records through the experiment_id index, so they cost the same at a million records
+as at 100,000. The new indexes make MongoDB answer `records_for` without an in-memory
+sort and `scored_trial_ids` from the index alone (covered); on SecantusDB they bring
+no measurable gain (A-B-A, two sittings) and each costs every write a further index
+entry (`load_rate_after` against `load_rate`, not settled under a moving load); if
+the embedded ledger's write rate matters more than MongoDB's reads, keep only
+(experiment_id, trial_id). The million-record run is `make bench-scale`
+(`TRIALBUS_BENCH_LEDGER=100:10000`); it did not fit this sitting.
+
+**What would fix the rest:** leaderboard and report of a large experiment are the
+records' fetch: on the embedded ledger, cache each experiment's built report keyed by
+its `tally_version` (bumped by every write), or keep the leaderboard's per-agent sums
+in the tally as status's are kept; on MongoDB, where the 200 ms target applies
+(`--mongo-url`), the indexes above serve them. The dashboard's experiment rows still
+load each experiment's records (running trials and the first start / last end come
+from them): the tally gives their counts, the rest needs the recorded ids among the
+started ones and a kept span. The embedded ledger is for development and small teams.
 """,
     "dispatch": """
 **What it shows.** The runner's start path now (`now_*`: the coordinator's calls in
@@ -436,10 +468,11 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
     (
         "ledger reports at 100,000 records",
         "not measured",
-        "list 4.9-8.5 s, records of a 10,000-trial experiment 1.5-2.2 s, "
-        "leaderboard/report 1.4-3.3 s on SecantusDB (two sittings)",
-        "new ledger benchmark; two indexes added for MongoDB; the list needs per-experiment "
-        "summary documents next",
+        "experiment list 18.7 s -> 10 ms, status 6.3 s -> 20 ms (one busy sitting); "
+        "records of a 10,000-trial experiment 1.5-5.4 s, leaderboard/report 1.4-8 s on "
+        "SecantusDB (load-dependent)",
+        "list from the experiments collection (listing documents, one-time backfill); "
+        "status from a tally kept at write time; two indexes added for MongoDB",
     ),
     (
         "submit 10,000 trials",

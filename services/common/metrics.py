@@ -248,6 +248,10 @@ class MeteredLedger:
         """Delegated."""
         return await self._inner.experiment_ids()
 
+    async def experiment_tally(self, experiment_id: str) -> dict[str, float]:
+        """Delegated."""
+        return await self._inner.experiment_tally(experiment_id)
+
     async def close(self) -> None:
         """Delegated."""
         await self._inner.close()

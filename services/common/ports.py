@@ -132,7 +132,18 @@ class Ledger(Protocol):
         """An experiment's submission metadata, or None."""
 
     async def experiment_ids(self) -> list[str]:
-        """Ids of all experiments with metadata or records, newest first if known."""
+        """Ids of all experiments with metadata or records, newest first.
+
+        Every experiment with records is listed, whether or not it has submission
+        metadata (an imported Harbor job has none): the ledger keeps a listing entry
+        for each experiment it stores records of.
+        """
+
+    async def experiment_tally(self, experiment_id: str) -> dict[str, float]:
+        """The sums of ``services.reports.tally.record_tally`` over the experiment's
+        stored records (empty when it has none): what ``status`` shows, without
+        reading every record. A replaced record counts once, as its replacement.
+        """
 
     async def close(self) -> None:
         """Release connections."""

@@ -8,12 +8,12 @@ Unknown cost is never read as zero: trials without a price are counted and named
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from schemas.record import TrialRecord
 from services.common.ports import ExperimentInfo
+from services.reports.tally import count, tally_of
 
 
 def budget_of(info: ExperimentInfo | None) -> dict[str, Any] | None:
@@ -36,24 +36,28 @@ def budget_usage(
     price; ``tokens``: input + output tokens; ``reached``: some trial was stopped by
     the budget; ``line``: all of it in words (``spent_line``).
     """
+    return budget_of_tally(tally_of(records), info)
+
+
+def budget_of_tally(
+    tally: Mapping[str, float], info: ExperimentInfo | None
+) -> dict[str, Any] | None:
+    """``budget_usage`` from an experiment's tally (``services.reports.tally``)."""
     budget = budget_of(info)
     if budget is None:
         return None
     # Trials that never ran (stopped, cancelled) used nothing: only those that report
     # usage can lack a price.
-    used = [r for r in records if _used(r)]
-    costs = [r.usage.cost_usd for r in used if r.usage.cost_usd is not None]
-    unknown = len(used) - len(costs)
+    used, known = count(tally, "used"), count(tally, "cost_known")
+    unknown = used - known
     out: dict[str, Any] = {
         "max_cost_usd": budget.get("max_cost_usd"),
-        "cost_usd": math.fsum(costs) if costs or not unknown else None,
-        "n_used": len(used),
+        "cost_usd": float(tally.get("cost_usd", 0.0)) if known or not unknown else None,
+        "n_used": used,
         "n_cost_unknown": unknown,
         "max_tokens": budget.get("max_tokens"),
-        "tokens": sum(
-            (r.usage.n_input_tokens or 0) + (r.usage.n_output_tokens or 0) for r in records
-        ),
-        "reached": any(r.evaluation.exception_type == "BudgetExceeded" for r in records),
+        "tokens": count(tally, "tokens"),
+        "reached": count(tally, "budget_exceeded") > 0,
     }
     out["line"] = _line(out)
     return out
@@ -65,7 +69,12 @@ def spent_line(records: Sequence[TrialRecord], info: ExperimentInfo | None) -> s
 
     None when the manifest sets no budget.
     """
-    usage = budget_usage(records, info)
+    return spent_line_of_tally(tally_of(records), info)
+
+
+def spent_line_of_tally(tally: Mapping[str, float], info: ExperimentInfo | None) -> str | None:
+    """``spent_line`` from an experiment's tally."""
+    usage = budget_of_tally(tally, info)
     return None if usage is None else str(usage["line"])
 
 
@@ -86,8 +95,3 @@ def _line(usage: dict[str, Any]) -> str:
     spent = "; ".join(parts)
     reached = " — reached: trials not started were stopped" if usage["reached"] else ""
     return f"{spent}{reached}"
-
-
-def _used(record: TrialRecord) -> bool:
-    usage = record.usage
-    return any(v is not None for v in (usage.n_input_tokens, usage.n_output_tokens, usage.cost_usd))

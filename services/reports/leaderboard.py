@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -32,11 +32,13 @@ from services.reports.scoring import (
     scored_reward,
     unscored_cause,
 )
+from services.reports.tally import UNSCORED_PREFIX, count, tally_of
 
 __all__ = [
     "MIN_SCORED",
     "PASS_THRESHOLD",
     "LeaderboardRow",
+    "counts_of_tally",
     "leaderboard",
     "status_counts",
     "usage_totals",
@@ -234,19 +236,24 @@ def leaderboard(
 
 def status_counts(records: Iterable[TrialRecord], info: ExperimentInfo | None) -> dict[str, int]:
     """Counts by state: scored, unscored (by cause), partial, pending, total."""
-    recs = list(records)
-    total = max(info.n_trials if info else 0, len(recs))
-    unscored = [r for r in recs if scored_reward(r) is None]
-    scored = len(recs) - len(unscored)
+    return counts_of_tally(tally_of(records), info)
+
+
+def counts_of_tally(tally: Mapping[str, float], info: ExperimentInfo | None) -> dict[str, int]:
+    """``status_counts`` from an experiment's tally (``services.reports.tally``): the
+    same numbers whether the tally was summed from records or kept by the ledger."""
+    recorded = count(tally, "recorded")
+    total = max(info.n_trials if info else 0, recorded)
+    causes = sorted(k for k in tally if k.startswith(UNSCORED_PREFIX) and count(tally, k))
     counts = {
         "total": total,
-        "recorded": len(recs),
-        "pending": total - len(recs),
-        "scored": scored,
-        "unscored": len(unscored),
-        "complete": sum(1 for r in recs if r.status == "complete"),
-        "partial": sum(1 for r in recs if r.status == "partial"),
+        "recorded": recorded,
+        "pending": total - recorded,
+        "scored": count(tally, "scored"),
+        "unscored": sum(count(tally, k) for k in causes),
+        "complete": count(tally, "complete"),
+        "partial": count(tally, "partial"),
     }
-    for cause, n in sorted(Counter(unscored_cause(r) for r in unscored).items()):
-        counts[f"unscored_{cause}"] = n
+    for key in causes:
+        counts[key] = count(tally, key)
     return counts

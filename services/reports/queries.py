@@ -17,11 +17,12 @@ from typing import Any
 from schemas.record import TrialRecord
 from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.ports import ExperimentInfo, Ledger
-from services.reports.budget import spent_line
+from services.reports.budget import spent_line_of_tally
 from services.reports.compare import compare, pick_side, records_of
-from services.reports.leaderboard import leaderboard, status_counts
+from services.reports.leaderboard import counts_of_tally, leaderboard
 from services.reports.progress import ExperimentRow, experiment_row, priority_class_of
 from services.reports.report import build_report
+from services.reports.tally import count
 
 
 async def load_experiment(
@@ -52,14 +53,20 @@ async def experiment_status(
     names a priority class, ``priority_class``; with ``paused_of``
     (the coordinator's flag), ``paused``: whether its queued trials wait for a resume.
 
+    Read from the experiment's tally (``Ledger.experiment_tally``), not its records:
+    one document however many trials, and the same numbers as the report's
+    (``counts_of_tally`` is ``status_counts``'s arithmetic).
     ``paused`` is False once every trial is recorded (nothing waits any more), as the
     dashboard's and ``status --follow``'s state say; without ``paused_of`` (NATS out of
     reach) the key is absent: unknown, not False.
     """
-    _, info, records = await load_experiment(ledger, experiment_id)
-    counts = status_counts(records, info)
+    info = await ledger.get_experiment(experiment_id)
+    tally = await ledger.experiment_tally(experiment_id)
+    if info is None and not count(tally, "recorded"):
+        raise ExperimentNotFound(f"no experiment {experiment_id!r} in the ledger")
+    counts = counts_of_tally(tally, info)
     status: dict[str, int | str | bool] = dict(counts)
-    spent = spent_line(records, info)
+    spent = spent_line_of_tally(tally, info)
     if spent is not None:
         status["budget"] = spent
     named = priority_class_of(info)

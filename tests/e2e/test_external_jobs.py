@@ -38,6 +38,14 @@ async def test_external_harbor_job_is_imported_by_the_watcher(stacks: Stacks) ->
     assert by_id["broken-verifier__ext3"].evaluation.failure_class == "verifier"
     assert {r.provenance.source for r in recs} == {"external"}
     # Importing the same folder by hand afterwards changes nothing.
-    summary = await stacks.cli(stack).ajson("import", str(job))
+    cli = stacks.cli(stack)
+    summary = await cli.ajson("import", str(job))
     assert (summary["total"], summary["imported"], summary["unchanged"]) == (3, 0, 3)
     assert await ledger_records(stack, experiment_id) == recs
+    # Nobody submitted it, yet it is listed, and its status counts each trial once
+    # (the re-import added nothing to the ledger's tally).
+    listed = [r["experiment_id"] for r in await cli.ajson("experiments")]
+    assert experiment_id in listed
+    status = await cli.ajson("status", experiment_id)
+    assert (status["recorded"], status["scored"], status["unscored"]) == (3, 2, 1)
+    assert status["unscored_verifier"] == 1 and status["pending"] == 0

@@ -124,11 +124,13 @@ def occurrences(blobs: list[bytes], needle: bytes) -> int:
 async def _experiment_recorded(
     ledger_url: str, database: str, experiment_id: str, timeout_s: float
 ) -> None:
-    """Wait until the ledger holds the experiment's document (written by the importer)."""
+    """Wait until the ledger holds the experiment's submission metadata (written by the
+    importer). Its document may exist earlier, without metadata: the first record
+    written creates it (the experiment list's entry)."""
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(ledger_url)
     try:
         deadline = asyncio.get_running_loop().time() + timeout_s
-        query = {"experiment_id": experiment_id}
+        query = {"experiment_id": experiment_id, "manifest": {"$exists": True}}
         while await asyncio.to_thread(client[database]["experiments"].find_one, query) is None:
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(
@@ -252,8 +254,9 @@ async def test_secret_reaches_the_agent_and_nothing_else(
     leaked_files = files_containing(stack.data_dir, needle)
     streams = [topology.work_stream, topology.events_stream, topology.logs_stream]
     stored = await stored_messages(nats_url, streams)
-    # The scans saw the run: the experiment's document and its two records.
-    assert len(seen) > 20 and len(stored) > 5 and len(docs) == len(records) + 1 == 3
+    # The scans saw the run: the experiment's document, its two records and the
+    # ledger's note of its one-time listing backfill (ledger_meta).
+    assert len(seen) > 20 and len(stored) > 5 and len(docs) == len(records) + 2 == 4
     assert len(list(stack.jobs_dir.rglob("config.json"))) == 3  # the job, its 2 trials
     assert leaked_files == []
     assert occurrences([stdout, stderr], needle) == 0

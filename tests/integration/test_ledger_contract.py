@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient, UpdateOne
+from pymongo import AsyncMongoClient
 
 from infra.embedded import free_port
 from schemas.record import Evaluation, PhaseTiming, Provenance, RecordStatus, TrialRecord
@@ -21,6 +21,7 @@ from services.common.adapters.memory import InMemoryLedger
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.errors import LedgerUnavailable
 from services.common.ports import ExperimentInfo, Ledger, UpsertOutcome, record_content_hash
+from services.reports.tally import tally_of
 
 pytestmark = pytest.mark.integration
 
@@ -437,26 +438,30 @@ async def test_mongo_retries_an_item_that_lost_a_race(
 ) -> None:
     ledger, other = MongoLedger(ledger_url, ledger_db), MongoLedger(ledger_url, ledger_db)
     await ledger.ensure_indexes()
-    mine = make_record("t1", reward=0.0)
-    await ledger.upsert_records([mine])
-    real_bulk = MongoLedger._bulk
+    await ledger.upsert_records([make_record("t1", status="partial", reward=None)])
+    mine = make_record("t1", reward=1.0)
+    real_stored = MongoLedger._stored
     calls = 0
 
-    async def bulk_then_another_writer(self: MongoLedger, ops: list[UpdateOne]) -> Any:
-        # Our write hits the duplicate key (same content stored), then another writer
-        # stores a third version before we check: "unchanged" would now be a lie.
+    async def read_then_another_writer(self: MongoLedger, trial_ids: Any) -> Any:
+        # We read the stored partial record, then another writer replaces it before our
+        # update: replacing that third version while subtracting the partial's tally
+        # would be a lie twice (its tally subtracted twice, a count of -1 partial).
         nonlocal calls
         calls += 1
-        result = await real_bulk(self, ops)
+        stored = await real_stored(self, trial_ids)
         if calls == 1:
             await other.upsert_records([make_record("t1", reward=0.5)])
-        return result
+        return stored
 
-    monkeypatch.setattr(MongoLedger, "_bulk", bulk_then_another_writer)
+    monkeypatch.setattr(MongoLedger, "_stored", read_then_another_writer)
     try:
         outcome = await ledger.upsert_records([mine])
+        # Ours, the other writer's, ours again (the pinned update found another version).
+        assert calls == 3
         assert outcome.updated == ["t1"]
         assert await ledger.get_record("t1") == mine
+        assert await ledger.experiment_tally("exp-a") == tally_of([mine])
     finally:
         await ledger.close()
         await other.close()

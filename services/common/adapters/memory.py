@@ -29,6 +29,7 @@ from services.common.ports import (
     record_content_hash,
     record_order,
 )
+from services.reports.tally import tally_of
 
 E = TypeVar("E", bound=Envelope)
 
@@ -115,6 +116,10 @@ class InMemoryLedger:
     async def experiment_ids(self) -> list[str]:
         """Ids of all experiments with metadata or records, newest (first seen) first."""
         return sorted(self._first_seen, key=lambda e: (-self._first_seen[e], e))
+
+    async def experiment_tally(self, experiment_id: str) -> dict[str, float]:
+        """Summed from the stored records each time (the Mongo adapter keeps it)."""
+        return tally_of(await self.records_for(experiment_id))
 
     async def close(self) -> None:
         """Mark closed (tests may assert it); the data stays readable."""

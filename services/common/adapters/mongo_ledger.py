@@ -1,7 +1,8 @@
 """MongoLedger: the Ledger port over MongoDB (or SecantusDB) with PyMongo's async client.
 
-A little over 350 lines: one adapter for one port, each method a query and its
-error translation; splitting it would split the document shape described below.
+About 390 lines: one adapter for one port, each method a query and its error
+translation; splitting it would split the document shape and the write protocol
+described below (the experiments collection is mongo_experiments's).
 
 Document shape (collection ``trials``): the record's JSON-mode dump (datetimes as
 ISO-8601 strings, so a record reads back exactly as written, microseconds included;
@@ -11,34 +12,33 @@ BSON dates would truncate them to milliseconds and change the content hash) plus
   ``services.common.ports.record_content_hash``);
 - ``order_key``: the record's rank among the records of its trial
   (``services.common.ports.record_order``), a string the update filter compares;
+- ``tally``: what the record adds to its experiment's tally
+  (``services.reports.tally.record_tally``), subtracted when it is replaced;
 - ``imported_at``: BSON date of the last write that changed the document;
-- ``first_imported_at``: BSON date of the insert (orders ``experiment_ids``).
+- ``first_imported_at``: BSON date of the insert.
 
-A batch is first inserted as it is (unordered ``insert_many``): new trials, the usual
-case, are stored by the cheapest write. Items whose trial_id is stored already fail
-on the unique index and are upserted instead.
-
-An upsert is ``UpdateOne({trial_id, experiment_id, content_hash != h, order_key <= k},
-{$set: doc}, upsert=True)``. When the filter matches nothing because the stored
-document already has this content or ranks above the new record (a complete one
-against a partial, a newer result against an older one), the upsert's insert hits the
-unique index on trial_id: duplicate key (11000) means ``unchanged``. The stored
-experiment_id is part of the filter, so a write naming another experiment (a forged
-or misrouted event, a copied job folder imported under another name) can never match
-and move the record: it too ends on the unique index, and is reported as a conflict
-(``UpsertOutcome.conflicts``), not applied. That reading is verified: the stored
-experiment, hash and order key of every duplicate-key item are fetched, and an item
-that lost a race with a concurrent writer (same experiment, stored content neither
-equal nor ranked above) is retried. A document written before order keys existed has
-none: it ranks by its status alone (``ports.status_order``), as the ledger ranked
-records then.
+A batch marks its experiments (mongo_experiments: ``begin``), then is inserted as it
+is (unordered ``insert_many``): new trials, the usual case, are stored by the
+cheapest write. Items whose trial_id is stored already fail on the unique index; their
+stored versions (experiment, hash, order key, tally) are read, and each item is a
+conflict (stored under another experiment: a forged or misrouted event, a copied job
+folder imported under another name; never moved, reported in
+``UpsertOutcome.conflicts``), ``unchanged`` (``keeps_stored``: same content, or the
+stored one ranks above), or a replacement: ``UpdateOne({trial_id, experiment_id,
+content_hash: <the hash read>}, {$set: doc}, upsert=True)``. A replacement whose
+stored version changed since the read (a concurrent writer) matches nothing, its
+insert hits the unique index (11000), and it is read and decided again: so the tally
+subtracted is always the replaced version's. Finally the batch adds its tally
+differences to each experiment (``commit``). A document written before order keys
+existed has none: it ranks by its status alone (``ports.status_order``), as the ledger
+ranked records then; one written before tallies is read whole once to compute its own.
 
 Connection problems surface as ``LedgerUnavailable``; anything else propagates.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -48,6 +48,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, ConnectionFailure
 
 from schemas.record import TrialRecord
+from services.common.adapters.mongo_experiments import ExperimentStore
 from services.common.errors import LedgerUnavailable
 from services.common.ports import (
     ExperimentInfo,
@@ -58,13 +59,22 @@ from services.common.ports import (
     record_order,
     status_order,
 )
+from services.reports.tally import Tally, difference, record_tally
 
 DUPLICATE_KEY: Final = 11000
 _MAX_ROUNDS: Final = 3
 # Stored next to the record's own fields; stripped when reading a record back.
-_BOOKKEEPING: Final = ("_id", "content_hash", "order_key", "imported_at", "first_imported_at")
+_BOOKKEEPING: Final = (
+    "_id",
+    "content_hash",
+    "order_key",
+    "imported_at",
+    "first_imported_at",
+    "tally",
+)
 
 Doc = dict[str, Any]
+Deltas = dict[str, Tally]
 
 
 class LedgerConflict(RuntimeError):
@@ -101,7 +111,7 @@ class MongoLedger:
         )
         db = self._client[database]
         self._trials: AsyncCollection[Doc] = db["trials"]
-        self._experiments: AsyncCollection[Doc] = db["experiments"]
+        self._store = ExperimentStore(db["experiments"], db["ledger_meta"])
 
     async def ensure_indexes(self) -> None:
         """Create the unique index on trial_id and the query indexes. Idempotent.
@@ -110,7 +120,10 @@ class MongoLedger:
         each from an index: ``records_for`` filters on experiment_id and sorts by
         trial_id (no in-memory sort of an experiment's records); ``scored_trial_ids``
         is covered by (experiment_id, evaluation.reward_valid, trial_id) (no document
-        fetched); ``count_records`` counts keys of either. The single-field
+        fetched); ``count_records`` counts keys of either; the experiments list
+        reads the experiments collection by (created_at, experiment_id). On a ledger
+        written before experiments were listed from that collection, the first call
+        also creates their documents (``ExperimentStore.backfill_listing``). The single-field
         experiment_id index of earlier versions is a prefix of these and is kept only
         because dropping it is not this method's business. docs/operations.md lists
         them; benchmarks/bench_ledger.py measures them.
@@ -126,49 +139,49 @@ class MongoLedger:
                     ("trial_id", ASCENDING),
                 ]
             )
-            await self._experiments.create_index([("experiment_id", ASCENDING)], unique=True)
+            await self._store.ensure_indexes()
+            # Once per ledger: listing documents for experiments written before them.
+            await self._store.backfill_listing(self._trials)
 
     async def upsert_records(self, records: Sequence[TrialRecord]) -> UpsertOutcome:
         """Insert or replace records by trial_id; identical content is ``unchanged``.
 
         A trial_id repeated inside the batch is written once (see ``collapse_batch``)
-        and reported once. Raises LedgerUnavailable when the server cannot be reached;
-        the whole batch may then be retried safely.
+        and reported once. Each experiment's tally follows the records written
+        (mongo_experiments). Raises LedgerUnavailable when the server cannot be
+        reached; the whole batch may then be retried safely.
         """
         outcome = UpsertOutcome()
         pending = [(r, record_content_hash(r)) for r in collapse_batch(records)]
+        if not pending:
+            return outcome
+        items = pending
+        experiments = {r.experiment_id for r, _ in items}
+        deltas: dict[str, Tally] = {}
         async with _translate_errors("upsert_records"):
-            pending = await self._insert_new(pending, outcome)
+            batch, created = await self._store.begin(experiments)
+            pending = await self._insert_new(pending, outcome, deltas)
             for _ in range(_MAX_ROUNDS):
                 if not pending:
-                    return outcome
-                now = datetime.now(UTC)
-                ops = [_upsert_op(record, h, now) for record, h in pending]
-                upserted, duplicates = await self._bulk(ops)
-                for index, (record, _h) in enumerate(pending):
-                    if index in upserted:
-                        outcome.inserted.append(record.trial_id)
-                    elif index not in duplicates:
-                        # Matched the filter, hence content differed: an update.
-                        outcome.updated.append(record.trial_id)
-                pending = await self._unexplained([pending[i] for i in sorted(duplicates)], outcome)
+                    break
+                pending = await self._replace_stored(pending, outcome, deltas)
+            used = {r.experiment_id for r, _ in items if r.trial_id not in outcome.conflicts}
+            await self._store.commit(batch, experiments, deltas, unused=created - used)
         if pending:
             ids = ", ".join(r.trial_id for r, _ in pending)
             raise LedgerConflict(f"records kept changing under concurrent writers: {ids}")
         return outcome
 
     async def _insert_new(
-        self, items: list[tuple[TrialRecord, str]], outcome: UpsertOutcome
+        self, items: list[tuple[TrialRecord, str]], outcome: UpsertOutcome, deltas: Deltas
     ) -> list[tuple[TrialRecord, str]]:
         """Insert the items no document exists for yet; return the others.
 
         Most batches are new trials (a fresh import, finished runs), and a plain
         insert is the cheapest write: 3-4x the rate of the conditional upsert on
         SecantusDB (benchmarks/, docs/performance.md). An item whose trial_id is
-        stored already fails on the unique index and goes the upsert way.
+        stored already fails on the unique index and goes the replacement way.
         """
-        if not items:
-            return []
         now = datetime.now(UTC)
         docs = [_document(record, h, now) | {"first_imported_at": now} for record, h in items]
         try:
@@ -176,8 +189,51 @@ class MongoLedger:
             stored: set[int] = set()
         except BulkWriteError as exc:
             stored = _duplicate_key_indexes(exc)
-        outcome.inserted.extend(r.trial_id for i, (r, _h) in enumerate(items) if i not in stored)
+        for i, (record, _h) in enumerate(items):
+            if i not in stored:
+                outcome.inserted.append(record.trial_id)
+                _add(deltas, record.experiment_id, record_tally(record))
         return [items[i] for i in sorted(stored)]
+
+    async def _replace_stored(
+        self, items: list[tuple[TrialRecord, str]], outcome: UpsertOutcome, deltas: Deltas
+    ) -> list[tuple[TrialRecord, str]]:
+        """Replace the stored records these items outrank; return those to retry.
+
+        The stored version is read first: an item naming another experiment is a
+        conflict, one that ``keeps_stored`` is ``unchanged``; the others replace the
+        version read, and only it (the update's filter pins its content hash), so the
+        tally subtracted is the replaced record's. An item whose version changed in
+        between (a concurrent writer) hits the unique index and is retried.
+        """
+        stored = await self._stored(r.trial_id for r, _ in items)
+        now = datetime.now(UTC)
+        ops: list[UpdateOne] = []
+        written: list[tuple[TrialRecord, str, Doc | None]] = []
+        for record, h in items:
+            doc = stored.get(record.trial_id)
+            if doc is not None and doc.get("experiment_id") != record.experiment_id:
+                # Stored under another experiment: never moved, reported.
+                outcome.conflicts[record.trial_id] = str(doc.get("experiment_id"))
+            elif doc is not None and keeps_stored(
+                _stored_order(doc), str(doc.get("content_hash")), record_order(record), h
+            ):
+                outcome.unchanged.append(record.trial_id)
+            else:
+                ops.append(_upsert_op(record, h, now, doc))
+                written.append((record, h, doc))
+        if not ops:
+            return []
+        upserted, duplicates = await self._bulk(ops)
+        retry: list[tuple[TrialRecord, str]] = []
+        for index, (record, h, doc) in enumerate(written):
+            if index in duplicates:
+                retry.append((record, h))
+                continue
+            (outcome.inserted if index in upserted else outcome.updated).append(record.trial_id)
+            old = doc["tally"] if doc is not None and index not in upserted else {}
+            _add(deltas, record.experiment_id, difference(record_tally(record), old))
+        return retry
 
     async def _bulk(self, ops: list[UpdateOne]) -> tuple[set[int], set[int]]:
         """Run one unordered bulk; return (indexes upserted, indexes hitting 11000)."""
@@ -190,39 +246,29 @@ class MongoLedger:
             )
         return set(result.upserted_ids or {}), set()
 
-    async def _unexplained(
-        self, items: list[tuple[TrialRecord, str]], outcome: UpsertOutcome
-    ) -> list[tuple[TrialRecord, str]]:
-        """Sort duplicate-key items into ``unchanged`` or ``conflicts``; return those to retry."""
-        if not items:
-            return []
+    async def _stored(self, trial_ids: Iterable[str]) -> dict[str, Doc]:
+        """The stored version of each trial: experiment, hash, order key and tally.
+
+        A document written before per-record tallies existed is read whole once to
+        compute its tally.
+        """
+        ids = list(trial_ids)
         stored: dict[str, Doc] = {}
+        fields = ("trial_id", "experiment_id", "content_hash", "status", "order_key", "tally")
         cursor = self._trials.find(
-            {"trial_id": {"$in": [r.trial_id for r, _ in items]}},
-            {
-                "_id": 0,
-                "trial_id": 1,
-                "experiment_id": 1,
-                "content_hash": 1,
-                "status": 1,
-                "order_key": 1,
-            },
+            {"trial_id": {"$in": ids}}, {"_id": 0, **dict.fromkeys(fields, 1)}
         )
         async for found in cursor:
             stored[found["trial_id"]] = found
-        retry: list[tuple[TrialRecord, str]] = []
-        for record, h in items:
-            doc = stored.get(record.trial_id)
-            if doc is not None and doc.get("experiment_id") != record.experiment_id:
-                # Stored under another experiment: never moved, reported.
-                outcome.conflicts[record.trial_id] = str(doc.get("experiment_id"))
-            elif doc is not None and keeps_stored(
-                _stored_order(doc), str(doc.get("content_hash")), record_order(record), h
-            ):
-                outcome.unchanged.append(record.trial_id)
-            else:
-                retry.append((record, h))
-        return retry
+        untallied = [t for t, doc in stored.items() if "tally" not in doc]
+        if untallied:
+            async for full in self._trials.find({"trial_id": {"$in": untallied}}):
+                if full.get("content_hash") == stored[full["trial_id"]].get("content_hash"):
+                    stored[full["trial_id"]]["tally"] = record_tally(_to_record(full))
+                else:
+                    # Changed since the first read: retried by the pinned update.
+                    stored[full["trial_id"]]["tally"] = {}
+        return stored
 
     async def get_record(self, trial_id: str) -> TrialRecord | None:
         """One record, or None."""
@@ -252,56 +298,28 @@ class MongoLedger:
 
     async def upsert_experiment(self, info: ExperimentInfo) -> None:
         """Record (or refresh) an experiment's submission metadata."""
-        now = datetime.now(UTC)
         async with _translate_errors("upsert_experiment"):
-            await self._experiments.update_one(
-                {"experiment_id": info.experiment_id},
-                {
-                    "$set": {
-                        "experiment_id": info.experiment_id,
-                        "name": info.name,
-                        "n_trials": info.n_trials,
-                        "manifest": info.manifest,
-                        "updated_at": now,
-                    },
-                    "$setOnInsert": {"created_at": now},
-                },
-                upsert=True,
-            )
+            await self._store.upsert(info)
 
     async def get_experiment(self, experiment_id: str) -> ExperimentInfo | None:
         """An experiment's submission metadata, or None."""
         async with _translate_errors("get_experiment"):
-            doc = await self._experiments.find_one({"experiment_id": experiment_id})
-        if doc is None:
-            return None
-        return ExperimentInfo(
-            experiment_id=doc["experiment_id"],
-            name=doc["name"],
-            n_trials=int(doc["n_trials"]),
-            manifest=doc["manifest"],
-        )
+            return await self._store.get(experiment_id)
 
     async def experiment_ids(self) -> list[str]:
-        """Ids of all experiments with metadata or records, newest (first seen) first."""
-        first_seen: dict[str, datetime] = {}
+        """Ids of all experiments with metadata or records, newest (first seen) first.
 
-        def see(experiment_id: str, when: datetime) -> None:
-            if experiment_id not in first_seen or when < first_seen[experiment_id]:
-                first_seen[experiment_id] = when
-
+        Reads the experiments collection alone: every write of records keeps a
+        document for its experiment (mongo_experiments).
+        """
         async with _translate_errors("experiment_ids"):
-            async for doc in self._experiments.find({}, {"experiment_id": 1, "created_at": 1}):
-                see(doc["experiment_id"], doc["created_at"])
-            cursor = await self._trials.aggregate(
-                [{"$group": {"_id": "$experiment_id", "first": {"$min": "$first_imported_at"}}}]
-            )
-            async for doc in cursor:
-                if doc["first"] is not None:
-                    see(doc["_id"], doc["first"])
-        # Ties (same millisecond) break by id so the order is stable.
-        by_id = sorted(first_seen)
-        return sorted(by_id, key=lambda e: first_seen[e], reverse=True)
+            return await self._store.ids()
+
+    async def experiment_tally(self, experiment_id: str) -> Tally:
+        """The experiment's tally as its writes kept it (rebuilt from the records when
+        a writer died mid-batch or the ledger predates tallies)."""
+        async with _translate_errors("experiment_tally"):
+            return await self._store.tally(experiment_id, lambda: self.records_for(experiment_id))
 
     async def close(self) -> None:
         """Release connections."""
@@ -313,7 +331,14 @@ def _document(record: TrialRecord, content_hash: str, now: datetime) -> Doc:
     doc["content_hash"] = content_hash
     doc["order_key"] = record_order(record)
     doc["imported_at"] = now
+    doc["tally"] = record_tally(record)
     return doc
+
+
+def _add(deltas: Deltas, experiment_id: str, tally: Tally) -> None:
+    into = deltas.setdefault(experiment_id, {})
+    for name, value in tally.items():
+        into[name] = into.get(name, 0) + value
 
 
 def _stored_order(doc: Doc) -> str:
@@ -322,20 +347,29 @@ def _stored_order(doc: Doc) -> str:
     return key if isinstance(key, str) else status_order(str(doc.get("status")))
 
 
-def _upsert_op(record: TrialRecord, content_hash: str, now: datetime) -> UpdateOne:
+def _upsert_op(
+    record: TrialRecord, content_hash: str, now: datetime, stored: Doc | None
+) -> UpdateOne:
+    """Replace ``stored`` (the version read, by its content hash) with ``record``.
+
+    Without a stored version read, the filter says which documents ``record`` may
+    replace (keeps_stored): those ranking at or below it by their order key, or,
+    written before order keys, by their status. Either way a document not matching
+    makes the upsert hit the unique index (retried), never a second document.
+    """
     order = record_order(record)
-    # The stored document may be replaced when it ranks at or below the new record
-    # (keeps_stored): by its order key, or, written before order keys, by its status.
-    older: list[Doc] = [{"order_key": {"$lte": order}}, {"order_key": {"$exists": False}}]
-    if record.status != "complete":
-        older[1]["status"] = {"$ne": "complete"}
     query: Doc = {
         "trial_id": record.trial_id,
         # A record never changes experiment: a write for another one cannot match.
         "experiment_id": record.experiment_id,
-        "content_hash": {"$ne": content_hash},
-        "$or": older,
     }
+    if stored is not None:
+        query["content_hash"] = stored.get("content_hash")
+    else:
+        older: list[Doc] = [{"order_key": {"$lte": order}}, {"order_key": {"$exists": False}}]
+        if record.status != "complete":
+            older[1]["status"] = {"$ne": "complete"}
+        query |= {"content_hash": {"$ne": content_hash}, "$or": older}
     doc = _document(record, content_hash, now)
     return UpdateOne(query, {"$set": doc, "$setOnInsert": {"first_imported_at": now}}, upsert=True)
 
