@@ -133,7 +133,7 @@ def filter_program() -> bytes:
     """The compiled classic BPF program (``struct sock_filter`` array), built once."""
     try:
         import pyseccomp as sc
-    except (ImportError, OSError) as exc:  # OSError: libseccomp.so.2 missing
+    except (ImportError, OSError, RuntimeError) as exc:  # libseccomp.so.2 missing
         raise LocalEnvironmentError(
             f"cannot build the sandbox's seccomp filter ({exc}): apt-get install "
             "libseccomp2 (or run `make setup`)"
