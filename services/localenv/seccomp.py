@@ -188,13 +188,20 @@ class _Installer:
         prctl.argtypes = (ctypes.c_int, *(ctypes.c_ulong,) * 4)
         prctl.restype = ctypes.c_int
         self._prctl = prctl
-        self._need_nnp = os.geteuid() != 0
 
     def __call__(self) -> None:
-        if self._need_nnp and self._prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        if self._prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._prog_addr, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "the sandbox's seccomp filter failed to load")
+        prctl = self._prctl
+        if prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._prog_addr, 0, 0) == 0:
+            return
+        # EACCES: no CAP_SYS_ADMIN here (a runner that is not root, or a root without
+        # it); the kernel then takes a filter only under no_new_privs.
+        if (
+            ctypes.get_errno() == errno.EACCES
+            and prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            and prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._prog_addr, 0, 0) == 0
+        ):
+            return
+        raise OSError(ctypes.get_errno(), "the sandbox's seccomp filter failed to load")
 
 
 @functools.cache
@@ -203,9 +210,9 @@ def installer() -> Callable[[], None]:
 
     Commands enter a running sandbox with ``nsenter``, so they do not descend from
     bubblewrap's process and would not inherit its filter. Everything the child calls
-    is prepared here, once, in the parent: after the fork it only makes one or two
-    prctl calls. A runner that is not root has no CAP_SYS_ADMIN, and the kernel then
-    wants no_new_privs first; as root the filter goes on without it, so setuid
-    programs inside (sudo) keep working, as in Docker.
+    is prepared here, once, in the parent: after the fork it only makes prctl calls.
+    As root the filter goes on without no_new_privs, so setuid programs inside (sudo)
+    keep working, as in Docker; without CAP_SYS_ADMIN (a runner that is not root) the
+    kernel wants no_new_privs first, and it is set.
     """
     return _Installer()

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from services.localenv.environment import LocalEnvironment
-from services.localenv.seccomp import denied_names
+from services.localenv.seccomp import denied_names, installer
 from tests.security.seccomp_probe import PROBES
 from tests.support.sandbox_env import EnvFactory, needs_sandbox, running, sh
 
@@ -54,6 +57,27 @@ def test_every_probe_is_a_call_the_filter_names() -> None:
         assert probe.removesuffix("_newuser") in names, probe
     for probe in ALLOWED:
         assert probe.split("_")[0] not in names, probe
+
+
+def _spawn_status(preexec: Callable[[], None] | None) -> tuple[str, int]:
+    probe = (
+        "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status | tr -s '\\t\\n' '  '; unshare -U true"
+    )
+    done = subprocess.run(["sh", "-c", probe], preexec_fn=preexec, capture_output=True, text=True)
+    return done.stdout.strip(), done.returncode
+
+
+def test_the_installer_keeps_setuid_for_root_and_sets_no_new_privs_otherwise() -> None:
+    install = installer()
+
+    def as_nobody() -> None:
+        os.setgid(65534)
+        os.setuid(65534)
+        install()
+
+    assert _spawn_status(install) == ("NoNewPrivs: 0 Seccomp: 2", 1)
+    assert _spawn_status(as_nobody) == ("NoNewPrivs: 1 Seccomp: 2", 1)
+    assert _spawn_status(None) == (f"NoNewPrivs: 0 Seccomp: {_host_seccomp_mode()}", 0)  # control
 
 
 async def test_blocked_calls_fail_with_eperm_and_pass_without_the_filter(
