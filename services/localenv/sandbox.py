@@ -14,7 +14,8 @@ How a sandbox comes up (``Sandbox.start``)::
 Each ``exec`` joins that sandbox's namespaces with ``nsenter`` (so processes survive
 between commands, as in ``docker exec``) as the requested user, with Docker's
 default capability set and a clean environment. /proc/sys and the other kernel
-knobs Docker protects are read-only inside.
+knobs Docker protects are read-only inside. A seccomp filter (``seccomp``) refuses the
+system calls no task needs, in pid 1 (bwrap's ``--seccomp``) and in every command.
 ``stop`` kills the sandbox's pid 1: the kernel then kills every process of its pid
 namespace (stray background processes included), the mount namespace and its
 overlays disappear with the last process, and the trial's folders can be removed.
@@ -350,7 +351,8 @@ class Sandbox:
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=(env_fd,),
-                # nsenter's children do not descend from bwrap: they get the filter here.
+                # Commands enter through nsenter, not as bwrap's descendants: the
+                # seccomp filter goes on here, before nsenter runs.
                 preexec_fn=installer() if self.spec.seccomp else None,
             )
         finally:
