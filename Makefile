@@ -1,5 +1,5 @@
 # trialbus — the README's commands. `make demo` and `make test` work on a fresh machine:
-# they install what they need (uv from PyPI; bubblewrap, slirp4netns, tmux, iproute2 and chromium from Debian) first.
+# they install what they need (uv from PyPI; bubblewrap, slirp4netns, libseccomp2, tmux, iproute2 and chromium from Debian) first.
 SHELL := /bin/bash
 PYTHON ?= python3
 UV := $(PYTHON) -m uv
@@ -11,10 +11,10 @@ BIN := $(VENV)/bin
 $(VENV)/.installed: pyproject.toml uv.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"trialbus needs Python >= 3.12, {sys.executable} is {sys.version.split()[0]}"'
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet --disable-pip-version-check uv==0.13.9
-	@{ command -v bwrap && command -v slirp4netns && command -v tmux && command -v ip && command -v chromium; } >/dev/null || { \
-	  echo "installing bubblewrap, slirp4netns, tmux, iproute2 and chromium (Debian packages, for the local environment; terminus-2 drives tmux; the multi-host tests use ip netns; the dashboard's browser test drives chromium) ..."; \
+	@{ command -v bwrap && command -v slirp4netns && command -v tmux && command -v ip && command -v chromium && /sbin/ldconfig -p | grep -q 'libseccomp\.so\.2 '; } >/dev/null || { \
+	  echo "installing bubblewrap, slirp4netns, libseccomp2, tmux, iproute2 and chromium (Debian packages, for the local environment and its seccomp filter; terminus-2 drives tmux; the multi-host tests use ip netns; the dashboard's browser test drives chromium) ..."; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap slirp4netns tmux iproute2 chromium >/dev/null; }
+	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap slirp4netns libseccomp2 tmux iproute2 chromium >/dev/null; }
 	$(UV) sync --frozen --quiet
 	@touch $@
 

@@ -84,6 +84,8 @@ class BuildRequest:
     memory_mb: int | None = None
     hidden: tuple[Path, ...] = ()
     """Host paths a RUN step must not see (``SandboxSpec.hidden``)."""
+    seccomp: bool = True
+    """RUN steps get the trial's seccomp filter (``SandboxSpec.seccomp``)."""
 
 
 class _Log:
@@ -147,6 +149,7 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
         pids_rlimit=req.pids_limit if cgroup is None or not cgroup.pids_limited else None,
         helpers_root=dest.parent / ".exec-helpers",
         hidden=req.hidden,
+        seccomp=req.seccomp,
     )
     sandbox = Sandbox(spec, logger)
     log_path = dest / "build.log"

@@ -29,7 +29,9 @@ folders), ``cache_dir`` (built layers; default ``<scratch_dir>/.layers``),
 SSL_CERT_FILE and friends at the host's CA bundle; default true), ``pids_limit``
 (processes per trial and per build, default 4096), ``build_memory_mb`` (memory of a
 Dockerfile build; default none), ``hidden_paths`` (host paths no trial or build may
-see: the runner passes its own credentials and data folders, docs/security.md).
+see: the runner passes its own credentials and data folders, docs/security.md),
+``seccomp`` (refuse the system calls no task needs, ``seccomp``; default true: a
+manifest can turn it off only where the runner's policy lists the key).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         build_memory = kwargs.pop("build_memory_mb", None)
         self._build_memory_mb = int(build_memory) if build_memory else None
         self._hidden = tuple(Path(p) for p in kwargs.pop("hidden_paths", None) or ())
+        self._seccomp = kwargs.pop("seccomp", True) is not False
         # Bind Harbor's log folders straight into the sandbox: no copies back and forth.
         kwargs.setdefault("auto_mounting", True)
         super().__init__(*args, **kwargs)
@@ -209,6 +212,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             pids_limit=self._pids_limit,
             memory_mb=self._build_memory_mb,
             hidden=self._hidden,
+            seccomp=self._seccomp,
         )
 
         async def build(tmp: Path) -> ImageConfig:
@@ -323,6 +327,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             pids_rlimit=self._pids_limit if cgroup is None or not cgroup.pids_limited else None,
             helpers_root=self._cache.root / ".exec-helpers",
             hidden=self._hidden,
+            seccomp=self._seccomp,
         )
 
     async def stop(self, delete: bool) -> None:

@@ -14,7 +14,8 @@ How a sandbox comes up (``Sandbox.start``)::
 Each ``exec`` joins that sandbox's namespaces with ``nsenter`` (so processes survive
 between commands, as in ``docker exec``) as the requested user, with Docker's
 default capability set and a clean environment. /proc/sys and the other kernel
-knobs Docker protects are read-only inside.
+knobs Docker protects are read-only inside. A seccomp filter (``seccomp``) refuses the
+system calls no task needs, in pid 1 (bwrap's ``--seccomp``) and in every command.
 ``stop`` kills the sandbox's pid 1: the kernel then kills every process of its pid
 namespace (stray background processes included), the mount namespace and its
 overlays disappear with the last process, and the trial's folders can be removed.
@@ -63,6 +64,7 @@ from services.localenv.procs import (
     kill_group,
     read_until,
 )
+from services.localenv.seccomp import installer, program_memfd
 from services.localenv.spec import (
     BWRAP,
     DOCKER_CAPS,
@@ -132,16 +134,18 @@ class Sandbox:
         self._helpers = await asyncio.to_thread(
             prepare_helpers, spec.helpers_root or spec.state_dir / "helpers"
         )
+        # bwrap reads the filter (services.localenv.seccomp) from this inherited fd.
+        seccomp_fd = program_memfd() if spec.seccomp else None
         pipes = HelperPipes()
         try:
             with log_path.open("ab") as log:
                 self._proc = await asyncio.create_subprocess_exec(
-                    *self._launch_argv(pipes, mounts),
+                    *self._launch_argv(pipes, mounts, seccomp_fd),
                     env=dict(HELPER_ENV),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
-                    pass_fds=pipes.child_fds,
+                    pass_fds=(*pipes.child_fds, *([seccomp_fd] if seccomp_fd is not None else [])),
                 )
             pipes.close_child_ends()
             await asyncio.to_thread(pipes.read, pipes.ready_r, b"\n", _START_TIMEOUT_S)
@@ -161,8 +165,10 @@ class Sandbox:
             raise
         finally:
             pipes.close_all()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
 
-    def _launch_argv(self, pipes: HelperPipes, mounts: Path) -> list[str]:
+    def _launch_argv(self, pipes: HelperPipes, mounts: Path, seccomp_fd: int | None) -> list[str]:
         spec = self.spec
         # One mount(8) for all overlays (an fstab of our own): each exec costs here.
         fstab = spec.state_dir / "fstab"
@@ -221,6 +227,8 @@ class Sandbox:
         # Read-only once the binds inside them (if any) have their mount points.
         bwrap += [a for target, is_dir in hidden if is_dir for a in ("--remount-ro", target)]
         bwrap += ["--chdir", "/", "--info-fd", str(pipes.info_w)]
+        if seccomp_fd is not None:
+            bwrap += ["--seccomp", str(seccomp_fd)]
         # dash (fast to start) writes to the pipes by /dev/fd path: its redirections only
         # take one-digit descriptors. Inherited pipe ends stay open, which is harmless.
         init = f"echo up >/dev/fd/{pipes.up_w}; exec sleep infinity </dev/null >/dev/null 2>&1"
@@ -343,6 +351,9 @@ class Sandbox:
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=(env_fd,),
+                # Commands enter through nsenter, not as bwrap's descendants: the
+                # seccomp filter goes on here, before nsenter runs.
+                preexec_fn=installer() if self.spec.seccomp else None,
             )
         finally:
             os.close(env_fd)

@@ -78,6 +78,8 @@ class SandboxSpec:
     """Fallback when no pids cgroup exists (``prlimit --nproc``; host uid 0 is exempt)."""
     helpers_root: Path | None = None
     """Where the read-only exec helpers are prepared (default: ``state_dir``)."""
+    seccomp: bool = True
+    """Refuse the system calls no task needs (``seccomp``); off only by the operator."""
     hidden: tuple[Path, ...] = ()
     """Host paths the sandbox must not show (the runner's credentials, data, other
     trials' folders): each place where one would appear is covered (``hidden_targets``)."""

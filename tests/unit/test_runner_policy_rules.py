@@ -49,7 +49,12 @@ def test_the_default_allows_plain_requests() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"scratch_dir": "/etc/trialbus-owned"}, {"cache_dir": "/tmp/x"}, {"pids_limit": 10**6}],
+    [
+        {"scratch_dir": "/etc/trialbus-owned"},
+        {"cache_dir": "/tmp/x"},
+        {"pids_limit": 10**6},
+        {"seccomp": False},  # the local sandbox's filter: off only where the operator says
+    ],
 )
 def test_environment_kwargs_are_the_operators_by_default(kwargs: dict[str, Any]) -> None:
     (key,) = kwargs
