@@ -31,6 +31,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ FULL_SLACK_BYTES = 1 << 20
 """A file system with less free space than this is full: its writes are being refused."""
 MAX_WALK_ENTRIES = 200_000
 """Entries one measurement of a folder visits at most (a bounded walk)."""
+_OCTAL = re.compile(r"\\([0-7]{3})")  # mountinfo escapes space, tab, newline, backslash
 _MIN_IMAGE_BYTES = 16 << 20  # below this, ext4's own metadata leaves too little room
 
 
@@ -223,7 +225,7 @@ def sweep_stale(scratch: Path, logger: logging.Logger) -> list[Path]:
 def _mounts_under(prefix: str) -> list[Path]:
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split(" ")[4].encode().decode("unicode_escape")  # octal escapes
+        point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), line.split(" ")[4])
         if point.startswith(prefix):
             found.append(Path(point))
     return found

@@ -117,7 +117,7 @@ os._exit(0)  # a runner killed mid-trial: nothing released
 
 
 def test_a_dead_trials_disk_is_released_by_the_next_trial(tmp_path: Path) -> None:
-    scratch = tmp_path / "sandboxes"
+    scratch = tmp_path / "sand boxes"  # /proc/self/mountinfo escapes the space
     dead, live = scratch / "dead", scratch / "live"
     for root in (dead, live):
         subprocess.run(
