@@ -452,14 +452,15 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         except Exception as exc:
             # Ended by the quota while it ran: that, not the kill, is the reason.
             if guard is not None and (exceeded := guard.error()) is not None:
+                await asyncio.to_thread(self._sweep_bound_folders)
                 raise exceeded from exc
             raise
-        if guard is not None:
-            await guard.check()
         # Harbor reads these host folders next (rewards, agent logs): a link planted
         # there must not make it read a host file. (A background process of the trial
         # may still race this; see docs/security.md.)
         await asyncio.to_thread(self._sweep_bound_folders)
+        if guard is not None:
+            await guard.check()
         return ExecResult(
             stdout=result.stdout or None,
             stderr=result.stderr or None,
