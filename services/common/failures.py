@@ -15,6 +15,9 @@ sandbox_failed, model_provider_failed,         infrastructure      no
 harbor_failed, unclassified
 =============================================  ==================  =========
 
+trialbus adds one name of its own: ``DiskQuotaExceededError`` (the local sandbox's
+disk quota) is class *agent*, not retried, like Harbor's AgentTimeoutError.
+
 Where Harbor says "unclassified" (e.g. NonZeroAgentExitCodeError: the agent process
 failed, but Harbor cannot tell whose fault it is), trialbus decides *infrastructure*:
 unscored and retried, never counted as a zero.
@@ -63,8 +66,19 @@ NOT_RETRYABLE_TRIALBUS = frozenset(
         # (services/runner/guards.py). A resubmission re-runs them.
         "AgentStopped",
         "BudgetExceeded",
+        # The local sandbox's disk quota (services/localenv/disk.py): the same agent
+        # writes the same bytes again.
+        "DiskQuotaExceededError",
     }
 )
+
+# trialbus's own errors that are the agent's doing. Past its disk quota a trial spent a
+# budget, as with Harbor's AgentTimeoutError (agent_exhausted_budget): class "agent".
+# Unlike a timeout it is never scored: the sandbox is ended before the verifier runs,
+# and Harbor (which does not know the name) says its reward is not valid.
+_TRIALBUS_CLASSES: dict[str, FailureClass] = {"DiskQuotaExceededError": "agent"}
+NEVER_SCORED = frozenset(_TRIALBUS_CLASSES)
+"""Agent failures that Harbor's ``reward_valid`` never counts (the scoring rule agrees)."""
 
 
 def harbor_cause(exception_type: str | None) -> str | None:
@@ -76,6 +90,8 @@ def classify(exception_type: str | None) -> FailureClass:
     """Failure class of a Harbor exception type name (None: no exception)."""
     if not exception_type:
         return "none"
+    if exception_type in _TRIALBUS_CLASSES:
+        return _TRIALBUS_CLASSES[exception_type]
     return _CLASS_OF_CAUSE.get(policy_for(exception_type).cause, "infrastructure")
 
 

@@ -164,6 +164,12 @@ class RunnerSettings(CommonSettings):
         description="Characters per trial_log event; longer output is split.",
     )
     sandbox_dir: Path | None = Field(default=None, description="Scratch root of local sandboxes.")
+    sandbox_disk_mb: int = Field(
+        default=10240,
+        ge=0,
+        description="Disk quota of one local-environment trial in MB (its file system and "
+        "log folders); a task's smaller storage_mb wins. 0: no quota (docs/security.md).",
+    )
     sandbox_hide: list[Path] = Field(
         default_factory=list,
         description="Host paths no local-environment trial or build may see, besides the "

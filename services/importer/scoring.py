@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from schemas.harbor_result import HarborTrialResult
 from schemas.record import Evaluation, FailureClass
-from services.common.failures import classify
+from services.common.failures import NEVER_SCORED, classify
 from services.importer.reads import get_path, nonempty_str, parse_object, read_text, short
 from services.importer.salvage import TrialRead
 
@@ -163,7 +163,10 @@ def evaluate(read: TrialRead, trial_dir: Path, errors: list[str]) -> Evaluation:
         rewards=rewards,
         main_reward_key=key,
         main_reward=main_reward,
-        reward_valid=raw is not None and main_reward is not None and failure in _SCORED,
+        reward_valid=raw is not None
+        and main_reward is not None
+        and failure in _SCORED
+        and exception_type not in NEVER_SCORED,
         failure_class=failure,
         exception_type=exception_type,
         exception_message=cut_message(exception_message),

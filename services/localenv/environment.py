@@ -31,7 +31,9 @@ SSL_CERT_FILE and friends at the host's CA bundle; default true), ``pids_limit``
 Dockerfile build; default none), ``hidden_paths`` (host paths no trial or build may
 see: the runner passes its own credentials and data folders, docs/security.md),
 ``seccomp`` (refuse the system calls no task needs, ``seccomp``; default true: a
-manifest can turn it off only where the runner's policy lists the key).
+manifest can turn it off only where the runner's policy lists the key),
+``disk_mb`` (the trial's disk quota, default 10240, 0 = none; the task's
+``storage_mb`` lowers it: ``disk``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from harbor.models.task.config import NetworkMode
 from harbor.models.trial.config import ResourceMode
 
 from services.localenv.builder import BuildRequest, build_layer
+from services.localenv.disk import DiskQuota, QuotaGuard
 from services.localenv.dockerfile import BuildPlan, RunStep, plan_build
 from services.localenv.errors import (
     DockerfileBuildError,
@@ -96,6 +99,8 @@ _COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "
 _HOSTNAME = "trial"
 DEFAULT_PIDS_LIMIT = 4096
 """Processes (threads included) one trial or build may hold: a fork bomb stops there."""
+DEFAULT_DISK_MB = 10240
+"""What one trial may write (file system and log folders) unless told otherwise."""
 
 
 class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships no types
@@ -119,6 +124,9 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         self._build_memory_mb = int(build_memory) if build_memory else None
         self._hidden = tuple(Path(p) for p in kwargs.pop("hidden_paths", None) or ())
         self._seccomp = kwargs.pop("seccomp", True) is not False
+        disk = int(kwargs.pop("disk_mb", DEFAULT_DISK_MB) or 0)
+        self._disk_mb = disk if disk > 0 else None
+        self._guard: QuotaGuard | None = None
         # Bind Harbor's log folders straight into the sandbox: no copies back and forth.
         kwargs.setdefault("auto_mounting", True)
         super().__init__(*args, **kwargs)
@@ -273,24 +281,46 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         layer = await self._get_layer(plan, base)
         self._image = layer.config
         self._workdir = str(self.task_env_config.workdir or layer.config.workdir or "/")
+        self._guard = await self._disk_guard()
         self._sandbox = Sandbox(self._trial_spec(layer), self.logger)
         await self._sandbox.start()
+        if self._guard is not None:
+            self._guard.start()
         self._sandbox.resolve(self._workdir).mkdir(parents=True, exist_ok=True)
+
+    async def _disk_guard(self) -> QuotaGuard | None:
+        """The trial's disk quota: the smaller of ``disk_mb`` and the task's storage_mb."""
+        limits = [m for m in (self._disk_mb, self._effective_storage_mb) if m]
+        if not limits:
+            return None
+        private_dir(self._root)
+        bound = [
+            Path(m["source"])
+            for m in self._mounts
+            if m["type"] == "bind" and not m.get("read_only")
+        ]
+        quota = await asyncio.to_thread(DiskQuota.open, self._root, min(limits), bound, self.logger)
+        return QuotaGuard(quota, self._end_sandbox, self.logger)
+
+    async def _end_sandbox(self) -> None:
+        if self._sandbox is not None:
+            await self._sandbox.stop()
 
     def _trial_spec(self, layer: Layer) -> SandboxSpec:
         root = self._root
         private_dir(root)
-        overlays = [Overlay("/", (layer.fs("root"),), root / "upper/root", root / "work/root")]
+        rw = self._guard.quota.writable_root(root) if self._guard is not None else root
+        overlays = [Overlay("/", (layer.fs("root"),), rw / "upper/root", rw / "work/root")]
         overlays += [
             Overlay(
                 f"/{top}",
                 (layer.fs(top), Path(f"/{top}")),
-                root / "upper" / top,
-                root / "work" / top,
+                rw / "upper" / top,
+                rw / "work" / top,
             )
             for top in HOST_TOPS
         ]
-        etc = root / "upper" / "etc"
+        etc = rw / "upper" / "etc"
         etc.mkdir(parents=True, exist_ok=True)
         # Files Docker writes for every container.
         (etc / "hostname").write_text(f"{_HOSTNAME}\n")
@@ -335,6 +365,10 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
             await sandbox.stop()
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            # Unmounted before the folders go (keep_sandbox keeps the image file).
+            await guard.close(keep_image=not delete or self._keep_sandbox)
         if delete and not self._keep_sandbox:
             await asyncio.to_thread(remove_tree, self._root)
 
@@ -396,7 +430,9 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> ExecResult:
-        sandbox = self._sandbox
+        sandbox, guard = self._sandbox, self._guard
+        if guard is not None and (exceeded := guard.error()) is not None:
+            raise exceeded
         if sandbox is None or not sandbox.running:
             raise LocalEnvironmentError("exec before start() or after stop()")
         uid, gid, home = self._user(sandbox, user)
@@ -408,19 +444,28 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             sandbox.resolve(workdir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self.logger.debug("local environment: cannot create %s: %s", workdir, exc)
-        result = await sandbox.exec(
-            ["bash", "-c", command],
-            env=full_env,
-            cwd=workdir,
-            uid=uid,
-            gid=gid,
-            timeout_sec=timeout_sec,
-            on_output=self._output_callback(),
-        )
+        try:
+            result = await sandbox.exec(
+                ["bash", "-c", command],
+                env=full_env,
+                cwd=workdir,
+                uid=uid,
+                gid=gid,
+                timeout_sec=timeout_sec,
+                on_output=self._output_callback(),
+            )
+        except Exception as exc:
+            # Ended by the quota while it ran: that, not the kill, is the reason.
+            if guard is not None and (exceeded := guard.error()) is not None:
+                await asyncio.to_thread(self._sweep_bound_folders)
+                raise exceeded from exc
+            raise
         # Harbor reads these host folders next (rewards, agent logs): a link planted
         # there must not make it read a host file. (A background process of the trial
         # may still race this; see docs/security.md.)
         await asyncio.to_thread(self._sweep_bound_folders)
+        if guard is not None:
+            await guard.check()
         return ExecResult(
             stdout=result.stdout or None,
             stderr=result.stderr or None,

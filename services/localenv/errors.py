@@ -2,8 +2,9 @@
 
 Harbor records a failed trial by the *name* of the exception's class
 (``ExceptionInfo.exception_type``); ``services.common.failures`` maps names to a
-failure class and a retry decision. Every class below is an environment failure
-(``infrastructure``: unscored, never an agent failure, never a zero reward).
+failure class and a retry decision. Every class below but ``DiskQuotaExceededError``
+is an environment failure (``infrastructure``: unscored, never an agent failure, never
+a zero reward).
 
 ==============================  ===========  ==========================================
 class                           retried      raised when
@@ -19,6 +20,9 @@ DockerfileBuildError            no           a Dockerfile step (RUN, COPY) faile
 SandboxStartError               yes          the sandbox processes failed to come up
                                              (transient: resources, a killed helper)
 ExecTimeoutError                (Harbor's)   one command exceeded its timeout
+DiskQuotaExceededError          no           the trial wrote past its disk quota: the
+                                             one *agent* failure here (like Harbor's
+                                             AgentTimeoutError: a spent budget)
 ==============================  ===========  ==========================================
 
 The "not retried" names are listed in ``NOT_RETRYABLE_TRIALBUS``: they fail the same
@@ -56,3 +60,7 @@ class SandboxStartError(RuntimeError):
 
 class ExecTimeoutError(RuntimeError):
     """A command exceeded its timeout and was killed with its whole process tree."""
+
+
+class DiskQuotaExceededError(RuntimeError):
+    """The trial wrote more than its disk quota; the trial was ended (the agent's doing)."""

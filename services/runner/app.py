@@ -54,6 +54,7 @@ def build_executor(
             policy=policy,
             secrets=TrialSecrets.from_settings(settings),
             hidden_paths=settings.hidden_from_trials(),
+            sandbox_disk_mb=settings.sandbox_disk_mb,
         )
     executor = load_factory(settings.executor)(settings)
     return executor  # type: ignore[return-value]

@@ -58,9 +58,11 @@ class HarborExecutor:
         policy: RunnerPolicy | None = None,
         secrets: TrialSecrets | None = None,
         hidden_paths: Sequence[Path] = (),
+        sandbox_disk_mb: int = 0,
     ) -> None:
         """``secrets``: redact exception messages with them (None: messages as they are);
-        ``hidden_paths``: host paths no local-environment trial may see."""
+        ``hidden_paths``: host paths no local-environment trial may see;
+        ``sandbox_disk_mb``: a local-environment trial's disk quota (0: none)."""
         self._jobs_root = jobs_root
         # What manifests may ask of this runner; enforced in each trial's process
         # before Harbor sees the request (None: the safe default policy).
@@ -70,6 +72,7 @@ class HarborExecutor:
         self._processes = processes or TrialProcesses()
         self._secrets = secrets
         self._hidden = tuple(str(p) for p in hidden_paths)
+        self._disk_mb = sandbox_disk_mb
         self.version = dist_version("harbor")
 
     def trial_dir_for(self, req: TrialRequested) -> Path:
@@ -92,6 +95,7 @@ class HarborExecutor:
                     live_logs=on_log is not None,
                     policy_json=self._policy_json,
                     hidden_paths=self._hidden,
+                    sandbox_disk_mb=self._disk_mb,
                 )
                 outcome = await self._processes.run(
                     job, on_log, llm=request.agent.model is not None

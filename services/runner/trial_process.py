@@ -62,6 +62,8 @@ class TrialJob:
     """The runner's policy (schemas.runners.RunnerPolicy as JSON); None: the safe default."""
     hidden_paths: tuple[str, ...] = ()
     """Host paths the local sandbox hides from the trial (RunnerSettings.hidden_from_trials)."""
+    sandbox_disk_mb: int = 0
+    """A local-environment trial's disk quota in MB (RunnerSettings.sandbox_disk_mb; 0: none)."""
 
 
 Outcome = dict[str, Any]
@@ -85,8 +87,11 @@ def trial_config(
     job_dir: Path,
     sandbox_dir: str | None,
     hidden_paths: Sequence[str] = (),
+    disk_mb: int = 0,
 ) -> Any:
-    """Harbor's TrialConfig for one request (the agent's secrets stay templates)."""
+    """Harbor's TrialConfig for one request (the agent's secrets stay templates).
+
+    ``disk_mb``: the runner's disk quota for a local-environment trial (0: none)."""
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 
     # os.environ is the trial's by now (restrict_environ): it keeps every allowed
@@ -105,6 +110,10 @@ def trial_config(
         # The runner's own paths are always hidden: a manifest may add, never remove.
         asked = env_kwargs.get("hidden_paths")
         env_kwargs["hidden_paths"] = [*hidden_paths, *(asked if isinstance(asked, list) else [])]
+        # The runner's quota is a ceiling: a manifest may lower it, never raise or lift it.
+        asked_disk = env_kwargs.get("disk_mb")
+        quotas = [m for m in (asked_disk, disk_mb) if type(m) is int and m > 0]
+        env_kwargs["disk_mb"] = min(quotas) if quotas else 0
     return TrialConfig(
         task=TaskConfig(path=task_dir),
         trial_name=req.trial_id,
@@ -198,7 +207,12 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
         shutil.move(trial_dir, attempts_dir / f"{request.trial_id}.{job.attempt - 1}")
     try:
         config = trial_config(
-            request, Path(job.task_dir), job_dir, job.sandbox_dir, job.hidden_paths
+            request,
+            Path(job.task_dir),
+            job_dir,
+            job.sandbox_dir,
+            job.hidden_paths,
+            job.sandbox_disk_mb,
         )
         trial = await Trial.create(config)
     except Exception as exc:  # noqa: BLE001 - every cause becomes a TrialFailed

@@ -10,6 +10,7 @@ import asyncio
 import os
 import shutil
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -198,7 +199,16 @@ async def test_keep_sandbox(make_env: EnvFactory) -> None:
     kept = make_env(keep_sandbox=True)
     async with running(kept):
         await sh(kept, "echo kept > /app/f")
-    assert (kept._root / "upper" / "root" / "app" / "f").read_text() == "kept\n"
+    # The upper folders are kept in the trial's disk image (the disk quota), unmounted:
+    # read it without mounting it.
+    out = await asyncio.to_thread(
+        subprocess.run,
+        ["debugfs", "-R", "cat /upper/root/app/f", str(kept._root / "disk.img")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == "kept\n"
     shutil.rmtree(kept._root)
     dropped = make_env()
     async with running(dropped):

@@ -103,7 +103,7 @@ async def test_setuid_files_of_a_trial_are_out_of_other_users_reach(
         )
         async with running(env):
             await sh(env, "cp /usr/bin/id /opt/rootid && chmod 4755 /opt/rootid")
-            in_trial = env._root / "upper" / "root" / "opt" / "rootid"
+            in_trial = env._root / "disk" / "upper" / "root" / "opt" / "rootid"  # the disk quota
             in_layer = next(layers.glob("*/fs/root/opt/rootid-layer"))
             for path in (in_trial, in_layer):
                 # Negative control: the file is there, setuid root, for root to see.

@@ -51,6 +51,8 @@ from services.common.failures import classify, harbor_cause, is_retryable
         # trialbus's own deterministic failures.
         ("LocalEnvironmentError", "infrastructure", False),
         ("MissingSecretError", "infrastructure", False),
+        # The local sandbox's disk quota: the agent spent a budget, like a timeout.
+        ("DiskQuotaExceededError", "agent", False),
         # Anything unknown: infrastructure, retried.
         ("ConnectionResetError", "infrastructure", True),
         ("SomethingHarborAddsLater", "infrastructure", True),
