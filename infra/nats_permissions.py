@@ -17,17 +17,17 @@ proves them against a real nats-server.
   reads their spend (``quota.>``), uploads task archives, reads the
   runner registry and reads (never writes) stored trial folders (the dashboard's
   downloads).
-- ``runner`` consumes work through its pool's durables only (one per priority
-  class: ``classes``), publishes its run events
-  and live logs, uses the leases / attempt-counter keys and its pool's runner-registry
-  keys, tallies a team's spend and pauses the experiments of a team at its spend cap
-  (``quota.spend.>``, ``pause.>``), reads tasks and writes results. No work, no
-  experiment events, no cancel flags, no stream config. A runner user is scoped to
-  ONE pool (``pool=``): the default pool's is the plain ``runner`` user; another pool's is ``runner-<pool>``,
-  with its own inbox, so a runner of one pool can neither fetch another pool's work
-  nor read the replies (pulled messages) of another pool's runners. The same user
-  serves as a leaf node's remote credential: a leaf server for a remote pool then
-  carries exactly that pool's traffic across the boundary.
+- ``runner`` consumes work through its pool's durables only (one per priority class:
+  ``classes``), publishes its run events and live logs, uses the leases / attempt-
+  counter keys and its pool's runner-registry keys, tallies a team's spend and pauses
+  the experiments of a team at its spend cap (``quota.spend.>``, ``pause.>``), reads
+  tasks and writes results. No work, no experiment events, no cancel flags, no stream
+  config. A runner user is scoped to ONE pool (``pool=``): the default pool's is the
+  plain ``runner`` user; another pool's is ``runner-<pool>``, with its own inbox, so a
+  runner of one pool can neither fetch another pool's work nor read the replies (pulled
+  messages) of another pool's runners. The same user serves as a leaf node's remote
+  credential: a leaf server for a remote pool then carries exactly that pool's traffic
+  across the boundary.
 - ``importer`` / ``watcher`` consume events through their own durable and publish
   ResultImported / ExperimentCompleted (+ the watcher's external announcements, whose
   trial folders it stores in the results bucket).
