@@ -102,9 +102,23 @@ async def retry_trial(
     manifest's relative task folders are, when the ledger names no stored archive)."""
     from services.submitter.retry import retry_trial as retry
 
+    # The quota settings are the submitter's (the CLI's steering commands get the common
+    # ones): read once here, as `submit` does.
+    sub = SubmitterSettings(**settings.model_dump())
+    quotas = load_quotas(sub.quotas_file) if sub.quotas_file is not None else None
     async with open_nats(settings, "trialbus-retry") as nats, open_ledger(settings) as ledger:
         tasks = await nats.tasks()
-        return await retry(ledger, nats.bus, tasks, experiment_id, trial_id, base_dir=base_dir)
+        return await retry(
+            ledger,
+            nats.bus,
+            tasks,
+            experiment_id,
+            trial_id,
+            base_dir=base_dir,
+            coordinator=await nats.coordinator(),
+            quotas=quotas,
+            team=sub.cli_team,
+        )
 
 
 async def import_job(

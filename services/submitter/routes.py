@@ -275,6 +275,8 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
             trial_id,
             base_dir=settings.tasks_root or Path.cwd(),
             tasks_root=settings.tasks_root,
+            coordinator=ports.coordinator,
+            quotas=quotas,
         )
 
     @router.get("/experiments/{experiment_id}/status")

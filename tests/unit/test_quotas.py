@@ -31,9 +31,11 @@ from services.common.quotas import (
 )
 from services.runner.handlers import PAUSE_WAIT_S, SLOT_WAIT_S
 from services.submitter.quota_gate import QuotaGate
+from services.submitter.retry import retry_trial
 from tests.unit.runner_support import ScriptedExecutor, held_completion, make_request
 from tests.unit.test_runner_guards import outcome
 from tests.unit.test_runner_handlers import World, kinds
+from tests.unit.test_submitter_schedule import _submitted
 
 NOON = datetime(2026, 11, 26, 12, 30, tzinfo=UTC)
 
@@ -227,3 +229,28 @@ async def test_a_team_at_its_spend_cap_pauses_its_experiments_visibly(tmp_path: 
     await world.coord.resume("exp-1")
     assert await world.handle(make_request("hello__0009", limit=100, experiment_trials=10)) == ACK
     assert len(world.executor.calls) == 4
+
+
+# -- retry -------------------------------------------------------------------------------
+async def test_a_retry_counts_against_and_carries_the_recorded_team() -> None:
+    prepared, ledger, bus, tasks = await _submitted()
+    info = await ledger.get_experiment(prepared.experiment_id)
+    assert info is not None
+    info.manifest["submitted_by"] = {"user": "alice", "team": "red"}
+    await ledger.upsert_experiment(info)
+    coord = InMemoryCoordinator(lease_ttl_s=60)
+    quotas = parse_quotas(
+        "q.yaml", b"teams: {red: {max_concurrent_trials: 2, max_trials_per_day: 1}}"
+    )
+    exp, trial = prepared.experiment_id, prepared.trials[0].trial_id
+    # The CLI's team does not replace the recorded one.
+    await retry_trial(ledger, bus, tasks, exp, trial, coordinator=coord, quotas=quotas, team="x")
+    [run] = bus.of_type(TrialRequested)
+    assert run.team == TeamRef(name="red", max_concurrent_trials=2)
+    assert await coord.tally("trials", "red") == 1
+    with pytest.raises(QuotaExceeded, match="max_trials_per_day of team 'red': 1 of 1"):
+        await retry_trial(ledger, bus, tasks, exp, trial, coordinator=coord, quotas=quotas)
+    assert len(bus.of_type(TrialRequested)) == 1  # nothing published
+    # Negative control: without quotas the retry carries no team and counts nothing.
+    await retry_trial(ledger, bus, tasks, exp, trial)
+    assert bus.of_type(TrialRequested)[-1].team is None
