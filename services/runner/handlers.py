@@ -8,25 +8,23 @@ message the handler
    taken" and "executor started", so a burst of thousands waits here, its message
    kept alive, not in coordinator requests that time out into redeliveries;
 2. checks the cached flags (no round trip while warm): a cancelled experiment's trial
-   ends at once; a paused experiment's is handed back (nak, a few seconds' random
-   delay) with no lease taken and no attempt counted, so paused work is neither
-   started nor lost (docs/scheduling.md); a trial whose team reached its daily spend
-   quota pauses its experiment and is handed back the same way (``guards``); a trial
-   whose agent was stopped by a
-   provider or whose budget is spent ends at once (final TrialFailed AgentStopped /
-   BudgetExceeded, ``guards``); one needing what this runner does not offer ends at
-   once (RunnerLacksCapability: its pool was chosen for runners that can, so this one
-   is misconfigured);
+   ends at once; a paused experiment's is handed back (nak, a few seconds' random delay)
+   with no lease taken and no attempt counted, so paused work is neither started nor
+   lost (docs/scheduling.md); a trial whose team reached its daily spend quota pauses
+   its experiment and is handed back the same way (``guards``); a trial whose agent was
+   stopped by a provider or whose budget is spent ends at once (final TrialFailed
+   AgentStopped / BudgetExceeded, ``guards``); one needing what this runner does not
+   offer ends at once (RunnerLacksCapability: its pool was chosen for runners that can,
+   so this one is misconfigured);
 3. reads whether the run already ended and takes the experiment's concurrency slot,
-   together (one round trip each, concurrent). A run that ended (its work message
-   was redelivered after the ending was stored, e.g. the runner was killed between
-   the publish and the ack) has its stored ending re-published (same dedup id, so
-   JetStream drops it if it got through) and is acknowledged, without running or
-   counting an attempt. No slot is taken when the limit cannot bind (the submission
-   has no more trials than ``n_concurrent_trials``); a team concurrency quota carried
-   by the message takes a team slot beside it (none otherwise); without a free slot the
-   trial is handed back (nak, short random delay) so other experiments' trials keep
-   flowing;
+   together (one round trip each, concurrent). A run that ended (its work message was
+   redelivered after the ending was stored, e.g. the runner was killed between the
+   publish and the ack) has its stored ending re-published (same dedup id, so JetStream
+   drops it if it got through) and is acknowledged, without running or counting an
+   attempt. No slot is taken when the limit cannot bind (the submission has no more
+   trials than ``n_concurrent_trials``); a team concurrency quota carried by the message
+   takes a team slot beside it (none otherwise); without a free slot the trial is handed
+   back (nak, short random delay) so other experiments' trials keep flowing;
 4. counts the start (Coordinator.next_attempt) and starts the Executor at once, with
    TrialStarted published beside it: confirmed before any ending goes out (consumers
    see it first); if it cannot be confirmed the run is stopped and handed back. A
