@@ -19,15 +19,14 @@ proves them against a real nats-server.
   downloads).
 - ``runner`` consumes work through its pool's durables only (one per priority class:
   ``classes``), publishes its run events and live logs, uses the leases / attempt-
-  counter keys and its pool's runner-registry keys, tallies a team's spend and pauses
-  the experiments of a team at its spend cap (``quota.spend.>``, ``pause.>``), reads
-  tasks and writes results. No work, no experiment events, no cancel flags, no stream
-  config. A runner user is scoped to ONE pool (``pool=``): the default pool's is the
-  plain ``runner`` user; another pool's is ``runner-<pool>``, with its own inbox, so a
-  runner of one pool can neither fetch another pool's work nor read the replies (pulled
-  messages) of another pool's runners. The same user serves as a leaf node's remote
-  credential: a leaf server for a remote pool then carries exactly that pool's traffic
-  across the boundary.
+  counter keys and its pool's runner-registry keys, tallies a team's spend
+  (``quota.spend.>``), reads tasks and writes results. No work, no experiment events, no
+  cancel or pause flags, no stream config. A runner user is scoped to ONE pool
+  (``pool=``): the default pool's is the plain ``runner`` user; another pool's is
+  ``runner-<pool>``, with its own inbox, so a runner of one pool can neither fetch
+  another pool's work nor read the replies (pulled messages) of another pool's runners.
+  The same user serves as a leaf node's remote credential: a leaf server for a remote
+  pool then carries exactly that pool's traffic across the boundary.
 - ``importer`` / ``watcher`` consume events through their own durable and publish
   ResultImported / ExperimentCompleted (+ the watcher's external announcements, whose
   trial folders it stores in the results bucket).
@@ -269,10 +268,9 @@ def role_permissions(
             # Agent stops and the experiment's running spend (runner/guards.py).
             *_kv_write(t.control_bucket, "stops.>"),
             *_kv_write(t.control_bucket, "spend.>"),
-            # A team's spend tally, and the pause a runner sets when it reaches the team's
-            # cap (docs/scheduling.md; the key right lets it lift a pause too: security.md).
+            # A team's spend tally (docs/scheduling.md). No pause flags: a right to set
+            # one would be a right to lift an operator's pause too (same subject).
             *_kv_write(t.control_bucket, "quota.spend.>"),
-            *_kv_write(t.control_bucket, "pause.>"),
             *_kv_read(t.control_bucket),
             *_kv_write(t.runners_bucket, f"{pool}.>"),  # schemas.runners.registry_key
             *_kv_read(t.runners_bucket),

@@ -18,10 +18,10 @@ Two rules, both kept in the Coordinator so every runner applies them:
 - **Team spend cap** (``TrialRequested.team.max_spend_usd_per_day``, set by the
   submitter from the operator's quotas): after each priced attempt the runner adds its
   cost to the team's rolling 24-h tally too; once the tally reaches the cap, the
-  team's experiments are **paused** (the pause flag ``trialbus status`` shows), each
-  the next time one of its trials is delivered, and their queued trials wait unstarted.
-  Raising the cap (a resubmission carries the new one) or the window moving on, then
-  ``trialbus resume``, continues them.
+  team's queued trials are **held back** unstarted (handed back like a paused trial,
+  no attempt counted; the runner's log names the cap). The runner does not set the
+  pause flag: its bus user may not touch pause flags. Raising the cap (a resubmission
+  carries the new one) or the window moving on continues them.
 
 Trials already running when a stop, the budget or the cap is reached run to their
 end: a budget or cap is therefore overshot by at most the trials in flight.
@@ -89,8 +89,8 @@ async def team_capped(coord: Coordinator, request: TrialRequested) -> str | None
     return (
         f"team {team.name!r} reached its quota max_spend_usd_per_day: ${spent:.4f} of "
         f"${team.max_spend_usd_per_day:g} in the last 24 h; experiment "
-        f"{request.experiment_id} paused (resume it once the cap is raised or the window "
-        "has moved on)"
+        f"{request.experiment_id} held back until the cap is raised or the window has "
+        "moved on"
     )
 
 

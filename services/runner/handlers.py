@@ -10,12 +10,12 @@ message the handler
 2. checks the cached flags (no round trip while warm): a cancelled experiment's trial
    ends at once; a paused experiment's is handed back (nak, a few seconds' random delay)
    with no lease taken and no attempt counted, so paused work is neither started nor
-   lost (docs/scheduling.md); a trial whose team reached its daily spend quota pauses
-   its experiment and is handed back the same way (``guards``); a trial whose agent was
-   stopped by a provider or whose budget is spent ends at once (final TrialFailed
-   AgentStopped / BudgetExceeded, ``guards``); one needing what this runner does not
-   offer ends at once (RunnerLacksCapability: its pool was chosen for runners that can,
-   so this one is misconfigured);
+   lost (docs/scheduling.md); a trial whose team reached its daily spend quota is held
+   back the same way (``guards``; the pause flag stays the submitter's); a trial whose
+   agent was stopped by a provider or whose budget is spent ends at once (final
+   TrialFailed AgentStopped / BudgetExceeded, ``guards``); one needing what this runner
+   does not offer ends at once (RunnerLacksCapability: its pool was chosen for runners
+   that can, so this one is misconfigured);
 3. reads whether the run already ended and takes the experiment's concurrency slot,
    together (one round trip each, concurrent). A run that ended (its work message was
    redelivered after the ending was stored, e.g. the runner was killed between the
@@ -231,10 +231,10 @@ class TrialHandler:
             return nak(self._rng.uniform(*PAUSE_WAIT_S), "handback")
         capped = await guards.team_capped(coord, request)
         if capped is not None:
-            # The team's spend cap: its experiments pause, visibly (the flag status shows),
-            # and this trial waits unstarted like any paused one.
-            await coord.pause(request.experiment_id)
-            bound.warning("team spend quota reached: experiment paused", reason=capped)
+            # The team's spend cap: the trial waits unstarted like a paused one. The
+            # runner does not set the pause flag: a runner's bus user may not touch
+            # pause flags (it could then lift an operator's pause too).
+            bound.warning("team spend quota reached: trial held back", reason=capped)
             return nak(self._rng.uniform(*PAUSE_WAIT_S), "handback")
         refused = await guards.refusal(coord, request, self._who.host)
         if refused is not None:  # its agent was stopped, or the budget is spent

@@ -375,13 +375,11 @@ async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
     await sub_coord.cancel(exp)
     assert await coord.is_cancelled(exp, fresh=True)
     # Pause: the submitter may set, lift and read it back, and no other control key
-    # through that right. A runner may set it too (a team reached its spend cap:
-    # docs/scheduling.md), which the key right cannot separate from lifting it
-    # (docs/security.md says so).
-    await coord.pause(exp)
-    assert await sub_coord.is_paused(exp, fresh=True)
-    await coord.resume(exp)
-    assert not await coord.is_paused(exp, fresh=True)
+    # through that right. A runner may do neither (a team at its spend cap holds its
+    # trials back without the flag: docs/scheduling.md).
+    pause_key = f"$KV.{TOPO.control_bucket}.pause.{exp}"
+    await runner.denied(coord.pause(exp), "Publish", pause_key)
+    await runner.denied(coord.resume(exp), "Publish", pause_key)
     await sub_coord.pause(exp)
     assert await coord.is_paused(exp, fresh=True)
     assert await sub_coord.is_paused(exp, fresh=True)
