@@ -15,6 +15,10 @@ to the executor, replayed on a fresh nats-server without the rest of the runner:
   counted by a conditional write first; the trial starts while TrialStarted's publish
   is in flight (awaited before the trial's ending would be published).
 
+- **team** (issue 14's team quotas): **now** for a trial whose team has a concurrency
+  quota, the team's slot taken beside the experiment's (``acquire_team`` in the same
+  ``gather``) and released with it. A trial without such a quota runs **now**.
+
 Each is measured on an idle event loop and on one kept busy the way Harbor's
 synchronous work keeps the runner's loop busy (a task that blocks it for
 ``HOG_BLOCK_S`` out of every ``HOG_PERIOD_S``), with ``CONCURRENT`` trials starting
@@ -92,6 +96,30 @@ class Paths:
         await self.coord.release(lease)
         return started
 
+    async def team(self, run_id: str) -> float:
+        """**now** with a team slot taken beside the experiment's, as the handler does."""
+        t0 = time.perf_counter()
+        _cancelled = await self.coord.is_cancelled(self.exp)
+        while True:
+            _ended, lease, team = await asyncio.gather(
+                self.coord.ending(run_id),
+                self.coord.acquire(self.exp, LIMIT, "runner"),
+                self.coord.acquire_team("bench-team", LIMIT, "runner"),
+            )
+            if lease is not None and team is not None:
+                break
+            for held in (lease, team):
+                if held is not None:
+                    await self.coord.release(held)
+        await self.coord.next_attempt(run_id)
+        ack = asyncio.ensure_future(
+            self.js.publish(f"{self.topo.prefix}.events.started.x", self._started(run_id))
+        )
+        started = time.perf_counter() - t0
+        await ack
+        await asyncio.gather(self.coord.release(lease), self.coord.release(team))
+        return started
+
     async def _create_lease(self) -> Lease | None:
         """The lease as it was taken: nats-py's ``create`` per probed slot."""
         leases = self.coord._leases  # the coordinator's own bucket handle
@@ -149,12 +177,12 @@ async def measure(nats_url: str, n: int) -> dict[str, list[float]]:
         await js.add_stream(StreamConfig(name=topo.events_stream, subjects=[f"{topo.prefix}.>"]))
         coord = await NatsCoordinator.open(js, topo, lease_ttl_s=60)
         out: dict[str, list[float]] = {}
-        for name in ("before", "now"):
+        for name in ("before", "now", "team"):
             # Each path on its own experiment's slot keys, warmed by itself: the old
             # releases leave purge markers, which the new lease never reuses (they go
             # with the leases bucket's TTL after a switch-over).
             paths = Paths(js, coord, topo)
-            path = paths.before if name == "before" else paths.now
+            path = {"before": paths.before, "now": paths.now, "team": paths.team}[name]
             await _measure(path, 2 * LIMIT, busy=False)
             for busy in (False, True):
                 key = f"{name}_{'busy' if busy else 'idle'}"
@@ -177,7 +205,7 @@ def run(ctx: Context) -> BenchResult:
     def p(key: str, q: float) -> float:
         return median([percentile(run[key], q) for run in per_run])
 
-    keys = ("before_idle", "now_idle", "before_busy", "now_busy")
+    keys = ("before_idle", "now_idle", "team_idle", "before_busy", "now_busy", "team_busy")
     peers = [Figure(f"{k}_p50", p(k, 50), "ms") for k in keys]
     peers += [Figure(f"{k}_p99", p(k, 99), "ms") for k in keys]
     ratio = [median(run["now_busy"]) / median(run["before_busy"]) for run in per_run]
@@ -187,6 +215,14 @@ def run(ctx: Context) -> BenchResult:
             p("now_idle", 50) / p("before_idle", 50),
             "ratio",
             "now / before, p50, idle loop",
+        )
+    )
+    peers.append(
+        Figure(
+            "team_idle_ratio",
+            p("team_idle", 50) / p("now_idle", 50),
+            "ratio",
+            "a team-quota'd start / an unquota'd one, p50, idle loop",
         )
     )
     return BenchResult(

@@ -13,19 +13,20 @@ proves them against a real nats-server.
   names, so two installations sharing a cluster cannot touch each other's).
 - ``submitter`` publishes work and ExperimentSubmitted, follows events and live logs
   (the dashboard shows them), sets cancel and pause flags (and reads the pause flags
-  back: ``trialbus status`` shows ``paused``), uploads task archives, reads the
+  back: ``trialbus status`` shows ``paused``), counts its teams' trials per day and
+  reads their spend (``quota.>``), uploads task archives, reads the
   runner registry and reads (never writes) stored trial folders (the dashboard's
   downloads).
-- ``runner`` consumes work through its pool's durables only (one per priority
-  class: ``classes``), publishes its run events
-  and live logs, uses the leases / attempt-counter keys and its pool's runner-registry
-  keys, reads tasks and writes results. No work, no experiment events, no cancel or
-  pause flags, no stream config. A runner user is scoped to ONE pool (``pool=``): the
-  default pool's is the plain ``runner`` user; another pool's is ``runner-<pool>``,
-  with its own inbox, so a runner of one pool can neither fetch another pool's work
-  nor read the replies (pulled messages) of another pool's runners. The same user
-  serves as a leaf node's remote credential: a leaf server for a remote pool then
-  carries exactly that pool's traffic across the boundary.
+- ``runner`` consumes work through its pool's durables only (one per priority class:
+  ``classes``), publishes its run events and live logs, uses the leases / attempt-
+  counter keys and its pool's runner-registry keys, tallies a team's spend
+  (``quota.spend.>``), reads tasks and writes results. No work, no experiment events, no
+  cancel or pause flags, no stream config. A runner user is scoped to ONE pool
+  (``pool=``): the default pool's is the plain ``runner`` user; another pool's is
+  ``runner-<pool>``, with its own inbox, so a runner of one pool can neither fetch
+  another pool's work nor read the replies (pulled messages) of another pool's runners.
+  The same user serves as a leaf node's remote credential: a leaf server for a remote
+  pool then carries exactly that pool's traffic across the boundary.
 - ``importer`` / ``watcher`` consume events through their own durable and publish
   ResultImported / ExperimentCompleted (+ the watcher's external announcements, whose
   trial folders it stores in the results bucket).
@@ -239,6 +240,10 @@ def role_permissions(
             # A submission lifts agent stops and stores the budget (runner/guards.py).
             *_kv_write(t.control_bucket, "stops.>"),
             *_kv_write(t.control_bucket, "budget.>"),
+            # Team quotas: the trials-per-day tally, counted with a compare-and-set, and
+            # the team spend runners tally, read at submit (services/common/quotas.py).
+            *_kv_write(t.control_bucket, "quota.trials.>"),
+            *_kv_read_keys(t.control_bucket, "quota.>"),
             *_kv_read(t.runners_bucket),
             *_obj_write(t.tasks_bucket),
             # The dashboard serves a trial's stored folder (redacted when packed): read
@@ -264,6 +269,9 @@ def role_permissions(
             # Agent stops and the experiment's running spend (runner/guards.py).
             *_kv_write(t.control_bucket, "stops.>"),
             *_kv_write(t.control_bucket, "spend.>"),
+            # A team's spend tally (docs/scheduling.md). No pause flags: a right to set
+            # one would be a right to lift an operator's pause too (same subject).
+            *_kv_write(t.control_bucket, "quota.spend.>"),
             *_kv_read(t.control_bucket),
             *_kv_write(t.runners_bucket, f"{pool}.>"),  # schemas.runners.registry_key
             *_kv_read(t.runners_bucket),

@@ -6,7 +6,7 @@ these models from here; none keeps a copy. ``parse_event`` is the only decoder a
 
     envelope           Envelope (every event), TrialEvent, RunEvent (events of one run)
     experiment_events  ExperimentSubmitted, ExperimentCompleted
-    trial_events       TaskRef, TrialRequested, TrialStarted, TrialLog, TrialCompleted,
+    trial_events       TaskRef, TeamRef, TrialRequested, TrialStarted, TrialLog, TrialCompleted,
                        TrialFailed, ResultImported
 """
 
@@ -21,6 +21,7 @@ from schemas.experiment_events import ExperimentCompleted, ExperimentSubmitted
 from schemas.trial_events import (
     ResultImported,
     TaskRef,
+    TeamRef,
     TrialCompleted,
     TrialFailed,
     TrialLog,
@@ -40,6 +41,7 @@ __all__ = [
     "ResultImported",
     "RunEvent",
     "TaskRef",
+    "TeamRef",
     "TrialCompleted",
     "TrialEvent",
     "TrialFailed",

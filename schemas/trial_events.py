@@ -48,6 +48,38 @@ class TaskRef(BaseModel):
     )
 
 
+TEAM_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"
+"""A team name, as the API tokens file allows it."""
+
+
+class TeamRef(BaseModel):
+    """The submitting team and the quotas runners enforce for it (docs/scheduling.md).
+
+    Set by the submitter from the API token's identity, never from the manifest, and
+    only when the team has a limit a runner enforces: a work message without it takes
+    no team slot and reads no team spend.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=TEAM_PATTERN, description="The team (its API token's ``team``).")
+    max_concurrent_trials: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_INT64,
+        description="At most this many of the team's trials run at once across every "
+        "runner (a team slot in the leases bucket). Absent: no team slot is taken.",
+    )
+    max_spend_usd_per_day: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="The team's spend cap over the last 24 h (US dollars): runners add "
+        "each attempt's cost to the team's tally and, once it is reached, pause the "
+        "team's experiments. Absent: no team spend is tallied.",
+    )
+
+
 class TrialRequested(RunEvent):
     """Work: run one trial. Published to the work stream with the run key as dedup id."""
 
@@ -68,6 +100,15 @@ class TrialRequested(RunEvent):
         description="How many trials the submission expanded to. When it is at most "
         "compute.n_concurrent_trials the limit cannot bind, and runners take no "
         "concurrency slot for the trial. Absent: a slot is taken.",
+    )
+    team: TeamRef | None = Field(
+        default=None,
+        # Left out of the wire form when unset: a trial of no quota'd team keeps the exact
+        # bytes (and the parse by older runners) it had before quotas existed.
+        exclude_if=lambda v: v is None,
+        description="The submitting team and its quotas that runners enforce (a team "
+        "concurrency slot, the daily spend cap), from the submitter's identity. Absent: "
+        "no team quota applies on the runners.",
     )
 
     def limit_binds(self) -> bool:

@@ -252,6 +252,20 @@ class Coordinator(Protocol):
     async def acquire(self, experiment_id: str, limit: int, holder: str) -> Lease | None:
         """Take a free slot of the experiment, or None when none is free."""
 
+    async def acquire_team(self, team: str, limit: int, holder: str) -> Lease | None:
+        """Take a free slot of the team's ``max_concurrent_trials``, or None when none is
+        free (the same leases as an experiment's, keyed ``_team.<team>.<slot>``)."""
+
+    async def add_tally(
+        self, kind: str, team: str, amount: float, *, limit: float | None = None
+    ) -> tuple[bool, float]:
+        """Add ``amount`` to the team's rolling 24-h tally ``kind`` ("trials" or
+        "spend") unless the total would pass ``limit``; (added, the total before).
+        Atomic across processes (services.common.quotas)."""
+
+    async def tally(self, kind: str, team: str, *, fresh: bool = False) -> float:
+        """The team's tally ``kind`` over the last 24 h (may be cached unless ``fresh``)."""
+
     async def renew(self, lease: Lease) -> Lease:
         """Refresh a lease's TTL (with each heartbeat)."""
 

@@ -268,6 +268,18 @@ class SubmitterSettings(CommonSettings):
     tasks_root: Path | None = Field(
         default=None, description="When set, task paths must stay inside this folder."
     )
+    quotas_file: Path | None = Field(
+        default=None,
+        description="YAML/JSON file of team quotas (max_concurrent_trials, "
+        "max_trials_per_day, max_spend_usd_per_day per team, and a default for teams "
+        "not listed; services/common/quotas.py). Unset: no quotas.",
+    )
+    cli_team: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$",
+        description="The team whose quotas `trialbus submit` counts against (the CLI "
+        "has no API token to name one). Unset: CLI submissions have no team and no quota.",
+    )
     check_runners: bool = Field(
         default=True,
         description="Refuse a manifest no live runner can run (its pool and capabilities); "

@@ -3,8 +3,8 @@
 The handler (services.runner.handlers) decides whether and when an attempt starts and
 what its outcome means; this module only keeps a started attempt company: every
 ``heartbeat_s`` it tells JetStream the message is still being worked on, renews the
-experiment's concurrency lease, and reads the cancellation flag fresh, stopping the run
-when the experiment was cancelled.
+experiment's (and team's) concurrency leases, and reads the cancellation flag fresh,
+stopping the run when the experiment was cancelled.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ async def run_attempt(
     *,
     coordinator: Coordinator,
     experiment_id: str,
-    lease: Lease | None,
+    leases: list[Lease],
     keep_alive: KeepAlive,
     heartbeat_s: float,
 ) -> ExecutionOutcome | None:
@@ -41,7 +41,7 @@ async def run_attempt(
     run = asyncio.create_task(execution)
     cancelled = asyncio.Event()
     beat = asyncio.create_task(
-        _heartbeat(coordinator, experiment_id, lease, run, cancelled, keep_alive, heartbeat_s)
+        _heartbeat(coordinator, experiment_id, leases, run, cancelled, keep_alive, heartbeat_s)
     )
     try:
         await asyncio.wait({run, announced}, return_when=asyncio.FIRST_EXCEPTION)
@@ -64,19 +64,19 @@ async def run_attempt(
 async def _heartbeat(
     coordinator: Coordinator,
     experiment_id: str,
-    lease: Lease | None,
+    leases: list[Lease],
     run: asyncio.Task[ExecutionOutcome],
     cancelled: asyncio.Event,
     keep_alive: KeepAlive,
     heartbeat_s: float,
 ) -> None:
-    """Keep the message, and the experiment's slot, ours; stop a cancelled trial."""
+    """Keep the message, and the slots, ours; stop a cancelled trial."""
     while True:
         await asyncio.sleep(heartbeat_s)
         try:
             await keep_alive()
-            if lease is not None:
-                lease = await coordinator.renew(lease)
+            for i, lease in enumerate(leases):
+                leases[i] = await coordinator.renew(lease)
             if await coordinator.is_cancelled(experiment_id, fresh=True):
                 cancelled.set()
                 run.cancel()

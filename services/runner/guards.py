@@ -15,8 +15,16 @@ Two rules, both kept in the Coordinator so every runner applies them:
   TrialFailed ``BudgetExceeded`` (unscored). An attempt without a price adds its tokens
   and counts as unpriced: a USD budget cannot see what it cost, and the message says so.
 
-Trials already running when a stop or the budget is reached run to their end: a
-budget is therefore overshot by at most the trials in flight.
+- **Team spend cap** (``TrialRequested.team.max_spend_usd_per_day``, set by the
+  submitter from the operator's quotas): after each priced attempt the runner adds its
+  cost to the team's rolling 24-h tally too; once the tally reaches the cap, the
+  team's queued trials are **held back** unstarted (handed back like a paused trial,
+  no attempt counted; the runner's log names the cap). The runner does not set the
+  pause flag: its bus user may not touch pause flags. Raising the cap (a resubmission
+  carries the new one) or the window moving on continues them.
+
+Trials already running when a stop, the budget or the cap is reached run to their
+end: a budget or cap is therefore overshot by at most the trials in flight.
 """
 
 from __future__ import annotations
@@ -69,6 +77,23 @@ async def refusal(coord: Coordinator, request: TrialRequested, host: str) -> pol
     return policy.refused(request, host, policy.BUDGET_EXCEEDED, over)
 
 
+async def team_capped(coord: Coordinator, request: TrialRequested) -> str | None:
+    """Why the trial's team may start nothing more (its spend cap is reached), or
+    None; a trial without a team spend cap reads nothing."""
+    team = request.team
+    if team is None or team.max_spend_usd_per_day is None:
+        return None
+    spent = await coord.tally("spend", team.name)
+    if spent < team.max_spend_usd_per_day:
+        return None
+    return (
+        f"team {team.name!r} reached its quota max_spend_usd_per_day: ${spent:.4f} of "
+        f"${team.max_spend_usd_per_day:g} in the last 24 h; experiment "
+        f"{request.experiment_id} held back until the cap is raised or the window has "
+        "moved on"
+    )
+
+
 def stopped_message(request: TrialRequested, stop: bytes) -> str:
     """One clear sentence: which agent, the first failure and its trial, the fix."""
     why = json.loads(stop)
@@ -112,6 +137,9 @@ async def account(
             usage = attempt_spend(outcome.trial_dir)
             if usage is not None:
                 await coord.add_spend(request.experiment_id, usage)
+                team = request.team
+                if team is not None and team.max_spend_usd_per_day is not None:
+                    await coord.add_tally("spend", team.name, usage.cost_usd)
         kind = stops_agent(outcome.exception_type, outcome.message)
         if kind is not None:
             reason = json.dumps(

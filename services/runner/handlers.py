@@ -8,21 +8,23 @@ message the handler
    taken" and "executor started", so a burst of thousands waits here, its message
    kept alive, not in coordinator requests that time out into redeliveries;
 2. checks the cached flags (no round trip while warm): a cancelled experiment's trial
-   ends at once; a paused experiment's is handed back (nak, a few seconds' random
-   delay) with no lease taken and no attempt counted, so paused work is neither
-   started nor lost (docs/scheduling.md); a trial whose agent was stopped by a
-   provider or whose budget is spent ends at once (final TrialFailed AgentStopped /
-   BudgetExceeded, ``guards``); one needing what this runner does not offer ends at
-   once (RunnerLacksCapability: its pool was chosen for runners that can, so this one
-   is misconfigured);
+   ends at once; a paused experiment's is handed back (nak, a few seconds' random delay)
+   with no lease taken and no attempt counted, so paused work is neither started nor
+   lost (docs/scheduling.md); a trial whose team reached its daily spend quota is held
+   back the same way (``guards``; the pause flag stays the submitter's); a trial whose
+   agent was stopped by a provider or whose budget is spent ends at once (final
+   TrialFailed AgentStopped / BudgetExceeded, ``guards``); one needing what this runner
+   does not offer ends at once (RunnerLacksCapability: its pool was chosen for runners
+   that can, so this one is misconfigured);
 3. reads whether the run already ended and takes the experiment's concurrency slot,
-   together (one round trip each, concurrent). A run that ended (its work message
-   was redelivered after the ending was stored, e.g. the runner was killed between
-   the publish and the ack) has its stored ending re-published (same dedup id, so
-   JetStream drops it if it got through) and is acknowledged, without running or
-   counting an attempt. No slot is taken when the limit cannot bind (the submission
-   has no more trials than ``n_concurrent_trials``); without a free slot the trial is
-   handed back (nak, short random delay) so other experiments' trials keep flowing;
+   together (one round trip each, concurrent). A run that ended (its work message was
+   redelivered after the ending was stored, e.g. the runner was killed between the
+   publish and the ack) has its stored ending re-published (same dedup id, so JetStream
+   drops it if it got through) and is acknowledged, without running or counting an
+   attempt. No slot is taken when the limit cannot bind (the submission has no more
+   trials than ``n_concurrent_trials``); a team concurrency quota carried by the message
+   takes a team slot beside it (none otherwise); without a free slot the trial is handed
+   back (nak, short random delay) so other experiments' trials keep flowing;
 4. counts the start (Coordinator.next_attempt) and starts the Executor at once, with
    TrialStarted published beside it: confirmed before any ending goes out (consumers
    see it first); if it cannot be confirmed the run is stopped and handed back. A
@@ -163,7 +165,7 @@ class TrialHandler:
                 announced,
                 coordinator=self._coord,
                 experiment_id=request.experiment_id,
-                lease=lease,
+                leases=lease,
                 keep_alive=keep_alive,
                 heartbeat_s=self._heartbeat_s,
             )
@@ -194,11 +196,11 @@ class TrialHandler:
 
     async def _admitted(
         self, request: TrialRequested, keep_alive: KeepAlive, bound: Any
-    ) -> Settle | tuple[int, Lease | None, asyncio.Task[bool]]:
+    ) -> Settle | tuple[int, list[Lease], asyncio.Task[bool]]:
         """Everything before the executor starts, at most ``admission`` trials at once.
 
         Returns the verdict of a message that is not to run here, or the attempt, the
-        lease (None when the limit cannot bind) and the TrialStarted publish in flight.
+        leases held (none when no limit can bind) and the TrialStarted publish in flight.
         """
         await self._wait_for_admission(keep_alive)
         try:
@@ -217,7 +219,7 @@ class TrialHandler:
 
     async def _start(
         self, request: TrialRequested, bound: Any
-    ) -> Settle | tuple[int, Lease | None, asyncio.Task[bool]]:
+    ) -> Settle | tuple[int, list[Lease], asyncio.Task[bool]]:
         coord = self._coord
         # Cached reads first (no round trip while the cache is warm). A run that already
         # ended is caught below, or by _publish: it stores an ending only when none is
@@ -226,6 +228,13 @@ class TrialHandler:
             return await self._publish(request, policy.cancelled(request, 1, self._who.host), bound)
         if await coord.is_paused(request.experiment_id):
             # Neither started nor lost: no lease, no attempt counted, back in the queue.
+            return nak(self._rng.uniform(*PAUSE_WAIT_S), "handback")
+        capped = await guards.team_capped(coord, request)
+        if capped is not None:
+            # The team's spend cap: the trial waits unstarted like a paused one. The
+            # runner does not set the pause flag: a runner's bus user may not touch
+            # pause flags (it could then lift an operator's pause too).
+            bound.warning("team spend quota reached: trial held back", reason=capped)
             return nak(self._rng.uniform(*PAUSE_WAIT_S), "handback")
         refused = await guards.refusal(coord, request, self._who.host)
         if refused is not None:  # its agent was stopped, or the budget is spent
@@ -251,8 +260,10 @@ class TrialHandler:
             bound.info("run had ended; its ending re-published, not run again", fresh=fresh)
             return ACK
         if lease is False:
+            # The experiment's or the team's slots are all taken: back in the queue, no
+            # attempt counted, like a pause.
             return nak(self._rng.uniform(*SLOT_WAIT_S), "handback")
-        held = lease if isinstance(lease, Lease) else None
+        held = lease if isinstance(lease, list) else []
         try:
             attempt = await coord.next_attempt(request.dedup_id())
         except BaseException:
@@ -273,27 +284,53 @@ class TrialHandler:
         )
         return attempt, held, announced
 
-    async def _lease(self, request: TrialRequested) -> Lease | bool:
-        """The experiment's slot; True when none is needed, False when none is free."""
-        if not request.limit_binds():
-            return True
-        lease = await self._coord.acquire(
-            request.experiment_id, request.compute.n_concurrent_trials, self.runner_id
-        )
-        return False if lease is None else lease
+    async def _lease(self, request: TrialRequested) -> list[Lease] | bool:
+        """The experiment's slot and the team's; True when neither is needed, False
+        when one is not free (then none is held).
 
-    async def _give_back(self, lease: object) -> None:
-        """Release the slot if one is held; best effort, since a lease expires anyway."""
-        if not isinstance(lease, Lease):
-            return
-        try:
-            await self._coord.release(lease)
-        except Exception as exc:  # noqa: BLE001 - the slot comes back with its TTL
-            log.warning(
-                "lease not released; it frees with its TTL",
-                lease=lease.key,
-                error=f"{type(exc).__name__}: {exc}",
+        The team's slot is taken only when the message carries a team concurrency
+        quota: a trial of no such team pays nothing here. When both are needed they are
+        taken together (one round trip of wall time)."""
+        team = request.team
+        team_limit = team.max_concurrent_trials if team is not None else None
+        wants_exp = request.limit_binds()
+        if team is None or team_limit is None:
+            if not wants_exp:
+                return True
+            lease = await self._coord.acquire(
+                request.experiment_id, request.compute.n_concurrent_trials, self.runner_id
             )
+            return False if lease is None else [lease]
+        takes = [self._coord.acquire_team(team.name, team_limit, self.runner_id)]
+        if wants_exp:
+            takes.append(
+                self._coord.acquire(
+                    request.experiment_id, request.compute.n_concurrent_trials, self.runner_id
+                )
+            )
+        got = await asyncio.gather(*takes, return_exceptions=True)
+        held = [g for g in got if isinstance(g, Lease)]
+        failed = next((g for g in got if isinstance(g, BaseException)), None)
+        if failed is not None or len(held) < len(got):
+            await self._give_back(held)
+            if failed is not None:
+                raise failed
+            return False
+        return held
+
+    async def _give_back(self, leases: object) -> None:
+        """Release the slots if any are held; best effort, since a lease expires anyway."""
+        if not isinstance(leases, list):
+            return
+        for lease in leases:
+            try:
+                await self._coord.release(lease)
+            except Exception as exc:  # noqa: BLE001 - the slot comes back with its TTL
+                log.warning(
+                    "lease not released; it frees with its TTL",
+                    lease=lease.key,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
 
     def _missing(self, request: TrialRequested) -> list[str]:
         if self._offers is None:

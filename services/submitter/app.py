@@ -18,6 +18,7 @@ from fastapi import FastAPI, Response
 from services.common.errors import EXIT_USER_ERROR
 from services.common.logging import configure_logging, get_logger
 from services.common.metrics import HttpMetrics
+from services.common.quotas import QuotaConfigError, load_quotas
 from services.common.settings import SubmitterSettings
 from services.submitter.api_tokens import ApiConfigError
 from services.submitter.connections import open_ledger, open_nats
@@ -32,9 +33,11 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
     """Build the HTTP app; connections open in its lifespan, not at import.
 
     Raises ApiConfigError when the access settings are unsafe or unreadable (no
-    tokens file, no-auth off loopback, a tokens file others can read).
+    tokens file, no-auth off loopback, a tokens file others can read), and
+    QuotaConfigError when the quotas file is (naming the file and the field).
     """
     access = api_access(settings)
+    quotas = load_quotas(settings.quotas_file) if settings.quotas_file is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,7 +64,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
         lifespan=lifespan,
         exception_handlers=ERROR_HANDLERS,
     )
-    app.include_router(build_router(settings))
+    app.include_router(build_router(settings, quotas))
     app.include_router(build_dashboard(settings))
     http_metrics = HttpMetrics()
 
@@ -83,7 +86,7 @@ def main() -> None:
     configure_logging(settings.log_level, settings.log_json)
     try:
         app = create_app(settings)
-    except ApiConfigError as exc:
+    except (ApiConfigError, QuotaConfigError) as exc:
         print(f"trialbus submitter: {exc}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     uvicorn.run(app, host=settings.http_host, port=settings.http_port, log_level="warning")

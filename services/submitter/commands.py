@@ -8,6 +8,7 @@ Writes go through ``handlers``; reads are ``services.reports.queries``, run with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, Concatenate
 from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import ManifestError
 from services.common.ports import Ledger
+from services.common.quotas import load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.importer.export import export_experiment
 from services.submitter import handlers
@@ -51,6 +53,9 @@ async def submit_and_wait(
         handlers.check_priority_class(prepared, settings.classes)
     except ManifestError as exc:
         raise ManifestError(f"{manifest_path}: {exc}") from None
+    # The CLI has no token to name a team: the operator's TRIALBUS_CLI_TEAM, if set.
+    quotas = load_quotas(settings.quotas_file) if settings.quotas_file is not None else None
+    prepared = dataclasses.replace(prepared, team=settings.cli_team)
     async with open_nats(settings, "trialbus-submit") as nats, open_ledger(settings) as ledger:
         coordinator = await nats.coordinator()
         # Subscribed before publishing, so no completion can slip past.
@@ -68,6 +73,7 @@ async def submit_and_wait(
                 timeout_s=timeout_s,
                 progress=progress,
                 runners=await nats.runners(),
+                quotas=quotas,
             )
 
 
@@ -96,9 +102,23 @@ async def retry_trial(
     manifest's relative task folders are, when the ledger names no stored archive)."""
     from services.submitter.retry import retry_trial as retry
 
+    # The quota settings are the submitter's (the CLI's steering commands get the common
+    # ones): read once here, as `submit` does.
+    sub = SubmitterSettings(**settings.model_dump())
+    quotas = load_quotas(sub.quotas_file) if sub.quotas_file is not None else None
     async with open_nats(settings, "trialbus-retry") as nats, open_ledger(settings) as ledger:
         tasks = await nats.tasks()
-        return await retry(ledger, nats.bus, tasks, experiment_id, trial_id, base_dir=base_dir)
+        return await retry(
+            ledger,
+            nats.bus,
+            tasks,
+            experiment_id,
+            trial_id,
+            base_dir=base_dir,
+            coordinator=await nats.coordinator(),
+            quotas=quotas,
+            team=sub.cli_team,
+        )
 
 
 async def import_job(

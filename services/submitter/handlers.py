@@ -28,8 +28,10 @@ from services.common.errors import ManifestError
 from services.common.pools import policy_refusal, pool_refusal
 from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
 from services.common.priority import PriorityClasses
+from services.common.quotas import Quotas
 from services.reports.leaderboard import status_counts
 from services.reports.queries import experiment_leaderboard, load_experiment
+from services.submitter.quota_gate import QuotaGate
 from services.submitter.submit import PreparedExperiment, SubmitResult, publish_experiment
 
 # How often the ledger is read while waiting: events say when to look sooner.
@@ -93,13 +95,19 @@ async def submit(
     coordinator: Coordinator,
     tasks: ObjectStore,
     runners: RunnerRegistry | None = None,
+    quotas: Quotas | None = None,
 ) -> SubmitResult:
     """Upload its tasks and publish a prepared experiment; resubmitting lifts an
     earlier cancellation and agent stops, and stores the manifest's budget. With
     ``runners``, a manifest no live runner can run is refused before anything is
-    published."""
+    published; with ``quotas``, one that would pass its team's daily quotas
+    (QuotaExceeded, before anything is published or any flag changed)."""
     if runners is not None:
         await check_runners(prepared, runners)
+    quota = quotas.for_team(prepared.team) if quotas is not None else None
+    gate = QuotaGate(coordinator, prepared.team, quota) if prepared.team and quota else None
+    if gate is not None:
+        await gate.check_spend()  # refused before any flag changes
     await coordinator.uncancel(prepared.experiment_id)
     # Resubmitting is how a user says "fixed": lift the agents' stops (a refused key,
     # an empty account; services/runner/guards.py) and store the budget as it is now.
@@ -108,7 +116,7 @@ async def submit(
     await coordinator.clear_agent_stops(prepared.experiment_id, keys)
     budget = manifest.budget.model_dump_json().encode() if manifest.budget else None
     await coordinator.set_budget(prepared.experiment_id, budget)
-    return await publish_experiment(prepared, bus, ledger, tasks)
+    return await publish_experiment(prepared, bus, ledger, tasks, gate)
 
 
 def exit_code_for(counts: dict[str, int]) -> int:
@@ -129,10 +137,11 @@ async def submit_and_wait(
     timeout_s: float,
     progress: Printer | None,
     runners: RunnerRegistry | None = None,
+    quotas: Quotas | None = None,
 ) -> SubmitOutcome:
     """Submit; with a ``feed`` (opened before this call, so no completion slips past),
     follow the experiment until every trial is recorded or ``timeout_s`` passes."""
-    result = await submit(prepared, bus, ledger, coordinator, tasks, runners)
+    result = await submit(prepared, bus, ledger, coordinator, tasks, runners, quotas)
     summary = result.as_dict()
     if feed is None:
         return SubmitOutcome(summary, E.EXIT_OK)

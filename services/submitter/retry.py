@@ -22,7 +22,9 @@ from schemas.events import TaskRef, TrialRequested
 from schemas.manifest import ExperimentManifest, StoredTask
 from schemas.record import TrialRecord
 from services.common.errors import ExperimentNotFound, ManifestError, UserInputError
-from services.common.ports import EventBus, ExperimentInfo, Ledger, ObjectStore
+from services.common.ports import Coordinator, EventBus, ExperimentInfo, Ledger, ObjectStore
+from services.common.quotas import Quotas
+from services.submitter.quota_gate import QuotaGate
 from services.submitter.resolve import resolve_tasks
 from services.submitter.submit import expand_trials
 
@@ -79,6 +81,13 @@ async def task_ref(
     )
 
 
+def recorded_team(info: ExperimentInfo) -> str | None:
+    """The team recorded as the experiment's submitter (``submitted_by.team``), or None."""
+    by = info.manifest.get("submitted_by")
+    team = by.get("team") if isinstance(by, dict) else None
+    return team if isinstance(team, str) else None
+
+
 def retried(trial: TrialRequested) -> TrialRequested:
     """The trial as a new run (its own run id, its own attempts and ending)."""
     return trial.model_copy(update={"run_id": f"{trial.trial_id}:retry:{uuid.uuid4().hex[:12]}"})
@@ -93,11 +102,17 @@ async def retry_trial(
     *,
     base_dir: Path | None = None,
     tasks_root: Path | None = None,
+    coordinator: Coordinator | None = None,
+    quotas: Quotas | None = None,
+    team: str | None = None,
 ) -> dict[str, Any]:
     """Publish a new run of one finished trial; what was published (``retry --json``).
 
     Raises ExperimentNotFound for an unknown experiment or a trial with no record in
-    it (queued or running trials are not retried: they have not finished).
+    it (queued or running trials are not retried: they have not finished). With
+    ``quotas`` (and the ``coordinator`` keeping the tallies), the run counts against
+    the team recorded as the experiment's submitter, else ``team`` (the CLI's), and
+    carries its limits like a submission's trials (QuotaExceeded when it would pass).
     """
     info = await ledger.get_experiment(experiment_id)
     if info is None:
@@ -122,6 +137,14 @@ async def retry_trial(
             "stored manifest expands (was it imported from a job folder?); it cannot be retried"
         )
     run = retried(matches[0])
+    owner_team = recorded_team(info) or team
+    quota = quotas.for_team(owner_team) if quotas is not None else None
+    if coordinator is not None and owner_team is not None and quota is not None:
+        gate = QuotaGate(coordinator, owner_team, quota)
+        await gate.check_spend()
+        limits = await gate.admit(1)
+        if limits is not None:
+            run = run.model_copy(update={"team": limits})
     await bus.publish(run)
     return {
         "experiment_id": experiment_id,

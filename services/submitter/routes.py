@@ -40,6 +40,7 @@ from services.common.ports import (
     ObjectStore,
     RunnerRegistry,
 )
+from services.common.quotas import QuotaExceeded, Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
@@ -112,13 +113,15 @@ ERROR_HANDLERS: dict[int | type[Exception], ErrorHandler] = {
     UserInputError: _answer(422, "error"),
     NotOwner: _answer(403, "error"),
     ClassNotAllowed: _answer(403, "error"),
+    QuotaExceeded: _answer(429, "error"),
     UnsupportedMediaType: _answer(415, "error"),
     ExperimentNotFound: _answer(404, "detail"),
     LedgerUnavailable: _answer(503, "error"),
 }
 """Exceptions to answers: bad input 422, another's experiment or a priority class the
-token may not use 403, a body neither JSON
-nor YAML 415, unknown experiment 404, ledger down 503."""
+token may not use 403, a team's quota reached 429 (a limit that frees with time, as
+HTTP's "too many requests"), a body neither JSON nor YAML 415, unknown experiment
+404, ledger down 503."""
 
 
 def decode_json(body: bytes) -> Any:
@@ -181,8 +184,9 @@ def check_owner(
     return owner
 
 
-def build_router(settings: SubmitterSettings) -> APIRouter:
-    """The routes; http_security's guard authenticates every one but /healthz."""
+def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> APIRouter:
+    """The routes; http_security's guard authenticates every one but /healthz.
+    ``quotas``: the team quotas a submission is held to (None: none)."""
     router = APIRouter()
 
     @router.get("/healthz")
@@ -206,9 +210,17 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         owner = check_owner(info, prepared.experiment_id, identity)
         # An admin resubmitting keeps the recorded owner; anyone else is the owner.
         by = (owner or identity).record() if identity.admin else identity.record()
-        prepared = dataclasses.replace(prepared, submitted_by=by)
+        # The team whose quotas apply is the identity's, never the manifest's.
+        team = by.get("team") if by else None
+        prepared = dataclasses.replace(prepared, submitted_by=by, team=team)
         result = await handlers.submit(
-            prepared, ports.bus, ports.ledger, ports.coordinator, ports.tasks, ports.runners
+            prepared,
+            ports.bus,
+            ports.ledger,
+            ports.coordinator,
+            ports.tasks,
+            ports.runners,
+            quotas,
         )
         log.info("experiment submitted", experiment_id=result.experiment_id, by=identity.label)
         return result.as_dict()
@@ -263,6 +275,8 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
             trial_id,
             base_dir=settings.tasks_root or Path.cwd(),
             tasks_root=settings.tasks_root,
+            coordinator=ports.coordinator,
+            quotas=quotas,
         )
 
     @router.get("/experiments/{experiment_id}/status")

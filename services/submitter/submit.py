@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from schemas.events import (
     MAX_EVENT_BYTES,
     ExperimentSubmitted,
     TaskRef,
+    TeamRef,
     TrialRequested,
     encode_event,
 )
@@ -33,6 +35,7 @@ from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
 from services.common.ports import EventBus, Ledger, ObjectStore
 from services.common.task_cache import upload_task
+from services.submitter.quota_gate import QuotaGate
 from services.submitter.resolve import ResolvedTask, resolve_tasks
 
 
@@ -118,6 +121,9 @@ class PreparedExperiment:
     """Who submitted it over the HTTP API (``api_tokens.Identity.record``); stored in
     the ledger's copy of the manifest under the reserved key ``submitted_by``, which
     no manifest can carry itself (unknown fields are refused). None: not recorded."""
+    team: str | None = None
+    """The team whose quotas apply: the submitter's identity's (HTTP), or the CLI's
+    ``TRIALBUS_CLI_TEAM``; never read from the manifest. None: no team, no quota."""
 
 
 def prepare(
@@ -155,6 +161,14 @@ def _too_large(kind: str, data: bytes, field: str, field_bytes: int) -> Manifest
         f"{MAX_EVENT_BYTES}-byte limit of an event (every consumer would drop it as "
         f"poison); shorten {field}, or put long text in the task's files"
     )
+
+
+TEAM_REF_MAX_BYTES = len(',"team":') + len(
+    TeamRef(
+        name="x" * 64, max_concurrent_trials=2**63 - 1, max_spend_usd_per_day=sys.float_info.max
+    ).model_dump_json()
+)
+"""The most a TrialRequested's ``team`` adds to its encoding."""
 
 
 def _longest_run_id(trial: TrialRequested) -> str:
@@ -195,9 +209,11 @@ def check_event_sizes(prepared: PreparedExperiment) -> None:
     if len(data) > MAX_EVENT_BYTES:
         raise _too_large("experiment_submitted", data, *_largest_field(submitted.manifest, ""))
     agents = prepared.manifest.agents
+    # A team's work messages carry its TeamRef, added at publish time.
+    reserve = TEAM_REF_MAX_BYTES if prepared.team is not None else 0
     for trial in prepared.trials:
         # The resume form of the run id is the longest a trial is published with.
-        if longest_size(trial) <= MAX_EVENT_BYTES:
+        if longest_size(trial) + reserve <= MAX_EVENT_BYTES:
             continue
         data = encode_event(trial.model_copy(update={"run_id": _longest_run_id(trial)}))
         fields = trial.model_dump(mode="json")
@@ -235,13 +251,18 @@ async def upload_tasks(prepared: PreparedExperiment, store: ObjectStore) -> None
 
 
 async def publish_experiment(
-    prepared: PreparedExperiment, bus: EventBus, ledger: Ledger | None, tasks: ObjectStore
+    prepared: PreparedExperiment,
+    bus: EventBus,
+    ledger: Ledger | None,
+    tasks: ObjectStore,
+    gate: QuotaGate | None = None,
 ) -> SubmitResult:
     """Upload the tasks, publish ExperimentSubmitted, then every trial still to run.
 
     Raises ManifestError before anything is uploaded or published when an event
     would be too large (``check_event_sizes``, again: ``submitted_by`` is added to
-    the manifest after ``prepare``)."""
+    the manifest after ``prepare``), and QuotaExceeded before anything is published
+    when the trials still to run would pass the team's quota (``gate``)."""
     check_event_sizes(prepared)
     await upload_tasks(prepared, tasks)
     scored: set[str] = set()
@@ -261,18 +282,20 @@ async def publish_experiment(
         correlation_id=prepared.correlation_id,
         trial_ids=[t.trial_id for t in prepared.trials],
     )
+    team = await gate.admit(len(todo)) if gate is not None else None
     await bus.publish(experiment_submitted(prepared, len(todo)))
     items: list[TrialRequested] = []
     for t in todo:
+        update: dict[str, object] = {"team": team} if team is not None else {}
         # A trial with an unscored record is re-run under a msg id derived from that
         # record: concurrent resubmissions agree (and dedupe), a later one re-runs.
         if t.trial_id in unscored_versions:
-            t = t.model_copy(
-                update={"run_id": f"{t.trial_id}:resume:{unscored_versions[t.trial_id]}"}
-            )
-        items.append(t)
+            update["run_id"] = f"{t.trial_id}:resume:{unscored_versions[t.trial_id]}"
+        items.append(t.model_copy(update=update) if update else t)
     fresh = await bus.publish_many(items)
     result.published_ids = [t.trial_id for t, new in zip(todo, fresh, strict=True) if new]
     result.n_published = len(result.published_ids)
     result.n_duplicates = len(items) - result.n_published
+    if gate is not None:
+        await gate.give_back(result.n_duplicates)
     return result

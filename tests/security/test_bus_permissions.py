@@ -374,12 +374,12 @@ async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
     sub_coord = await NatsCoordinator.open(submitter.js, TOPO, lease_ttl_s=ACK_WAIT_S)
     await sub_coord.cancel(exp)
     assert await coord.is_cancelled(exp, fresh=True)
-    # Pause likewise: the runner may read the flag, not set or lift it; the submitter
-    # may set, lift and read it back, and no other control key through that right.
+    # Pause: the submitter may set, lift and read it back, and no other control key
+    # through that right. A runner may do neither (a team at its spend cap holds its
+    # trials back without the flag: docs/scheduling.md).
     pause_key = f"$KV.{TOPO.control_bucket}.pause.{exp}"
     await runner.denied(coord.pause(exp), "Publish", pause_key)
     await runner.denied(coord.resume(exp), "Publish", pause_key)
-    assert not await coord.is_paused(exp, fresh=True)
     await sub_coord.pause(exp)
     assert await coord.is_paused(exp, fresh=True)
     assert await sub_coord.is_paused(exp, fresh=True)
@@ -426,6 +426,31 @@ async def test_agent_stops_budgets_and_spend(roles: dict[str, Role]) -> None:
         sub_coord.add_spend(exp, Spend(tokens=1)),
         "Publish",
         f"$JS.API.DIRECT.GET.KV_{TOPO.control_bucket}.{key}.spend.{exp}",
+    )
+
+
+async def test_team_quota_keys(roles: dict[str, Role]) -> None:
+    runner, submitter = roles["runner"], roles["submitter"]
+    team = f"t.{uuid.uuid4().hex[:8]}@x"  # '.' and '@' are encoded in the keys
+    coord = await NatsCoordinator.open(runner.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    sub_coord = await NatsCoordinator.open(submitter.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    # The submitter counts trials per day and reads the spend runners tally; a runner
+    # takes team slots beside the experiments'.
+    assert await sub_coord.add_tally("trials", team, 3, limit=5) == (True, 0.0)
+    assert await sub_coord.add_tally("trials", team, 3, limit=5) == (False, 3.0)
+    assert await coord.add_tally("spend", team, 1.5) == (True, 0.0)
+    assert await sub_coord.tally("spend", team, fresh=True) == 1.5
+    lease = await coord.acquire_team(team, 1, "runner-1")
+    assert lease is not None and lease.key.startswith("_team.")
+    assert await coord.acquire_team(team, 1, "runner-2") is None
+    await coord.release(lease)
+    # Negative controls: a runner counts no submissions; a submitter tallies no spend
+    # and holds no team slot.
+    key = f"$KV.{TOPO.control_bucket}.quota"
+    await runner.denied(coord.add_tally("trials", team, 1), "Publish", f"{key}.trials.*")
+    await submitter.denied(sub_coord.add_tally("spend", team, 1), "Publish", f"{key}.spend.*")
+    await submitter.denied(
+        sub_coord.acquire_team(team, 1, "x"), "Publish", f"$KV.{TOPO.leases_bucket}._team.*"
     )
 
 

@@ -16,6 +16,7 @@ from schemas.events import (
     ExperimentSubmitted,
     ResultImported,
     TaskRef,
+    TeamRef,
     TrialCompleted,
     TrialFailed,
     TrialLog,
@@ -80,6 +81,16 @@ def instances() -> dict[str, Envelope]:
             compute=ComputeSpec(),
             retry=RetrySpec(),
             run_id="t1:resume:2",
+        ),
+        "trial_requested_team": TrialRequested(
+            **env(15),
+            trial_id="t1",
+            task=TASK,
+            agent=AgentSpec(name="oracle"),
+            repetition=0,
+            compute=ComputeSpec(),
+            retry=RetrySpec(),
+            team=TeamRef(name="red.team", max_concurrent_trials=4, max_spend_usd_per_day=25.0),
         ),
         "trial_started": TrialStarted(
             **env(4), trial_id="t1", runner_id="r-1", host="node-a", attempt=2

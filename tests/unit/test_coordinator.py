@@ -176,6 +176,40 @@ class CoordinatorContract:
         assert total == Spend(cost_usd=0.5, tokens=210, attempts=3, unpriced=1)
         assert await world.a.spent("exp-other", fresh=True) == Spend()
 
+    async def test_team_slots_hold_across_runners_beside_the_experiments(
+        self, world: World
+    ) -> None:
+        takers = [world.a, world.b] * 4
+        leases = await asyncio.gather(
+            *(c.acquire_team("red.team@x", 3, f"r{i}") for i, c in enumerate(takers))
+        )
+        held = [lease for lease in leases if lease is not None]
+        assert len(held) == 3
+        assert all(lease.key.startswith("_team.red=2Eteam=40x.") for lease in held)
+        # Negative controls: another team, and an experiment of the same name, have
+        # slots of their own; a released team slot lets exactly one more in.
+        assert await world.b.acquire_team("blue", 3, "r") is not None
+        assert await world.b.acquire("red", 1, "r") is not None
+        assert await world.a.acquire_team("red.team@x", 3, "late") is None
+        await world.b.release(held[0])
+        assert await world.a.acquire_team("red.team@x", 3, "late") is not None
+        assert await world.b.acquire_team("red.team@x", 3, "later") is None
+
+    async def test_team_tallies_count_to_their_limit_across_processes(self, world: World) -> None:
+        assert await world.a.tally("trials", "red", fresh=True) == 0.0
+        # Five submitters race for 10 trials per day, 3 each: exactly three pass.
+        got = await asyncio.gather(
+            *(c.add_tally("trials", "red", 3, limit=10) for c in [world.a, world.b] * 2 + [world.a])
+        )
+        assert sorted(added for added, _ in got) == [False, False, True, True, True]
+        assert await world.b.tally("trials", "red", fresh=True) == 9.0
+        # Giving back is counted too; another team's tally is its own.
+        assert await world.b.add_tally("trials", "red", -2) == (True, 9.0)
+        assert await world.a.tally("trials", "red", fresh=True) == 7.0
+        assert await world.a.tally("trials", "blue", fresh=True) == 0.0
+        assert await world.a.add_tally("spend", "red", 0.5) == (True, 0.0)
+        assert await world.b.tally("spend", "red", fresh=True) == 0.5
+
 
 class Clock:
     """A monotonic clock the test moves by hand."""

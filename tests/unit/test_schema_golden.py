@@ -61,6 +61,23 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
         b'"run_id":"t1:resume:2"}',
         "t1:resume:2",
     ),
+    # A quota'd team's work message (docs/scheduling.md): ``team`` appears only when set,
+    # so every other message keeps the bytes above.
+    "trial_requested_team": (
+        b'{"event_id":"0000000000000000000000000000000f",'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
+        b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
+        b'"type":"trial_requested","task":{"name":"hello-file",'
+        b'"checksum":"abababababababababababababababababababababababababababababababab"},'
+        b'"agent":{"name":"oracle","import_path":null,"model":null,"label":null,'
+        b'"kwargs":{},"api_key_env":[]},"repetition":0,"compute":{"environment":"local",'
+        b'"environment_kwargs":{},"n_concurrent_trials":4,"timeout_multiplier":1.0,'
+        b'"pool":"default","requires":[]},"retry":{"max_attempts":3,'
+        b'"backoff_seconds":2.0,"max_backoff_seconds":60.0},"experiment_trials":null,'
+        b'"team":{"name":"red.team","max_concurrent_trials":4,"max_spend_usd_per_day":25.0},'
+        b'"run_id":""}',
+        "t1",
+    ),
     "trial_started": (
         b'{"event_id":"00000000000000000000000000000004",'
         b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'

@@ -14,11 +14,13 @@ import itertools
 import random
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from schemas.events import Envelope, encode_event, parse_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
+from services.common import quotas
 from services.common.ports import (
     ExperimentInfo,
     Lease,
@@ -200,6 +202,9 @@ class InMemoryCoordinator:
         self._stops: dict[tuple[str, str], bytes] = {}
         self._budgets: dict[str, bytes] = {}
         self._spent: dict[str, Spend] = {}
+        self._tallies: dict[tuple[str, str], quotas.Tally] = {}
+        self.now: Callable[[], datetime] = lambda: datetime.now(UTC)
+        """The wall clock of the daily tallies (a test may move it)."""
 
     def _live(self, key: str) -> tuple[str, int, float] | None:
         entry = self._leases.get(key)
@@ -219,9 +224,16 @@ class InMemoryCoordinator:
 
     async def acquire(self, experiment_id: str, limit: int, holder: str) -> Lease | None:
         """Take a free slot of the experiment, or None when none is found."""
+        return self._take(experiment_id, limit, holder)
+
+    async def acquire_team(self, team: str, limit: int, holder: str) -> Lease | None:
+        """Take a free slot of the team (key ``_team.<team key>.<slot>``)."""
+        return self._take(f"_team.{quotas.team_key(team)}", limit, holder)
+
+    def _take(self, prefix: str, limit: int, holder: str) -> Lease | None:
         start = self._rng.randrange(limit)
         for step in range(min(limit, MAX_PROBES)):
-            key = f"{experiment_id}.{(start + step) % limit}"
+            key = f"{prefix}.{(start + step) % limit}"
             if self._live(key) is not None:
                 continue
             revision = next(self._revisions)
@@ -239,6 +251,22 @@ class InMemoryCoordinator:
     async def release(self, lease: Lease) -> None:
         """Purge the lease's key (a missing one is not an error)."""
         self._leases.pop(lease.key, None)
+
+    async def add_tally(
+        self, kind: str, team: str, amount: float, *, limit: float | None = None
+    ) -> tuple[bool, float]:
+        """Add to the team's rolling tally unless ``limit`` would be passed."""
+        now = self.now()
+        stored = self._tallies.get((kind, team), {})
+        before = quotas.window_total(stored, now)
+        if limit is not None and before + amount > limit:
+            return False, before
+        self._tallies[(kind, team)] = quotas.window_add(stored, now, amount)
+        return True, before
+
+    async def tally(self, kind: str, team: str, *, fresh: bool = False) -> float:
+        """The team's total over the last 24 h (always fresh here)."""
+        return quotas.window_total(self._tallies.get((kind, team), {}), self.now())
 
     async def cancel(self, experiment_id: str) -> None:
         """Flag the experiment cancelled."""

@@ -27,6 +27,12 @@
   **spend** (key ``spend.<experiment>``, a JSON total each runner updates with a
   compare-and-set after every attempt that reported usage).
 
+- **Team quotas** (docs/scheduling.md): a team's concurrency slots are leases
+  ``_team.<team key>.<i>`` in the leases bucket (no experiment id starts with ``_``);
+  its rolling 24-h tallies are ``quota.trials.<team key>`` (the submitter, at submit)
+  and ``quota.spend.<team key>`` (runners, after each priced attempt): one JSON object
+  of hourly buckets each, updated with a compare-and-set (services.common.quotas).
+
 Reads that every delivery pays for (cancel, pause, stop, budget, spend) are cached for
 ``cache_s`` per runner unless asked ``fresh``: a flag or a total seen one second late
 lets at most that second's trials start.
@@ -38,6 +44,7 @@ import contextlib
 import random
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
@@ -46,6 +53,7 @@ from nats.js.kv import KeyValue
 
 from infra.nats_permissions import kv_stream
 from schemas.subjects import Topology
+from services.common import quotas
 from services.common.ports import Lease, Spend
 
 MAX_PROBES = 64
@@ -97,9 +105,16 @@ class NatsCoordinator:
         on a key without any message (``release`` leaves none): a held slot costs one
         round trip to pass over, not the get that nats-py's ``create`` adds.
         """
+        return await self._take(experiment_id, limit, holder)
+
+    async def acquire_team(self, team: str, limit: int, holder: str) -> Lease | None:
+        """Take a free slot of the team, as ``acquire`` does an experiment's."""
+        return await self._take(f"_team.{quotas.team_key(team)}", limit, holder)
+
+    async def _take(self, prefix: str, limit: int, holder: str) -> Lease | None:
         start = random.randrange(limit)
         for step in range(min(limit, MAX_PROBES)):
-            key = f"{experiment_id}.{(start + step) % limit}"
+            key = f"{prefix}.{(start + step) % limit}"
             try:
                 revision = await self._leases.update(key, holder.encode(), last=0)
             except KeyWrongLastSequenceError:
@@ -260,6 +275,39 @@ class NatsCoordinator:
     async def spent(self, experiment_id: str, *, fresh: bool = False) -> Spend:
         """The running total (cached for ``cache_s``)."""
         return Spend.decode(await self._read(f"spend.{experiment_id}", fresh=fresh))
+
+    # -- team tallies -------------------------------------------------------------------
+    async def add_tally(
+        self, kind: str, team: str, amount: float, *, limit: float | None = None
+    ) -> tuple[bool, float]:
+        """Compare-and-set the team's hourly buckets (submitters and runners race)."""
+        key = f"quota.{kind}.{quotas.team_key(team)}"
+        while True:
+            now = datetime.now(UTC)
+            try:
+                entry = await self._control.get(key)
+                stored, revision = quotas.decode_tally(entry.value), entry.revision
+            except KeyNotFoundError:
+                stored, revision = {}, 0
+            before = quotas.window_total(stored, now)
+            if limit is not None and before + amount > limit:
+                self._reads[key] = (time.monotonic(), quotas.encode_tally(stored))
+                return False, before
+            new = quotas.encode_tally(quotas.window_add(stored, now, amount))
+            try:
+                if revision:
+                    await self._control.update(key, new, last=revision)
+                else:
+                    await self._control.create(key, new)  # the tally's first write
+            except KeyWrongLastSequenceError:
+                continue  # another process counted first: read its total again
+            self._reads[key] = (time.monotonic(), new)
+            return True, before
+
+    async def tally(self, kind: str, team: str, *, fresh: bool = False) -> float:
+        """The team's total over the last 24 h (cached for ``cache_s``)."""
+        raw = await self._read(f"quota.{kind}.{quotas.team_key(team)}", fresh=fresh)
+        return quotas.window_total(quotas.decode_tally(raw), datetime.now(UTC))
 
     async def _put(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key``; this process reads it back without asking."""
