@@ -1,5 +1,5 @@
 """The CLI's live views: ``trialbus experiments``, ``status --follow``, ``logs`` and
-``runners``. Each opens what it needs (connections.py), reads, and closes.
+``runners``, ``queue``. Each opens what it needs (connections.py), reads, and closes.
 
 What the ledger knows is read through services.reports.queries (the one read path,
 shared with the dashboard); what only the bus knows (trials running now, live log
@@ -14,13 +14,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from infra.nats_permissions import kv_stream
 from schemas.events import TrialLog
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import UserInputError
+from services.common.ports import Ledger
 from services.common.settings import CommonSettings
 from services.reports import queries
 from services.reports.progress import ExperimentRow, RunnerRow, runner_rows
-from services.submitter.connections import open_ledger, open_nats, try_open_nats
+from services.reports.queue import QueueView, lease_counts, parse_work_subject, queue_view
+from services.submitter.connections import NatsSide, open_ledger, open_nats, try_open_nats
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
 
 UPDATE_INTERVAL_S = 0.5
@@ -180,3 +183,45 @@ async def list_runners(settings: CommonSettings) -> list[RunnerRow]:
     """``trialbus runners``: the fleet (``fleet``)."""
     async with open_nats(settings, "trialbus-runners") as nats:
         return await fleet(await nats.registry())
+
+
+async def read_queue(nats: NatsSide, ledger: Ledger) -> QueueView:
+    """What waits, per pool, class and team, and why (services.reports.queue). The one
+    read path of ``trialbus queue``, ``GET /queue`` and the dashboard's queue page.
+
+    Two stream infos with a subject filter (the work stream's messages per subject,
+    the leases bucket's keys), then per experiment with queued work one ledger read
+    and its pause flag, and the runner registry once: the cost grows with the
+    experiments that wait, not with their trials. The subject details of one stream
+    info stop at nats-server's limit (100,000 subjects), far beyond the experiments
+    one installation queues at once.
+    """
+    topology = nats.settings.topology
+    coordinator = await nats.coordinator()  # opens (or makes) the leases bucket too
+    js = nats.nc.jetstream()
+    work = await js.stream_info(topology.work_stream, subjects_filter=topology.work_wildcard)
+    held = await js.stream_info(
+        kv_stream(topology.leases_bucket), subjects_filter=f"$KV.{topology.leases_bucket}.>"
+    )
+    counts = dict(work.state.subjects or {})
+    experiments = sorted(
+        {p[2] for s, n in counts.items() if n and (p := parse_work_subject(topology, s))}
+    )
+    infos = {exp: await ledger.get_experiment(exp) for exp in experiments}
+    paused = {exp: await coordinator.is_paused(exp) for exp in experiments}
+    runners = await (await nats.registry()).live_runners()
+    return queue_view(
+        topology,
+        nats.settings.classes,
+        counts,
+        lease_counts(topology.leases_bucket, held.state.subjects or {}),
+        infos,
+        paused,
+        runners,
+    )
+
+
+async def list_queue(settings: CommonSettings) -> QueueView:
+    """``trialbus queue``: what waits and why (``read_queue``)."""
+    async with open_nats(settings, "trialbus-queue") as nats, open_ledger(settings) as ledger:
+        return await read_queue(nats, ledger)

@@ -45,7 +45,7 @@ from services.reports import queries
 from services.reports.html import render_html
 from services.submitter import handlers
 from services.submitter.api_tokens import Identity, owner_from_record
-from services.submitter.follow import fleet
+from services.submitter.follow import fleet, read_queue
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
 from services.submitter.retry import retry_trial
@@ -309,5 +309,13 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         pool, capabilities, concurrency, trials in flight, attempts done and failed,
         last heartbeat, and whether it is stale (missed its heartbeats)."""
         return [r.as_dict() for r in await fleet(await request.app.state.nats.registry())]
+
+    @router.get("/queue")
+    async def queue(request: Request, ports: PortsDep) -> dict[str, Any]:
+        """What waits (as `trialbus queue --json`): queued trials per pool, priority
+        class and team, and per experiment why they wait: `paused`, `no_runner` (no
+        live runner of its pool offers what it needs), `concurrency_limit` (its
+        n_concurrent_trials are running) or `priority` (behind other work)."""
+        return (await read_queue(request.app.state.nats, ports.ledger)).as_dict()
 
     return router
