@@ -132,6 +132,9 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
                 assert answer.status_code == 202, answer.text
                 ids[name] = answer.json()["experiment_id"]
             names = {exp: name for name, exp in ids.items()}
+            # Guarded as every JSON endpoint: no token, no queue (control: with one, below).
+            assert (await api.get("/queue")).status_code == 401
+            assert (await api.get("/ui/queue")).headers["location"] == "/ui/login"
             api.cookies.set(SESSION_COOKIE, TOKENS["blue"][0])  # the dashboard's login
             await record_submissions(nc, topology, ledger)
             # One live runner in the default pool, none in gpu; red-paused paused; one
