@@ -43,7 +43,7 @@ from services.common.ports import (
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
-from services.submitter import handlers
+from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.follow import fleet, read_queue
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
@@ -248,6 +248,27 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         """Resume (as `trialbus resume --json`): the queued trials start within seconds."""
         await owned(experiment_id, ports, identity, "resumed")
         return await handlers.resume(ports.ledger, ports.coordinator, experiment_id)
+
+    @router.post("/experiments/{experiment_id}/trials/{trial_id}/pause")
+    async def pause_one(
+        experiment_id: str, trial_id: str, ports: PortsDep, identity: IdentityDep
+    ) -> dict[str, Any]:
+        """Pause one trial (as `trialbus pause EXP --trial T --json`): it waits unstarted
+        until resumed; running, it finishes. Same owner rule as the experiment's pause."""
+        await owned(experiment_id, ports, identity, "trial paused")
+        return await trial_pause.pause_trial(
+            ports.ledger, ports.coordinator, experiment_id, trial_id
+        )
+
+    @router.post("/experiments/{experiment_id}/trials/{trial_id}/resume")
+    async def resume_one(
+        experiment_id: str, trial_id: str, ports: PortsDep, identity: IdentityDep
+    ) -> dict[str, Any]:
+        """Resume one paused trial (as `trialbus resume EXP --trial T --json`)."""
+        await owned(experiment_id, ports, identity, "trial resumed")
+        return await trial_pause.resume_trial(
+            ports.ledger, ports.coordinator, experiment_id, trial_id
+        )
 
     @router.post("/experiments/{experiment_id}/trials/{trial_id}/retry", status_code=202)
     async def retry(

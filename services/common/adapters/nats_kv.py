@@ -10,6 +10,10 @@
 - **Cancellation** (bucket ``<P>_CONTROL``, key ``cancel.<experiment>``).
 - **Pause** (key ``pause.<experiment>``, written and purged by the submitter): runners
   hand a paused experiment's work messages back unstarted (docs/scheduling.md).
+  Single trials paused are one key per experiment, ``pause.<experiment>.trials``: a
+  JSON list of trial ids the submitter changes by compare-and-set, so a runner checks
+  every delivery against one cached read per experiment, as for the experiment's own
+  flag (a key per trial would cost a KV round trip on every delivery).
 - **Attempts** (bucket ``<P>_CONTROL``, key ``runs.<run_id>``): how many times a run
   was actually started. JetStream's delivery count cannot say, because a trial that
   waits for a free slot is handed back (nak) without running.
@@ -35,9 +39,10 @@ lets at most that second's trials start.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
@@ -46,6 +51,7 @@ from nats.js.kv import KeyValue
 
 from infra.nats_permissions import kv_stream
 from schemas.subjects import Topology
+from services.common.errors import TransientError
 from services.common.ports import Lease, Spend
 
 MAX_PROBES = 64
@@ -144,9 +150,54 @@ class NatsCoordinator:
         """Lift the pause (purged, so the bucket keeps no trace of it)."""
         await self._purge(f"pause.{experiment_id}")
 
-    async def is_paused(self, experiment_id: str, *, fresh: bool = False) -> bool:
-        """Whether the experiment is paused (cached for ``cache_s``)."""
-        return await self._read(f"pause.{experiment_id}", fresh=fresh) == b"1"
+    async def is_paused(
+        self, experiment_id: str, *, trial_id: str | None = None, fresh: bool = False
+    ) -> bool:
+        """Whether the experiment, or with ``trial_id`` that trial of it, is paused (both
+        reads cached for ``cache_s``)."""
+        if await self._read(f"pause.{experiment_id}", fresh=fresh) == b"1":
+            return True
+        return trial_id is not None and trial_id in await self.paused_trials(
+            experiment_id, fresh=fresh
+        )
+
+    async def pause_trial(self, experiment_id: str, trial_id: str) -> None:
+        """Add ``trial_id`` to the experiment's paused trials."""
+        await self._change_paused_trials(experiment_id, lambda ids: ids | {trial_id})
+
+    async def resume_trial(self, experiment_id: str, trial_id: str) -> bool:
+        """Remove ``trial_id`` from the experiment's paused trials; whether it was there."""
+        before = await self._change_paused_trials(experiment_id, lambda ids: ids - {trial_id})
+        return trial_id in before
+
+    async def paused_trials(self, experiment_id: str, *, fresh: bool = False) -> frozenset[str]:
+        """The experiment's trials paused one by one (cached for ``cache_s``)."""
+        return _trial_set(await self._read(_paused_trials_key(experiment_id), fresh=fresh))
+
+    async def _change_paused_trials(
+        self, experiment_id: str, change: Callable[[frozenset[str]], frozenset[str]]
+    ) -> frozenset[str]:
+        """Apply ``change`` to the stored list by compare-and-set (two submitters may
+        change it at once); the set before the change that was written."""
+        key = _paused_trials_key(experiment_id)
+        for _ in range(MAX_PROBES):
+            try:
+                entry = await self._control.get(key)
+                before, last = _trial_set(entry.value), entry.revision or 0
+            except KeyNotFoundError as exc:  # never written, or deleted (its marker's revision)
+                marker = getattr(exc, "entry", None)
+                before, last = frozenset(), (marker.revision or 0) if marker is not None else 0
+            after = change(before)
+            if after == before:
+                return before
+            value = json.dumps(sorted(after)).encode()
+            try:
+                await self._control.update(key, value, last=last)
+            except KeyWrongLastSequenceError:
+                continue
+            self._reads[key] = (time.monotonic(), value)
+            return before
+        raise TransientError(f"the paused trials of {experiment_id} kept changing; try again")
 
     # -- attempts ----------------------------------------------------------------------
     async def next_attempt(self, run_id: str) -> int:
@@ -284,6 +335,18 @@ class NatsCoordinator:
             value = None
         self._reads[key] = (now, value)
         return value
+
+
+def _paused_trials_key(experiment_id: str) -> str:
+    return f"pause.{experiment_id}.trials"
+
+
+def _trial_set(value: bytes | None) -> frozenset[str]:
+    """The stored JSON list of paused trial ids (nothing stored: none)."""
+    if not value:
+        return frozenset()
+    ids = json.loads(value)
+    return frozenset(i for i in ids if isinstance(i, str)) if isinstance(ids, list) else frozenset()
 
 
 def _ending_key(run_id: str) -> str:
