@@ -9,7 +9,9 @@ plus those running; every running trial holds one lease of its experiment
 
 Why an experiment's queued trials wait, the first that holds:
 
-1. ``paused``: its pause flag is set (the control bucket, docs/scheduling.md);
+1. ``paused``: its pause flag is set (the control bucket, docs/scheduling.md), or
+   every trial it has queued may be one paused on its own (as many unfinished trials
+   of it are paused one by one as it has queued);
 2. ``no_runner``: no live runner of its pool offers what it needs (the registry,
    services/common/pools.pool_refusal: its words);
 3. ``concurrency_limit``: as many trials run as its ``n_concurrent_trials`` allows
@@ -53,6 +55,8 @@ class WaitingExperiment:
     running: int
     limit: int | None
     """Its ``compute.n_concurrent_trials`` (None: the ledger does not know the experiment)."""
+    paused_trials: int
+    """Its unfinished trials paused one by one (``trialbus pause EXP --trial T``)."""
     reason: str
     detail: str
 
@@ -68,6 +72,7 @@ class WaitingExperiment:
             "queued": self.queued,
             "running": self.running,
             "n_concurrent_trials": self.limit,
+            "paused_trials": self.paused_trials,
             "reason": self.reason,
             "detail": self.detail,
         }
@@ -154,11 +159,23 @@ def _compute(info: ExperimentInfo | None, pool: str) -> ComputeSpec:
 
 
 def why_waiting(
-    *, paused: bool, refusal: str | None, running: int, limit: int | None, experiment_id: str
+    *,
+    paused: bool,
+    refusal: str | None,
+    running: int,
+    limit: int | None,
+    experiment_id: str,
+    queued: int = 0,
+    paused_trials: int = 0,
 ) -> tuple[str, str]:
-    """(reason, words) for an experiment's queued trials (the module's order)."""
+    """(reason, words) for an experiment's ``queued`` trials (the module's order)."""
     if paused:
         return "paused", f"paused: its trials wait for `trialbus resume {experiment_id}`"
+    if paused_trials and queued <= paused_trials:
+        return "paused", (
+            f"{paused_trials} of its trials paused one by one: each waits for "
+            f"`trialbus resume {experiment_id} --trial TRIAL`"
+        )
     if refusal is not None:
         return "no_runner", refusal
     if limit is not None and running >= limit:
@@ -177,10 +194,12 @@ def queue_view(
     infos: Mapping[str, ExperimentInfo | None],
     paused: Mapping[str, bool],
     runners: Sequence[RunnerInfo],
+    paused_trials: Mapping[str, int] | None = None,
 ) -> QueueView:
     """The queue from ``work`` (messages per work subject), ``leases`` (per experiment,
-    ``lease_counts``), the ledger's ``infos`` and the ``paused`` flags of the
-    experiments in ``work``, and the live ``runners``. Experiments with nothing queued
+    ``lease_counts``), the ledger's ``infos``, the ``paused`` flags and the number of
+    ``paused_trials`` (unfinished, paused one by one) of the experiments in ``work``,
+    and the live ``runners``. Experiments with nothing queued
     (every message is a running trial) are left out."""
     rows: list[WaitingExperiment] = []
     for subject, count in work.items():
@@ -195,12 +214,15 @@ def queue_view(
         compute = _compute(info, pool)
         owner = owner_from_record(info.manifest.get("submitted_by")) if info else None
         limit = compute.n_concurrent_trials if info else None
+        held = (paused_trials or {}).get(exp, 0)
         reason, detail = why_waiting(
             paused=paused.get(exp, False),
             refusal=pool_refusal(compute, runners),
             running=running,
             limit=limit,
             experiment_id=exp,
+            queued=count - running,
+            paused_trials=held,
         )
         rows.append(
             WaitingExperiment(
@@ -213,6 +235,7 @@ def queue_view(
                 queued=count - running,
                 running=running,
                 limit=limit,
+                paused_trials=held,
                 reason=reason,
                 detail=detail,
             )

@@ -191,16 +191,16 @@ async def read_queue(nats: NatsSide, ledger: Ledger) -> QueueView:
 
     Two stream infos with a subject filter (the work stream's messages per subject,
     the leases bucket's keys), then per experiment with queued work one ledger read
-    and its pause flag, and the runner registry once: the cost grows with the
-    experiments that wait, not with their trials. The subject details of one stream
-    info stop at nats-server's limit (100,000 subjects), far beyond the experiments
-    one installation queues at once.
+    and its pause flags (and a record read per trial paused one by one), and the
+    runner registry once: the cost grows with the experiments that wait, not with
+    their trials. The subject details of one stream info stop at nats-server's limit
+    (100,000 subjects), far beyond the experiments one installation queues at once.
     """
     topology = nats.settings.topology
     coordinator = await nats.coordinator()  # opens (or makes) the leases bucket too
     js = nats.nc.jetstream()
     work = await js.stream_info(topology.work_stream, subjects_filter=topology.work_wildcard)
-    held = await js.stream_info(
+    leases = await js.stream_info(
         kv_stream(topology.leases_bucket), subjects_filter=f"$KV.{topology.leases_bucket}.>"
     )
     counts = dict(work.state.subjects or {})
@@ -209,16 +209,26 @@ async def read_queue(nats: NatsSide, ledger: Ledger) -> QueueView:
     )
     infos = {exp: await ledger.get_experiment(exp) for exp in experiments}
     paused = {exp: await coordinator.is_paused(exp) for exp in experiments}
+    one_by_one = {
+        exp: await _unfinished(ledger, await coordinator.paused_trials(exp)) for exp in experiments
+    }
     runners = await (await nats.registry()).live_runners()
     return queue_view(
         topology,
         nats.settings.classes,
         counts,
-        lease_counts(topology.leases_bucket, held.state.subjects or {}),
+        lease_counts(topology.leases_bucket, leases.state.subjects or {}),
         infos,
         paused,
         runners,
+        one_by_one,
     )
+
+
+async def _unfinished(ledger: Ledger, trial_ids: Iterable[str]) -> int:
+    """How many of ``trial_ids`` have no record yet (one read per trial paused one by
+    one: a handful, never the experiment's trials)."""
+    return sum([await ledger.get_record(t) is None for t in trial_ids])
 
 
 async def list_queue(settings: CommonSettings) -> QueueView:

@@ -29,6 +29,7 @@ def view(
     leases: dict[str, int] | None = None,
     paused: dict[str, bool] | None = None,
     runners: list[RunnerInfo] | None = None,
+    one_by_one: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     v = queue_view(
         T,
@@ -38,6 +39,7 @@ def view(
         infos,
         paused or {},
         [LOCAL] if runners is None else runners,
+        one_by_one,
     )
     return {e.experiment_id: e for e in v.experiments} | {"_groups": v.groups}
 
@@ -105,3 +107,13 @@ def test_running_trials_are_not_queued_and_unknown_experiments_still_show() -> N
     assert "all" not in rows
     assert (rows["x"].name, rows["x"].team, rows["x"].limit) == ("x", None, None)
     assert view({}, {})["_groups"] == []
+
+
+def test_trials_paused_one_by_one_are_the_reason_only_when_they_are_all_that_waits() -> None:
+    work = {"qv.work.default.a": 2, "qv.work.default.b": 2}
+    infos: dict[str, ExperimentInfo | None] = {"a": info("a", "red"), "b": info("b", "red")}
+    rows = view(work, infos, one_by_one={"a": 2, "b": 1})
+    assert rows["a"].reason == "paused" and "--trial" in rows["a"].detail
+    assert rows["a"].paused_trials == 2
+    # Control: one of b's two queued trials is not paused, so b waits its turn too.
+    assert (rows["b"].reason, rows["b"].paused_trials) == ("priority", 1)
