@@ -10,6 +10,7 @@ and reading the runners bucket (infra/nats_permissions.py).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from infra.nats_permissions import kv_stream
 from schemas.events import TrialLog
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import UserInputError
-from services.common.ports import Ledger
+from services.common.ports import ExperimentInfo, Ledger
 from services.common.settings import CommonSettings
 from services.reports import queries
 from services.reports.progress import ExperimentRow, RunnerRow, runner_rows
@@ -34,6 +35,9 @@ LOG_QUIET_S = 1.0
 """``logs -f`` asks the ledger whether the trial has its record after this long quiet."""
 HISTORY_READ_S = 5.0
 """Reading the lines a stream holds may take at most this long."""
+QUEUE_READS_AT_ONCE = 16
+"""``read_queue`` reads this many experiments side by side (one after another, 100
+took 0.5-0.65 s on the loaded test machine: a ledger and two KV round trips each)."""
 
 
 def started_of(live: LiveFeeds) -> queries.StartedOf:
@@ -207,11 +211,21 @@ async def read_queue(nats: NatsSide, ledger: Ledger) -> QueueView:
     experiments = sorted(
         {p[2] for s, n in counts.items() if n and (p := parse_work_subject(topology, s))}
     )
-    infos = {exp: await ledger.get_experiment(exp) for exp in experiments}
-    paused = {exp: await coordinator.is_paused(exp) for exp in experiments}
-    one_by_one = {
-        exp: await _unfinished(ledger, await coordinator.paused_trials(exp)) for exp in experiments
-    }
+
+    at_once = asyncio.Semaphore(QUEUE_READS_AT_ONCE)
+
+    async def about(exp: str) -> tuple[ExperimentInfo | None, bool, int]:
+        async with at_once:
+            return (
+                await ledger.get_experiment(exp),
+                await coordinator.is_paused(exp),
+                await _unfinished(ledger, await coordinator.paused_trials(exp)),
+            )
+
+    found = dict(zip(experiments, await asyncio.gather(*map(about, experiments)), strict=True))
+    infos = {exp: f[0] for exp, f in found.items()}
+    paused = {exp: f[1] for exp, f in found.items()}
+    one_by_one = {exp: f[2] for exp, f in found.items()}
     runners = await (await nats.registry()).live_runners()
     return queue_view(
         topology,
