@@ -39,7 +39,6 @@ lets at most that second's trials start.
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -51,7 +50,11 @@ from nats.js.kv import KeyValue
 
 from infra.nats_permissions import kv_stream
 from schemas.subjects import Topology
-from services.common.errors import TransientError
+from services.common.adapters.nats_paused_trials import (
+    change_paused_trials,
+    paused_trials_key,
+    trial_set,
+)
 from services.common.ports import Lease, Spend
 
 MAX_PROBES = 64
@@ -82,6 +85,8 @@ class NatsCoordinator:
         # key -> (read at, value): the cached reads of the control bucket's flags,
         # stops, budgets and spend
         self._reads: dict[str, tuple[float, bytes | None]] = {}
+        # experiment -> (stored list, parsed): the paused trials, parsed once per change
+        self._trial_sets: dict[str, tuple[bytes | None, frozenset[str]]] = {}
 
     @classmethod
     async def open(
@@ -172,32 +177,20 @@ class NatsCoordinator:
 
     async def paused_trials(self, experiment_id: str, *, fresh: bool = False) -> frozenset[str]:
         """The experiment's trials paused one by one (cached for ``cache_s``)."""
-        return _trial_set(await self._read(_paused_trials_key(experiment_id), fresh=fresh))
+        raw = await self._read(paused_trials_key(experiment_id), fresh=fresh)
+        parsed = self._trial_sets.get(experiment_id)
+        if parsed is None or parsed[0] != raw:  # parsed once per change, not per delivery
+            parsed = (raw, trial_set(raw))
+            self._trial_sets[experiment_id] = parsed
+        return parsed[1]
 
     async def _change_paused_trials(
         self, experiment_id: str, change: Callable[[frozenset[str]], frozenset[str]]
     ) -> frozenset[str]:
-        """Apply ``change`` to the stored list by compare-and-set (two submitters may
-        change it at once); the set before the change that was written."""
-        key = _paused_trials_key(experiment_id)
-        for _ in range(MAX_PROBES):
-            try:
-                entry = await self._control.get(key)
-                before, last = _trial_set(entry.value), entry.revision or 0
-            except KeyNotFoundError as exc:  # never written, or deleted (its marker's revision)
-                marker = getattr(exc, "entry", None)
-                before, last = frozenset(), (marker.revision or 0) if marker is not None else 0
-            after = change(before)
-            if after == before:
-                return before
-            value = json.dumps(sorted(after)).encode()
-            try:
-                await self._control.update(key, value, last=last)
-            except KeyWrongLastSequenceError:
-                continue
-            self._reads[key] = (time.monotonic(), value)
-            return before
-        raise TransientError(f"the paused trials of {experiment_id} kept changing; try again")
+        before, written = await change_paused_trials(self._control, experiment_id, change)
+        if written is not None:  # this process reads its own change back without asking
+            self._reads[paused_trials_key(experiment_id)] = (time.monotonic(), written)
+        return before
 
     # -- attempts ----------------------------------------------------------------------
     async def next_attempt(self, run_id: str) -> int:
@@ -335,18 +328,6 @@ class NatsCoordinator:
             value = None
         self._reads[key] = (now, value)
         return value
-
-
-def _paused_trials_key(experiment_id: str) -> str:
-    return f"pause.{experiment_id}.trials"
-
-
-def _trial_set(value: bytes | None) -> frozenset[str]:
-    """The stored JSON list of paused trial ids (nothing stored: none)."""
-    if not value:
-        return frozenset()
-    ids = json.loads(value)
-    return frozenset(i for i in ids if isinstance(i, str)) if isinstance(ids, list) else frozenset()
 
 
 def _ending_key(run_id: str) -> str:
