@@ -34,9 +34,13 @@ pytestmark = pytest.mark.e2e
 
 N_TRIALS = 6
 TRIAL_S = 2.0
-"""Three rounds of 2 s trials at concurrency 2: the siblings' run outlasts the longest
-hand-back delay, so the paused trial was delivered and handed back meanwhile."""
-RESUME_START_S = 15.0
+"""The 5 siblings run one at a time (the manifest's n_concurrent_trials 1) for 2 s each:
+about 10 s, twice the longest hand-back delay, so the paused trial was delivered and
+handed back meanwhile (measured with 3 rounds of 2: 5.5 s, too close to the 5 s)."""
+RESUME_START_S = 30.0
+"""Resumed, the trial must start within this: the `resume` CLI's start-up (3-5 s under
+load), the hand-back delay still running (at most 5 s) and the runners' 1 s flag cache;
+measured 6.4-13.3 s on the loaded 2-core machine. A lost message would never start."""
 
 
 def starts_of(events: Sequence[Event], trial_id: str) -> list[TrialStarted]:
@@ -49,7 +53,7 @@ async def test_one_paused_trial_waits_while_its_siblings_run(
     stack = await stacks.start(concurrency=2, runner_env=instant_runner_env(TRIAL_S))
     tap = await stacks.tap(stack)
     cli = stacks.cli(stack)
-    manifest = write_manifest(tmp_path, N_TRIALS, name="one-held", concurrency=2)
+    manifest = write_manifest(tmp_path, N_TRIALS, name="one-held", concurrency=1)
     exp = experiment_id_of(load_manifest(manifest))
     held = sorted(expected_trial_ids(manifest, exp))[0]
 
