@@ -113,9 +113,17 @@ class ExperimentRow:
         return self.priority_class or default_class
 
     def matches(self, query: str) -> bool:
-        """Whether the filter box's text is in the id, the name, the submitter or the state."""
+        """Whether the filter box's text is in the id, the name, the submitter, the team,
+        the priority class (when the manifest names one) or the state."""
         q = query.strip().lower()
-        fields = (self.experiment_id, self.name, self.submitted_by, self.progress.state)
+        fields = (
+            self.experiment_id,
+            self.name,
+            self.submitted_by,
+            self.team or "",
+            self.priority_class or "",
+            self.progress.state,
+        )
         return not q or any(q in f.lower() for f in fields)
 
     def as_dict(self) -> dict[str, Any]:
