@@ -83,6 +83,8 @@ def status_table(experiment: str, counts: dict[str, Any]) -> Table:
     for k, v in counts.items():
         if k == "paused":
             v = f"yes: queued trials wait for `trialbus resume {escape(experiment)}`" if v else "no"
+        elif k == "paused_trials":
+            v = f"{v}: each waits for `trialbus resume {escape(experiment)} --trial TRIAL`"
         table.add_row(k, escape(str(v)))
     return table
 

@@ -45,7 +45,11 @@ async def load_experiment(
 
 
 async def experiment_status(
-    ledger: Ledger, experiment_id: str, *, paused_of: PausedOf | None = None
+    ledger: Ledger,
+    experiment_id: str,
+    *,
+    paused_of: PausedOf | None = None,
+    paused_trials_of: PausedTrialsOf | None = None,
 ) -> dict[str, int | str | bool]:
     """Counts of an experiment's trials by state (``status_counts``); with a budget in
     the manifest, ``budget``: what the recorded trials spent of it; when the manifest
@@ -54,7 +58,8 @@ async def experiment_status(
 
     ``paused`` is False once every trial is recorded (nothing waits any more), as the
     dashboard's and ``status --follow``'s state say; without ``paused_of`` (NATS out of
-    reach) the key is absent: unknown, not False.
+    reach) the key is absent: unknown, not False. With ``paused_trials_of``, and when
+    some of them have no record, ``paused_trials``: how many trials are paused one by one.
     """
     _, info, records = await load_experiment(ledger, experiment_id)
     counts = status_counts(records, info)
@@ -67,6 +72,11 @@ async def experiment_status(
         status["priority_class"] = named
     if paused_of is not None:
         status["paused"] = bool(counts["pending"] and await paused_of(experiment_id))
+    if paused_trials_of is not None and counts["pending"]:
+        recorded = {r.trial_id for r in records}
+        held = set(await paused_trials_of(experiment_id)) - recorded
+        if held:
+            status["paused_trials"] = len(held)
     return status
 
 
@@ -76,6 +86,10 @@ StartedOf = Callable[[str], Awaitable[Iterable[str]]]
 
 PausedOf = Callable[[str], Awaitable[bool]]
 """Whether an experiment is paused (the coordinator's flag: Coordinator.is_paused)."""
+
+
+PausedTrialsOf = Callable[[str], Awaitable[Iterable[str]]]
+"""An experiment's trials paused one by one (Coordinator.paused_trials)."""
 
 
 async def experiment_progress(

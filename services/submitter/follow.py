@@ -76,8 +76,13 @@ async def experiment_status(
         open_ledger(settings) as ledger,
         try_open_nats(settings, "trialbus-status") as nats,
     ):
-        paused_of = (await nats.coordinator()).is_paused if nats is not None else None
-        status = await queries.experiment_status(ledger, experiment_id, paused_of=paused_of)
+        coordinator = await nats.coordinator() if nats is not None else None
+        status = await queries.experiment_status(
+            ledger,
+            experiment_id,
+            paused_of=coordinator.is_paused if coordinator else None,
+            paused_trials_of=coordinator.paused_trials if coordinator else None,
+        )
         return status, nats is not None
 
 

@@ -288,11 +288,15 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
 
     @router.get("/experiments/{experiment_id}/status")
     async def status(experiment_id: str, ports: PortsDep) -> dict[str, bool | int | str]:
-        """Counts by state, spend against a budget, whether it is paused, and the priority
-        class its manifest names (as `trialbus status --json`)."""
+        """Counts by state, spend against a budget, whether it is paused (and
+        `paused_trials`: how many unfinished trials are paused one by one), and the
+        priority class its manifest names (as `trialbus status --json`)."""
         # bool first: pydantic's union keeps True a bool rather than reading it as 1.
         return await queries.experiment_status(
-            ports.ledger, experiment_id, paused_of=ports.coordinator.is_paused
+            ports.ledger,
+            experiment_id,
+            paused_of=ports.coordinator.is_paused,
+            paused_trials_of=ports.coordinator.paused_trials,
         )
 
     @router.get("/experiments/{experiment_id}/leaderboard")
