@@ -190,7 +190,8 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
 
     @app.command()
     def experiments(json_out: JsonOpt = False) -> None:
-        """Every experiment: id, name, submitted by, state, progress, started, duration."""
+        """Every experiment: id, name, submitted by, team, class, state, progress, started,
+        duration."""
         from services.submitter.follow import list_experiments
 
         default = settings_for(CommonSettings).default_priority_class
