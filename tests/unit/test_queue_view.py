@@ -117,3 +117,22 @@ def test_trials_paused_one_by_one_are_the_reason_only_when_they_are_all_that_wai
     assert rows["a"].paused_trials == 2
     # Control: one of b's two queued trials is not paused, so b waits its turn too.
     assert (rows["b"].reason, rows["b"].paused_trials) == ("priority", 1)
+
+
+def test_the_cli_tables_show_groups_reasons_and_names_as_text() -> None:
+    from rich.console import Console
+
+    from services.cli_live import queue_tables
+
+    work = {"qv.work.default.batch.e1": 2, "qv.work.gpu.e2": 1}
+    infos: dict[str, ExperimentInfo | None] = {
+        "e1": ExperimentInfo("e1", "[red]sweep[/red]", 2, {"submitted_by": {"team": "blue"}}),
+        "e2": info("e2", "red", pool="gpu"),
+    }
+    v = queue_view(T, CLASSES, work, {}, infos, {"e1": True}, [LOCAL])
+    console = Console(width=250, record=True)
+    for table in queue_tables(v):
+        console.print(table)
+    text = console.export_text()
+    assert "queue: 3 trials wait" in text and "paused 2" in text and "no_runner 1" in text
+    assert "[red]sweep[/red]" in text  # a name is text, never markup
