@@ -1,5 +1,5 @@
 """The ``trialbus`` commands that watch things live: ``experiments``, ``status
---follow``, ``logs`` and ``runners``. Thin like services/cli.py: parse, call
+--follow``, ``logs``, ``runners`` and ``queue``. Thin like services/cli.py: parse, call
 services.submitter.follow, print; registered on the CLI's app by ``register``.
 """
 
@@ -17,19 +17,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from services.common import errors as E
+from services.common.priority import DEFAULT_CLASS
 from services.common.settings import CommonSettings
 from services.common.stackfile import settings_for
 from services.reports.progress import ExperimentRow, RunnerRow, duration, rate_and_eta, when
+from services.reports.queue import QueueView
 
 type Runner = Callable[[Callable[[], Awaitable[Any]]], Any]
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
-def experiments_table(rows: list[ExperimentRow]) -> Table:
-    """The experiments list, with the dashboard's columns and numbers."""
+def experiments_table(rows: list[ExperimentRow], default_class: str = DEFAULT_CLASS) -> Table:
+    """The experiments list, with the dashboard's columns and numbers (an unset priority
+    class shown as ``default_class``, the installation's)."""
     table = Table(title="experiments (newest first)")
-    for col in ("id", "name", "submitted by", "state"):
+    for col in ("id", "name", "submitted by", "team", "class", "state"):
         table.add_column(col)
     for col in ("done", "running", "queued", "unscored", "total"):
         table.add_column(col, justify="right")
@@ -41,6 +44,8 @@ def experiments_table(rows: list[ExperimentRow]) -> Table:
             escape(r.experiment_id),
             escape(r.name),
             escape(r.submitted_by),
+            escape(r.team or "-"),
+            escape(r.class_shown(default_class)),
             p.state,
             *(str(n) for n in (p.done, p.running, p.queued, p.unscored, p.total)),
             when(r.started),
@@ -78,6 +83,8 @@ def status_table(experiment: str, counts: dict[str, Any]) -> Table:
     for k, v in counts.items():
         if k == "paused":
             v = f"yes: queued trials wait for `trialbus resume {escape(experiment)}`" if v else "no"
+        elif k == "paused_trials":
+            v = f"{v}: each waits for `trialbus resume {escape(experiment)} --trial TRIAL`"
         table.add_row(k, escape(str(v)))
     return table
 
@@ -101,6 +108,39 @@ def runners_table(rows: list[RunnerRow]) -> Table:
             "[red]stale[/red]" if r.stale else "live",
         )
     return table
+
+
+def queue_tables(view: QueueView) -> list[Table]:
+    """``trialbus queue``: per (pool, class, team) what waits, then each experiment and why."""
+    groups = Table(title=f"queue: {view.queued} trials wait")
+    for col in ("pool", "class", "team"):
+        groups.add_column(col)
+    for col in ("queued", "running", "experiments"):
+        groups.add_column(col, justify="right")
+    groups.add_column("queued by reason")
+    for g in view.groups:
+        reasons = ", ".join(f"{r} {n}" for r, n in g.by_reason.items())
+        groups.add_row(
+            escape(g.pool),
+            escape(g.priority_class),
+            escape(g.team or "-"),
+            *(str(n) for n in (g.queued, g.running, g.experiments)),
+            escape(reasons),
+        )
+    waiting = Table(title="why they wait")
+    for col in ("experiment", "name", "pool", "class", "team", "queued", "running", "reason"):
+        waiting.add_column(col, justify="right" if col in ("queued", "running") else "left")
+    waiting.add_column("detail", overflow="fold")
+    for e in view.experiments:
+        waiting.add_row(
+            *(escape(x) for x in (e.experiment_id, e.name, e.pool, e.priority_class)),
+            escape(e.team or "-"),
+            str(e.queued),
+            str(e.running),
+            e.reason,
+            escape(e.detail),
+        )
+    return [groups, waiting]
 
 
 def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
@@ -150,10 +190,12 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
 
     @app.command()
     def experiments(json_out: JsonOpt = False) -> None:
-        """Every experiment: id, name, submitted by, state, progress, started, duration."""
+        """Every experiment: id, name, submitted by, team, class, state, progress, started,
+        duration."""
         from services.submitter.follow import list_experiments
 
-        show_rows(list_experiments, experiments_table, json_out)
+        default = settings_for(CommonSettings).default_priority_class
+        show_rows(list_experiments, lambda rows: experiments_table(rows, default), json_out)
 
     @app.command()
     def logs(
@@ -186,6 +228,23 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
         from services.submitter.follow import list_runners
 
         show_rows(list_runners, runners_table, json_out)
+
+    @app.command()
+    def queue(json_out: JsonOpt = False) -> None:
+        """What waits, per pool, priority class and team, and why: paused, no live
+        capable runner, at the experiment's n_concurrent_trials, or behind other work."""
+        from services.submitter.follow import list_queue
+
+        settings = settings_for(CommonSettings)
+        view: QueueView = run(lambda: list_queue(settings))
+        if json_out:
+            out.print_json(json.dumps(view.as_dict()))
+            return
+        if not view.experiments:
+            out.print("nothing waits: the work stream holds no queued trial")
+            return
+        for table in queue_tables(view):
+            out.print(table)
 
 
 def follow_status(

@@ -1,6 +1,7 @@
 """The ``trialbus`` commands that steer an experiment's work: ``cancel``, ``pause``,
-``resume`` and ``retry`` (docs/scheduling.md). Thin like services/cli.py: parse, call
-services.submitter.commands, print; registered on the CLI's app by ``register``.
+``resume`` (of an experiment or one trial) and ``retry`` (docs/scheduling.md). Thin
+like services/cli.py: parse, call services.submitter.commands, print; registered on
+the CLI's app by ``register``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import typer
 from rich.console import Console
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+TrialOpt = Annotated[
+    str | None,
+    typer.Option("--trial", help="Only this trial of the experiment (its trial id)."),
+]
 
 type Call = Callable[..., Any]
 """services.cli._call: runs one of services.submitter.commands with the settings."""
@@ -48,10 +54,23 @@ def register(
             )
 
     @app.command()
-    def pause(experiment: str, json_out: JsonOpt = False) -> None:
-        """Pause an experiment: queued trials wait (not started, not lost); running ones finish."""
+    def pause(experiment: str, trial: TrialOpt = None, json_out: JsonOpt = False) -> None:
+        """Pause an experiment (or with --trial one trial of it): queued trials wait (not
+        started, not lost); running ones finish."""
         from services.submitter.commands import pause_experiment
 
+        if trial is not None:
+            result = call(pause_experiment, experiment, trial)
+            if printed_as_json(result, json_out):
+                return
+            if result["already_recorded"]:
+                err.print(f"warning: trial {trial} has finished already; a retry of it would wait")
+            err.print(
+                f"trial {trial} of {experiment} paused: it waits until `trialbus resume "
+                f"{experiment} --trial {trial}`; if it is running, it finishes",
+                highlight=False,
+            )
+            return
         if set_flag(pause_experiment, experiment, json_out) is not None:
             err.print(
                 f"experiment {experiment} paused: queued trials wait until `trialbus resume "
@@ -60,15 +79,17 @@ def register(
             )
 
     @app.command()
-    def resume(experiment: str, json_out: JsonOpt = False) -> None:
-        """Resume a paused experiment: its queued trials start within seconds."""
+    def resume(experiment: str, trial: TrialOpt = None, json_out: JsonOpt = False) -> None:
+        """Resume a paused experiment (or with --trial one paused trial): its queued
+        trials start within seconds."""
         from services.submitter.commands import resume_experiment
 
-        result = call(resume_experiment, experiment)
+        result = call(resume_experiment, experiment, trial)
         if printed_as_json(result, json_out):
             return
+        what = f"trial {trial} of {experiment}" if trial else f"experiment {experiment}"
         said = "resumed" if result["was_paused"] else "was not paused; nothing to resume"
-        err.print(f"experiment {experiment} {said}", highlight=False)
+        err.print(f"{what} {said}", highlight=False)
 
     @app.command()
     def retry(

@@ -287,8 +287,20 @@ class Coordinator(Protocol):
     async def resume(self, experiment_id: str) -> None:
         """Lift a pause (a missing flag is not an error)."""
 
-    async def is_paused(self, experiment_id: str, *, fresh: bool = False) -> bool:
-        """Whether the experiment is paused (may be cached unless ``fresh``)."""
+    async def is_paused(
+        self, experiment_id: str, *, trial_id: str | None = None, fresh: bool = False
+    ) -> bool:
+        """Whether the experiment is paused, or with ``trial_id`` whether the experiment
+        or that one trial of it is (may be cached unless ``fresh``)."""
+
+    async def pause_trial(self, experiment_id: str, trial_id: str) -> None:
+        """Flag one trial of the experiment paused: runners hand its work back unstarted."""
+
+    async def resume_trial(self, experiment_id: str, trial_id: str) -> bool:
+        """Lift one trial's pause; whether it was paused (a missing flag is not an error)."""
+
+    async def paused_trials(self, experiment_id: str, *, fresh: bool = False) -> frozenset[str]:
+        """The experiment's trials paused one by one (may be cached unless ``fresh``)."""
 
     async def next_attempt(self, run_id: str) -> int:
         """Count one more start of ``run_id`` and return the new count (1 first)."""

@@ -105,11 +105,25 @@ class ExperimentRow:
     duration_s: float | None
     priority_class: str | None = None
     """The class the manifest names (compute.priority_class); None: the default class."""
+    team: str | None = None
+    """The submitter's team (the manifest's ``submitted_by``); None: no team recorded."""
+
+    def class_shown(self, default_class: str) -> str:
+        """The priority class as the lists show it: the installation's default when unset."""
+        return self.priority_class or default_class
 
     def matches(self, query: str) -> bool:
-        """Whether the filter box's text is in the id, the name, the submitter or the state."""
+        """Whether the filter box's text is in the id, the name, the submitter, the team,
+        the priority class (when the manifest names one) or the state."""
         q = query.strip().lower()
-        fields = (self.experiment_id, self.name, self.submitted_by, self.progress.state)
+        fields = (
+            self.experiment_id,
+            self.name,
+            self.submitted_by,
+            self.team or "",
+            self.priority_class or "",
+            self.progress.state,
+        )
         return not q or any(q in f.lower() for f in fields)
 
     def as_dict(self) -> dict[str, Any]:
@@ -122,7 +136,14 @@ class ExperimentRow:
             "started": self.started.isoformat() if self.started else None,
             "duration_s": self.duration_s,
             "priority_class": self.priority_class,
+            "team": self.team,
         }
+
+
+def team_of(info: ExperimentInfo | None) -> str | None:
+    """The team of the identity that submitted the experiment (None: none recorded)."""
+    owner = owner_from_record(info.manifest.get("submitted_by")) if info else None
+    return owner.team if owner else None
 
 
 def priority_class_of(info: ExperimentInfo | None) -> str | None:
@@ -175,6 +196,7 @@ def experiment_row(
         started=first,
         duration_s=duration,
         priority_class=priority_class_of(info),
+        team=team_of(info),
     )
 
 

@@ -46,7 +46,11 @@ async def load_experiment(
 
 
 async def experiment_status(
-    ledger: Ledger, experiment_id: str, *, paused_of: PausedOf | None = None
+    ledger: Ledger,
+    experiment_id: str,
+    *,
+    paused_of: PausedOf | None = None,
+    paused_trials_of: PausedTrialsOf | None = None,
 ) -> dict[str, int | str | bool]:
     """Counts of an experiment's trials by state (``status_counts``); with a budget in
     the manifest, ``budget``: what the recorded trials spent of it; when the manifest
@@ -58,7 +62,8 @@ async def experiment_status(
     (``counts_of_tally`` is ``status_counts``'s arithmetic).
     ``paused`` is False once every trial is recorded (nothing waits any more), as the
     dashboard's and ``status --follow``'s state say; without ``paused_of`` (NATS out of
-    reach) the key is absent: unknown, not False.
+    reach) the key is absent: unknown, not False. With ``paused_trials_of``, and when
+    some of them have no record, ``paused_trials``: how many trials are paused one by one.
     """
     info = await ledger.get_experiment(experiment_id)
     tally = await ledger.experiment_tally(experiment_id)
@@ -74,6 +79,11 @@ async def experiment_status(
         status["priority_class"] = named
     if paused_of is not None:
         status["paused"] = bool(counts["pending"] and await paused_of(experiment_id))
+    if paused_trials_of is not None and counts["pending"]:
+        recorded = {r.trial_id for r in records}
+        held = set(await paused_trials_of(experiment_id)) - recorded
+        if held:
+            status["paused_trials"] = len(held)
     return status
 
 
@@ -83,6 +93,10 @@ StartedOf = Callable[[str], Awaitable[Iterable[str]]]
 
 PausedOf = Callable[[str], Awaitable[bool]]
 """Whether an experiment is paused (the coordinator's flag: Coordinator.is_paused)."""
+
+
+PausedTrialsOf = Callable[[str], Awaitable[Iterable[str]]]
+"""An experiment's trials paused one by one (Coordinator.paused_trials)."""
 
 
 async def experiment_progress(

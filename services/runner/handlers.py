@@ -226,7 +226,7 @@ class TrialHandler:
         # stored, and publishes the stored one otherwise.
         if await coord.is_cancelled(request.experiment_id):
             return await self._publish(request, policy.cancelled(request, 1, self._who.host), bound)
-        if await coord.is_paused(request.experiment_id):
+        if await coord.is_paused(request.experiment_id, trial_id=request.trial_id):
             # Neither started nor lost: no lease, no attempt counted, back in the queue.
             return nak(self._rng.uniform(*PAUSE_WAIT_S), "handback")
         capped = await guards.team_capped(coord, request)

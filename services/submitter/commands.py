@@ -20,7 +20,7 @@ from services.common.ports import Ledger
 from services.common.quotas import load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.importer.export import export_experiment
-from services.submitter import handlers
+from services.submitter import handlers, trial_pause
 from services.submitter.connections import open_ledger, open_nats, try_open_nats
 from services.submitter.handlers import EventFeed, Printer, SubmitOutcome
 from services.submitter.manifest_io import load_manifest
@@ -83,16 +83,26 @@ async def cancel_experiment(settings: CommonSettings, experiment_id: str) -> dic
         return await handlers.cancel(ledger, await nats.coordinator(), experiment_id)
 
 
-async def pause_experiment(settings: CommonSettings, experiment_id: str) -> dict[str, Any]:
-    """``trialbus pause`` (see handlers.pause)."""
+async def pause_experiment(
+    settings: CommonSettings, experiment_id: str, trial_id: str | None = None
+) -> dict[str, Any]:
+    """``trialbus pause`` (see handlers.pause; with ``trial_id``, trial_pause.pause_trial)."""
     async with open_nats(settings, "trialbus-pause") as nats, open_ledger(settings) as ledger:
-        return await handlers.pause(ledger, await nats.coordinator(), experiment_id)
+        coordinator = await nats.coordinator()
+        if trial_id is not None:
+            return await trial_pause.pause_trial(ledger, coordinator, experiment_id, trial_id)
+        return await handlers.pause(ledger, coordinator, experiment_id)
 
 
-async def resume_experiment(settings: CommonSettings, experiment_id: str) -> dict[str, Any]:
-    """``trialbus resume`` (see handlers.resume)."""
+async def resume_experiment(
+    settings: CommonSettings, experiment_id: str, trial_id: str | None = None
+) -> dict[str, Any]:
+    """``trialbus resume`` (see handlers.resume; with ``trial_id``, trial_pause.resume_trial)."""
     async with open_nats(settings, "trialbus-resume") as nats, open_ledger(settings) as ledger:
-        return await handlers.resume(ledger, await nats.coordinator(), experiment_id)
+        coordinator = await nats.coordinator()
+        if trial_id is not None:
+            return await trial_pause.resume_trial(ledger, coordinator, experiment_id, trial_id)
+        return await handlers.resume(ledger, coordinator, experiment_id)
 
 
 async def retry_trial(

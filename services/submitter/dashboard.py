@@ -3,7 +3,8 @@
 Pages: the experiments list (``/ui/``, filter ``?q=``), an experiment (leaderboard,
 failure causes, pass@k, matrix, cost, trials, live progress), a trial (its record and
 live log), the comparison of two sides (``/ui/compare``, ``queries.comparison``) and
-the runner fleet (``/ui/runners``, ``follow.fleet`` as ``GET /runners``);
+the runner fleet (``/ui/runners``, ``follow.fleet`` as ``GET /runners``), the
+queue (``/ui/queue``, ``follow.read_queue`` as ``GET /queue``);
 two Server-Sent Events streams feed the live parts (dashboard_stream.py). Numbers
 come from services.reports.queries, as the CLI's and the JSON API's do.
 
@@ -36,7 +37,7 @@ from services.submitter.dashboard_compare import comparison_view
 from services.submitter.dashboard_stream import experiment_stream, loaded_sections, log_stream
 from services.submitter.dashboard_trial import timeline
 from services.submitter.dashboard_views import experiment_url, trial_url
-from services.submitter.follow import fleet
+from services.submitter.follow import fleet, read_queue
 from services.submitter.http_security import SESSION_COOKIE, ApiAccess, identify_token
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
 from services.submitter.routes import Ports
@@ -169,7 +170,13 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
                 paused = await ports(request).coordinator.is_paused(exp_id)
             row = views.experiment_row(exp_id, info, records, started, paused=paused)
             if row.matches(q):
-                rows.append({**_row_dict(row), "url": experiment_url(exp_id)})
+                rows.append(
+                    {
+                        **_row_dict(row),
+                        "url": experiment_url(exp_id),
+                        "priority_class": row.class_shown(settings.classes.default),
+                    }
+                )
         return render("experiments.html", request, title="Experiments", rows=rows, q=q)
 
     @router.get("/experiments/{experiment_id}")
@@ -244,6 +251,11 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
         view = views.fleet_view(await fleet(registry), registry.heartbeat_s)
         return render("runners.html", request, title="Runners", **view)
 
+    @router.get("/queue")
+    async def queue(request: Request) -> Response:
+        view = await read_queue(request.app.state.nats, ports(request).ledger)
+        return render("queue.html", request, title="Queue", **view.as_dict())
+
     @router.get("/trials/{trial_id}")
     async def trial(request: Request, trial_id: str) -> Response:
         if not valid_trial_id(trial_id):
@@ -278,6 +290,7 @@ def _row_dict(row: views.ExperimentRow) -> dict[str, Any]:
         "experiment_id": row.experiment_id,
         "name": row.name,
         "submitted_by": row.submitted_by,
+        "team": row.team,
         "progress": row.progress,
         "started": row.started,
         "duration_s": row.duration_s,

@@ -1,5 +1,5 @@
 """The CLI's live views: ``trialbus experiments``, ``status --follow``, ``logs`` and
-``runners``. Each opens what it needs (connections.py), reads, and closes.
+``runners``, ``queue``. Each opens what it needs (connections.py), reads, and closes.
 
 What the ledger knows is read through services.reports.queries (the one read path,
 shared with the dashboard); what only the bus knows (trials running now, live log
@@ -10,17 +10,21 @@ and reading the runners bucket (infra/nats_permissions.py).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from infra.nats_permissions import kv_stream
 from schemas.events import TrialLog
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import UserInputError
+from services.common.ports import ExperimentInfo, Ledger
 from services.common.settings import CommonSettings
 from services.reports import queries
 from services.reports.progress import ExperimentRow, RunnerRow, runner_rows
-from services.submitter.connections import open_ledger, open_nats, try_open_nats
+from services.reports.queue import QueueView, lease_counts, parse_work_subject, queue_view
+from services.submitter.connections import NatsSide, open_ledger, open_nats, try_open_nats
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
 
 UPDATE_INTERVAL_S = 0.5
@@ -31,6 +35,9 @@ LOG_QUIET_S = 1.0
 """``logs -f`` asks the ledger whether the trial has its record after this long quiet."""
 HISTORY_READ_S = 5.0
 """Reading the lines a stream holds may take at most this long."""
+QUEUE_READS_AT_ONCE = 16
+"""``read_queue`` reads this many experiments side by side (one after another, 100
+took 0.5-0.65 s on the loaded test machine: a ledger and two KV round trips each)."""
 
 
 def started_of(live: LiveFeeds) -> queries.StartedOf:
@@ -69,8 +76,13 @@ async def experiment_status(
         open_ledger(settings) as ledger,
         try_open_nats(settings, "trialbus-status") as nats,
     ):
-        paused_of = (await nats.coordinator()).is_paused if nats is not None else None
-        status = await queries.experiment_status(ledger, experiment_id, paused_of=paused_of)
+        coordinator = await nats.coordinator() if nats is not None else None
+        status = await queries.experiment_status(
+            ledger,
+            experiment_id,
+            paused_of=coordinator.is_paused if coordinator else None,
+            paused_trials_of=coordinator.paused_trials if coordinator else None,
+        )
         return status, nats is not None
 
 
@@ -180,3 +192,65 @@ async def list_runners(settings: CommonSettings) -> list[RunnerRow]:
     """``trialbus runners``: the fleet (``fleet``)."""
     async with open_nats(settings, "trialbus-runners") as nats:
         return await fleet(await nats.registry())
+
+
+async def read_queue(nats: NatsSide, ledger: Ledger) -> QueueView:
+    """What waits, per pool, class and team, and why (services.reports.queue). The one
+    read path of ``trialbus queue``, ``GET /queue`` and the dashboard's queue page.
+
+    Two stream infos with a subject filter (the work stream's messages per subject,
+    the leases bucket's keys), then per experiment with queued work one ledger read
+    and its pause flags (and a record read per trial paused one by one), and the
+    runner registry once: the cost grows with the experiments that wait, not with
+    their trials. The subject details of one stream info stop at nats-server's limit
+    (100,000 subjects), far beyond the experiments one installation queues at once.
+    """
+    topology = nats.settings.topology
+    coordinator = await nats.coordinator()  # opens (or makes) the leases bucket too
+    js = nats.nc.jetstream()
+    work = await js.stream_info(topology.work_stream, subjects_filter=topology.work_wildcard)
+    leases = await js.stream_info(
+        kv_stream(topology.leases_bucket), subjects_filter=f"$KV.{topology.leases_bucket}.>"
+    )
+    counts = dict(work.state.subjects or {})
+    experiments = sorted(
+        {p[2] for s, n in counts.items() if n and (p := parse_work_subject(topology, s))}
+    )
+
+    at_once = asyncio.Semaphore(QUEUE_READS_AT_ONCE)
+
+    async def about(exp: str) -> tuple[ExperimentInfo | None, bool, int]:
+        async with at_once:
+            return (
+                await ledger.get_experiment(exp),
+                await coordinator.is_paused(exp),
+                await _unfinished(ledger, await coordinator.paused_trials(exp)),
+            )
+
+    found = dict(zip(experiments, await asyncio.gather(*map(about, experiments)), strict=True))
+    infos = {exp: f[0] for exp, f in found.items()}
+    paused = {exp: f[1] for exp, f in found.items()}
+    one_by_one = {exp: f[2] for exp, f in found.items()}
+    runners = await (await nats.registry()).live_runners()
+    return queue_view(
+        topology,
+        nats.settings.classes,
+        counts,
+        lease_counts(topology.leases_bucket, leases.state.subjects or {}),
+        infos,
+        paused,
+        runners,
+        one_by_one,
+    )
+
+
+async def _unfinished(ledger: Ledger, trial_ids: Iterable[str]) -> int:
+    """How many of ``trial_ids`` have no record yet (one read per trial paused one by
+    one: a handful, never the experiment's trials)."""
+    return sum([await ledger.get_record(t) is None for t in trial_ids])
+
+
+async def list_queue(settings: CommonSettings) -> QueueView:
+    """``trialbus queue``: what waits and why (``read_queue``)."""
+    async with open_nats(settings, "trialbus-queue") as nats, open_ledger(settings) as ledger:
+        return await read_queue(nats, ledger)

@@ -44,9 +44,9 @@ from services.common.quotas import QuotaExceeded, Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
-from services.submitter import handlers
+from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
-from services.submitter.follow import fleet
+from services.submitter.follow import fleet, read_queue
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
 from services.submitter.retry import retry_trial
@@ -261,6 +261,27 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
         await owned(experiment_id, ports, identity, "resumed")
         return await handlers.resume(ports.ledger, ports.coordinator, experiment_id)
 
+    @router.post("/experiments/{experiment_id}/trials/{trial_id}/pause")
+    async def pause_one(
+        experiment_id: str, trial_id: str, ports: PortsDep, identity: IdentityDep
+    ) -> dict[str, Any]:
+        """Pause one trial (as `trialbus pause EXP --trial T --json`): it waits unstarted
+        until resumed; running, it finishes. Same owner rule as the experiment's pause."""
+        await owned(experiment_id, ports, identity, "trial paused")
+        return await trial_pause.pause_trial(
+            ports.ledger, ports.coordinator, experiment_id, trial_id
+        )
+
+    @router.post("/experiments/{experiment_id}/trials/{trial_id}/resume")
+    async def resume_one(
+        experiment_id: str, trial_id: str, ports: PortsDep, identity: IdentityDep
+    ) -> dict[str, Any]:
+        """Resume one paused trial (as `trialbus resume EXP --trial T --json`)."""
+        await owned(experiment_id, ports, identity, "trial resumed")
+        return await trial_pause.resume_trial(
+            ports.ledger, ports.coordinator, experiment_id, trial_id
+        )
+
     @router.post("/experiments/{experiment_id}/trials/{trial_id}/retry", status_code=202)
     async def retry(
         experiment_id: str, trial_id: str, ports: PortsDep, identity: IdentityDep
@@ -281,11 +302,15 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
 
     @router.get("/experiments/{experiment_id}/status")
     async def status(experiment_id: str, ports: PortsDep) -> dict[str, bool | int | str]:
-        """Counts by state, spend against a budget, whether it is paused, and the priority
-        class its manifest names (as `trialbus status --json`)."""
+        """Counts by state, spend against a budget, whether it is paused (and
+        `paused_trials`: how many unfinished trials are paused one by one), and the
+        priority class its manifest names (as `trialbus status --json`)."""
         # bool first: pydantic's union keeps True a bool rather than reading it as 1.
         return await queries.experiment_status(
-            ports.ledger, experiment_id, paused_of=ports.coordinator.is_paused
+            ports.ledger,
+            experiment_id,
+            paused_of=ports.coordinator.is_paused,
+            paused_trials_of=ports.coordinator.paused_trials,
         )
 
     @router.get("/experiments/{experiment_id}/leaderboard")
@@ -323,5 +348,13 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
         pool, capabilities, concurrency, trials in flight, attempts done and failed,
         last heartbeat, and whether it is stale (missed its heartbeats)."""
         return [r.as_dict() for r in await fleet(await request.app.state.nats.registry())]
+
+    @router.get("/queue")
+    async def queue(request: Request, ports: PortsDep) -> dict[str, Any]:
+        """What waits (as `trialbus queue --json`): queued trials per pool, priority
+        class and team, and per experiment why they wait: `paused`, `no_runner` (no
+        live runner of its pool offers what it needs), `concurrency_limit` (its
+        n_concurrent_trials are running) or `priority` (behind other work)."""
+        return (await read_queue(request.app.state.nats, ports.ledger)).as_dict()
 
     return router

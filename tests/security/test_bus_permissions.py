@@ -35,13 +35,17 @@ from infra.nats_auth import (
 from infra.nats_permissions import ROLES
 from schemas.runners import RunnerInfo
 from schemas.subjects import DEFAULT_POOL, Topology
-from services.common.adapters.jetstream import ensure_streams
+from services.common.adapters.jetstream import JetStreamBus, ensure_streams
+from services.common.adapters.memory import InMemoryLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import NatsObjectStore
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import ObjectAccessDenied
 from services.common.ports import Lease, Spend
+from services.common.settings import CommonSettings
 from services.runner.consumer import ensure_runner_consumers
+from services.submitter.connections import NatsSide
+from services.submitter.follow import read_queue
 from tests.support.bus_roles import RoleBus, connect_role, require_nats_server, role_server
 
 pytestmark = pytest.mark.integration
@@ -388,6 +392,14 @@ async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
     assert await sub_coord.is_paused(exp, fresh=True)
     await sub_coord.resume(exp)
     assert not await coord.is_paused(exp, fresh=True)
+    # One trial's pause lives under pause.> too (pause.<exp>.trials): the submitter
+    # sets and lifts it by compare-and-set, the runner reads it and cannot write it.
+    await runner.denied(coord.pause_trial(exp, "t__1"), "Publish", f"{pause_key}.trials")
+    await sub_coord.pause_trial(exp, "t__1")
+    assert await coord.is_paused(exp, trial_id="t__1", fresh=True)
+    assert not await coord.is_paused(exp, trial_id="t__2", fresh=True)
+    assert await sub_coord.resume_trial(exp, "t__1")
+    assert not await coord.is_paused(exp, trial_id="t__1", fresh=True)
     await submitter.denied(
         sub_coord.is_cancelled(exp, fresh=True),
         "Publish",
@@ -406,6 +418,35 @@ async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
         sub_coord.release(Lease(f"{exp}.0", 1)),
         "Publish",
         f"$JS.API.STREAM.PURGE.KV_{TOPO.leases_bucket}",
+    )
+
+
+async def test_the_submitter_reads_the_queue_from_counts_alone(roles: dict[str, Role]) -> None:
+    """``trialbus queue`` (follow.read_queue) runs as the submitter with the rights it
+    had: stream info with a subject filter on the work stream and the leases bucket,
+    the pause flags, the registry. It needs no consumer info and reads no lease."""
+    submitter, runner = roles["submitter"], roles["runner"]
+    exp = _exp()
+    # A pool no durable serves (no runner here takes it, and it stays in the stream).
+    await submitter.js.publish(f"{TOPO.prefix}.work.nowhere.{exp}", b"{}")
+    await submitter.js.publish(f"{TOPO.prefix}.work.nowhere.{exp}", b"{}")
+    settings = CommonSettings(prefix=TOPO.prefix)
+    side = NatsSide(submitter.nc, settings, JetStreamBus(submitter.js, TOPO))
+    view = await read_queue(side, InMemoryLedger())
+    (row,) = [e for e in view.experiments if e.experiment_id == exp]
+    assert (row.pool, row.queued, row.reason) == ("nowhere", 2, "no_runner")
+    # What it does not need stays denied: consumer info on a runner durable, a lease's
+    # value, writing a lease; the runner (control) may do the first two.
+    durable_info = f"$JS.API.CONSUMER.INFO.{TOPO.work_stream}.{TOPO.runner_durable}"
+    await submitter.denied(
+        submitter.js.consumer_info(TOPO.work_stream, TOPO.runner_durable), "Publish", durable_info
+    )
+    assert (await runner.js.consumer_info(TOPO.work_stream, TOPO.runner_durable)).name
+    lease_read = f"$JS.API.DIRECT.GET.KV_{TOPO.leases_bucket}.*"
+    leases = await submitter.js.key_value(TOPO.leases_bucket)
+    await submitter.denied(leases.get(f"{exp}.0"), "Publish", lease_read)
+    await submitter.denied(
+        leases.put(f"{exp}.0", b"x"), "Publish", f"$KV.{TOPO.leases_bucket}.{exp}.0"
     )
 
 

@@ -274,11 +274,22 @@ async def test_only_the_submitter_or_an_admin_may_cancel_pause_or_resubmit(
             assert by_admin.status_code == 200, by_admin.text
             assert await coordinator.is_cancelled(eid, fresh=True)
 
-            # Pause, resume and retry follow the same rule.
+            # Pause, resume and retry (of the experiment or one trial) follow the same rule.
             pause, resume = f"/experiments/{eid}/pause", f"/experiments/{eid}/resume"
-            for path in (pause, resume, f"/experiments/{eid}/trials/any-trial/retry"):
+            one = f"/experiments/{eid}/trials/hello__0001"
+            for path in (pause, resume, f"{one}/pause", f"{one}/resume", f"{one}/retry"):
                 refused = await c.post(path, headers=auth("bob"))
                 assert refused.status_code == 403, refused.text
+            assert not await coordinator.is_paused(eid, trial_id="hello__0001", fresh=True)
+            held = await c.post(f"{one}/pause", headers=auth("alice"))
+            assert held.status_code == 200 and held.json()["paused"] is True, held.text
+            assert await coordinator.is_paused(eid, trial_id="hello__0001", fresh=True)
+            assert not await coordinator.is_paused(eid, fresh=True)  # only that trial
+            let_go = await c.post(f"{one}/resume", headers=auth("ops"))
+            assert let_go.status_code == 200 and let_go.json()["was_paused"], let_go.text
+            assert not await coordinator.is_paused(eid, trial_id="hello__0001", fresh=True)
+            bad = await c.post(f"/experiments/{eid}/trials/-bad/pause", headers=auth("alice"))
+            assert bad.status_code == 422 and "not a trial id" in bad.json()["error"], bad.text
             assert not await coordinator.is_paused(eid, fresh=True)
             paused = await c.post(pause, headers=auth("alice"))
             assert paused.status_code == 200 and paused.json()["paused"] is True, paused.text

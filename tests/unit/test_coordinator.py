@@ -139,6 +139,30 @@ class CoordinatorContract:
         assert not await world.b.is_paused("exp", fresh=True)
         await world.b.resume("never-paused")
 
+    async def test_one_trial_paused_is_seen_by_every_runner_and_lifted(self, world: World) -> None:
+        # Negative control: no trial is paused until someone pauses it.
+        assert not await world.b.is_paused("exp", trial_id="t1", fresh=True)
+        await world.a.pause_trial("exp", "t1")
+        await world.a.pause_trial("exp", "t2")
+        await world.b.pause_trial("exp", "t1")  # twice: still one entry
+        assert await world.b.is_paused("exp", trial_id="t1", fresh=True)
+        assert await world.a.paused_trials("exp", fresh=True) == {"t1", "t2"}
+        # Only that trial: its siblings, the experiment itself and other experiments run.
+        assert not await world.b.is_paused("exp", trial_id="t3", fresh=True)
+        assert not await world.b.is_paused("exp", fresh=True)
+        assert not await world.b.is_paused("exp-other", trial_id="t1", fresh=True)
+        # The experiment's pause covers every trial, and lifting it keeps the trial's.
+        await world.a.pause("exp")
+        assert await world.b.is_paused("exp", trial_id="t3", fresh=True)
+        await world.a.resume("exp")
+        assert await world.b.is_paused("exp", trial_id="t1", fresh=True)
+        assert await world.b.resume_trial("exp", "t1") is True
+        assert await world.a.resume_trial("exp", "t1") is False  # was not paused any more
+        assert not await world.a.is_paused("exp", trial_id="t1", fresh=True)
+        assert await world.b.paused_trials("exp", fresh=True) == {"t2"}
+        assert await world.b.resume_trial("exp", "t2") is True
+        assert await world.a.paused_trials("exp", fresh=True) == frozenset()
+
     async def test_an_agent_stop_is_seen_by_every_runner_and_lifted(self, world: World) -> None:
         # Negative control: no agent is stopped until a runner stops it.
         assert await world.b.agent_stop("exp", "agent1", fresh=True) is None

@@ -103,3 +103,22 @@ def test_tables_show_the_rows_and_print_names_as_text() -> None:
     )
     text = _text(runners_table(runner_rows([runner], 10.0, NOW)))
     assert "[red]h[/red]" in text and "local, gpu (label)" in text and "stale" in text
+
+
+def test_the_list_filter_finds_team_and_class() -> None:
+    info = ExperimentInfo(
+        "exp",
+        "sweep",
+        1,
+        {"compute": {"priority_class": "batch"}, "submitted_by": {"user": "bo", "team": "blue"}},
+    )
+    row = experiment_row("exp", info, [], [], NOW)
+    assert (row.team, row.priority_class) == ("blue", "batch")
+    assert row.matches("batch") and row.matches("BLUE")
+    assert not row.matches("urgent")  # control: another class
+    assert row.as_dict()["team"] == "blue"
+    text = _text(experiments_table([row], "normal"))
+    assert "blue" in text and "batch" in text
+    unset = experiment_row("e2", ExperimentInfo("e2", "d", 1, {}), [], [], NOW)
+    assert unset.class_shown("normal") == "normal" and unset.as_dict()["priority_class"] is None
+    assert "normal" in _text(experiments_table([unset], "normal"))

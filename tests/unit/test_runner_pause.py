@@ -80,3 +80,21 @@ async def test_a_cancellation_wins_over_a_pause() -> None:
     (event,) = world.bus.of_type(TrialFailed)
     assert (event.failure_class, event.final) == ("cancelled", True)
     assert world.executor.calls == []
+
+
+async def test_one_paused_trial_is_handed_back_while_its_siblings_run(tmp_path: Path) -> None:
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    held, sibling = make_request("hello__0001"), make_request("hello__0002")
+    await world.coord.pause_trial(held.experiment_id, held.trial_id)
+    verdict = await world.handle(held)
+    assert verdict.action == "nak" and verdict.reason == "handback"
+    assert PAUSE_WAIT_S[0] <= verdict.delay_s <= PAUSE_WAIT_S[1]
+    assert world.bus.published == [] and world.coord.holders(held.experiment_id) == []
+    # Control: the sibling trial of the same experiment runs.
+    assert await world.handle(sibling) == ACK
+    assert [e.trial_id for e in world.bus.of_type(TrialStarted)] == ["hello__0002"]
+    # Resumed, the held trial runs as attempt 1 (the hand-back did not count).
+    await world.coord.resume_trial(held.experiment_id, held.trial_id)
+    assert await world.handle(held) == ACK
+    started = [(e.trial_id, e.attempt) for e in world.bus.of_type(TrialStarted)]
+    assert started == [("hello__0002", 1), ("hello__0001", 1)]

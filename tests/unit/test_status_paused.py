@@ -4,6 +4,8 @@ CLI's table (services/cli_live.status_table) in words with the way out."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.console import Console
 
 from schemas.record import Provenance, TrialRecord
@@ -52,9 +54,26 @@ async def test_a_finished_experiment_is_not_paused_and_unknown_is_not_false() ->
     assert "paused" not in await queries.experiment_status(ledger, "exp")
 
 
-def _text(counts: dict[str, object]) -> str:
+async def test_status_counts_the_unfinished_trials_paused_one_by_one() -> None:
+    ledger, coord = await _world(1)  # hello__0 recorded, one trial pending
+
+    async def read() -> dict[str, int | str | bool]:
+        return await queries.experiment_status(
+            ledger, "exp", paused_of=coord.is_paused, paused_trials_of=coord.paused_trials
+        )
+
+    assert "paused_trials" not in await read()  # negative control: none paused
+    await coord.pause_trial("exp", "hello__0")  # finished: nothing of it waits
+    assert "paused_trials" not in await read()
+    await coord.pause_trial("exp", "hello__1")
+    status = await read()
+    assert (status["paused_trials"], status["paused"]) == (1, False)
+    assert "1: each waits for `trialbus resume exp --trial TRIAL`" in _text(status)
+
+
+def _text(counts: Mapping[str, object]) -> str:
     console = Console(width=200, record=True)
-    console.print(status_table("exp", counts))
+    console.print(status_table("exp", dict(counts)))
     return console.export_text()
 
 

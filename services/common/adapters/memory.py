@@ -197,6 +197,7 @@ class InMemoryCoordinator:
         self._leases: dict[str, tuple[str, int, float]] = {}
         self._cancelled: set[str] = set()
         self._paused: set[str] = set()
+        self._paused_trials: dict[str, set[str]] = {}
         self._attempts: dict[str, int] = {}
         self._endings: dict[str, bytes] = {}
         self._stops: dict[tuple[str, str], bytes] = {}
@@ -288,9 +289,28 @@ class InMemoryCoordinator:
         """Lift the pause."""
         self._paused.discard(experiment_id)
 
-    async def is_paused(self, experiment_id: str, *, fresh: bool = False) -> bool:
-        """Whether the experiment is paused (always fresh here)."""
-        return experiment_id in self._paused
+    async def is_paused(
+        self, experiment_id: str, *, trial_id: str | None = None, fresh: bool = False
+    ) -> bool:
+        """Whether the experiment (or with ``trial_id`` that trial) is paused (always fresh)."""
+        if experiment_id in self._paused:
+            return True
+        return trial_id is not None and trial_id in self._paused_trials.get(experiment_id, ())
+
+    async def pause_trial(self, experiment_id: str, trial_id: str) -> None:
+        """Flag one trial paused."""
+        self._paused_trials.setdefault(experiment_id, set()).add(trial_id)
+
+    async def resume_trial(self, experiment_id: str, trial_id: str) -> bool:
+        """Lift one trial's pause; whether it was paused."""
+        trials = self._paused_trials.get(experiment_id, set())
+        was = trial_id in trials
+        trials.discard(trial_id)
+        return was
+
+    async def paused_trials(self, experiment_id: str, *, fresh: bool = False) -> frozenset[str]:
+        """The experiment's trials paused one by one."""
+        return frozenset(self._paused_trials.get(experiment_id, ()))
 
     async def next_attempt(self, run_id: str) -> int:
         """Count one more start of ``run_id`` and return the new count (1 first)."""

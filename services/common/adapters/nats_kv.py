@@ -10,6 +10,10 @@
 - **Cancellation** (bucket ``<P>_CONTROL``, key ``cancel.<experiment>``).
 - **Pause** (key ``pause.<experiment>``, written and purged by the submitter): runners
   hand a paused experiment's work messages back unstarted (docs/scheduling.md).
+  Single trials paused are one key per experiment, ``pause.<experiment>.trials``: a
+  JSON list of trial ids the submitter changes by compare-and-set, so a runner checks
+  every delivery against one cached read per experiment, as for the experiment's own
+  flag (a key per trial would cost a KV round trip on every delivery).
 - **Attempts** (bucket ``<P>_CONTROL``, key ``runs.<run_id>``): how many times a run
   was actually started. JetStream's delivery count cannot say, because a trial that
   waits for a free slot is handed back (nak) without running.
@@ -43,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
@@ -54,6 +58,11 @@ from nats.js.kv import KeyValue
 from infra.nats_permissions import kv_stream
 from schemas.subjects import Topology
 from services.common import quotas
+from services.common.adapters.nats_paused_trials import (
+    change_paused_trials,
+    paused_trials_key,
+    trial_set,
+)
 from services.common.ports import Lease, Spend
 
 MAX_PROBES = 64
@@ -84,6 +93,8 @@ class NatsCoordinator:
         # key -> (read at, value): the cached reads of the control bucket's flags,
         # stops, budgets and spend
         self._reads: dict[str, tuple[float, bytes | None]] = {}
+        # experiment -> (stored list, parsed): the paused trials, parsed once per change
+        self._trial_sets: dict[str, tuple[bytes | None, frozenset[str]]] = {}
 
     @classmethod
     async def open(
@@ -159,9 +170,42 @@ class NatsCoordinator:
         """Lift the pause (purged, so the bucket keeps no trace of it)."""
         await self._purge(f"pause.{experiment_id}")
 
-    async def is_paused(self, experiment_id: str, *, fresh: bool = False) -> bool:
-        """Whether the experiment is paused (cached for ``cache_s``)."""
-        return await self._read(f"pause.{experiment_id}", fresh=fresh) == b"1"
+    async def is_paused(
+        self, experiment_id: str, *, trial_id: str | None = None, fresh: bool = False
+    ) -> bool:
+        """Whether the experiment, or with ``trial_id`` that trial of it, is paused (both
+        reads cached for ``cache_s``)."""
+        if await self._read(f"pause.{experiment_id}", fresh=fresh) == b"1":
+            return True
+        return trial_id is not None and trial_id in await self.paused_trials(
+            experiment_id, fresh=fresh
+        )
+
+    async def pause_trial(self, experiment_id: str, trial_id: str) -> None:
+        """Add ``trial_id`` to the experiment's paused trials."""
+        await self._change_paused_trials(experiment_id, lambda ids: ids | {trial_id})
+
+    async def resume_trial(self, experiment_id: str, trial_id: str) -> bool:
+        """Remove ``trial_id`` from the experiment's paused trials; whether it was there."""
+        before = await self._change_paused_trials(experiment_id, lambda ids: ids - {trial_id})
+        return trial_id in before
+
+    async def paused_trials(self, experiment_id: str, *, fresh: bool = False) -> frozenset[str]:
+        """The experiment's trials paused one by one (cached for ``cache_s``)."""
+        raw = await self._read(paused_trials_key(experiment_id), fresh=fresh)
+        parsed = self._trial_sets.get(experiment_id)
+        if parsed is None or parsed[0] != raw:  # parsed once per change, not per delivery
+            parsed = (raw, trial_set(raw))
+            self._trial_sets[experiment_id] = parsed
+        return parsed[1]
+
+    async def _change_paused_trials(
+        self, experiment_id: str, change: Callable[[frozenset[str]], frozenset[str]]
+    ) -> frozenset[str]:
+        before, written = await change_paused_trials(self._control, experiment_id, change)
+        if written is not None:  # this process reads its own change back without asking
+            self._reads[paused_trials_key(experiment_id)] = (time.monotonic(), written)
+        return before
 
     # -- attempts ----------------------------------------------------------------------
     async def next_attempt(self, run_id: str) -> int:

@@ -1,0 +1,148 @@
+"""The queue page in Debian's chromium (headless, Playwright), served by a real uvicorn
+on the real nats-server and ledger: reached from the header's link, it shows what
+``GET /queue`` says (a paused experiment and one waiting its turn, each with its team
+and class), one card per row at phone width with no sideways scroll, and the refresh
+link reads the queue again (control: the resumed experiment's reason changes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+import uvicorn
+
+from infra.managed_process import free_port
+from schemas.runners import RunnerInfo
+from schemas.subjects import Topology
+from services.common.adapters.jetstream import ensure_streams
+from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.nats_kv import NatsCoordinator
+from services.common.adapters.nats_registry import NatsRunnerRegistry
+from services.common.ports import ExperimentInfo
+from services.submitter.api_tokens import token_digest
+from services.submitter.app import create_app
+from tests.conftest import skip_unless
+from tests.e2e.cli import ROOT
+from tests.support.api_client import submitter_settings
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "queue-token-5f1e2d3c4b5a6978"
+DEADLINE_S = 60.0
+SHOTS = ROOT / ".trialbus" / "screenshots"
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium")
+    skip_unless(None if path else "chromium is not installed (`make setup` installs it)")
+    assert path is not None
+    return path
+
+
+@contextlib.asynccontextmanager
+async def serve(settings: Any) -> AsyncIterator[str]:
+    """The submitter app on a free port, for as long as the block runs; its base URL."""
+    port = free_port()
+    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    task = asyncio.create_task(srv.serve())
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            while not srv.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
+                await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        await asyncio.wait_for(task, DEADLINE_S)
+
+
+async def test_queue_page_in_a_browser(
+    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+) -> None:
+    from playwright.async_api import async_playwright
+
+    chromium = _chromium()
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js, topology)
+    ledger = MongoLedger(ledger_url, ledger_db)
+    coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
+    registry = await NatsRunnerRegistry.open(js, topology)
+    await registry.announce(
+        RunnerInfo(runner_id="r-1", host="h", capabilities=["local"], concurrency=1)
+    )
+    experiments = {
+        "held-sweep": ("blue", "batch", 3),
+        "release-check": ("red", "urgent", 2),
+    }
+    for exp, (team, cls, n) in experiments.items():
+        manifest = {"compute": {"priority_class": cls}, "submitted_by": {"user": "u", "team": team}}
+        await ledger.upsert_experiment(ExperimentInfo(exp, exp, n, manifest))
+        for i in range(n):
+            await js.publish(topology.work_subject(exp, "default", cls), f"{i}".encode())
+    await coordinator.pause("held-sweep")
+    tokens = tmp_path / "api-tokens.yaml"
+    tokens.write_text(f"tokens:\n  - {{sha256: {token_digest(TOKEN)}, user: ada}}\n")
+    tokens.chmod(0o600)
+    settings = submitter_settings(
+        nats_url, ledger_url, ledger_db, topology.prefix, api_tokens_file=tokens
+    )
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    try:
+        async with serve(settings) as base, async_playwright() as pw:
+            async with httpx.AsyncClient(base_url=base, timeout=DEADLINE_S) as web:
+                answer = await web.get("/queue", headers={"Authorization": f"Bearer {TOKEN}"})
+            api = {e["experiment_id"]: e for e in answer.json()["experiments"]}
+            assert {k: v["reason"] for k, v in api.items()} == {
+                "held-sweep": "paused",
+                "release-check": "priority",
+            }
+            browser = await pw.chromium.launch(
+                executable_path=chromium, headless=True, args=["--no-sandbox"]
+            )
+            try:
+                page = await browser.new_page(viewport={"width": 1280, "height": 800})
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                await page.goto(f"{base}/ui/login")
+                await page.fill("#token", TOKEN)
+                await page.click("button[type=submit]")
+                await page.wait_for_url(f"{base}/ui/")
+                await page.click("header nav a[href='/ui/queue']")
+                await page.wait_for_url(f"{base}/ui/queue")
+                for exp, row in api.items():
+                    shown = page.locator(f"tr[data-experiment='{exp}']")
+                    for field in ("team", "priority_class", "queued", "reason"):
+                        cell = await shown.locator(f"[data-field={field}]").inner_text()
+                        assert cell.strip() == str(row[field]), (exp, field)
+                await page.screenshot(path=str(SHOTS / "queue.png"), full_page=True)
+                await page.set_viewport_size({"width": 390, "height": 800})
+                wide = await page.evaluate("document.documentElement.scrollWidth")
+                assert wide <= 390, f"the queue page scrolls sideways at 390 px ({wide} px)"
+                await page.screenshot(path=str(SHOTS / "queue-phone.png"), full_page=True)
+                # Refresh reads the queue again: resumed, the sweep waits its turn (the
+                # server may answer from its 1 s flag cache once more).
+                await coordinator.resume("held-sweep")
+                reason = page.locator("tr[data-experiment='held-sweep'] [data-field=reason]")
+                deadline = asyncio.get_running_loop().time() + 10
+                while True:
+                    await page.click("#refresh")
+                    await page.wait_for_load_state()
+                    if (await reason.inner_text()).strip() == "priority":
+                        break
+                    assert asyncio.get_running_loop().time() < deadline, "still paused"
+                assert errors == []
+            finally:
+                with contextlib.suppress(Exception):
+                    await browser.close()
+    finally:
+        await ledger.close()
+        await nc.close()
