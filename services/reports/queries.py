@@ -80,11 +80,29 @@ async def experiment_status(
     if paused_of is not None:
         status["paused"] = bool(counts["pending"] and await paused_of(experiment_id))
     if paused_trials_of is not None and counts["pending"]:
-        recorded = {r.trial_id for r in records}
-        held = set(await paused_trials_of(experiment_id)) - recorded
+        held = await _unrecorded(ledger, experiment_id, set(await paused_trials_of(experiment_id)))
         if held:
             status["paused_trials"] = len(held)
     return status
+
+
+PAUSED_LOOKUPS = 64
+"""Up to this many paused trials are looked up one by one (by key); more, and the
+experiment's records are read once: status stays one small read when nothing or a few
+trials are paused."""
+
+
+async def _unrecorded(ledger: Ledger, experiment_id: str, trial_ids: set[str]) -> set[str]:
+    """The trials of ``trial_ids`` the ledger holds no record of (in this experiment)."""
+    if not trial_ids:
+        return set()
+    if len(trial_ids) > PAUSED_LOOKUPS:
+        return trial_ids - {r.trial_id for r in await ledger.records_for(experiment_id)}
+    ids = sorted(trial_ids)
+    found = await asyncio.gather(*(ledger.get_record(t) for t in ids))
+    return {
+        t for t, r in zip(ids, found, strict=True) if r is None or r.experiment_id != experiment_id
+    }
 
 
 StartedOf = Callable[[str], Awaitable[Iterable[str]]]
