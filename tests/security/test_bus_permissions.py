@@ -597,12 +597,12 @@ async def test_subscriber_reads_events_and_logs_and_nothing_else(
     )
     subject = TOPO.event_subject("experiment_completed", exp)
     await watcher.js.publish(subject, b'{"n": 1}')
-    assert (await feed.next_msg(timeout=5)).subject == subject
+    assert (await feed.next_msg(timeout=30)).subject == subject
     logs = await subscriber.js.subscribe(
         TOPO.log_subject(exp, ">"), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
     )
     await roles["runner"].nc.publish(TOPO.log_subject(exp, "t1"), b"line")
-    assert (await logs.next_msg(timeout=5)).data == b"line"
+    assert (await logs.next_msg(timeout=30)).data == b"line"
     # Publishing anything is refused.
     for target in (subject, TOPO.log_subject(exp, "t1"), TOPO.work_subject(exp)):
         await subscriber.denied(subscriber.js.publish(target, b"{}"), "Publish", target)
@@ -667,7 +667,7 @@ async def test_pushing_a_consumer_into_the_work_subject_injects_nothing(
         assert "error" not in json.loads(reply.data), reply.data
     await roles["watcher"].js.publish(TOPO.event_subject("experiment_completed", exp), b"{}")
     # The control consumer delivers (so the other one would have, had it been stored)...
-    await spy.next_msg(timeout=5)
+    await spy.next_msg(timeout=30)
     # ...and the work stream has not grown.
     assert await _stream_messages(admin, TOPO.work_stream) == before
 

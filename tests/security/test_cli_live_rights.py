@@ -9,6 +9,8 @@ test_bus_permissions.py).
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from schemas.events import TrialLog, encode_event
@@ -33,8 +35,16 @@ async def test_submitter_counts_a_trials_log_lines_and_follows_them(
     await runner.nc.flush()
     subject = f"{TOPO.prefix}.logs.*.{trial}"  # what follow.trial_logs counts
 
-    info = await submitter.js.stream_info(TOPO.logs_stream, subjects_filter=subject)
-    assert sum((info.state.subjects or {}).values()) == 1
+    # A core publish is stored by the stream after the flush returns: wait for it (a
+    # loaded run read the count before the store).
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        info = await submitter.js.stream_info(TOPO.logs_stream, subjects_filter=subject)
+        stored = sum((info.state.subjects or {}).values())
+        if stored or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert stored == 1
     async with LiveFeeds(submitter.nc, TOPO).trial_log(trial) as feed:
         got = await feed.next(10)
     assert isinstance(got, TrialLog) and got.text == "x"
