@@ -7,18 +7,12 @@ link reads the queue again (control: the resumed experiment's reason changes).""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import nats
 import pytest
-import uvicorn
 
-from infra.managed_process import free_port
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import ensure_streams
@@ -26,11 +20,8 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
-from services.submitter.api_tokens import token_digest
-from services.submitter.app import create_app
-from tests.conftest import skip_unless
 from tests.e2e.cli import ROOT
-from tests.support.api_client import submitter_settings
+from tests.support.dashboard_site import chromium_path, logged_in_page, served_api, site_settings
 
 pytestmark = pytest.mark.integration
 
@@ -39,36 +30,12 @@ DEADLINE_S = 60.0
 SHOTS = ROOT / ".trialbus" / "screenshots"
 
 
-def _chromium() -> str:
-    path = shutil.which("chromium")
-    skip_unless(None if path else "chromium is not installed (`make setup` installs it)")
-    assert path is not None
-    return path
-
-
-@contextlib.asynccontextmanager
-async def serve(settings: Any) -> AsyncIterator[str]:
-    """The submitter app on a free port, for as long as the block runs; its base URL."""
-    port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    task = asyncio.create_task(srv.serve())
-    try:
-        async with asyncio.timeout(DEADLINE_S):
-            while not srv.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-                await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        await asyncio.wait_for(task, DEADLINE_S)
-
-
 async def test_queue_page_in_a_browser(
     tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
 ) -> None:
     from playwright.async_api import async_playwright
 
-    chromium = _chromium()
+    chromium = chromium_path()
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await ensure_streams(js, topology)
@@ -88,15 +55,10 @@ async def test_queue_page_in_a_browser(
         for i in range(n):
             await js.publish(topology.work_subject(exp, "default", cls), f"{i}".encode())
     await coordinator.pause("held-sweep")
-    tokens = tmp_path / "api-tokens.yaml"
-    tokens.write_text(f"tokens:\n  - {{sha256: {token_digest(TOKEN)}, user: ada}}\n")
-    tokens.chmod(0o600)
-    settings = submitter_settings(
-        nats_url, ledger_url, ledger_db, topology.prefix, api_tokens_file=tokens
-    )
+    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
     SHOTS.mkdir(parents=True, exist_ok=True)
     try:
-        async with serve(settings) as base, async_playwright() as pw:
+        async with served_api(settings) as base, async_playwright() as pw:
             async with httpx.AsyncClient(base_url=base, timeout=DEADLINE_S) as web:
                 answer = await web.get("/queue", headers={"Authorization": f"Bearer {TOKEN}"})
             api = {e["experiment_id"]: e for e in answer.json()["experiments"]}
@@ -104,18 +66,7 @@ async def test_queue_page_in_a_browser(
                 "held-sweep": "paused",
                 "release-check": "priority",
             }
-            browser = await pw.chromium.launch(
-                executable_path=chromium, headless=True, args=["--no-sandbox"]
-            )
-            try:
-                page = await browser.new_page(viewport={"width": 1280, "height": 800})
-                errors: list[str] = []
-                page.on("pageerror", lambda exc: errors.append(str(exc)))
-                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-                await page.goto(f"{base}/ui/login")
-                await page.fill("#token", TOKEN)
-                await page.click("button[type=submit]")
-                await page.wait_for_url(f"{base}/ui/")
+            async with logged_in_page(pw, chromium, base, TOKEN) as (page, errors):
                 await page.click("header nav a[href='/ui/queue']")
                 await page.wait_for_url(f"{base}/ui/queue")
                 for exp, row in api.items():
@@ -132,7 +83,7 @@ async def test_queue_page_in_a_browser(
                 # server may answer from its 1 s flag cache once more).
                 await coordinator.resume("held-sweep")
                 reason = page.locator("tr[data-experiment='held-sweep'] [data-field=reason]")
-                deadline = asyncio.get_running_loop().time() + 10
+                deadline = asyncio.get_running_loop().time() + 30
                 while True:
                     await page.click("#refresh")
                     await page.wait_for_load_state()
@@ -140,9 +91,6 @@ async def test_queue_page_in_a_browser(
                         break
                     assert asyncio.get_running_loop().time() < deadline, "still paused"
                 assert errors == []
-            finally:
-                with contextlib.suppress(Exception):
-                    await browser.close()
     finally:
         await ledger.close()
         await nc.close()
