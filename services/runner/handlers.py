@@ -1,5 +1,9 @@
 """The runner's message handler: one TrialRequested in, events out, a verdict back.
 
+Longer than 350 lines because the start path below is one sequence of decisions
+(flags, guards, leases, attempt, verdict) that reads best in one place; the executor
+run is in attempt.py, the outcome policy in policy.py, the guards in guards.py.
+
 Written against the ports only (EventBus, Coordinator, Executor): the nats-py pull
 loop that feeds it and applies its verdicts is services.runner.consumer. For one work
 message the handler

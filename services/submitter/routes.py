@@ -1,5 +1,9 @@
 """The HTTP API's routes: translate a request, call a handler or a query, answer.
 
+Longer than 350 lines because every HTTP route of the API is declared here, each a
+few lines over the handlers (FastAPI reads the declarations for the OpenAPI document);
+the decisions live in handlers.py, quota_gate.py, retry.py and trial_pause.py.
+
 Writes go through services.submitter.handlers, reads through
 services.reports.queries (the CLI calls the same), so the two cannot disagree. The
 ports come from ``Ports``, put in place by app.py's lifespan. Every request reaching a

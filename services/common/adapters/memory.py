@@ -1,5 +1,8 @@
 """In-memory fakes of the ports, for unit tests of handlers and logic.
 
+Longer than 350 lines because it holds the fakes of three ports (Ledger, Coordinator,
+EventBus) with the real adapters' exact semantics, so the contract suites run on both.
+
 InMemoryLedger has MongoLedger's exact semantics: both apply the rules kept with the
 port (``services.common.ports``: content hash, which record wins, batch collapse), and
 the contract suite in tests/integration/test_ledger_contract.py runs against both.

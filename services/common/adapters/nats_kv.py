@@ -1,5 +1,9 @@
 """State the runners share, kept in NATS JetStream key-value buckets.
 
+Longer than 350 lines because it is the one adapter of the Coordinator port, and the
+keys of both buckets are documented and implemented together (paused trials' list
+operations are in nats_paused_trials.py).
+
 - **Concurrency leases** (bucket ``<P>_LEASES``, TTL = lease_ttl): an experiment's
   ``compute.n_concurrent_trials`` is a limit across ALL runners. A runner holds slot
   ``<experiment>.<i>`` while a trial runs and renews it with every heartbeat; a runner

@@ -1,5 +1,9 @@
 """NatsObjectStore: the ObjectStore port over a JetStream object store bucket.
 
+Longer than 350 lines because it writes and reads nats-py's object-store wire format
+itself (one lookup per put, direct gets with the subject in the body: the reasons are
+below), and that format is one unit.
+
 nats-py splits an object into 128 KiB chunks on subject ``$O.<bucket>.C.<nuid>`` and
 keeps its metadata (size, ``SHA-256=<urlsafe base64>`` digest) on ``$O.<bucket>.M.<name>``
 of the stream ``OBJ_<bucket>``. Beyond the library this adapter:
