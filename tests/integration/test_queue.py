@@ -34,8 +34,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.submitter.http_security import SESSION_COOKIE
 from tests.e2e.cli import Cli, run_module
-from tests.security.http_api_support import write_tokens_file
-from tests.support.api_client import EXAMPLE_TASKS, api_client
+from tests.security.http_api_support import api_as_users
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +101,6 @@ async def record_submissions(nc: Any, topology: Topology, ledger: MongoLedger) -
 async def test_queue_shows_what_waits_and_why_in_every_view(
     tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
 ) -> None:
-    tokens = write_tokens_file(tmp_path / "tokens.yaml", TOKENS)
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await ensure_streams(js, topology)
@@ -111,19 +109,9 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
     cli = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json")
     try:
-        async with api_client(
-            nats_url,
-            ledger_url,
-            ledger_db,
-            topology.prefix,
-            api_tokens_file=tokens,
-            tasks_root=EXAMPLE_TASKS,
-            check_runners=False,
-        ) as api:
-
-            def as_(who: str) -> dict[str, str]:
-                return {"Authorization": f"Bearer {TOKENS[who][0]}"}
-
+        async with api_as_users(
+            tmp_path, TOKENS, nats_url, ledger_url, ledger_db, topology.prefix
+        ) as (api, as_):
             ids: dict[str, str] = {}
             for name, (who, reps, compute) in SUBMISSIONS.items():
                 answer = await api.post(

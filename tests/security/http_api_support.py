@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import httpx
 import nats
 
 from schemas.subjects import Topology
+from tests.support.api_client import EXAMPLE_TASKS, api_client
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
@@ -65,6 +67,35 @@ def write_tokens_file(path: Path, entries: Mapping[str, tuple[str, dict[str, obj
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
     return path
+
+
+Headers = Callable[[str], dict[str, str]]
+"""``as_(name)``: the Authorization header of one named token."""
+
+
+@asynccontextmanager
+async def api_as_users(
+    tmp_path: Path,
+    tokens: Mapping[str, tuple[str, dict[str, object]]],
+    nats_url: str,
+    ledger_url: str,
+    ledger_db: str,
+    prefix: str,
+    **options: object,
+) -> AsyncIterator[tuple[httpx.AsyncClient, Headers]]:
+    """An in-process API on the test's NATS and ledger whose tokens file holds
+    ``tokens`` (task paths inside the examples, no live-runner check), and ``as_``;
+    ``options`` are further SubmitterSettings fields."""
+    path = write_tokens_file(tmp_path / "tokens.yaml", tokens)
+    settings: dict[str, object] = {"tasks_root": EXAMPLE_TASKS, "check_runners": False}
+    async with api_client(
+        nats_url, ledger_url, ledger_db, prefix, api_tokens_file=path, **(settings | options)
+    ) as api:
+
+        def as_(name: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {tokens[name][0]}"}
+
+        yield api, as_
 
 
 def service_env(base: Mapping[str, str], **overrides: str) -> dict[str, str]:

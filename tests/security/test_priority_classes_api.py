@@ -25,8 +25,7 @@ from services.submitter.api_tokens import (
     issue_token,
     load_token_table,
 )
-from tests.security.http_api_support import write_tokens_file
-from tests.support.api_client import EXAMPLE_TASKS, api_client
+from tests.security.http_api_support import api_as_users, write_tokens_file
 
 pytestmark = pytest.mark.integration
 
@@ -83,20 +82,10 @@ def test_who_may_use_which_class(tmp_path: Path) -> None:
 async def test_a_token_submits_only_in_the_classes_it_may_use(
     tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
 ) -> None:
-    tokens = write_tokens_file(tmp_path / "tokens.yaml", TOKENS)
-    async with api_client(
-        nats_url,
-        ledger_url,
-        ledger_db,
-        topology.prefix,
-        api_tokens_file=tokens,
-        tasks_root=EXAMPLE_TASKS,
-        check_runners=False,
-    ) as api:
-
-        def as_(who: str) -> dict[str, str]:
-            return {"Authorization": f"Bearer {TOKENS[who][0]}"}
-
+    async with api_as_users(tmp_path, TOKENS, nats_url, ledger_url, ledger_db, topology.prefix) as (
+        api,
+        as_,
+    ):
         body = manifest("u1", "urgent")
         refused = await api.post("/experiments", json=body, headers=as_("alice"))
         assert refused.status_code == 403, refused.text

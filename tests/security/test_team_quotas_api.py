@@ -23,8 +23,8 @@ from schemas.subjects import Topology
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.quotas import QuotaConfigError
 from services.submitter.app import create_app
-from tests.security.http_api_support import write_tokens_file
-from tests.support.api_client import EXAMPLE_TASKS, api_client, submitter_settings
+from tests.security.http_api_support import api_as_users
+from tests.support.api_client import submitter_settings
 
 pytestmark = pytest.mark.integration
 
@@ -68,23 +68,11 @@ async def work_messages(nats_url: str, topology: Topology) -> list[TrialRequeste
 async def test_a_team_past_its_quotas_is_refused_naming_the_quota(
     tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
 ) -> None:
-    tokens = write_tokens_file(tmp_path / "tokens.yaml", TOKENS)
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(QUOTAS)
-    async with api_client(
-        nats_url,
-        ledger_url,
-        ledger_db,
-        topology.prefix,
-        api_tokens_file=tokens,
-        quotas_file=quotas,
-        tasks_root=EXAMPLE_TASKS,
-        check_runners=False,
-    ) as api:
-
-        def as_(who: str) -> dict[str, str]:
-            return {"Authorization": f"Bearer {TOKENS[who][0]}"}
-
+    async with api_as_users(
+        tmp_path, TOKENS, nats_url, ledger_url, ledger_db, topology.prefix, quotas_file=quotas
+    ) as (api, as_):
         first = await api.post("/experiments", json=manifest("r1"), headers=as_("red"))
         assert first.status_code == 202, first.text
         queued = await work_messages(nats_url, topology)
