@@ -12,11 +12,14 @@ Why an experiment's queued trials wait, the first that holds:
 1. ``paused``: its pause flag is set (the control bucket, docs/scheduling.md), or
    every trial it has queued may be one paused on its own (as many unfinished trials
    of it are paused one by one as it has queued);
-2. ``no_runner``: no live runner of its pool offers what it needs (the registry,
+2. ``team_spend_cap``: its team (the manifest's ``submitted_by.team``) has spent its
+   ``max_spend_usd_per_day`` in the last 24 h (the quotas file and the team's spend
+   tally, docs/scheduling.md): runners hand its trials back without pausing anything;
+3. ``no_runner``: no live runner of its pool offers what it needs (the registry,
    services/common/pools.pool_refusal: its words);
-3. ``concurrency_limit``: as many trials run as its ``n_concurrent_trials`` allows
+4. ``concurrency_limit``: as many trials run as its ``n_concurrent_trials`` allows
    (its leases);
-4. ``priority``: none of these: it waits behind other work of its pool (the
+5. ``priority``: none of these: it waits behind other work of its pool (the
    runners take classes by weight, docs/scheduling.md).
 """
 
@@ -34,9 +37,10 @@ from schemas.subjects import Topology
 from services.common.pools import pool_refusal
 from services.common.ports import ExperimentInfo
 from services.common.priority import PriorityClasses
+from services.common.quotas import Quotas
 from services.submitter.api_tokens import owner_from_record
 
-REASONS = ("paused", "no_runner", "concurrency_limit", "priority")
+REASONS = ("paused", "team_spend_cap", "no_runner", "concurrency_limit", "priority")
 """Why queued trials wait, in the order they are checked."""
 
 
@@ -158,6 +162,23 @@ def _compute(info: ExperimentInfo | None, pool: str) -> ComputeSpec:
         return ComputeSpec(pool=pool)
 
 
+def capped_teams(quotas: Quotas, spent: Mapping[str, float]) -> dict[str, str]:
+    """Team -> words, for each team in ``spent`` (its rolling 24-h spend tally) whose
+    ``max_spend_usd_per_day`` it has reached, as runners judge it
+    (services/runner/guards.team_capped)."""
+    capped: dict[str, str] = {}
+    for team, amount in spent.items():
+        quota = quotas.for_team(team)
+        cap = quota.max_spend_usd_per_day if quota else None
+        if cap is not None and amount >= cap:
+            capped[team] = (
+                f"team {team!r} reached its max_spend_usd_per_day: ${amount:.4f} of "
+                f"${cap:g} spent in the last 24 h; runners hold its trials back until "
+                "the window moves on or an operator raises the cap (TRIALBUS_QUOTAS_FILE)"
+            )
+    return capped
+
+
 def why_waiting(
     *,
     paused: bool,
@@ -167,8 +188,10 @@ def why_waiting(
     experiment_id: str,
     queued: int = 0,
     paused_trials: int = 0,
+    team_capped: str | None = None,
 ) -> tuple[str, str]:
-    """(reason, words) for an experiment's ``queued`` trials (the module's order)."""
+    """(reason, words) for an experiment's ``queued`` trials (the module's order);
+    ``team_capped``: the words of ``capped_teams`` when its team is at its spend cap."""
     if paused:
         return "paused", f"paused: its trials wait for `trialbus resume {experiment_id}`"
     if paused_trials and queued <= paused_trials:
@@ -176,6 +199,8 @@ def why_waiting(
             f"{paused_trials} of its trials paused one by one: each waits for "
             f"`trialbus resume {experiment_id} --trial TRIAL`"
         )
+    if team_capped is not None:
+        return "team_spend_cap", team_capped
     if refusal is not None:
         return "no_runner", refusal
     if limit is not None and running >= limit:
@@ -195,12 +220,13 @@ def queue_view(
     paused: Mapping[str, bool],
     runners: Sequence[RunnerInfo],
     paused_trials: Mapping[str, int] | None = None,
+    capped: Mapping[str, str] | None = None,
 ) -> QueueView:
     """The queue from ``work`` (messages per work subject), ``leases`` (per experiment,
     ``lease_counts``), the ledger's ``infos``, the ``paused`` flags and the number of
     ``paused_trials`` (unfinished, paused one by one) of the experiments in ``work``,
-    and the live ``runners``. Experiments with nothing queued
-    (every message is a running trial) are left out."""
+    the live ``runners``, and the teams at their spend cap (``capped_teams``).
+    Experiments with nothing queued (every message is a running trial) are left out."""
     rows: list[WaitingExperiment] = []
     for subject, count in work.items():
         parsed = parse_work_subject(topology, subject)
@@ -223,6 +249,7 @@ def queue_view(
             experiment_id=exp,
             queued=count - running,
             paused_trials=held,
+            team_capped=(capped or {}).get(owner.team) if owner and owner.team else None,
         )
         rows.append(
             WaitingExperiment(

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from schemas.record import TrialRecord
 from services.common.errors import ExperimentNotFound, UserInputError
+from services.common.quotas import Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.submitter import dashboard_views as views
@@ -109,8 +110,9 @@ def record_sections(record: TrialRecord) -> list[dict[str, Any]]:
     ]
 
 
-def build_dashboard(settings: SubmitterSettings) -> APIRouter:
-    """The dashboard's routes, under ``/ui``."""
+def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -> APIRouter:
+    """The dashboard's routes, under ``/ui``; ``quotas``: the team quotas the queue
+    page judges spend caps by (None: none)."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
     topology = settings.topology
 
@@ -253,7 +255,7 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
 
     @router.get("/queue")
     async def queue(request: Request) -> Response:
-        view = await read_queue(request.app.state.nats, ports(request).ledger)
+        view = await read_queue(request.app.state.nats, ports(request).ledger, quotas)
         return render("queue.html", request, title="Queue", **view.as_dict())
 
     @router.get("/trials/{trial_id}")

@@ -20,10 +20,18 @@ from schemas.events import TrialLog
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import UserInputError
 from services.common.ports import ExperimentInfo, Ledger
-from services.common.settings import CommonSettings
+from services.common.quotas import Quotas, load_quotas
+from services.common.settings import CommonSettings, SubmitterSettings
 from services.reports import queries
 from services.reports.progress import ExperimentRow, RunnerRow, runner_rows
-from services.reports.queue import QueueView, lease_counts, parse_work_subject, queue_view
+from services.reports.queue import (
+    QueueView,
+    capped_teams,
+    lease_counts,
+    parse_work_subject,
+    queue_view,
+)
+from services.submitter.api_tokens import owner_from_record
 from services.submitter.connections import NatsSide, open_ledger, open_nats, try_open_nats
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
 
@@ -194,16 +202,18 @@ async def list_runners(settings: CommonSettings) -> list[RunnerRow]:
         return await fleet(await nats.registry())
 
 
-async def read_queue(nats: NatsSide, ledger: Ledger) -> QueueView:
+async def read_queue(nats: NatsSide, ledger: Ledger, quotas: Quotas | None = None) -> QueueView:
     """What waits, per pool, class and team, and why (services.reports.queue). The one
     read path of ``trialbus queue``, ``GET /queue`` and the dashboard's queue page.
 
     Two stream infos with a subject filter (the work stream's messages per subject,
     the leases bucket's keys), then per experiment with queued work one ledger read
     and its pause flags (and a record read per trial paused one by one), and the
-    runner registry once: the cost grows with the experiments that wait, not with
-    their trials. The subject details of one stream info stop at nats-server's limit
-    (100,000 subjects), far beyond the experiments one installation queues at once.
+    runner registry once, and with ``quotas`` (the submitter's quotas file) the spend
+    tally of each waiting team with a spend cap once: the cost grows with the
+    experiments that wait, not with their trials. The subject details of one stream
+    info stop at nats-server's limit (100,000 subjects), far beyond the experiments
+    one installation queues at once.
     """
     topology = nats.settings.topology
     coordinator = await nats.coordinator()  # opens (or makes) the leases bucket too
@@ -232,6 +242,19 @@ async def read_queue(nats: NatsSide, ledger: Ledger) -> QueueView:
     paused = {exp: f[1] for exp, f in found.items()}
     one_by_one = {exp: f[2] for exp, f in found.items()}
     runners = await (await nats.registry()).live_runners()
+    capped: dict[str, str] = {}
+    if quotas is not None:
+        teams = {
+            owner.team
+            for info in infos.values()
+            if info is not None
+            and (owner := owner_from_record(info.manifest.get("submitted_by"))) is not None
+            and owner.team is not None
+            and (quota := quotas.for_team(owner.team)) is not None
+            and quota.max_spend_usd_per_day is not None
+        }
+        spent = {team: await coordinator.tally("spend", team, fresh=True) for team in teams}
+        capped = capped_teams(quotas, spent)
     return queue_view(
         topology,
         nats.settings.classes,
@@ -241,6 +264,7 @@ async def read_queue(nats: NatsSide, ledger: Ledger) -> QueueView:
         paused,
         runners,
         one_by_one,
+        capped,
     )
 
 
@@ -251,6 +275,9 @@ async def _unfinished(ledger: Ledger, trial_ids: Iterable[str]) -> int:
 
 
 async def list_queue(settings: CommonSettings) -> QueueView:
-    """``trialbus queue``: what waits and why (``read_queue``)."""
+    """``trialbus queue``: what waits and why (``read_queue``), with the submitter's
+    quotas file when one is set (``TRIALBUS_QUOTAS_FILE``, read as ``submit`` does)."""
+    sub = SubmitterSettings(**settings.model_dump())
+    quotas = load_quotas(sub.quotas_file) if sub.quotas_file is not None else None
     async with open_nats(settings, "trialbus-queue") as nats, open_ledger(settings) as ledger:
-        return await read_queue(nats, ledger)
+        return await read_queue(nats, ledger, quotas)

@@ -10,7 +10,14 @@ from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 from services.common.ports import ExperimentInfo
 from services.common.priority import PriorityClasses
-from services.reports.queue import lease_counts, parse_work_subject, queue_view
+from services.common.quotas import Quotas, TeamQuota
+from services.reports.queue import (
+    REASONS,
+    capped_teams,
+    lease_counts,
+    parse_work_subject,
+    queue_view,
+)
 
 T = Topology("qv")
 CLASSES = PriorityClasses.parse("urgent=8,normal=3,batch=1")
@@ -30,6 +37,7 @@ def view(
     paused: dict[str, bool] | None = None,
     runners: list[RunnerInfo] | None = None,
     one_by_one: dict[str, int] | None = None,
+    capped: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     v = queue_view(
         T,
@@ -40,6 +48,7 @@ def view(
         paused or {},
         [LOCAL] if runners is None else runners,
         one_by_one,
+        capped,
     )
     return {e.experiment_id: e for e in v.experiments} | {"_groups": v.groups}
 
@@ -99,6 +108,44 @@ def test_each_reason_and_its_control() -> None:
         ("default", "batch", "blue", 7, 3, 2, {"concurrency_limit": 3, "priority": 4}),
         ("gpu", "normal", "red", 2, 0, 1, {"no_runner": 2}),
     ]
+
+
+def test_a_team_at_its_spend_cap_is_the_reason_and_one_under_it_is_not() -> None:
+    assert REASONS.index("team_spend_cap") == REASONS.index("paused") + 1
+    quotas = Quotas(
+        teams={
+            "red": TeamQuota(max_spend_usd_per_day=5),
+            "blue": TeamQuota(max_spend_usd_per_day=5),
+        }
+    )
+    # red has reached its cap; blue is a cent under it (control); green has no cap.
+    capped = capped_teams(quotas, {"red": 5.0, "blue": 4.99, "green": 100.0})
+    assert set(capped) == {"red"}
+    assert "'red'" in capped["red"] and "$5.0000 of $5" in capped["red"]
+    work = {
+        "qv.work.default.r": 2,
+        "qv.work.default.rp": 2,
+        "qv.work.gpu.rn": 2,
+        "qv.work.default.b": 2,
+        "qv.work.default.g": 2,
+    }
+    infos: dict[str, ExperimentInfo | None] = {
+        "r": info("r", "red"),
+        "rp": info("rp", "red"),
+        "rn": info("rn", "red", pool="gpu"),
+        "b": info("b", "blue"),
+        "g": info("g", "green"),
+    }
+    rows = view(work, infos, paused={"rp": True}, capped=capped)
+    assert rows["r"].reason == "team_spend_cap" and rows["r"].detail == capped["red"]
+    assert rows["rp"].reason == "paused"  # a pause comes first
+    assert rows["rn"].reason == "team_spend_cap"  # before no_runner
+    assert rows["b"].reason == "priority"  # control: the same cap, not reached
+    assert rows["g"].reason == "priority"
+    group = next(g for g in rows["_groups"] if (g.pool, g.team) == ("default", "red"))
+    assert group.by_reason == {"paused": 2, "team_spend_cap": 2}
+    # Control: without the capped teams (no quotas file) the reason never appears.
+    assert view(work, infos)["r"].reason == "priority"
 
 
 def test_running_trials_are_not_queued_and_unknown_experiments_still_show() -> None:
