@@ -3,8 +3,11 @@ dashboard's ``/ui/queue`` agree, on the real nats-server and ledger.
 
 Two teams submit over the HTTP API in three classes and two pools; one experiment is
 paused, one holds its only concurrency slot (a lease, as a runner takes it), one is in
-a pool with no live runner, the rest wait their turn. Each reason shows, with the
-counts the work stream holds. Negative control: once a consumer has taken and
+a pool with no live runner, the rest wait their turn; team red has spent its
+``max_spend_usd_per_day`` (the quotas file, and the spend tally runners write), so
+its unpaused experiment waits for the cap, while blue, under the same cap (the
+control), shows its other reasons. Each reason shows, with the counts the work
+stream holds. Negative control: once a consumer has taken and
 acknowledged every work message (and the lease is given back), every view says
 nothing waits. The experiments list (``experiments --json`` and the dashboard) shows
 each experiment's class (the default one when unset) and team.
@@ -63,14 +66,17 @@ SUBMISSIONS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "red-paused": ("red", 2, {}),
     "blue-batch": ("blue", 4, {"priority_class": "batch", "n_concurrent_trials": 1}),
     "blue-gpu": ("blue", 2, {"pool": "gpu"}),
+    "blue-normal": ("blue", 1, {}),
 }
 EXPECTED = {
     # name: (pool, class, team, queued, running, reason)
-    "red-urgent": ("default", "urgent", "red", 3, 0, "priority"),
+    "red-urgent": ("default", "urgent", "red", 3, 0, "team_spend_cap"),
     "red-paused": ("default", "normal", "red", 2, 0, "paused"),
     "blue-batch": ("default", "batch", "blue", 3, 1, "concurrency_limit"),
     "blue-gpu": ("gpu", "normal", "blue", 2, 0, "no_runner"),
+    "blue-normal": ("default", "normal", "blue", 1, 0, "priority"),
 }
+QUOTAS = "teams:\n  red: {max_spend_usd_per_day: 5}\n  blue: {max_spend_usd_per_day: 5}\n"
 
 
 def cells(html: str, row_attr: str) -> dict[str, dict[str, str]]:
@@ -107,10 +113,19 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
     ledger = MongoLedger(ledger_url, ledger_db)
     registry = await NatsRunnerRegistry.open(js, topology)
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
-    cli = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json")
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(QUOTAS)
+    cli = Cli(
+        nats_url,
+        ledger_url,
+        topology.prefix,
+        ledger_db,
+        tmp_path / "no-stack.json",
+        extra_env=(("TRIALBUS_QUOTAS_FILE", str(quotas)),),
+    )
     try:
         async with api_as_users(
-            tmp_path, TOKENS, nats_url, ledger_url, ledger_db, topology.prefix
+            tmp_path, TOKENS, nats_url, ledger_url, ledger_db, topology.prefix, quotas_file=quotas
         ) as (api, as_):
             ids: dict[str, str] = {}
             for name, (who, reps, compute) in SUBMISSIONS.items():
@@ -134,6 +149,10 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
             assert paused.status_code == 200, paused.text
             lease = await coordinator.acquire(ids["blue-batch"], 1, "r-1")
             assert lease is not None
+            # Spend as runners tally it (after submitting: at its cap red could not):
+            # red at its cap, blue a cent under the same cap (the control).
+            await coordinator.add_tally("spend", "red", 5.0)
+            await coordinator.add_tally("spend", "blue", 4.99)
 
             async def views() -> tuple[dict[str, Any], dict[str, Any], str]:
                 http = await api.get("/queue", headers=as_("blue"))
@@ -160,10 +179,14 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
                 for e in http["experiments"]
             }
             assert shown == EXPECTED
-            assert http["queued"] == 10
+            assert http["queued"] == 11
             assert "pool 'gpu'" in next(
                 e["detail"] for e in http["experiments"] if e["reason"] == "no_runner"
             )
+            capped = next(
+                e["detail"] for e in http["experiments"] if e["reason"] == "team_spend_cap"
+            )
+            assert "team 'red'" in capped and "$5.0000 of $5" in capped
             groups = {(g["pool"], g["priority_class"], g["team"]): g for g in http["groups"]}
             assert set(groups) == {(p, c, t) for p, c, t, *_ in EXPECTED.values()}
             assert groups[("default", "batch", "blue")]["by_reason"] == {"concurrency_limit": 3}
@@ -198,6 +221,7 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
                 "red-paused": (None, "red"),
                 "blue-batch": ("batch", "blue"),
                 "blue-gpu": (None, "blue"),
+                "blue-normal": (None, "blue"),
             }
             ui = await api.get(
                 "/ui/",
