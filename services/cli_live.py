@@ -85,6 +85,8 @@ def status_table(experiment: str, counts: dict[str, Any]) -> Table:
             v = f"yes: queued trials wait for `trialbus resume {escape(experiment)}`" if v else "no"
         elif k == "paused_trials":
             v = f"{v}: each waits for `trialbus resume {escape(experiment)} --trial TRIAL`"
+        elif k == "team_spend_capped":
+            v = "yes: its team reached its max_spend_usd_per_day (`trialbus queue` says more)"
         table.add_row(k, escape(str(v)))
     return table
 

@@ -23,6 +23,7 @@ from services.reports.leaderboard import counts_of_tally, leaderboard
 from services.reports.progress import ExperimentRow, experiment_row, priority_class_of
 from services.reports.report import build_report
 from services.reports.tally import count
+from services.submitter.api_tokens import owner_from_record
 
 
 async def load_experiment(
@@ -51,6 +52,7 @@ async def experiment_status(
     *,
     paused_of: PausedOf | None = None,
     paused_trials_of: PausedTrialsOf | None = None,
+    team_capped_of: TeamCappedOf | None = None,
 ) -> dict[str, int | str | bool]:
     """Counts of an experiment's trials by state (``status_counts``); with a budget in
     the manifest, ``budget``: what the recorded trials spent of it; when the manifest
@@ -64,6 +66,8 @@ async def experiment_status(
     dashboard's and ``status --follow``'s state say; without ``paused_of`` (NATS out of
     reach) the key is absent: unknown, not False. With ``paused_trials_of``, and when
     some of them have no record, ``paused_trials``: how many trials are paused one by one.
+    With ``team_capped_of``, while trials wait and its team (``submitted_by.team``) has
+    reached its spend cap, ``team_spend_capped``: True (runners hold its trials back).
     """
     info = await ledger.get_experiment(experiment_id)
     tally = await ledger.experiment_tally(experiment_id)
@@ -83,6 +87,10 @@ async def experiment_status(
         held = await _unrecorded(ledger, experiment_id, set(await paused_trials_of(experiment_id)))
         if held:
             status["paused_trials"] = len(held)
+    if team_capped_of is not None and counts["pending"]:
+        owner = owner_from_record(info.manifest.get("submitted_by")) if info else None
+        if owner is not None and owner.team is not None and await team_capped_of(owner.team):
+            status["team_spend_capped"] = True
     return status
 
 
@@ -105,6 +113,8 @@ async def _unrecorded(ledger: Ledger, experiment_id: str, trial_ids: set[str]) -
     }
 
 
+TeamCappedOf = Callable[[str], Awaitable[bool]]
+"""Whether a team has reached its ``max_spend_usd_per_day`` (follow.spend_capped_of)."""
 StartedOf = Callable[[str], Awaitable[Iterable[str]]]
 """Ids of an experiment's trials that started (from the bus: LiveFeeds.started_trials)."""
 

@@ -19,7 +19,7 @@ from infra.nats_permissions import kv_stream
 from schemas.events import TrialLog
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import UserInputError
-from services.common.ports import ExperimentInfo, Ledger
+from services.common.ports import Coordinator, ExperimentInfo, Ledger
 from services.common.quotas import Quotas, load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.reports import queries
@@ -59,6 +59,28 @@ def started_of(live: LiveFeeds) -> queries.StartedOf:
     return started
 
 
+def spend_capped_of(coordinator: Coordinator, quotas: Quotas | None) -> queries.TeamCappedOf | None:
+    """Whether a team's rolling 24-h spend tally reached its ``max_spend_usd_per_day``
+    in ``quotas`` (None without a quotas file: nothing to judge by)."""
+    if quotas is None:
+        return None
+    known = quotas
+
+    async def capped(team: str) -> bool:
+        quota = known.for_team(team)
+        cap = quota.max_spend_usd_per_day if quota else None
+        return cap is not None and await coordinator.tally("spend", team, fresh=True) >= cap
+
+    return capped
+
+
+def cli_quotas(settings: CommonSettings) -> Quotas | None:
+    """The submitter's quotas file (``TRIALBUS_QUOTAS_FILE``), read as ``submit`` does;
+    None when unset."""
+    sub = SubmitterSettings(**settings.model_dump())
+    return load_quotas(sub.quotas_file) if sub.quotas_file is not None else None
+
+
 async def list_experiments(settings: CommonSettings) -> list[ExperimentRow]:
     """``trialbus experiments``: every experiment's row, newest first."""
     async with (
@@ -79,7 +101,9 @@ async def experiment_status(
     """``trialbus status EXP``: (the counts of ``queries.experiment_status`` with
     ``paused``, whether NATS answered). The pause flag lives on the bus (the control
     bucket); the counts need only the ledger, so without NATS they still come, with
-    ``paused`` absent (unknown) rather than False."""
+    ``paused`` absent (unknown) rather than False. With a quotas file,
+    ``team_spend_capped`` when its team reached its spend cap."""
+    quotas = cli_quotas(settings)
     async with (
         open_ledger(settings) as ledger,
         try_open_nats(settings, "trialbus-status") as nats,
@@ -90,6 +114,7 @@ async def experiment_status(
             experiment_id,
             paused_of=coordinator.is_paused if coordinator else None,
             paused_trials_of=coordinator.paused_trials if coordinator else None,
+            team_capped_of=spend_capped_of(coordinator, quotas) if coordinator else None,
         )
         return status, nats is not None
 
@@ -277,7 +302,6 @@ async def _unfinished(ledger: Ledger, trial_ids: Iterable[str]) -> int:
 async def list_queue(settings: CommonSettings) -> QueueView:
     """``trialbus queue``: what waits and why (``read_queue``), with the submitter's
     quotas file when one is set (``TRIALBUS_QUOTAS_FILE``, read as ``submit`` does)."""
-    sub = SubmitterSettings(**settings.model_dump())
-    quotas = load_quotas(sub.quotas_file) if sub.quotas_file is not None else None
+    quotas = cli_quotas(settings)
     async with open_nats(settings, "trialbus-queue") as nats, open_ledger(settings) as ledger:
         return await read_queue(nats, ledger, quotas)

@@ -50,7 +50,7 @@ from services.reports import queries
 from services.reports.html import render_html
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
-from services.submitter.follow import fleet, read_queue
+from services.submitter.follow import fleet, read_queue, spend_capped_of
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
 from services.submitter.retry import retry_trial
@@ -307,14 +307,17 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
     @router.get("/experiments/{experiment_id}/status")
     async def status(experiment_id: str, ports: PortsDep) -> dict[str, bool | int | str]:
         """Counts by state, spend against a budget, whether it is paused (and
-        `paused_trials`: how many unfinished trials are paused one by one), and the
-        priority class its manifest names (as `trialbus status --json`)."""
+        `paused_trials`: how many unfinished trials are paused one by one),
+        `team_spend_capped` (true, while trials wait and its team reached its
+        max_spend_usd_per_day), and the priority class its manifest names (as
+        `trialbus status --json`)."""
         # bool first: pydantic's union keeps True a bool rather than reading it as 1.
         return await queries.experiment_status(
             ports.ledger,
             experiment_id,
             paused_of=ports.coordinator.is_paused,
             paused_trials_of=ports.coordinator.paused_trials,
+            team_capped_of=spend_capped_of(ports.coordinator, quotas),
         )
 
     @router.get("/experiments/{experiment_id}/leaderboard")

@@ -187,6 +187,14 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
                 e["detail"] for e in http["experiments"] if e["reason"] == "team_spend_cap"
             )
             assert "team 'red'" in capped and "$5.0000 of $5" in capped
+            # Status says it too (`team_spend_capped`); blue under its cap: absent.
+            for name, capped_now in (("red-urgent", True), ("blue-normal", False)):
+                got = await api.get(f"/experiments/{ids[name]}/status", headers=as_("blue"))
+                assert got.status_code == 200, got.text
+                said = await asyncio.to_thread(run_module, cli.env, "status", ids[name], "--json")
+                assert said.returncode == 0, said.stderr
+                for shown_status in (got.json(), json.loads(said.stdout)):
+                    assert shown_status.get("team_spend_capped", False) is capped_now, name
             groups = {(g["pool"], g["priority_class"], g["team"]): g for g in http["groups"]}
             assert set(groups) == {(p, c, t) for p, c, t, *_ in EXPECTED.values()}
             assert groups[("default", "batch", "blue")]["by_reason"] == {"concurrency_limit": 3}
