@@ -233,8 +233,9 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
 
     @app.command()
     def queue(json_out: JsonOpt = False) -> None:
-        """What waits, per pool, priority class and team, and why: paused, no live
-        capable runner, at the experiment's n_concurrent_trials, or behind other work."""
+        """What waits, per pool, priority class and team, and why: paused, its team at
+        its spend cap, no live capable runner, at the experiment's n_concurrent_trials,
+        or behind other work."""
         from services.submitter.follow import list_queue
 
         settings = settings_for(CommonSettings)
