@@ -41,7 +41,8 @@ from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import NatsObjectStore
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import ObjectAccessDenied
-from services.common.ports import Lease, Spend
+from services.common.ports import ExperimentInfo, Lease, Spend
+from services.common.quotas import Quotas, TeamQuota
 from services.common.settings import CommonSettings
 from services.runner.consumer import ensure_runner_consumers
 from services.submitter.connections import NatsSide
@@ -435,6 +436,17 @@ async def test_the_submitter_reads_the_queue_from_counts_alone(roles: dict[str, 
     view = await read_queue(side, InMemoryLedger())
     (row,) = [e for e in view.experiments if e.experiment_id == exp]
     assert (row.pool, row.queued, row.reason) == ("nowhere", 2, "no_runner")
+    # A team's spend tally, written by the runner role, read back by the submitter's:
+    # at the cap its experiment waits for it (control above: without quotas, no_runner).
+    team = f"t{uuid.uuid4().hex[:8]}"
+    ledger = InMemoryLedger()
+    await ledger.upsert_experiment(ExperimentInfo(exp, "e", 2, {"submitted_by": {"team": team}}))
+    coord = await NatsCoordinator.open(runner.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    await coord.add_tally("spend", team, 1.0)
+    quotas = Quotas(teams={team: TeamQuota(max_spend_usd_per_day=1)})
+    view = await read_queue(side, ledger, quotas)
+    (row,) = [e for e in view.experiments if e.experiment_id == exp]
+    assert row.reason == "team_spend_cap" and f"team {team!r}" in row.detail
     # What it does not need stays denied: consumer info on a runner durable, a lease's
     # value, writing a lease; the runner (control) may do the first two.
     durable_info = f"$JS.API.CONSUMER.INFO.{TOPO.work_stream}.{TOPO.runner_durable}"
