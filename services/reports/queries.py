@@ -84,7 +84,7 @@ async def experiment_status(
     if paused_of is not None:
         status["paused"] = bool(counts["pending"] and await paused_of(experiment_id))
     if paused_trials_of is not None and counts["pending"]:
-        held = await _unrecorded(ledger, experiment_id, set(await paused_trials_of(experiment_id)))
+        held = await unrecorded(ledger, experiment_id, set(await paused_trials_of(experiment_id)))
         if held:
             status["paused_trials"] = len(held)
     if team_capped_of is not None and counts["pending"]:
@@ -100,8 +100,9 @@ experiment's records are read once: status stays one small read when nothing or 
 trials are paused."""
 
 
-async def _unrecorded(ledger: Ledger, experiment_id: str, trial_ids: set[str]) -> set[str]:
-    """The trials of ``trial_ids`` the ledger holds no record of (in this experiment)."""
+async def unrecorded(ledger: Ledger, experiment_id: str, trial_ids: set[str]) -> set[str]:
+    """The trials of ``trial_ids`` the ledger holds no record of (in this experiment):
+    the paused trials still waiting, for ``status`` and ``trialbus queue``."""
     if not trial_ids:
         return set()
     if len(trial_ids) > PAUSED_LOOKUPS:

@@ -256,10 +256,11 @@ async def read_queue(nats: NatsSide, ledger: Ledger, quotas: Quotas | None = Non
 
     async def about(exp: str) -> tuple[ExperimentInfo | None, bool, int]:
         async with at_once:
+            paused_trials = set(await coordinator.paused_trials(exp))
             return (
                 await ledger.get_experiment(exp),
                 await coordinator.is_paused(exp),
-                await _unfinished(ledger, await coordinator.paused_trials(exp)),
+                len(await queries.unrecorded(ledger, exp, paused_trials)),
             )
 
     found = dict(zip(experiments, await asyncio.gather(*map(about, experiments)), strict=True))
@@ -291,12 +292,6 @@ async def read_queue(nats: NatsSide, ledger: Ledger, quotas: Quotas | None = Non
         one_by_one,
         capped,
     )
-
-
-async def _unfinished(ledger: Ledger, trial_ids: Iterable[str]) -> int:
-    """How many of ``trial_ids`` have no record yet (one read per trial paused one by
-    one: a handful, never the experiment's trials)."""
-    return sum([await ledger.get_record(t) is None for t in trial_ids])
 
 
 async def list_queue(settings: CommonSettings) -> QueueView:
