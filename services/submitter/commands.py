@@ -87,22 +87,28 @@ async def pause_experiment(
     settings: CommonSettings, experiment_id: str, trial_id: str | None = None
 ) -> dict[str, Any]:
     """``trialbus pause`` (see handlers.pause; with ``trial_id``, trial_pause.pause_trial)."""
-    async with open_nats(settings, "trialbus-pause") as nats, open_ledger(settings) as ledger:
-        coordinator = await nats.coordinator()
-        if trial_id is not None:
-            return await trial_pause.pause_trial(ledger, coordinator, experiment_id, trial_id)
-        return await handlers.pause(ledger, coordinator, experiment_id)
+    return await _hold(settings, experiment_id, trial_id, pause=True)
 
 
 async def resume_experiment(
     settings: CommonSettings, experiment_id: str, trial_id: str | None = None
 ) -> dict[str, Any]:
     """``trialbus resume`` (see handlers.resume; with ``trial_id``, trial_pause.resume_trial)."""
-    async with open_nats(settings, "trialbus-resume") as nats, open_ledger(settings) as ledger:
+    return await _hold(settings, experiment_id, trial_id, pause=False)
+
+
+async def _hold(
+    settings: CommonSettings, experiment_id: str, trial_id: str | None, *, pause: bool
+) -> dict[str, Any]:
+    # Pause and resume open the same connections and differ only in the handler called.
+    verb = "pause" if pause else "resume"
+    async with open_nats(settings, f"trialbus-{verb}") as nats, open_ledger(settings) as ledger:
         coordinator = await nats.coordinator()
         if trial_id is not None:
-            return await trial_pause.resume_trial(ledger, coordinator, experiment_id, trial_id)
-        return await handlers.resume(ledger, coordinator, experiment_id)
+            one = trial_pause.pause_trial if pause else trial_pause.resume_trial
+            return await one(ledger, coordinator, experiment_id, trial_id)
+        every = handlers.pause if pause else handlers.resume
+        return await every(ledger, coordinator, experiment_id)
 
 
 async def retry_trial(
