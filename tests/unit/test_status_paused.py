@@ -8,28 +8,17 @@ from collections.abc import Mapping
 
 from rich.console import Console
 
-from schemas.record import Provenance, TrialRecord
 from services.cli_live import status_table
 from services.common.adapters.memory import InMemoryCoordinator, InMemoryLedger
 from services.common.ports import ExperimentInfo
 from services.reports import queries
-from tests.support.records import single_reward
-
-
-def _record(i: int) -> TrialRecord:
-    return TrialRecord(
-        trial_id=f"hello__{i}",
-        experiment_id="exp",
-        status="complete",
-        provenance=Provenance(task_name="hello", agent_name="oracle"),
-        evaluation=single_reward(1.0),
-    )
+from tests.support.records import passed_record
 
 
 async def _world(n_records: int) -> tuple[InMemoryLedger, InMemoryCoordinator]:
     ledger = InMemoryLedger()
     await ledger.upsert_experiment(ExperimentInfo("exp", "p", 2, {}))
-    await ledger.upsert_records([_record(i) for i in range(n_records)])
+    await ledger.upsert_records([passed_record(i) for i in range(n_records)])
     return ledger, InMemoryCoordinator(lease_ttl_s=60)
 
 
