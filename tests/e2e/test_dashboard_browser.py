@@ -12,16 +12,15 @@ Screenshots go to .trialbus/screenshots/ (not in git) for humans to look at.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import skip_unless
 from tests.e2e.cli import ROOT
 from tests.e2e.conftest import Stacks
+from tests.support.dashboard_site import chromium_path
 
 pytestmark = pytest.mark.e2e
 
@@ -38,13 +37,6 @@ compute: {{environment: local, n_concurrent_trials: 1}}
 DEADLINE_S = 90.0
 
 
-def _chromium() -> str:
-    path = shutil.which("chromium")
-    skip_unless(None if path else "chromium is not installed (`make setup` installs it)")
-    assert path is not None
-    return path
-
-
 def _wait_known(api: httpx.Client, experiment_id: str) -> None:
     """Until the ledger knows the experiment (the importer records its submission)."""
     deadline = time.monotonic() + DEADLINE_S
@@ -56,7 +48,7 @@ def _wait_known(api: httpx.Client, experiment_id: str) -> None:
 async def test_experiment_page_updates_live_until_complete(stacks: Stacks) -> None:
     from playwright.async_api import async_playwright
 
-    chromium = _chromium()
+    chromium = chromium_path()
     stack = await stacks.start(concurrency=1)
     base = f"http://127.0.0.1:{stack.http_port}"
     token = stack.api_token_path.read_text().strip()
