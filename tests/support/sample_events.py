@@ -50,6 +50,18 @@ def env(n: int) -> dict[str, Any]:
     }
 
 
+def minimal_request() -> dict[str, Any]:
+    """TrialRequested's required fields but the agent, at their plainest: the variants
+    below add the one field each is about."""
+    return {
+        "trial_id": "t1",
+        "task": TASK,
+        "repetition": 0,
+        "compute": ComputeSpec(),
+        "retry": RetrySpec(),
+    }
+
+
 def instances() -> dict[str, Envelope]:
     """Every event type; run events both with and without a resume run_id."""
     return {
@@ -74,22 +86,14 @@ def instances() -> dict[str, Envelope]:
         ),
         "trial_requested_resumed": TrialRequested(
             **env(3),
-            trial_id="t1",
-            task=TASK,
+            **minimal_request(),
             agent=AgentSpec(import_path="pkg.mod:Agent"),
-            repetition=0,
-            compute=ComputeSpec(),
-            retry=RetrySpec(),
             run_id="t1:resume:2",
         ),
         "trial_requested_team": TrialRequested(
             **env(15),
-            trial_id="t1",
-            task=TASK,
+            **minimal_request(),
             agent=AgentSpec(name="oracle"),
-            repetition=0,
-            compute=ComputeSpec(),
-            retry=RetrySpec(),
             team=TeamRef(name="red.team", max_concurrent_trials=4, max_spend_usd_per_day=25.0),
         ),
         "trial_started": TrialStarted(
