@@ -33,7 +33,7 @@ from schemas.subjects import Topology
 from services.common.adapters.nats_objects import open_bucket
 from services.common.settings import RunnerSettings
 from tests.e2e.events import stream_payloads
-from tests.support.api_client import examples_api
+from tests.support.api_client import submit_example
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
 from tests.support.sandbox_env import needs_sandbox
@@ -89,13 +89,7 @@ async def test_a_trial_reads_none_of_its_runners_files(
         f"agents:\n  - import_path: {AGENT}\n    kwargs: {{probe_root: {root}}}\n"
         "compute:\n  environment: local\n"
     )
-    async with examples_api(
-        nats_url, ledger_url, ledger_db, topology.prefix, check_runners=False
-    ) as c:
-        answer = await c.post(
-            "/experiments", content=manifest, headers={"Content-Type": "application/yaml"}
-        )
-    assert answer.status_code == 202, answer.text
+    await submit_example(nats_url, ledger_url, ledger_db, topology.prefix, manifest)
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()

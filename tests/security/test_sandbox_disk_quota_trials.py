@@ -25,7 +25,7 @@ from services.common.settings import RunnerSettings
 from services.importer.event_records import record_for
 from services.importer.folders import StoredTrials
 from tests.e2e.events import stream_payloads
-from tests.support.api_client import examples_api
+from tests.support.api_client import submit_example
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
 from tests.support.sandbox_env import needs_sandbox
@@ -63,13 +63,7 @@ async def test_a_trial_past_the_runners_quota_is_an_unscored_agent_failure(
     ledger_db: str,
     tmp_path: Path,
 ) -> None:
-    async with examples_api(
-        nats_url, ledger_url, ledger_db, topology.prefix, check_runners=False
-    ) as c:
-        answer = await c.post(
-            "/experiments", content=MANIFEST, headers={"Content-Type": "application/yaml"}
-        )
-    assert answer.status_code == 202, answer.text
+    await submit_example(nats_url, ledger_url, ledger_db, topology.prefix, MANIFEST)
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()

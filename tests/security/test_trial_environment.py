@@ -38,7 +38,7 @@ from services.common.settings import RunnerSettings
 from services.importer.event_records import record_for
 from services.importer.folders import StoredTrials
 from tests.e2e.events import stream_payloads
-from tests.support.api_client import examples_api
+from tests.support.api_client import submit_example
 from tests.support.environ_agent import GRANTED
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
@@ -87,20 +87,6 @@ def runner(tmp_path: Path, policy_runner: StartRunner) -> ServiceProcess:
     )
 
 
-async def _submit(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -> str:
-    """Submit the probe's experiment over the HTTP API (in-process); its id."""
-    # No runner check: the runner may not be live yet; it checks again anyway.
-    async with examples_api(
-        nats_url, ledger_url, ledger_db, topology.prefix, check_runners=False
-    ) as c:
-        answer = await c.post(
-            "/experiments", content=MANIFEST, headers={"Content-Type": "application/yaml"}
-        )
-    assert answer.status_code == 202, answer.text
-    experiment_id: str = answer.json()["experiment_id"]
-    return experiment_id
-
-
 async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
     runner: ServiceProcess,
     nats_url: str,
@@ -109,7 +95,7 @@ async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
     ledger_db: str,
     tmp_path: Path,
 ) -> None:
-    experiment_id = await _submit(nats_url, ledger_url, topology, ledger_db)
+    experiment_id = await submit_example(nats_url, ledger_url, ledger_db, topology.prefix, MANIFEST)
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()

@@ -66,3 +66,18 @@ def examples_api(
         tasks_root=EXAMPLE_TASKS,
         check_runners=check_runners,
     )
+
+
+async def submit_example(
+    nats_url: str, ledger_url: str, ledger_db: str, prefix: str, manifest: str
+) -> str:
+    """Submit the YAML ``manifest`` (example tasks) over the HTTP API in-process; its
+    experiment id. A refusal fails the test with the API's answer."""
+    # No runner check: the test's runner may not be live yet; it checks again anyway.
+    async with examples_api(nats_url, ledger_url, ledger_db, prefix, check_runners=False) as c:
+        answer = await c.post(
+            "/experiments", content=manifest, headers={"Content-Type": "application/yaml"}
+        )
+    assert answer.status_code == 202, answer.text
+    experiment_id: str = answer.json()["experiment_id"]
+    return experiment_id
