@@ -43,7 +43,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from schemas.subjects import DEFAULT_POOL, Topology, check_pool
+from schemas.subjects import DEFAULT_POOL, Topology, check_pool, checked_token
 from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 
 ROLES = ("admin", "submitter", "runner", "importer", "watcher", "subscriber")
@@ -312,12 +312,9 @@ _DOMAIN_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 
 def check_js_domain(domain: str) -> str:
     """Return ``domain``, or raise ValueError: it becomes a subject token."""
-    if not _DOMAIN_RE.match(domain):
-        raise ValueError(
-            f"JetStream domain {domain!r} must match {_DOMAIN_RE.pattern} "
-            "(it is a token of the $JS.<domain>.API subjects)"
-        )
-    return domain
+    return checked_token(
+        domain, _DOMAIN_RE, "JetStream domain", "it is a token of the $JS.<domain>.API subjects"
+    )
 
 
 def _runner_kv(topology: Topology) -> tuple[str, ...]:

@@ -24,25 +24,28 @@ CLASS_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 """What a priority class name may be: a subject token and part of a durable's name."""
 _CLASS_RE = re.compile(CLASS_PATTERN)
 
+_DURABLE_TOKEN_RULE = (
+    "lowercase letters, digits and '-', starting with a letter, at most 32 characters"
+)
+"""The rule of POOL_PATTERN and CLASS_PATTERN in words, for their errors."""
+
+
+def checked_token(value: str, pattern: re.Pattern[str], what: str, rule: str) -> str:
+    """Return ``value``, or raise ValueError saying that ``what`` must match ``pattern``
+    and, in words, the ``rule``: every name that becomes a subject token is checked so."""
+    if not pattern.match(value):
+        raise ValueError(f"{what} {value!r} must match {pattern.pattern} ({rule})")
+    return value
+
 
 def check_class(name: str) -> str:
     """Return ``name``, or raise ValueError naming the rule a priority class breaks."""
-    if not _CLASS_RE.match(name):
-        raise ValueError(
-            f"priority class {name!r} must match {CLASS_PATTERN} (lowercase letters, "
-            "digits and '-', starting with a letter, at most 32 characters)"
-        )
-    return name
+    return checked_token(name, _CLASS_RE, "priority class", _DURABLE_TOKEN_RULE)
 
 
 def check_pool(pool: str) -> str:
     """Return ``pool``, or raise ValueError naming the rule it breaks."""
-    if not _POOL_RE.match(pool):
-        raise ValueError(
-            f"runner pool {pool!r} must match {POOL_PATTERN} (lowercase letters, digits "
-            "and '-', starting with a letter, at most 32 characters)"
-        )
-    return pool
+    return checked_token(pool, _POOL_RE, "runner pool", _DURABLE_TOKEN_RULE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +69,12 @@ class Topology:
     prefix: str = "trialbus"
 
     def __post_init__(self) -> None:
-        if not _PREFIX_RE.match(self.prefix):
-            raise ValueError(
-                f"topology prefix {self.prefix!r} must match {_PREFIX_RE.pattern} "
-                "(lowercase letters, digits, '-' or '_', at most 32 characters)"
-            )
+        checked_token(
+            self.prefix,
+            _PREFIX_RE,
+            "topology prefix",
+            "lowercase letters, digits, '-' or '_', at most 32 characters",
+        )
 
     # -- streams -----------------------------------------------------------------
     @property
