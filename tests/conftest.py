@@ -30,7 +30,6 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
-from nats.js import JetStreamContext
 
 from infra.embedded import (
     BinaryNotFoundError,
@@ -39,7 +38,6 @@ from infra.embedded import (
     find_binary,
 )
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
 
 IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 """True when the suite runs in CI, where every prerequisite must be present."""
@@ -199,15 +197,6 @@ async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
         yield client
     finally:
         await client.close()
-
-
-@pytest.fixture
-async def js(nc: NatsClient, topology: Topology) -> JetStreamContext:
-    """JetStream on :func:`nc`, with this test's streams declared (as a service's start
-    declares them)."""
-    context = nc.jetstream()
-    await ensure_streams(context, topology)
-    return context
 
 
 @pytest.fixture

@@ -20,14 +20,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
-from nats.js import JetStreamContext
 
 from schemas.events import TrialLog, TrialStarted
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import JetStreamBus
+from services.common.adapters.jetstream import JetStreamBus, ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
@@ -81,13 +81,11 @@ class World:
 
 @pytest.fixture
 async def world(
-    js: JetStreamContext,
-    nats_url: str,
-    ledger_url: str,
-    ledger_db: str,
-    topology: Topology,
-    tmp_path: Path,
+    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
 ) -> AsyncIterator[World]:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js, topology)
     ledger = MongoLedger(ledger_url, ledger_db)
     await ledger.upsert_experiment(
         ExperimentInfo(EXP, "live demo", len(TRIALS), {"submitted_by": {"user": "alice"}})
@@ -98,6 +96,7 @@ async def world(
         yield World(JetStreamBus(js, topology), ledger, registry, env)
     finally:
         await ledger.close()
+        await nc.close()
 
 
 def _started(trial_id: str) -> TrialStarted:

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 import pytest
-from nats.js import JetStreamContext
 
 from schemas.runners import RunnerInfo, RunnerLoad
 from schemas.subjects import Topology
+from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
 from services.submitter.http_security import SESSION_COOKIE
 from tests.e2e.cli import ROOT, Cli, run_module
@@ -120,18 +121,19 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 @pytest.fixture
 async def fleet(
-    js: JetStreamContext,
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    ledger_db: str,
-    topology: Topology,
+    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
 ) -> AsyncIterator[Fleet]:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js, topology)
     registry = await NatsRunnerRegistry.open(js, topology, create_ttl_s=TTL_S)
     settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
     env = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json").env
-    async with served_api(settings) as base:
-        yield Fleet(registry, base, env)
+    try:
+        async with served_api(settings) as base:
+            yield Fleet(registry, base, env)
+    finally:
+        await nc.close()
 
 
 def _runners() -> tuple[RunnerInfo, RunnerInfo, RunnerInfo]:

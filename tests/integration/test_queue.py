@@ -23,14 +23,14 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
-from nats.aio.client import Client as NatsClient
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from schemas.events import ExperimentSubmitted, parse_event
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
+from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
@@ -105,14 +105,11 @@ async def record_submissions(nc: Any, topology: Topology, ledger: MongoLedger) -
 
 
 async def test_queue_shows_what_waits_and_why_in_every_view(
-    nc: NatsClient,
-    js: JetStreamContext,
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    ledger_db: str,
-    topology: Topology,
+    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
 ) -> None:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js, topology)
     ledger = MongoLedger(ledger_url, ledger_db)
     registry = await NatsRunnerRegistry.open(js, topology)
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
@@ -261,3 +258,4 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
             assert "Nothing waits" in html and cells(html, "experiment") == {}
     finally:
         await ledger.close()
+        await nc.close()

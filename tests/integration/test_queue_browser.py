@@ -10,11 +10,12 @@ import asyncio
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
-from nats.js import JetStreamContext
 
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
+from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
@@ -30,16 +31,14 @@ SHOTS = ROOT / ".trialbus" / "screenshots"
 
 
 async def test_queue_page_in_a_browser(
-    js: JetStreamContext,
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    ledger_db: str,
-    topology: Topology,
+    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
 ) -> None:
     from playwright.async_api import async_playwright
 
     chromium = chromium_path()
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_streams(js, topology)
     ledger = MongoLedger(ledger_url, ledger_db)
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
     registry = await NatsRunnerRegistry.open(js, topology)
@@ -94,3 +93,4 @@ async def test_queue_page_in_a_browser(
                 assert errors == []
     finally:
         await ledger.close()
+        await nc.close()
