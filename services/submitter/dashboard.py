@@ -34,7 +34,11 @@ from services.common.quotas import Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.submitter import dashboard_views as views
-from services.submitter.dashboard_artifacts import archive_listing, build_artifact_routes
+from services.submitter.dashboard_artifacts import (
+    ListingCache,
+    archive_listing,
+    build_artifact_routes,
+)
 from services.submitter.dashboard_compare import comparison_view
 from services.submitter.dashboard_live_pages import (
     build_live_page_routes,
@@ -120,6 +124,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
     page judges spend caps by (None: none)."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
     topology = settings.topology
+    listings = ListingCache()  # the trial pages' archive listings, by digest
 
     def ports(request: Request) -> Ports:
         found: Ports = request.app.state.ports
@@ -280,7 +285,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
             experiment_url=experiment_url(exp_id) if exp_id else None,
             sections=record_sections(record) if record else [],
             timeline=timeline(record.timing) if record else None,
-            stored=await archive_listing(request, record) if record else None,
+            stored=await archive_listing(request, record, listings) if record else None,
         )
 
     @router.get("/trials/{trial_id}/log")
