@@ -26,6 +26,11 @@
         const el = document.getElementById(id);
         if (el) el.innerHTML = html;
       }
+      // Matrix cells that changed while the matrix kept its shape: each <td> alone.
+      for (const [key, html] of Object.entries(data.cells || {})) {
+        const el = document.querySelector(`#matrix td[data-cell="${key}"]`);
+        if (el) el.outerHTML = html;
+      }
       main.dataset.updates = String(Number(main.dataset.updates || "0") + 1);
       const state = data.progress.state;
       if (state === "complete" || state === "cancelled") {
