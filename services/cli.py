@@ -5,9 +5,9 @@ them from the signatures); the work is elsewhere, and the live and steering
 commands have their own modules (cli_live, cli_schedule, cli_deploy).
 
 Exit codes (README): 0 ok; 1 experiment finished with unscored trials; 2 bad input
-(manifest, task folder, job folder); 3 NATS or ledger unreachable; 4 --wait (or
-status --follow) timed out; 130 interrupted. The live commands (experiments, status
---follow, logs, runners) are in services/cli_live.py.
+(manifest, task folder, job folder, an output file that cannot be written); 3 NATS or
+ledger unreachable; 4 --wait (or status --follow) timed out; 130 interrupted. The live
+commands (experiments, status --follow, logs, runners) are in services/cli_live.py.
 """
 
 from __future__ import annotations
