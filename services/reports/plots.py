@@ -46,7 +46,7 @@ OUTCOME_STYLE: Final[dict[str, tuple[str, str]]] = {
     "mixed": (YELLOW, "◐"),
     "failed": (VERMILLION, "✗"),
     "unscored": ("#DDDDDD", "⊘"),
-    "pending": ("#FFFFFF", "…"),
+    "pending": ("#F2F2F2", "…"),
 }
 
 
@@ -192,7 +192,14 @@ def _draw_matrix(ax: Any, data: PlotData) -> None:
             ax.text(c + 0.5, r + 0.5, words, ha="center", va="center", fontsize=8)
     ax.set_xlim(0, max(cols, 1))
     ax.set_ylim(max(rows, 1), 0)
-    ax.set_xticks([c + 0.5 for c in range(cols)], data.agents, fontsize=8, rotation=20)
+    ax.set_xticks(
+        [c + 0.5 for c in range(cols)],
+        data.agents,
+        fontsize=8,
+        rotation=30,
+        ha="left",
+        rotation_mode="anchor",
+    )
     ax.set_yticks([r + 0.5 for r in range(rows)], data.tasks, fontsize=8)
     ax.xaxis.tick_top()
     ax.tick_params(length=0)
@@ -214,7 +221,11 @@ def render_png(report: dict[str, Any]) -> bytes:
     data = plot_data(report)
     board_h = 1.3 + 0.45 * max(len(data.bars), 1)
     matrix_h = 1.4 + 0.28 * max(len(data.tasks), 1)
-    width = max(10.0, 3.0 + 1.1 * len(data.agents))
+    # Wide enough for the labels and the numbers beside the bars (~0.065 in per
+    # character at 8-9 pt), and for 1.1 in per matrix column.
+    chars = max((len(b.label) + len(_bar_words(b)) for b in data.bars), default=0)
+    task_chars = max((len(t) for t in data.tasks), default=0)
+    width = max(10.0, 0.07 * chars + 4.5, 0.065 * task_chars + 1.1 * len(data.agents) + 1.0)
     fig = Figure(figsize=(width, board_h + matrix_h), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, height_ratios=[board_h, matrix_h])
