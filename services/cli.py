@@ -5,9 +5,9 @@ them from the signatures); the work is elsewhere, and the live and steering
 commands have their own modules (cli_live, cli_schedule, cli_deploy).
 
 Exit codes (README): 0 ok; 1 experiment finished with unscored trials; 2 bad input
-(manifest, task folder, job folder); 3 NATS or ledger unreachable; 4 --wait (or
-status --follow) timed out; 130 interrupted. The live commands (experiments, status
---follow, logs, runners) are in services/cli_live.py.
+(manifest, task folder, job folder, an output file that cannot be written); 3 NATS or
+ledger unreachable; 4 --wait (or status --follow) timed out; 130 interrupted. The live
+commands (experiments, status --follow, logs, runners) are in services/cli_live.py.
 """
 
 from __future__ import annotations
@@ -144,12 +144,28 @@ def leaderboard(
     print_leaderboard(rows, f"leaderboard: {exp_id}")
 
 
+def _write(path: Path, body: bytes) -> None:
+    """Write an output file the user named; exit 2 naming the file when it cannot be."""
+    try:
+        path.write_bytes(body)
+    except OSError as exc:
+        err.print(f"[red]error:[/red] cannot write {path}: {exc.strerror}", highlight=False)
+        raise typer.Exit(E.EXIT_USER_ERROR) from None
+    err.print(f"wrote {path}", highlight=False)
+
+
 @app.command()
 def report(
     experiment: LatestExperiment = None,
     json_out: JsonOpt = False,
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write a self-contained HTML page.")
+    ] = None,
+    png: Annotated[
+        Path | None,
+        typer.Option(
+            "--png", help="Also write a PNG: the leaderboard's error bars and the task matrix."
+        ),
     ] = None,
 ) -> None:
     """Leaderboard with 95% intervals, pass@k, per-key means, usage, per task, failures."""
@@ -159,8 +175,11 @@ def report(
 
     data = _read(experiment_report, experiment)
     if html is not None:
-        html.write_text(render_html(data), encoding="utf-8")
-        err.print(f"wrote {html}", highlight=False)
+        _write(html, render_html(data).encode("utf-8"))
+    if png is not None:
+        from services.reports.plots import render_png  # matplotlib: only for --png
+
+        _write(png, render_png(data))
     if _printed_as_json(data, json_out):
         return
     out.print(report_renderable(data))

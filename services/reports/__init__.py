@@ -9,7 +9,8 @@
   ETA), the experiments list's rows and the runner fleet's: shared by the dashboard
   and the CLI's live views.
 - ``tables`` / ``html``: renderings for the CLI and as a self-contained page, with
-  numbers written by ``formatting`` (one way to show a figure).
+  numbers written by ``formatting`` (one way to show a figure); ``plots``: the report
+  as a PNG (``report --png``; matplotlib, imported only there).
 - ``queries``: the one read path: each report loaded through the Ledger port, called
   by the CLI, the HTTP API, the dashboard and ``submit --wait`` alike.
 """

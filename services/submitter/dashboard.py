@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
@@ -33,12 +34,20 @@ from services.common.quotas import Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.submitter import dashboard_views as views
-from services.submitter.dashboard_artifacts import archive_listing, build_artifact_routes
+from services.submitter.dashboard_artifacts import (
+    ListingCache,
+    archive_listing,
+    build_artifact_routes,
+)
 from services.submitter.dashboard_compare import comparison_view
+from services.submitter.dashboard_live_pages import (
+    build_live_page_routes,
+    queue_context,
+    runners_context,
+)
 from services.submitter.dashboard_stream import experiment_stream, loaded_sections, log_stream
 from services.submitter.dashboard_trial import timeline
 from services.submitter.dashboard_views import experiment_url, trial_url
-from services.submitter.follow import fleet, read_queue
 from services.submitter.http_security import SESSION_COOKIE, ApiAccess, identify_token
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
 from services.submitter.routes import Ports
@@ -115,6 +124,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
     page judges spend caps by (None: none)."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
     topology = settings.topology
+    listings = ListingCache()  # the trial pages' archive listings, by digest
 
     def ports(request: Request) -> Ports:
         found: Ports = request.app.state.ports
@@ -249,14 +259,15 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
 
     @router.get("/runners")
     async def runners(request: Request) -> Response:
-        registry = await request.app.state.nats.registry()
-        view = views.fleet_view(await fleet(registry), registry.heartbeat_s)
-        return render("runners.html", request, title="Runners", **view)
+        view = await runners_context(request.app)
+        data = {"live-url": "/ui/runners/events"}
+        return render("runners.html", request, title="Runners", data=data, **view)
 
     @router.get("/queue")
     async def queue(request: Request) -> Response:
-        view = await read_queue(request.app.state.nats, ports(request).ledger, quotas)
-        return render("queue.html", request, title="Queue", **view.as_dict())
+        view = await queue_context(request.app, quotas)
+        data = {"live-url": "/ui/queue/events"}
+        return render("queue.html", request, title="Queue", data=data, **view)
 
     @router.get("/trials/{trial_id}")
     async def trial(request: Request, trial_id: str) -> Response:
@@ -274,7 +285,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
             experiment_url=experiment_url(exp_id) if exp_id else None,
             sections=record_sections(record) if record else [],
             timeline=timeline(record.timing) if record else None,
-            stored=await archive_listing(request, record) if record else None,
+            stored=await archive_listing(request, record, listings) if record else None,
         )
 
     @router.get("/trials/{trial_id}/log")
@@ -284,6 +295,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
         return _sse(log_stream(feeds(request), trial_id))
 
     router.include_router(build_artifact_routes(render, SECURITY_HEADERS))
+    router.include_router(build_live_page_routes(quotas, _sse))
     return router
 
 
@@ -299,7 +311,7 @@ def _row_dict(row: views.ExperimentRow) -> dict[str, Any]:
     }
 
 
-def _sse(stream: Any) -> StreamingResponse:
+def _sse(stream: AsyncIterator[str]) -> StreamingResponse:
     # X-Accel-Buffering: a proxy in front must pass events on as they come.
     headers = {**SECURITY_HEADERS, "X-Accel-Buffering": "no"}
     return StreamingResponse(stream, media_type="text/event-stream", headers=headers)

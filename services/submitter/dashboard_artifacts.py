@@ -17,6 +17,7 @@ read the results bucket, never write it (infra/nats_permissions.py).
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -109,9 +110,61 @@ async def _fetch(request: Request, record: TrialRecord) -> tuple[ObjectRef, byte
         raise Refusal(503, f"the results bucket cannot be read now: {exc}") from None
 
 
-async def archive_listing(request: Request, record: TrialRecord) -> dict[str, Any]:
+LISTING_CACHE_FILES = 20_000
+"""Listed files the trial page's cache holds at most, over all its archives (an entry
+weighs its files + 1; a full listing is ``FILES_LISTED_MAX``): a few MiB."""
+
+Listing = tuple[list[trial_files.ArchivedFile], bool]
+
+
+class ListingCache:
+    """Archive listings by the archive's sha256 (its ObjectRef's digest), least
+    recently used out first past ``max_files``.
+
+    An object's bytes never change under its digest, so a listing never goes stale:
+    a trial page viewed again lists its folder without fetching the archive from the
+    results bucket (up to 16 MiB) and unpacking it. Only listings of bytes that were
+    fetched and checked against the digest are kept; a refusal (missing, bucket away)
+    is not, so the next view tries again. What a cached listing cannot know is that
+    retention has since removed the object: its download links then answer 404.
+    """
+
+    def __init__(self, max_files: int = LISTING_CACHE_FILES) -> None:
+        self._max = max_files
+        self._entries: OrderedDict[str, Listing] = OrderedDict()
+        self._weight = 0
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, sha256: str) -> Listing | None:
+        """The listing of the archive with this digest, if kept (now the most recent)."""
+        found = self._entries.get(sha256)
+        if found is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(sha256)
+        self.hits += 1
+        return found
+
+    def put(self, sha256: str, listing: Listing) -> None:
+        """Keep ``listing``; drop the least recently used past the bound."""
+        if sha256 in self._entries:
+            return
+        self._entries[sha256] = listing
+        self._weight += len(listing[0]) + 1
+        while self._weight > self._max and len(self._entries) > 1:
+            _, dropped = self._entries.popitem(last=False)
+            self._weight -= len(dropped[0]) + 1
+
+
+async def archive_listing(
+    request: Request, record: TrialRecord, cache: ListingCache
+) -> dict[str, Any]:
     """The trial page's "Stored folder" part: the archive's link and size, and its
-    files (when the archive is small enough to open for a page), or why not."""
+    files (when the archive is small enough to open for a page), or why not;
+    ``cache``: listings already made, by digest."""
     ref = record.artifacts.archive
     if ref is None:
         return {"archive": None, "files": [], "note": "No stored folder for this trial."}
@@ -124,15 +177,19 @@ async def archive_listing(request: Request, record: TrialRecord) -> dict[str, An
     if ref.size > trial_files.LIST_MAX_BYTES:
         out["note"] = f"The archive is {ref.size} bytes: download it to see its files."
         return out
-    try:
-        _, data = await _fetch(request, record)
-        files, more = await asyncio.to_thread(trial_files.archive_files, data)
-    except Refusal as exc:
-        out["note"] = str(exc)
-        return out
-    except trial_files.ArchiveUnreadable as exc:
-        out["note"] = f"The archive cannot be listed: {exc}."
-        return out
+    listing = cache.get(ref.sha256)
+    if listing is None:
+        try:
+            _, data = await _fetch(request, record)
+            listing = await asyncio.to_thread(trial_files.archive_files, data)
+        except Refusal as exc:
+            out["note"] = str(exc)
+            return out
+        except trial_files.ArchiveUnreadable as exc:
+            out["note"] = f"The archive cannot be listed: {exc}."
+            return out
+        cache.put(ref.sha256, listing)
+    files, more = listing
     out["files"] = [
         {
             "path": f.path,

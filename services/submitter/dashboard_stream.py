@@ -3,7 +3,8 @@
 - ``experiment_stream``: on connect, then at most once per ``UPDATE_INTERVAL_S`` after
   any event of the experiment, a ``progress`` event (counts, state, and the
   leaderboard and trial tables rendered again from the ledger through the one read
-  path); each event of the experiment also as a short ``trial`` line. The
+  path; of those, only what changed since the connection's last event: ``Shown``);
+  each event of the experiment also as a short ``trial`` line. The
   subscription opens before the first snapshot, so no event between them is missed.
 - ``log_stream``: a trial's ``trial_log`` events (oldest the logs stream holds first),
   as ``log`` events.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from schemas.events import (
@@ -42,6 +43,11 @@ TRIAL_ROWS_MAX = 500
 """Trials listed on an experiment page (running ones first); the report lists all."""
 UPDATE_INTERVAL_S = 1.0
 KEEPALIVE_S = 15.0
+PARTS = ("leaderboard", "causes", "passk", "matrix", "usage", "trials")
+"""The experiment page's live sections (element ids, and their ``_<id>.html`` templates)."""
+
+MatrixShape = tuple[tuple[str, ...], tuple[str, ...], int]
+"""What places the matrix's cells: its agents, its tasks shown, and the tasks hidden."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +56,58 @@ class Sections:
 
     context: dict[str, Any]
 
+    def render(self, part: str) -> str:
+        """One section's fragment (the content of the element with id ``part``)."""
+        return views.PAGES.get_template(f"_{part}.html").render(**self.context)
+
     def html(self) -> dict[str, str]:
         """Element id -> the fragment that replaces its content."""
-        return {
-            part: views.PAGES.get_template(f"_{part}.html").render(**self.context)
-            for part in ("leaderboard", "causes", "passk", "matrix", "usage", "trials")
+        return {part: self.render(part) for part in PARTS}
+
+    def matrix_cells(self) -> tuple[MatrixShape, dict[str, str]]:
+        """The matrix's shape, and each cell's ``<td>`` by its ``data-cell`` key
+        (``row-column``), rendered by the macro the whole matrix uses."""
+        m = self.context["matrix"]
+        cell = views.PAGES.get_template("_matrix_cell.html").module.cell  # type: ignore[attr-defined]
+        cells = {
+            f"{r}-{c}": str(cell(row["task"], value, f"{r}-{c}"))
+            for r, row in enumerate(m["rows"])
+            for c, value in enumerate(row["cells"])
         }
+        shape = (tuple(m["agents"]), tuple(row["task"] for row in m["rows"]), m["hidden"])
+        return shape, cells
+
+
+@dataclass(slots=True)
+class Shown:
+    """What one page (one SSE connection) shows already, so an update sends only what
+    changed: each section's HTML, and the matrix's shape and cells. The matrix is
+    the page's largest part (~290 KB at 200 tasks x 4 agents) and a new record
+    changes one of its cells: while its shape holds, only the changed cells go."""
+
+    html: dict[str, str] = field(default_factory=dict)
+    shape: MatrixShape | None = None
+    cells: dict[str, str] = field(default_factory=dict)
+
+    def changes(self, parts: Sections) -> dict[str, Any]:
+        """``sections``: element id -> fragment, for the sections that changed (all
+        on the first call); ``cells``: ``data-cell`` key -> ``<td>``, for the matrix
+        cells that changed while the matrix kept its shape."""
+        sections: dict[str, str] = {}
+        for part in PARTS:
+            if part == "matrix":
+                continue
+            html = parts.render(part)
+            if self.html.get(part) != html:
+                sections[part] = self.html[part] = html
+        shape, cells = parts.matrix_cells()
+        changed: dict[str, str] = {}
+        if shape != self.shape:  # new tasks or agents: the whole table again
+            sections["matrix"] = parts.render("matrix")
+        else:
+            changed = {key: td for key, td in cells.items() if self.cells.get(key) != td}
+        self.shape, self.cells = shape, cells
+        return {"sections": sections, "cells": changed}
 
 
 async def sections(
@@ -152,20 +204,23 @@ async def progress_event(
     live: LiveFeeds,
     experiment_id: str,
     paused_of: queries.PausedOf | None = None,
+    shown: Shown | None = None,
 ) -> str:
     """The ``progress`` event: counts and the tables, read afresh (``paused_of``: the
-    coordinator's pause flag, for the state)."""
+    coordinator's pause flag, for the state); with ``shown``, what the page shows
+    already, only what changed since (``Shown.changes``), else every section."""
     _, info, records = await queries.load_experiment(ledger, experiment_id, required=False)
     started = await live.started_trials(experiment_id)
     parts = await loaded_sections(experiment_id, info, records, started)
     paused = paused_of is not None and await paused_of(experiment_id)
     row = views.experiment_row(experiment_id, info, records, started, paused=paused)
-    shown = {
+    counts = {
         **row.progress.as_dict(),
         "started": views.when(row.started),
         "duration": views.duration(row.duration_s),
     }
-    return sse("progress", {"progress": shown, "sections": parts.html()})
+    update = (shown or Shown()).changes(parts)
+    return sse("progress", {"progress": counts, **update})
 
 
 async def experiment_stream(
@@ -175,8 +230,9 @@ async def experiment_stream(
     paused_of: queries.PausedOf | None = None,
 ) -> AsyncIterator[str]:
     """The experiment page's live feed (see the module doc)."""
+    shown = Shown()  # this page's own: a reconnect starts afresh and gets everything
     async with live.experiment_events(experiment_id) as feed:
-        yield await progress_event(ledger, live, experiment_id, paused_of)
+        yield await progress_event(ledger, live, experiment_id, paused_of, shown)
         dirty, last = False, time.monotonic()
         while True:
             since = time.monotonic() - last
@@ -186,7 +242,7 @@ async def experiment_stream(
                 yield sse("trial", line)
                 dirty = True
             if dirty and time.monotonic() - last >= UPDATE_INTERVAL_S:
-                yield await progress_event(ledger, live, experiment_id, paused_of)
+                yield await progress_event(ledger, live, experiment_id, paused_of, shown)
                 dirty, last = False, time.monotonic()
             elif event is None and not dirty:
                 yield ": keepalive\n\n"

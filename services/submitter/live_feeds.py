@@ -16,18 +16,24 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NatsClient
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 from schemas.envelope import EXPERIMENT_ID_PATTERN, TRIAL_ID_PATTERN
 from schemas.events import Envelope, TrialStarted, parse_event
 from schemas.subjects import Topology
+from services.common.errors import TrialbusError
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
 
 HISTORY_TIMEOUT_S = 2.0
 """How long reading an experiment's past TrialStarted events may take at most."""
+
+UNAVAILABLE: tuple[type[Exception], ...] = (NatsError, TrialbusError, OSError, TimeoutError)
+"""What a read over NATS (or the ledger) raises while the other side is away: a live
+page says so and tries again rather than ending its stream."""
 
 _EXPERIMENT_RE = re.compile(EXPERIMENT_ID_PATTERN)
 _TRIAL_RE = re.compile(TRIAL_ID_PATTERN)

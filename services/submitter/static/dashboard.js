@@ -1,6 +1,7 @@
 // trialbus dashboard: live updates over Server-Sent Events. No framework, no build.
 // Text from the server is set with textContent; the only HTML taken as HTML is the
-// server's own autoescaped fragments (the leaderboard and trial tables).
+// server's own autoescaped fragments (the experiment page's tables, the fleet and the
+// queue).
 "use strict";
 (function () {
   const main = document.querySelector("main");
@@ -24,6 +25,11 @@
       for (const [id, html] of Object.entries(data.sections || {})) {
         const el = document.getElementById(id);
         if (el) el.innerHTML = html;
+      }
+      // Matrix cells that changed while the matrix kept its shape: each <td> alone.
+      for (const [key, html] of Object.entries(data.cells || {})) {
+        const el = document.querySelector(`#matrix td[data-cell="${key}"]`);
+        if (el) el.outerHTML = html;
       }
       main.dataset.updates = String(Number(main.dataset.updates || "0") + 1);
       const state = data.progress.state;
@@ -56,6 +62,25 @@
     });
   }
 
+  // The fleet and queue pages: the server re-reads them and pushes the part that
+  // changed ({target, html}: an element id and its autoescaped fragment).
+  function followPage(url) {
+    const source = new EventSource(url);
+    source.onopen = () => setStatus("live");
+    source.onerror = () => setStatus("reconnecting");
+    source.addEventListener("page", (e) => {
+      const d = JSON.parse(e.data);
+      const el = document.getElementById(d.target);
+      if (el) el.innerHTML = d.html;
+      setStatus("live");
+      main.dataset.updates = String(Number(main.dataset.updates || "0") + 1);
+    });
+    source.addEventListener("unavailable", (e) => {
+      setStatus(`not updating: ${JSON.parse(e.data).message}`);
+    });
+  }
+
   if (main.dataset.eventsUrl) followExperiment(main.dataset.eventsUrl);
+  if (main.dataset.liveUrl) followPage(main.dataset.liveUrl);
   if (main.dataset.logUrl) followLog(main.dataset.logUrl);
 })();
