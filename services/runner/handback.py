@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -28,8 +29,9 @@ from services.runner.preemption import Running, cannot_finish, higher_classes, v
 log = get_logger(__name__)
 
 PREEMPT_LOOK_S = 1.0
-"""How often a full runner holding a preemptible trial looks for heavier waiting work:
-the most an urgent trial waits for a preemption, beyond the victim's stop."""
+"""How often (on average; each look 0.5-1.5 times this) a full runner holding a
+preemptible trial looks for heavier waiting work: about the most an urgent trial waits
+for a preemption, beyond the victim's stop."""
 SETTLE_S = 10.0
 """After a stop notice's deadline, how long handed-back trials get to record their
 hand-back and nak before the process cancels them outright (nak, attempt counted)."""
@@ -69,7 +71,9 @@ async def watch_preemption(
     """Preempt lower-class preemptible trials for waiting higher-class work, until the
     loop stops fetching (see the module docstring)."""
     while not slots.stopping:
-        await asyncio.sleep(every_s)
+        # A random phase per look: the full runners of a pool read the same pending
+        # count, and the first to preempt and fetch lowers it for those looking later.
+        await asyncio.sleep(every_s * random.uniform(0.5, 1.5))
         if slots.stopping or slots.free_slots > 0:
             continue
         snapshot = running.snapshot()
