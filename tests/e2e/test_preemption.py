@@ -32,7 +32,13 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import Event, TrialCompleted, TrialFailed, TrialStarted
+from schemas.events import (
+    Event,
+    ExperimentSubmitted,
+    TrialCompleted,
+    TrialFailed,
+    TrialStarted,
+)
 from tests.e2e.conftest import Stacks
 from tests.e2e.faultkit import Submitted, judge, ledger_records, submit
 from tests.support.class_hold_executor import EXECUTOR_SPEC
@@ -94,12 +100,18 @@ async def test_a_preemptible_batch_trial_gives_its_slot_to_urgent_work(
         60,
     )
     urgent = await submit(cli, manifest(tmp_path, "urgent", 2, "urgent"))
-    began = time.monotonic()
     await tap.eventually(lambda ev: handed_back(ev, yielding, "Preempted"), "the preemption", 60)
-    preempted_s = time.monotonic() - began
     # The urgent trials run and are recorded while both batch trials are still held.
     await tap.all_imported(urgent.experiment_id, set(urgent.trial_ids), 60)
-    urgent_done_s = time.monotonic() - began
+    # From the events' own timestamps (one machine, one clock): the urgent submission,
+    # the first preemption, the first urgent start.
+    (submitted,) = of(tap.events, ExperimentSubmitted, urgent)
+    preempted_s = (
+        handed_back(tap.events, yielding, "Preempted")[0].occurred_at - submitted.occurred_at
+    ).total_seconds()
+    urgent_started_s = (
+        of(tap.events, TrialStarted, urgent)[0].occurred_at - submitted.occurred_at
+    ).total_seconds()
     assert not of(tap.events, TrialCompleted, yielding) and not of(
         tap.events, TrialCompleted, fixed
     )
@@ -121,8 +133,9 @@ async def test_a_preemptible_batch_trial_gives_its_slot_to_urgent_work(
     (record,) = await ledger_records(stack, yielding.experiment_id)
     assert record.attempts == 1 and record.evaluation.reward_valid
     print(
-        f"preemption: preempted after {preempted_s:.1f} s, urgent recorded after "
-        f"{urgent_done_s:.1f} s, preemptions={len(preemptions)}"
+        f"preemption: urgent submitted, a batch trial preempted after {preempted_s:.2f} s, "
+        f"the first urgent trial started after {urgent_started_s:.2f} s, "
+        f"preemptions={len(preemptions)}"
     )
     for name, sub in (("preempted", yielding), ("fixed", fixed), ("urgent", urgent)):
         check = await judge(f"preemption: {name}", stack, sub)
