@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from schemas.events import TrialFailed, TrialRequested, TrialStarted, encode_event
 from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
 from services.common.errors import ACK, Settle
+from services.runner.handback import StopNotice, watch_preemption
 from services.runner.handlers import TrialHandler
 from services.runner.preemption import (
     Running,
@@ -214,3 +217,123 @@ async def test_without_a_hand_back_the_attempt_counts(tmp_path: Path) -> None:
     executor.release.set()
     assert await asyncio.wait_for(task, 5) == ACK
     assert (await coord.begin_attempt(request.dedup_id())).attempt == 2
+
+
+# -- when: the preemption watch and the stop notice, over a fake fetch loop ------------
+
+
+class FakeSlots:
+    """The fetch loop as the watch and the notice see it; trials are tasks that run
+    until their attempt is stopped."""
+
+    def __init__(self, free: int = 0, waiting: dict[str, int] | None = None) -> None:
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.free = free
+        self.waiting = waiting or {}
+        self.looks = 0
+        self.reads = 0
+        self.reserved: list[str] = []
+        self.looked = asyncio.Event()
+        self._stopping = False
+
+    @property
+    def free_slots(self) -> int:
+        self.looks += 1
+        self.looked.set()
+        return self.free
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def pending_of(self, names: Sequence[str]) -> dict[str, int]:
+        self.reads += 1
+        return {n: self.waiting.get(n, 0) for n in names}
+
+    def reserve(self, name: str) -> None:
+        self.reserved.append(name)
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    async def drain(self, grace_s: float) -> None:
+        self.stop()
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight), timeout=grace_s)
+
+    def run(
+        self, running: Running, trial: RunningTrial, stops: dict[str, float] | None = None
+    ) -> asyncio.Event:
+        """Start ``trial`` as a task that ends when its attempt is stopped (noting when
+        in ``stops``)."""
+        stopped = asyncio.Event()
+
+        def stop() -> None:
+            if stops is not None:
+                stops[trial.run_id] = time.monotonic()
+            stopped.set()
+
+        trial.bind(stop)
+        running.add(trial)
+
+        async def attempt() -> None:
+            await stopped.wait()
+            running.remove(trial)
+
+        task = asyncio.create_task(attempt())
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+        return stopped
+
+
+async def test_the_watch_preempts_for_waiting_heavier_work_and_owes_it_the_slot() -> None:
+    slots, running = FakeSlots(free=0, waiting={"urgent": 1}), Running()
+    victim = trial("victim", started=time.monotonic())
+    fixed = trial("fixed", preemptible=False, started=time.monotonic())
+    stopped = slots.run(running, victim)
+    slots.run(running, fixed)
+    watch = asyncio.create_task(watch_preemption(slots, running, WEIGHTS, every_s=0.01))
+    await asyncio.wait_for(stopped.wait(), 5)
+    assert victim.reason == "preempted" and fixed.reason is None
+    assert slots.reserved == ["urgent"]
+    slots.stop()
+    await asyncio.wait_for(watch, 5)
+    fixed.hand_back("stop_notice")  # ends the fake attempt
+
+
+async def test_the_watch_reads_nothing_while_a_slot_is_free() -> None:
+    """Negative control: a free slot (or no preemptible trial) costs no read."""
+    slots, running = FakeSlots(free=1, waiting={"urgent": 5}), Running()
+    victim = trial("victim", started=time.monotonic())
+    slots.run(running, victim)
+    watch = asyncio.create_task(watch_preemption(slots, running, WEIGHTS, every_s=0.01))
+    while slots.looks < 5:
+        slots.looked.clear()
+        await asyncio.wait_for(slots.looked.wait(), 5)
+    assert slots.reads == 0 and victim.reason is None
+    slots.stop()
+    await asyncio.wait_for(watch, 5)
+    victim.hand_back("stop_notice")
+
+
+async def test_a_stop_notice_hands_back_at_once_what_cannot_finish_the_rest_at_the_deadline() -> (
+    None
+):
+    slots, running = FakeSlots(), Running()
+    now = time.monotonic()
+    unknown = trial("unknown", started=now, limit=None)
+    # Says it ends in 0.05 s, but overruns: it may stay until the deadline, no later.
+    overrun = trial("overrun", started=now, limit=0.05)
+    stops: dict[str, float] = {}
+    for t in (unknown, overrun):
+        slots.run(running, t, stops)
+    notice = StopNotice(slots, running, notice_s=1.0)
+    notice.signal()
+    assert slots.stopping
+    await asyncio.wait_for(notice.finish(drain_grace_s=30), 5)
+    assert notice.noticed_at is not None
+    assert stops["unknown"] - notice.noticed_at < 0.5
+    # Negative control: the trial that could finish was not stopped before the deadline.
+    assert stops["overrun"] - notice.noticed_at >= 1.0
+    assert (unknown.reason, overrun.reason) == ("stop_notice", "stop_notice")
+    assert not slots.in_flight
