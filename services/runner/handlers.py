@@ -42,6 +42,11 @@ message the handler
    one first (it ran the same message after ack_wait), that ending is published
    instead, so a run ends once (the endings of step 2 go the same way).
 
+A running trial is listed (``running``, services.runner.preemption) so the runner may
+hand it back: preempted for a waiting higher class, or by a stop notice. Its attempt
+is then stopped through the cancel path, taken back (not counted), recorded as a
+non-final ``cancelled`` TrialFailed naming the reason, and nak'ed with no delay.
+
 ``handle`` never raises except CancelledError (shutdown: the consumer hands the message
 back). Every other failure becomes a verdict through ``settle_error``: poison is
 terminated, a transient error and a bug are nak'ed (a bug later), never acknowledged.

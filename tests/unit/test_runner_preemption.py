@@ -5,7 +5,10 @@ preempts for waiting higher-class work, and which cannot finish before a stop
 notice's deadline. The hand-back (services/runner/handlers.py) with the in-memory
 fakes: the attempt is stopped, recorded as a non-final ``cancelled`` TrialFailed
 naming the reason, taken back (the next start is attempt 1 again, with its own dedup
-id), and the message is nak'ed with no delay. Each rule has its negative control.
+id), and the message is nak'ed with no delay. When (services/runner/handback.py), over
+a fake fetch loop: the watch preempts for waiting heavier work and owes it the slot,
+and reads nothing while a slot is free; a stop notice stops at once what cannot finish
+and the rest at the deadline. Each rule has its negative control.
 """
 
 from __future__ import annotations
