@@ -129,7 +129,10 @@ class StopNotice:
         while in_flight and time.monotonic() < deadline:
             # Trials that started after the notice (their message was being taken in)
             # are judged too, on the next look.
-            for trial in cannot_finish(self._running.snapshot(), time.monotonic(), deadline):
+            running = self._running.snapshot()
+            for trial in running:
+                trial.refresh_limit()
+            for trial in cannot_finish(running, time.monotonic(), deadline):
                 if trial.hand_back("stop_notice"):
                     log.info("handing back: cannot finish before the deadline", run_id=trial.run_id)
             await _wait_any(in_flight, min(RELOOK_S, max(0.0, deadline - time.monotonic())))

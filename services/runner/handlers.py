@@ -324,6 +324,7 @@ class TrialHandler:
             preemptible=request.compute.preemptible,
             started=time.monotonic(),
             time_limit_s=time_limit(self._executor, request),
+            limit_of=lambda: time_limit(self._executor, request),
         )
         self._running.add(trial)
         return trial

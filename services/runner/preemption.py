@@ -50,7 +50,15 @@ class RunningTrial:
     """The most the attempt may take, when the executor knows (None: unknown)."""
     reason: Reason | None = None
     """Set once the trial is asked to go; it is then stopped and handed back."""
+    limit_of: Callable[[], float | None] | None = field(default=None, repr=False)
+    """Asks the executor for the time limit again: it may learn it only once the
+    attempt started (the Harbor executor reads the task's timeouts then)."""
     _stop: Callable[[], None] | None = field(default=None, repr=False)
+
+    def refresh_limit(self) -> None:
+        """Take the executor's time limit if it knows one by now."""
+        if self.time_limit_s is None and self.limit_of is not None:
+            self.time_limit_s = self.limit_of()
 
     def bind(self, stop: Callable[[], None]) -> None:
         """What stops the attempt (its run task's cancel); a request already made

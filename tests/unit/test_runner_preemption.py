@@ -24,6 +24,7 @@ from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
 from services.common.errors import ACK, Settle
 from services.runner.handback import StopNotice, watch_preemption
 from services.runner.handlers import TrialHandler
+from services.runner.harbor_executor import SETUP_ALLOWANCE_S, task_time_bound
 from services.runner.preemption import (
     Running,
     RunningTrial,
@@ -340,3 +341,29 @@ async def test_a_stop_notice_hands_back_at_once_what_cannot_finish_the_rest_at_t
     assert stops["overrun"] - notice.noticed_at >= 1.0
     assert (unknown.reason, overrun.reason) == ("stop_notice", "stop_notice")
     assert not slots.in_flight
+
+
+# -- the Harbor executor's time limit --------------------------------------------------
+
+
+def test_a_harbor_task_is_bounded_by_its_timeouts(tmp_path: Path) -> None:
+    (tmp_path / "task.toml").write_text(
+        "[agent]\ntimeout_sec = 100\n[verifier]\ntimeout_sec = 50\n"
+        "[environment]\nbuild_timeout_sec = 30\n"
+    )
+    assert task_time_bound(tmp_path, 2.0) == (30 + 100 + 50) * 2.0 + SETUP_ALLOWANCE_S
+    # Negative controls: no agent timeout, or no readable task.toml: unknown.
+    (tmp_path / "task.toml").write_text("[verifier]\ntimeout_sec = 50\n")
+    assert task_time_bound(tmp_path, 1.0) is None
+    (tmp_path / "task.toml").write_text("[agent\n")
+    assert task_time_bound(tmp_path, 1.0) is None
+
+
+def test_a_limit_learnt_after_the_start_is_taken_by_a_refresh() -> None:
+    learnt: list[float | None] = [None]
+    t = RunningTrial("r", "batch", True, 0.0, None, limit_of=lambda: learnt[0])
+    t.refresh_limit()
+    assert t.time_limit_s is None
+    learnt[0] = 30.0
+    t.refresh_limit()
+    assert t.time_limit_s == 30.0
