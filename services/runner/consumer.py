@@ -264,6 +264,8 @@ class WorkConsumer:
             if want <= 0:
                 break
             queue = self._queues[name]
+            if queue.poll is not None:
+                continue  # its long poll brings the message and takes the freed slot
             msgs = await self._fetch(queue.psub, want, BUSY_FETCH_TIMEOUT_S)
             queue.pending, queue.seen_at = _pending_after(msgs, want), time.monotonic()
             for msg in msgs:
