@@ -238,6 +238,17 @@ class ComputeSpec(_Strict):
         "installation's default class ('normal'). Over HTTP, the token must allow it.",
     )
 
+    preemptible: bool = Field(
+        default=False,
+        # Left out of the wire form when false: a TrialRequested of an experiment that
+        # does not opt in keeps the exact bytes it had before preemption existed.
+        exclude_if=lambda v: not v,
+        description="Whether a runner may stop a running trial of this experiment to "
+        "give its slot to a waiting trial of a higher priority class (docs/scheduling.md). "
+        "The stopped trial goes back to the queue, its attempt is not counted and it is "
+        "never scored as a failure; it runs again later from the start.",
+    )
+
     @field_validator("environment_kwargs")
     @classmethod
     def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:

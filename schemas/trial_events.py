@@ -16,6 +16,18 @@ from schemas.objects import SHA256_PATTERN, ObjectRef
 MAX_MESSAGE_CHARS = 4000
 """Longest error message an event carries (runners cut Harbor's at 2,000)."""
 _ATTEMPT = "Which start of this run this is, 1 for the first; counted per run by the runners."
+_HANDED_BACK = (
+    "How many starts of this run were handed back before this event without being "
+    "counted as attempts (preempted by a higher priority class, or a runner's stop "
+    "notice; docs/scheduling.md). 0, and left out of the wire form, for nearly every "
+    "event; when set it keeps this start's dedup id apart from the handed-back one's."
+)
+
+
+def _handed_back_field() -> int:
+    return Field(
+        default=0, ge=0, le=MAX_INT64, exclude_if=lambda v: not v, description=_HANDED_BACK
+    )
 
 
 TASK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -124,9 +136,10 @@ class TrialStarted(RunEvent):
     runner_id: str = Field(description="Id of the runner process (default: <host>-<pid>).")
     host: str = Field(description="Host name of the machine the runner runs on.")
     attempt: int = Field(ge=1, le=MAX_INT64, description=_ATTEMPT)
+    handed_back: int = _handed_back_field()
 
     def _dedup_suffix(self) -> tuple[str, ...]:
-        return ("started", str(self.attempt))
+        return ("started", str(self.attempt), *_handed_back_suffix(self.handed_back))
 
 
 class TrialLog(TrialEvent):
@@ -196,9 +209,20 @@ class TrialFailed(RunEvent):
     runner_host: str | None = Field(
         default=None, description="Host of the runner that made the attempt."
     )
+    handed_back: int = _handed_back_field()
 
     def _dedup_suffix(self) -> tuple[str, ...]:
-        return ("failed", str(self.attempt), str(int(self.final)))
+        return (
+            "failed",
+            str(self.attempt),
+            str(int(self.final)),
+            *_handed_back_suffix(self.handed_back),
+        )
+
+
+def _handed_back_suffix(handed_back: int) -> tuple[str, ...]:
+    # Nothing when 0: every event's dedup id is what it was before hand-backs existed.
+    return (f"h{handed_back}",) if handed_back else ()
 
 
 class ResultImported(TrialEvent):

@@ -228,6 +228,15 @@ def collapse_batch(records: Sequence[TrialRecord]) -> list[TrialRecord]:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptStart:
+    """One counted start of a run: the attempt number, and how many starts of the run
+    were handed back (taken back, uncounted) before it."""
+
+    attempt: int
+    handed_back: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     """One concurrency slot of an experiment, held by one trial."""
 
@@ -304,6 +313,15 @@ class Coordinator(Protocol):
 
     async def next_attempt(self, run_id: str) -> int:
         """Count one more start of ``run_id`` and return the new count (1 first)."""
+
+    async def begin_attempt(self, run_id: str) -> AttemptStart:
+        """Count one more start of ``run_id``: the attempt (starts taken back are not
+        counted) and how many starts were taken back before it."""
+
+    async def take_back_attempt(self, run_id: str) -> int:
+        """Uncount the last start of ``run_id`` (it was handed back: preempted, or a
+        stop notice), so it does not use up ``max_attempts``; the starts taken back so
+        far."""
 
     async def record_ending(self, run_id: str, event: bytes) -> bytes:
         """Store ``event`` (the encoded final event) as how ``run_id`` ended; first wins.

@@ -130,6 +130,16 @@ class RunnerSettings(CommonSettings):
         "alive instead of in requests that time out.",
     )
     runner_id: str | None = Field(default=None, description="Default: host-pid.")
+    stop_notice_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600,
+        description="Seconds between SIGTERM and the machine's end (a spot instance's "
+        "notice gives about 120): on SIGTERM the runner stops fetching, hands back at "
+        "once every trial that cannot finish before then (not counted as an attempt), "
+        "lets the others finish, and hands back the rest at the deadline. Unset: "
+        "SIGTERM drains (trials get the drain grace to finish; docs/operations.md).",
+    )
     pool: str = Field(
         default=DEFAULT_POOL,
         pattern=POOL_PATTERN,

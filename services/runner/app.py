@@ -22,15 +22,17 @@ from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
 from services.common.runner_metrics import RunnerMetrics, exporter
 from services.common.runner_policy import PolicyFileError, load_policy
-from services.common.service import install_stop_signals, load_factory
+from services.common.service import install_stop_signals, load_factory, running_beside
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
 from services.common.trial_folders import TrialFolders
 from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
+from services.runner.handback import StopNotice, watch_preemption
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
 from services.runner.live_logs import CoreNatsLogSinks
+from services.runner.preemption import Running
 from services.runner.redaction import TrialSecrets
 
 log = get_logger(__name__)
@@ -61,7 +63,8 @@ def build_executor(
 
 
 async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
-    """Run until SIGTERM/SIGINT, then drain: finish or hand back in-flight trials."""
+    """Run until SIGTERM/SIGINT, then drain: finish or hand back in-flight trials
+    (with ``settings.stop_notice_s``: hand back at once what cannot finish in time)."""
     configure_logging(settings.log_level, settings.log_json)
     # Read before connecting: a broken policy file stops the runner at once (exit 2).
     policy = load_policy(settings.policy_file)
@@ -108,6 +111,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             js, topo, create_ttl_s=settings.ack_wait_s, replicas=settings.stream_replicas
         )
         metrics = RunnerMetrics()
+        running = Running()  # for preemption and stop notices (services.runner.handback)
         handler = TrialHandler(
             metrics.bus(JetStreamBus(js, topo)),
             executor,
@@ -122,6 +126,8 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             log_sinks=CoreNatsLogSinks.from_settings(nc.publish, settings)
             if settings.publish_logs
             else None,
+            running=running,
+            classes=settings.classes,
         )
         consumer = WorkConsumer(
             js,
@@ -132,7 +138,8 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             pool=settings.pool,
             classes=settings.classes,
         )
-        install_stop_signals(consumer.stop)
+        notice = StopNotice(consumer, running, settings.stop_notice_s)
+        install_stop_signals(notice.signal)
         log.info(
             "runner capabilities",
             pool=info.pool,
@@ -147,9 +154,11 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
                 await ensure_runner_consumers(
                     js, topo, settings.ack_wait_s, settings.pool, settings.classes
                 )
-                await consumer.run()
+                weights = dict(settings.classes.weights)
+                async with running_beside(watch_preemption(consumer, running, weights)):
+                    await consumer.run()
             log.info("runner draining", in_flight=len(consumer.in_flight))
-            await consumer.drain(drain_grace_s)
+            await notice.finish(drain_grace_s)
     finally:
         await nc.drain()
 

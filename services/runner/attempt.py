@@ -31,8 +31,11 @@ async def run_attempt(
     leases: list[Lease],
     keep_alive: KeepAlive,
     heartbeat_s: float,
+    bind_stop: Callable[[Callable[[], None]], None] | None = None,
 ) -> ExecutionOutcome | None:
-    """Run ``execution`` with heartbeats; None when the experiment was cancelled.
+    """Run ``execution`` with heartbeats; None when the experiment was cancelled, or
+    when the stop given to ``bind_stop`` was called (the runner hands the trial back:
+    preemption, a stop notice; services.runner.preemption).
 
     TrialStarted's publish (``announced``) runs beside the executor; when it fails,
     the run is stopped at once and its error raised: an attempt that cannot be
@@ -40,6 +43,14 @@ async def run_attempt(
     """
     run = asyncio.create_task(execution)
     cancelled = asyncio.Event()
+    if bind_stop is not None:
+
+        def stop() -> None:
+            # The executor's cancel path, as for the experiment's cancellation.
+            cancelled.set()
+            run.cancel()
+
+        bind_stop(stop)
     beat = asyncio.create_task(
         _heartbeat(coordinator, experiment_id, leases, run, cancelled, keep_alive, heartbeat_s)
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -138,6 +139,7 @@ class WorkConsumer:
         self._queues: dict[str, _ClassQueue] = {}
         self._slots = asyncio.Semaphore(concurrency)
         self._stopping = asyncio.Event()
+        self._reserved: dict[str, int] = {}  # slots owed to a class (preemption made room)
         self.in_flight: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -170,6 +172,11 @@ class WorkConsumer:
                 while free < self._concurrency and not self._slots.locked():
                     await self._slots.acquire()
                     free += 1
+                if self._reserved:
+                    taken = await self._fetch_reserved(free)
+                    for _ in range(free - taken):
+                        self._slots.release()
+                    continue
                 await self._look_again()
                 waiting = {
                     c: q.pending for c, q in self._queues.items() if q.pending and q.poll is None
@@ -246,6 +253,59 @@ class WorkConsumer:
                 self._start(msg)
             taken += len(msgs)
         return taken
+
+    async def _fetch_reserved(self, free: int) -> int:
+        """Fetch for the classes owed slots (preemption freed them for these classes),
+        before the weighted share; return how many slots were used."""
+        owed, self._reserved = self._reserved, {}
+        taken = 0
+        for name, n in owed.items():
+            want = min(n, free - taken)
+            if want <= 0:
+                break
+            queue = self._queues[name]
+            if queue.poll is not None:
+                continue  # its long poll brings the message and takes the freed slot
+            msgs = await self._fetch(queue.psub, want, BUSY_FETCH_TIMEOUT_S)
+            queue.pending, queue.seen_at = _pending_after(msgs, want), time.monotonic()
+            for msg in msgs:
+                self._start(msg)
+            taken += len(msgs)
+        return taken
+
+    @property
+    def free_slots(self) -> int:
+        """Slots not running a trial (nor taking one in)."""
+        return self._concurrency - len(self.in_flight)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``stop()`` was called."""
+        return self._stopping.is_set()
+
+    async def pending_of(self, names: Sequence[str]) -> dict[str, int]:
+        """Messages never delivered yet in each class of ``names`` (one CONSUMER.INFO
+        each, at once); a class whose count cannot be read is left out."""
+
+        async def look(name: str) -> tuple[str, int | None]:
+            try:
+                info = await self._queues[name].psub.consumer_info()
+            except Exception as exc:  # noqa: BLE001 - reconnecting: look next time
+                log.warning("could not read a class's pending count", error=str(exc))
+                return name, None
+            return name, int(info.num_pending or 0)
+
+        looked = await asyncio.gather(*(look(n) for n in names if n in self._queues))
+        found = {name: n for name, n in looked if n is not None}
+        now = time.monotonic()
+        for name, n in found.items():
+            queue = self._queues[name]
+            queue.pending, queue.seen_at = n, now
+        return found
+
+    def reserve(self, name: str) -> None:
+        """Owe class ``name`` the next free slot (a trial is being preempted for it)."""
+        self._reserved[name] = self._reserved.get(name, 0) + 1
 
     async def _poll(self, name: str) -> None:
         """One long poll of class ``name``: its message takes a free slot, or goes back

@@ -42,6 +42,11 @@ message the handler
    one first (it ran the same message after ack_wait), that ending is published
    instead, so a run ends once (the endings of step 2 go the same way).
 
+A running trial is listed (``running``, services.runner.preemption) so the runner may
+hand it back: preempted for a waiting higher class, or by a stop notice. Its attempt
+is then stopped through the cancel path, taken back (not counted), recorded as a
+non-final ``cancelled`` TrialFailed naming the reason, and nak'ed with no delay.
+
 ``handle`` never raises except CancelledError (shutdown: the consumer hands the message
 back). Every other failure becomes a verdict through ``settle_error``: poison is
 terminated, a transient error and a bug are nak'ed (a bug later), never acknowledged.
@@ -51,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -66,10 +72,12 @@ from schemas.events import (
 from services.common.errors import ACK, InternalError, Settle, nak, settle_error
 from services.common.logging import get_logger
 from services.common.pools import required_capabilities
-from services.common.ports import Coordinator, EventBus, Executor, Lease, LogSink
+from services.common.ports import AttemptStart, Coordinator, EventBus, Executor, Lease, LogSink
+from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 from services.common.trial_folders import TrialFolders
 from services.runner import guards, policy
 from services.runner.attempt import KeepAlive, run_attempt
+from services.runner.preemption import Reason, Running, RunningTrial, time_limit
 
 log = get_logger(__name__)
 
@@ -122,6 +130,8 @@ class TrialHandler:
         offers: frozenset[str] | None = None,
         log_sinks: LogSinks | None = None,
         rng: random.Random | None = None,
+        running: Running | None = None,
+        classes: PriorityClasses | None = None,
     ) -> None:
         self._bus = bus
         self._executor = executor
@@ -134,6 +144,10 @@ class TrialHandler:
         self._offers = offers
         self._log_sinks = log_sinks
         self._rng = rng or random.Random()
+        # Where running trials are listed for preemption and stop notices (None: the
+        # runner never hands a running trial back; services.runner.preemption).
+        self._running = running
+        self._classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
 
     async def handle(self, data: bytes, keep_alive: KeepAlive, *, subject: str = "") -> Settle:
         """The verdict on one work message (``subject`` is only logged)."""
@@ -160,22 +174,31 @@ class TrialHandler:
         started = await self._admitted(request, keep_alive, bound)
         if isinstance(started, Settle):
             return started
-        attempt, lease, announced = started
+        start, lease, announced = started
+        attempt = start.attempt
         bound = bound.bind(attempt=attempt)
         try:
             sink = self._log_sinks(request) if self._log_sinks is not None else None
-            outcome = await run_attempt(
-                self._executor.run(request, attempt, sink),
-                announced,
-                coordinator=self._coord,
-                experiment_id=request.experiment_id,
-                leases=lease,
-                keep_alive=keep_alive,
-                heartbeat_s=self._heartbeat_s,
-            )
+            trial = self._track(request)
+            try:
+                outcome = await run_attempt(
+                    self._executor.run(request, attempt, sink),
+                    announced,
+                    coordinator=self._coord,
+                    experiment_id=request.experiment_id,
+                    leases=lease,
+                    keep_alive=keep_alive,
+                    heartbeat_s=self._heartbeat_s,
+                    bind_stop=trial.bind if trial is not None else None,
+                )
+            finally:
+                if trial is not None and self._running is not None:
+                    self._running.remove(trial)
             # TrialStarted went out beside the executor: it is confirmed before the ending
             # is stored or published, so consumers see it first.
             await announced
+            if outcome is None and trial is not None and trial.reason is not None:
+                return await self._hand_back(request, start, trial.reason, bound)
             if outcome is None:
                 decision = policy.cancelled(request, attempt, self._who.host)
                 verdict = await self._publish(request, decision, bound)
@@ -185,7 +208,9 @@ class TrialHandler:
             result = None
             if outcome.trial_dir is not None and not policy.should_retry(request, attempt, outcome):
                 result = await self._folders.upload(request, attempt, outcome.trial_dir)
-            decision = policy.decide(request, attempt, outcome, self._who, result)
+            decision = policy.decide(
+                request, attempt, outcome, self._who, result, handed_back=start.handed_back
+            )
             verdict = await self._publish(request, decision, bound)
             if outcome.trial_dir is not None:
                 await self._folders.discard(outcome.trial_dir)
@@ -200,7 +225,7 @@ class TrialHandler:
 
     async def _admitted(
         self, request: TrialRequested, keep_alive: KeepAlive, bound: Any
-    ) -> Settle | tuple[int, list[Lease], asyncio.Task[bool]]:
+    ) -> Settle | tuple[AttemptStart, list[Lease], asyncio.Task[bool]]:
         """Everything before the executor starts, at most ``admission`` trials at once.
 
         Returns the verdict of a message that is not to run here, or the attempt, the
@@ -223,7 +248,7 @@ class TrialHandler:
 
     async def _start(
         self, request: TrialRequested, bound: Any
-    ) -> Settle | tuple[int, list[Lease], asyncio.Task[bool]]:
+    ) -> Settle | tuple[AttemptStart, list[Lease], asyncio.Task[bool]]:
         coord = self._coord
         # Cached reads first (no round trip while the cache is warm). A run that already
         # ended is caught below, or by _publish: it stores an ending only when none is
@@ -269,7 +294,7 @@ class TrialHandler:
             return nak(self._rng.uniform(*SLOT_WAIT_S), "handback")
         held = lease if isinstance(lease, list) else []
         try:
-            attempt = await coord.next_attempt(request.dedup_id())
+            start = await coord.begin_attempt(request.dedup_id())
         except BaseException:
             await self._give_back(held)
             raise
@@ -281,12 +306,42 @@ class TrialHandler:
                     correlation_id=request.correlation_id,
                     runner_id=self.runner_id,
                     host=self._who.host,
-                    attempt=attempt,
+                    attempt=start.attempt,
+                    handed_back=start.handed_back,
                     run_id=request.dedup_id(),
                 )
             )
         )
-        return attempt, held, announced
+        return start, held, announced
+
+    def _track(self, request: TrialRequested) -> RunningTrial | None:
+        """List the trial as running, for preemption and stop notices (None: not listed)."""
+        if self._running is None:
+            return None
+        trial = RunningTrial(
+            run_id=request.dedup_id(),
+            priority_class=self._classes.resolve(request.compute.priority_class),
+            preemptible=request.compute.preemptible,
+            started=time.monotonic(),
+            time_limit_s=time_limit(self._executor, request),
+            limit_of=lambda: time_limit(self._executor, request),
+        )
+        self._running.add(trial)
+        return trial
+
+    async def _hand_back(
+        self, request: TrialRequested, start: AttemptStart, reason: Reason, bound: Any
+    ) -> Settle:
+        """The runner stopped this attempt to hand the trial back (preemption, a stop
+        notice): uncount the attempt, record why, and nak with no delay."""
+        taken_back = await self._coord.take_back_attempt(request.dedup_id())
+        decision = policy.handed_back(
+            request, start.attempt, start.handed_back, self._who.host, reason
+        )
+        for event in decision.events:
+            await self._bus.publish(event)
+        bound.warning("trial handed back", reason=reason, taken_back=taken_back)
+        return decision.settle
 
     async def _lease(self, request: TrialRequested) -> list[Lease] | bool:
         """The experiment's slot and the team's; True when neither is needed, False

@@ -23,6 +23,7 @@ the redacted text only.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from importlib.metadata import version as dist_version
 from pathlib import Path
@@ -38,7 +39,31 @@ from services.runner.isolation import TrialProcesses
 from services.runner.redaction import TrialSecrets
 from services.runner.trial_process import MissingSecretError, TrialJob
 
-__all__ = ["HarborExecutor", "MissingSecretError"]
+__all__ = ["HarborExecutor", "MissingSecretError", "task_time_bound"]
+
+SETUP_ALLOWANCE_S = 600.0
+"""Agent setup and the environment's start and stop, which task.toml does not bound
+(Harbor's agent classes set their own setup timeouts): added to a task's timeouts."""
+
+
+def task_time_bound(task_dir: Path, multiplier: float) -> float | None:
+    """An upper bound of one attempt of the task in ``task_dir``, in seconds: its
+    environment build, agent and verifier timeouts (task.toml) times Harbor's timeout
+    multiplier, plus ``SETUP_ALLOWANCE_S``. None when the task sets no agent timeout,
+    has steps, or its task.toml cannot be read (a stop notice then assumes the trial
+    cannot finish: the safe side)."""
+    from harbor.models.task.config import TaskConfig
+
+    try:
+        config = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+    except Exception:  # noqa: BLE001 - Harbor reports a broken task.toml itself
+        return None
+    agent_s = config.agent.timeout_sec
+    if agent_s is None or config.steps:
+        return None
+    phases = config.environment.build_timeout_sec + agent_s + config.verifier.timeout_sec
+    return float(phases * multiplier + SETUP_ALLOWANCE_S)
+
 
 MESSAGE_CUT_CHARS = 2000
 """Length services.runner.trial_process cuts exception messages to."""
@@ -74,6 +99,15 @@ class HarborExecutor:
         self._hidden = tuple(str(p) for p in hidden_paths)
         self._disk_mb = sandbox_disk_mb
         self.version = dist_version("harbor")
+        # Per running attempt (run id): the most it may take, from its executor start
+        # (None: unknown). Read by a stop notice (services.runner.preemption).
+        self._limits: dict[str, float | None] = {}
+
+    def time_limit_s(self, request: TrialRequested) -> float | None:
+        """The most the running attempt of ``request`` may take from its start: the
+        task's timeouts (``task_time_bound``) plus the time its task took to fetch;
+        None before the task is unpacked, or when the task sets no agent timeout."""
+        return self._limits.get(request.dedup_id())
 
     def trial_dir_for(self, req: TrialRequested) -> Path:
         """Where Harbor writes this trial's folder."""
@@ -84,8 +118,13 @@ class HarborExecutor:
     ) -> ExecutionOutcome:
         """Run one attempt in a fresh process; cancellation stops that process."""
         task = request.task
+        began = time.monotonic()
         try:
             async with self._tasks.use(task.checksum, task.name) as task_dir:
+                bound = task_time_bound(task_dir, request.compute.timeout_multiplier)
+                self._limits[request.dedup_id()] = (
+                    None if bound is None else time.monotonic() - began + bound
+                )
                 job = TrialJob(
                     request_json=request.model_dump_json(),
                     attempt=attempt,
@@ -108,6 +147,8 @@ class HarborExecutor:
                 exception_type=type(exc).__name__,
                 message=f"task {task.name} ({task.checksum[:12]}): {exc}"[:2000],
             )
+        finally:
+            self._limits.pop(request.dedup_id(), None)
         trial_dir = outcome.get("trial_dir")
         message = outcome.get("message")
         if message and self._secrets is not None:

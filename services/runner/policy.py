@@ -19,6 +19,7 @@ from schemas.trial_events import MAX_MESSAGE_CHARS
 from services.common.errors import ACK, InternalError, Settle, nak
 from services.common.failures import classify, is_retryable, stops_agent
 from services.common.ports import ExecutionOutcome
+from services.runner.preemption import ERROR_TYPE, Reason
 
 # Not a Harbor exception: the executor's name for "Harbor finished without writing
 # result.json". Another attempt may well produce one.
@@ -70,11 +71,14 @@ def decide(
     outcome: ExecutionOutcome,
     who: RunnerIdentity,
     result: ObjectRef | None = None,
+    *,
+    handed_back: int = 0,
 ) -> Decision:
     """The events and the verdict for attempt ``attempt`` that ended with ``outcome``.
 
     ``result``: the stored trial folder of an attempt that ends the run (required for
-    a completed one: TrialCompleted points at it).
+    a completed one: TrialCompleted points at it). ``handed_back``: starts of the run
+    handed back before this one (its TrialFailed's dedup id keeps them apart).
 
     - retryable and attempts left: TrialFailed(final=False), nak after the backoff;
     - completed (Harbor wrote result.json): TrialCompleted, ack;
@@ -84,7 +88,11 @@ def decide(
         retry = request.retry
         delay = backoff_delay(attempt, retry.backoff_seconds, retry.max_backoff_seconds)
         return Decision(
-            (failed_event(request, attempt, outcome, who.host, final=False),),
+            (
+                failed_event(
+                    request, attempt, outcome, who.host, final=False, handed_back=handed_back
+                ),
+            ),
             nak(delay, "retry"),
         )
     if outcome.kind == "completed":
@@ -107,8 +115,40 @@ def decide(
             run_id=request.dedup_id(),
         )
         return Decision((completed,), ACK)
-    final = failed_event(request, attempt, outcome, who.host, final=True, result=result)
+    final = failed_event(
+        request, attempt, outcome, who.host, final=True, result=result, handed_back=handed_back
+    )
     return Decision((final,), ACK)
+
+
+def handed_back(
+    request: TrialRequested, attempt: int, handed_back_before: int, host: str, reason: Reason
+) -> Decision:
+    """The runner stopped the attempt to hand the trial back (services.runner.preemption):
+    a non-final TrialFailed (class ``cancelled``: stopped by trialbus, never scored)
+    naming the reason, then a nak with no delay so another slot runs it at once."""
+    outcome = ExecutionOutcome(
+        kind="failed",
+        exception_type=ERROR_TYPE[reason],
+        message=f"{reason}: {_HANDED_BACK_WHY[reason]} on {host}; the trial runs again "
+        "from the start and this attempt is not counted",
+    )
+    event = failed_event(
+        request,
+        attempt,
+        outcome,
+        host,
+        final=False,
+        failure_class="cancelled",
+        handed_back=handed_back_before,
+    )
+    return Decision((event,), nak(0.0, "handback"))
+
+
+_HANDED_BACK_WHY: dict[Reason, str] = {
+    "preempted": "stopped for a waiting trial of a higher priority class",
+    "stop_notice": "stopped by the runner's stop notice (it could not finish before the deadline)",
+}
 
 
 def cancelled(request: TrialRequested, attempt: int, host: str) -> Decision:
@@ -164,6 +204,7 @@ def failed_event(
     final: bool,
     failure_class: FailureClass | None = None,
     result: ObjectRef | None = None,
+    handed_back: int = 0,
 ) -> TrialFailed:
     """The TrialFailed of an attempt; the failure class follows Harbor's error policy."""
     failure = failure_class or classify(outcome.exception_type)
@@ -184,4 +225,5 @@ def failed_event(
         repetition=request.repetition,
         runner_host=host,
         run_id=request.dedup_id(),
+        handed_back=handed_back,
     )

@@ -375,6 +375,10 @@ async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
     await coord.release(lease)
     assert await coord.next_attempt(f"{exp}:t:0") == 1
     assert await coord.next_attempt(f"{exp}:t:0") == 2
+    # A hand-back (preemption, stop notice) takes the start back in the same key: no
+    # new right (docs/scheduling.md); the submitter may not (below).
+    assert await coord.take_back_attempt(f"{exp}:t:0") == 1
+    assert (await coord.begin_attempt(f"{exp}:t:0")).attempt == 2
     assert not await coord.is_cancelled(exp, fresh=True)
     # A runner cannot cancel anyone's work; the submitter can, and the runner sees it.
     cancel_key = f"$KV.{TOPO.control_bucket}.cancel.{exp}"
@@ -412,6 +416,12 @@ async def test_runner_coordination_keys(roles: dict[str, Role]) -> None:
     )
     await submitter.denied(
         sub_coord.next_attempt(f"{exp}:t:1"), "Publish", f"$KV.{TOPO.control_bucket}.runs.*"
+    )
+    # Nor may it take a start back: it cannot even read the counter.
+    await submitter.denied(
+        sub_coord.take_back_attempt(f"{exp}:t:0"),
+        "Publish",
+        f"$JS.API.DIRECT.GET.KV_{TOPO.control_bucket}.$KV.{TOPO.control_bucket}.runs.*",
     )
     # Giving a slot back purges its key from the leases stream: the runner's one stream
     # purge right, which reaches no other stream (denied above for the events stream).

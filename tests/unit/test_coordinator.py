@@ -95,6 +95,26 @@ class CoordinatorContract:
         assert await world.a.next_attempt("t2") == 1
         assert await world.a.next_attempt("t1") == 2
 
+    async def test_a_start_taken_back_is_not_counted_and_is_told_apart(self, world: World) -> None:
+        run = "t1:resume:2"
+        first = await world.a.begin_attempt(run)
+        assert (first.attempt, first.handed_back) == (1, 0)
+        # Preempted: taken back by one runner, started again by the other as attempt 1,
+        # told apart by the starts taken back before it.
+        assert await world.a.take_back_attempt(run) == 1
+        again = await world.b.begin_attempt(run)
+        assert (again.attempt, again.handed_back) == (1, 1)
+        # Racing starts and take-backs are each counted once (one key, compare-and-set).
+        await asyncio.gather(
+            *(c.begin_attempt(run) for c in [world.a, world.b] * 2),
+            *(c.take_back_attempt(run) for c in [world.a, world.b]),
+        )
+        after = await world.a.begin_attempt(run)
+        assert (after.attempt, after.handed_back) == (1 + 4 - 2 + 1, 3)
+        # Negative control: without a take-back, the next start counts (attempt 2).
+        assert (await world.b.begin_attempt("t9")).attempt == 1
+        assert await world.a.next_attempt("t9") == 2
+
     async def test_a_run_ends_once_and_every_runner_sees_its_ending(self, world: World) -> None:
         run = "t1:resume:1"
         # Negative control: a run nobody ended has no ending.

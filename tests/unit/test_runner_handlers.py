@@ -29,7 +29,7 @@ from schemas.objects import ObjectRef
 from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
 from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.errors import ACK, TERM, Settle, TransientError
-from services.common.ports import ExecutionOutcome, LogSink
+from services.common.ports import AttemptStart, ExecutionOutcome, LogSink
 from services.common.unpack import unpack_trial
 from services.runner.handlers import SLOT_WAIT_S, TrialHandler
 from tests.unit.runner_support import (
@@ -521,7 +521,7 @@ async def test_no_slot_is_taken_when_the_limit_cannot_bind(tmp_path: Path) -> No
 
 
 class GatedAttempts(InMemoryCoordinator):
-    """Holds every ``next_attempt`` until ``gate`` is set; counts the callers waiting."""
+    """Holds every ``begin_attempt`` until ``gate`` is set; counts the callers waiting."""
 
     def __init__(self) -> None:
         super().__init__(lease_ttl_s=60.0)
@@ -529,12 +529,12 @@ class GatedAttempts(InMemoryCoordinator):
         self.waiting = 0
         self.arrived = asyncio.Event()
 
-    async def next_attempt(self, run_id: str) -> int:
+    async def begin_attempt(self, run_id: str) -> AttemptStart:
         self.waiting += 1
         self.arrived.set()
         self.arrived = asyncio.Event()
         await self.gate.wait()
-        return await super().next_attempt(run_id)
+        return await super().begin_attempt(run_id)
 
 
 async def test_admission_bounds_the_trials_starting_at_once_and_keeps_the_rest_alive(

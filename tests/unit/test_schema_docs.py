@@ -172,6 +172,7 @@ def test_a_stale_table_is_reported_field_by_field() -> None:
     assert set(documented) == {"trial_id", "runner_id", "host", "attempt", "worker"}
     assert sorted(drift(documented, payload_fields(TrialStarted), marks_required=True)) == [
         "attempt: required in the model",
+        "handed_back: not documented",
         "run_id: not documented",
         "worker: documented, not a field",
     ]

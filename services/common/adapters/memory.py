@@ -25,6 +25,7 @@ from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from services.common import quotas
 from services.common.ports import (
+    AttemptStart,
     ExperimentInfo,
     Lease,
     Spend,
@@ -202,6 +203,7 @@ class InMemoryCoordinator:
         self._paused: set[str] = set()
         self._paused_trials: dict[str, set[str]] = {}
         self._attempts: dict[str, int] = {}
+        self._taken_back: dict[str, int] = {}
         self._endings: dict[str, bytes] = {}
         self._stops: dict[tuple[str, str], bytes] = {}
         self._budgets: dict[str, bytes] = {}
@@ -317,8 +319,18 @@ class InMemoryCoordinator:
 
     async def next_attempt(self, run_id: str) -> int:
         """Count one more start of ``run_id`` and return the new count (1 first)."""
+        return (await self.begin_attempt(run_id)).attempt
+
+    async def begin_attempt(self, run_id: str) -> AttemptStart:
+        """Count one more start of ``run_id``: the attempt and the starts taken back."""
         self._attempts[run_id] = self._attempts.get(run_id, 0) + 1
-        return self._attempts[run_id]
+        return AttemptStart(self._attempts[run_id], self._taken_back.get(run_id, 0))
+
+    async def take_back_attempt(self, run_id: str) -> int:
+        """Uncount the last start of ``run_id``; the starts taken back so far."""
+        self._attempts[run_id] = max(0, self._attempts.get(run_id, 0) - 1)
+        self._taken_back[run_id] = self._taken_back.get(run_id, 0) + 1
+        return self._taken_back[run_id]
 
     async def record_ending(self, run_id: str, event: bytes) -> bytes:
         """Store ``event`` as how ``run_id`` ended unless an ending is stored; return it."""

@@ -19,8 +19,10 @@ operations are in nats_paused_trials.py).
   every delivery against one cached read per experiment, as for the experiment's own
   flag (a key per trial would cost a KV round trip on every delivery).
 - **Attempts** (bucket ``<P>_CONTROL``, key ``runs.<run_id>``): how many times a run
-  was actually started. JetStream's delivery count cannot say, because a trial that
-  waits for a free slot is handed back (nak) without running.
+  was actually started, less the starts handed back uncounted (preemption, a stop
+  notice; services.common.adapters.nats_attempts keeps both numbers in the key).
+  JetStream's delivery count cannot say, because a trial that waits for a free slot
+  is handed back (nak) without running.
 - **Endings** (bucket ``<P>_CONTROL``, key ``runs.<run_id>.ended``): the encoded final
   event of a run that ended, written with ``create`` (the first ending wins) before
   the event is published and the work message acknowledged. A redelivered message
@@ -62,12 +64,13 @@ from nats.js.kv import KeyValue
 from infra.nats_permissions import kv_stream
 from schemas.subjects import Topology
 from services.common import quotas
+from services.common.adapters import nats_attempts
 from services.common.adapters.nats_paused_trials import (
     change_paused_trials,
     paused_trials_key,
     trial_set,
 )
-from services.common.ports import Lease, Spend
+from services.common.ports import AttemptStart, Lease, Spend
 
 MAX_PROBES = 64
 
@@ -211,30 +214,18 @@ class NatsCoordinator:
             self._reads[paused_trials_key(experiment_id)] = (time.monotonic(), written)
         return before
 
-    # -- attempts ----------------------------------------------------------------------
+    # -- attempts (services.common.adapters.nats_attempts) -----------------------------
     async def next_attempt(self, run_id: str) -> int:
         """Count one more start of ``run_id`` and return the new count (1 first)."""
-        key = f"runs.{_key(run_id)}"
-        # Most starts are first attempts: one conditional write, no read before it.
-        with contextlib.suppress(KeyWrongLastSequenceError):
-            await self._control.update(key, b"1", last=0)
-            return 1
-        while True:
-            try:
-                entry = await self._control.get(key)
-            except KeyNotFoundError:
-                try:
-                    await self._control.create(key, b"1")
-                    return 1
-                except KeyWrongLastSequenceError:
-                    continue  # another runner raced us; read again
-            assert entry.value is not None and entry.revision is not None
-            n = int(entry.value) + 1
-            try:
-                await self._control.update(key, str(n).encode(), last=entry.revision)
-                return n
-            except KeyWrongLastSequenceError:
-                continue
+        return (await self.begin_attempt(run_id)).attempt
+
+    async def begin_attempt(self, run_id: str) -> AttemptStart:
+        """Count one more start of ``run_id``: the attempt and the starts taken back."""
+        return await nats_attempts.begin(self._control, f"runs.{_key(run_id)}")
+
+    async def take_back_attempt(self, run_id: str) -> int:
+        """Uncount the last start of ``run_id``; the starts taken back so far."""
+        return await nats_attempts.take_back(self._control, f"runs.{_key(run_id)}")
 
     # -- endings -----------------------------------------------------------------------
     async def record_ending(self, run_id: str, event: bytes) -> bytes:
