@@ -130,16 +130,8 @@ class QueueView:
 
 def parse_work_subject(topology: Topology, subject: str) -> tuple[str, str | None, str] | None:
     """(pool, class or None for an unclassed subject, experiment) of a work subject;
-    None for a subject of another form."""
-    head = f"{topology.prefix}.work."
-    if not subject.startswith(head):
-        return None
-    parts = subject[len(head) :].split(".")
-    if len(parts) == 2:
-        return parts[0], None, parts[1]
-    if len(parts) == 3:
-        return parts[0], parts[1], parts[2]
-    return None
+    None for a subject of another form (``Topology.parse_work_subject``)."""
+    return topology.parse_work_subject(subject)
 
 
 def lease_counts(leases_bucket: str, subjects: Mapping[str, int]) -> dict[str, int]:

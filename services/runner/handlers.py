@@ -70,6 +70,7 @@ from services.common.ports import Coordinator, EventBus, Executor, Lease, LogSin
 from services.common.trial_folders import TrialFolders
 from services.runner import guards, policy
 from services.runner.attempt import KeepAlive, run_attempt
+from services.runner.fair_share import FairShare, HeldBack
 
 log = get_logger(__name__)
 
@@ -122,6 +123,7 @@ class TrialHandler:
         offers: frozenset[str] | None = None,
         log_sinks: LogSinks | None = None,
         rng: random.Random | None = None,
+        fair_share: FairShare | None = None,
     ) -> None:
         self._bus = bus
         self._executor = executor
@@ -134,6 +136,7 @@ class TrialHandler:
         self._offers = offers
         self._log_sinks = log_sinks
         self._rng = rng or random.Random()
+        self._fair = fair_share
 
     async def handle(self, data: bytes, keep_alive: KeepAlive, *, subject: str = "") -> Settle:
         """The verdict on one work message (``subject`` is only logged)."""
@@ -249,17 +252,30 @@ class TrialHandler:
             decision = policy.lacking(request, self._who.host, missing)
             bound.error("trial needs what this runner does not offer", missing=missing)
             return await self._publish(request, decision, bound)
-        # The one read every delivery pays for "a run ends once", and the slot, together.
-        ended, lease = await asyncio.gather(
-            coord.ending(request.dedup_id()), self._lease(request), return_exceptions=True
+        mark = await self._fair.admit(request) if self._fair is not None else None
+        if isinstance(mark, HeldBack):
+            # Over its team's fair share while another team waits: back in the queue,
+            # no attempt counted, like a full experiment lease.
+            bound.debug("over fair share: trial handed back", reason=mark.reason)
+            return nak(self._rng.uniform(*SLOT_WAIT_S), "handback")
+        # The one read every delivery pays for "a run ends once", and the slots (with
+        # a teamed trial's share mark), together.
+        ended, lease, marked = await asyncio.gather(
+            coord.ending(request.dedup_id()),
+            self._lease(request),
+            self._mark(mark),
+            return_exceptions=True,
         )
-        if isinstance(ended, BaseException):
-            await self._give_back(lease)
-            raise ended
-        if isinstance(lease, BaseException):
-            raise lease
-        if ended is not None:
-            await self._give_back(lease)
+        held = [*(lease if isinstance(lease, list) else [])]
+        held += [marked] if isinstance(marked, Lease) else []
+        failed = next((r for r in (ended, lease, marked) if isinstance(r, BaseException)), None)
+        if failed is not None or ended is not None or lease is False:
+            await self._give_back(held)
+            if mark is not None and self._fair is not None:
+                self._fair.released(mark)  # never taken, or given back above: uncounted
+            if failed is not None:
+                raise failed
+        if isinstance(ended, bytes):
             fresh = await self._bus.publish(decode_ending(ended, request))
             bound.info("run had ended; its ending re-published, not run again", fresh=fresh)
             return ACK
@@ -267,7 +283,6 @@ class TrialHandler:
             # The experiment's or the team's slots are all taken: back in the queue, no
             # attempt counted, like a pause.
             return nak(self._rng.uniform(*SLOT_WAIT_S), "handback")
-        held = lease if isinstance(lease, list) else []
         try:
             attempt = await coord.next_attempt(request.dedup_id())
         except BaseException:
@@ -322,11 +337,18 @@ class TrialHandler:
             return False
         return held
 
+    async def _mark(self, key: str | None) -> Lease | None:
+        """Hold the share mark fair share asked for (None: none to hold)."""
+        return None if key is None else await self._coord.mark_running(key, self.runner_id)
+
     async def _give_back(self, leases: object) -> None:
-        """Release the slots if any are held; best effort, since a lease expires anyway."""
+        """Release the slots if any are held (share marks uncounted by fair share too);
+        best effort, since a lease expires anyway."""
         if not isinstance(leases, list):
             return
         for lease in leases:
+            if self._fair is not None and isinstance(lease, Lease):
+                self._fair.released(lease.key)
             try:
                 await self._coord.release(lease)
             except Exception as exc:  # noqa: BLE001 - the slot comes back with its TTL
