@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
-from schemas.events import TrialRequested
+from schemas.events import TrialRequested, TrialStarted
 from schemas.manifest import AgentSpec, ComputeSpec
 from schemas.subjects import Topology
 from services.common.adapters.memory import InMemoryCoordinator
+from services.common.errors import ACK
 from services.common.fair_share import (
     TeamShare,
     entitled,
@@ -24,7 +26,10 @@ from services.common.ports import Lease
 from services.common.priority import PriorityClasses
 from services.common.quotas import QuotaConfigError, parse_quotas
 from services.runner.fair_share import FairShare, HeldBack
+from services.runner.handlers import FAIR_SHARE_WAIT_S, TrialHandler
 from tests.support.work_requests import hello_file_request
+from tests.unit.runner_support import ScriptedExecutor, completed, make_request
+from tests.unit.test_runner_handlers import World, kinds
 
 TOPO = Topology("fs")
 CLASSES = PriorityClasses.parse("urgent=8,normal=3,batch=1", "normal")
@@ -210,3 +215,43 @@ async def test_runner_counts_its_own_starts_between_looks() -> None:
     assert load.reads == 1
     fair.released(str(started[0]))
     assert isinstance(await fair.admit(_request("exp-red", 9)), str)
+
+
+async def test_the_handler_hands_back_a_trial_over_share_uncounted(tmp_path: Path) -> None:
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    load = FakeLoad(world.coord)
+    fair = FairShare(world.coord, load, TOPO, "default", CLASSES, look_s=0.0)
+    world.handler = TrialHandler(
+        world.bus,
+        world.executor,
+        world.coord,
+        world.folders,
+        runner_id="runner-1",
+        host="node-a",
+        heartbeat_s=30.0,
+        fair_share=fair,
+    )
+    await world.coord.set_share("exp-red", TeamShare("red", 3.0))
+    await world.coord.set_share("exp-blue", TeamShare("blue", 1.0))
+    load.work = {TOPO.work_subject("exp-red"): 10, TOPO.work_subject("exp-blue"): 5}
+    red_marks = [
+        await world.coord.mark_running(mark_key("default", "normal", "red", f"x{i}"), "r2")
+        for i in range(4)
+    ]
+    red = make_request("red__0001", experiment_id="exp-red")
+    for _ in range(2):  # red runs 4 while blue waits with none: back, as often as it comes
+        verdict = await world.handle(red)
+        assert verdict.action == "nak" and verdict.reason == "handback"
+        assert FAIR_SHARE_WAIT_S[0] <= verdict.delay_s <= FAIR_SHARE_WAIT_S[1]
+    assert world.bus.published == [] and world.executor.calls == []
+    # Blue starts, holding its mark while it runs, released at its end.
+    assert await world.handle(make_request("blue__0001", experiment_id="exp-blue")) == ACK
+    assert kinds(world.bus) == ["trial_started", "trial_completed"]
+    assert set(world.coord.marks()) == {m.key for m in red_marks}
+    # Control: two of red's end and blue runs one elsewhere (red 2/3 below blue's
+    # 1/1): the same red message starts, as attempt 1.
+    for mark in red_marks[:2]:
+        await world.coord.release(mark)
+    await world.coord.mark_running(mark_key("default", "normal", "blue", "y0"), "r2")
+    assert await world.handle(red) == ACK
+    assert [e.attempt for e in world.bus.of_type(TrialStarted) if e.trial_id == red.trial_id] == [1]
