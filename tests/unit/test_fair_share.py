@@ -147,7 +147,7 @@ async def _setup(look_s: float = 0.0) -> tuple[InMemoryCoordinator, FakeLoad, Fa
     yet (the test queues its work when it wants blue waiting)."""
     coord = InMemoryCoordinator(lease_ttl_s=60)
     load = FakeLoad(coord)
-    fair = FairShare(coord, load, TOPO, "default", CLASSES, look_s=look_s)
+    fair = FairShare(coord, load, TOPO, "default", CLASSES, look_s=look_s, confirm_s=look_s)
     await coord.set_share("exp-red", TeamShare("red", 3.0))
     await coord.set_share("exp-blue", TeamShare("blue", 1.0))
     load.work = {TOPO.work_subject("exp-red", "default", "batch"): 20}
