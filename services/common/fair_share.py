@@ -90,7 +90,7 @@ def marks_by_class(keys: Mapping[str, int], pool: str) -> dict[tuple[str, str], 
     for key, n in keys.items():
         if n <= 0 or not key.startswith(head):
             continue
-        parts = key[len(head) :].split(".")
+        parts = key[len(head) :].split(".", 2)
         if len(parts) == 3:
             slot = (parts[0], parts[1])
             out[slot] = out.get(slot, 0) + 1

@@ -80,7 +80,8 @@ class _View:
 
 
 def _run_key(request: TrialRequested) -> str:
-    return request.dedup_id().replace(":", "=")  # a KV token (run ids add only ':')
+    # One key token: trial ids may hold '.', run ids ':' (team_key escapes both).
+    return team_key(request.dedup_id())
 
 
 class FairShare:

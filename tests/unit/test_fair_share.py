@@ -107,13 +107,14 @@ def test_team_share_round_trips_and_bad_values_are_no_team() -> None:
 def test_marks_count_per_class_and_team_of_one_pool() -> None:
     keys = {
         mark_key("gpu", "batch", "red", "run-1"): 1,
+        mark_key("gpu", "batch", "red", "a.b=3Aretry"): 1,  # a run key of several tokens
         mark_key("gpu", "batch", "red", "run-2"): 1,
         mark_key("gpu", "urgent", "t.x@y", "run-3"): 1,
         mark_key("cpu", "batch", "red", "run-4"): 1,  # another pool
         mark_key("gpu", "batch", "blue", "run-5"): 0,  # released
         "exp-1.0": 1,  # an experiment lease
     }
-    assert marks_by_class(keys, "gpu") == {("batch", "red"): 2, ("urgent", "t=2Ex=40y"): 1}
+    assert marks_by_class(keys, "gpu") == {("batch", "red"): 3, ("urgent", "t=2Ex=40y"): 1}
 
 
 def test_quotas_file_share_default_and_refusal() -> None:
@@ -202,6 +203,15 @@ async def test_runner_view_negative_controls_paused_rival_and_no_team() -> None:
     reads = load.reads
     assert await fair.admit(_request("exp-none", 0)) is None
     assert load.reads == reads
+
+
+async def test_a_trial_id_with_dots_makes_one_mark_token() -> None:
+    coord, _load, fair = await _setup()
+    request = _request("exp-red", 0).model_copy(update={"trial_id": "task.v2__0001"})
+    key = await fair.admit(request)
+    assert isinstance(key, str)
+    await coord.mark_running(key, "r1")
+    assert marks_by_class(coord.marks(), "default") == {("batch", "red"): 1}
 
 
 async def test_runner_counts_its_own_starts_between_looks() -> None:
