@@ -20,8 +20,11 @@ message the handler
    TrialFailed AgentStopped / BudgetExceeded, ``guards``); one needing what this runner
    does not offer ends at once (RunnerLacksCapability: its pool was chosen for runners
    that can, so this one is misconfigured);
-3. reads whether the run already ended and takes the experiment's concurrency slot,
-   together (one round trip each, concurrent). A run that ended (its work message was
+3. hands back a trial whose team is over its fair share while another team waits
+   (services.runner.fair_share: no round trip while its pool view is fresh; no slot,
+   no attempt); then reads whether the run already ended and takes the experiment's
+   concurrency slot (and a teamed trial's share mark), together (one round trip
+   each, concurrent). A run that ended (its work message was
    redelivered after the ending was stored, e.g. the runner was killed between the
    publish and the ack) has its stored ending re-published (same dedup id, so JetStream
    drops it if it got through) and is acknowledged, without running or counting an
