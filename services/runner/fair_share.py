@@ -45,6 +45,8 @@ log = get_logger(__name__)
 
 LOOK_S = 0.5
 """How old the pool view may be before a teamed trial's decision reads it again."""
+READS_AT_ONCE = 16
+"""A look reads this many experiments' keys side by side (each is cached for a second)."""
 CONFIRM_S = 0.1
 """How old it may be to hand a trial back: a hand-back judged on an older view reads it
 again first (a trial another runner ended since makes a team look over its share)."""
@@ -174,21 +176,30 @@ class FairShare:
 
     async def _read(self) -> _View:
         at = self._clock()
+        # The look counts this runner's marks itself: what it adds from here on is new.
+        self._delta = {}
         work, marks = await asyncio.gather(
             self._load.work_counts(self._pool), self._load.share_marks(self._pool)
         )
-        # The look counts this runner's marks itself: what it adds from here on is new.
-        self._delta = {}
         view = _View(at=at, running=marks_by_class(marks, self._pool))
+        queued: list[tuple[str, str, int]] = []  # (class, experiment, messages)
         for subject, n in work.items():
             parsed = self._topology.parse_work_subject(subject)
-            if parsed is None or n <= 0 or parsed[0] != self._pool:
-                continue
-            _pool, cls, exp = parsed
-            team = await self._coord.share_of(exp)
-            if team is None or await self._coord.is_paused(exp):
-                continue
-            per_team = view.messages.setdefault(self._classes.resolve(cls), {})
+            if parsed is not None and n > 0 and parsed[0] == self._pool:
+                queued.append((self._classes.resolve(parsed[1]), parsed[2], n))
+
+        at_once = asyncio.Semaphore(READS_AT_ONCE)
+
+        async def about(exp: str) -> TeamShare | None:
+            async with at_once:
+                team = await self._coord.share_of(exp)
+                return None if team is None or await self._coord.is_paused(exp) else team
+
+        teams = await asyncio.gather(*(about(exp) for _, exp, _ in queued))
+        for (cls, _exp, n), team in zip(queued, teams, strict=True):
+            if team is None:
+                continue  # no team, or paused: waits for nothing here
+            per_team = view.messages.setdefault(cls, {})
             per_team[team.team] = per_team.get(team.team, 0) + n
             view.shares[team.team] = team.share
         return view
