@@ -244,6 +244,10 @@ def role_permissions(
             # the team spend runners tally, read at submit (services/common/quotas.py).
             *_kv_write(t.control_bucket, "quota.trials.>"),
             *_kv_read_keys(t.control_bucket, "quota.>"),
+            # Fair share: each experiment's team and share, read by runners and the
+            # queue view (services/common/fair_share.py).
+            *_kv_write(t.control_bucket, "share.>"),
+            *_kv_read_keys(t.control_bucket, "share.>"),
             *_kv_read(t.runners_bucket),
             *_obj_write(t.tasks_bucket),
             # The dashboard serves a trial's stored folder (redacted when packed): read

@@ -145,6 +145,19 @@ class Topology:
         named = f"{self.prefix}.work.{check_pool(pool)}.{check_class(priority_class)}.*"
         return (f"{self.prefix}.work.{pool}.*", named) if default else (named,)
 
+    def parse_work_subject(self, subject: str) -> tuple[str, str | None, str] | None:
+        """(pool, class or None for an unclassed subject, experiment) of a work
+        subject; None for a subject of another form."""
+        head = f"{self.prefix}.work."
+        if not subject.startswith(head):
+            return None
+        parts = subject[len(head) :].split(".")
+        if len(parts) == 2:
+            return parts[0], None, parts[1]
+        if len(parts) == 3:
+            return parts[0], parts[1], parts[2]
+        return None
+
     @property
     def work_wildcard(self) -> str:
         """Every work subject of every pool: the work stream's subjects."""

@@ -1,5 +1,5 @@
 """The ``trialbus`` commands that watch things live: ``experiments``, ``status
---follow``, ``logs``, ``runners`` and ``queue``. Thin like services/cli.py: parse, call
+--follow``, ``attach``, ``logs``, ``runners`` and ``queue``. Thin like services/cli.py: parse, call
 services.submitter.follow, print; registered on the CLI's app by ``register``.
 """
 
@@ -191,6 +191,20 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
         out.print(status_table(experiment, counts))
 
     @app.command()
+    def attach(
+        experiment: str,
+        json_out: JsonOpt = False,
+        timeout: Annotated[
+            float | None, typer.Option(help="Give up after this many seconds (exit 4).")
+        ] = None,
+    ) -> None:
+        """Follow an experiment started elsewhere (``submit`` without --wait) until it
+        ends: its progress as ``status --follow`` and its trials' live log lines from
+        now on; the exit code of ``submit --wait`` (0 all scored, 1 some unscored, 4
+        timed out)."""
+        raise typer.Exit(follow_status(run, out, experiment, json_out, timeout, logs=True))
+
+    @app.command()
     def experiments(json_out: JsonOpt = False) -> None:
         """Every experiment: id, name, submitted by, team, class, state, progress, started,
         duration."""
@@ -235,7 +249,7 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
     def queue(json_out: JsonOpt = False) -> None:
         """What waits, per pool, priority class and team, and why: paused, its team at
         its spend cap, no live capable runner, at the experiment's n_concurrent_trials,
-        or behind other work."""
+        its team over its fair share while another team waits, or behind other work."""
         from services.submitter.follow import list_queue
 
         settings = settings_for(CommonSettings)
@@ -251,20 +265,43 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
 
 
 def follow_status(
-    run: Runner, out: Console, experiment: str, json_out: bool, timeout: float | None
+    run: Runner,
+    out: Console,
+    experiment: str,
+    json_out: bool,
+    timeout: float | None,
+    *,
+    logs: bool = False,
 ) -> int:
     """``status EXP --follow``: a progress bar (JSON lines with --json) until every
-    trial is recorded; the exit code of ``submit --wait`` (0, 1 unscored, 4 timeout)."""
+    trial is recorded; the exit code of ``submit --wait`` (0, 1 unscored, 4 timeout).
+    ``logs`` (``attach``): the trials' live log lines too, each printed as
+    ``<trial id> <stream>: <text>`` (with --json, an object with ``"type": "log"``)."""
+    from services.submitter.follow import LogLine
     from services.submitter.follow import follow_status as follow
 
     settings = settings_for(CommonSettings)
+    on_line = None
+    if logs and json_out:
+
+        def on_line(trial_id: str, line: LogLine) -> None:
+            sys.stdout.write(json.dumps({"type": "log", "trial_id": trial_id, **line.as_dict()}))
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+    elif logs:
+
+        def on_line(trial_id: str, line: LogLine) -> None:
+            text = line.text.rstrip("\n")
+            out.print(f"{trial_id} {line.stream}: {text}", highlight=False, markup=False)
+
     if json_out:
 
         def update(row: ExperimentRow) -> None:
             sys.stdout.write(json.dumps(status_line(row)) + "\n")
             sys.stdout.flush()
 
-        last = run(lambda: follow(settings, experiment, update, timeout_s=timeout))
+        last = run(lambda: follow(settings, experiment, update, timeout_s=timeout, on_line=on_line))
     elif out.is_terminal:
         bar = Progress(
             TextColumn("[bold]{task.description}"),
@@ -280,7 +317,9 @@ def follow_status(
             bar.update(task, total=line["total"], completed=line["done"], detail=status_text(line))
 
         with bar:
-            last = run(lambda: follow(settings, experiment, draw, timeout_s=timeout))
+            last = run(
+                lambda: follow(settings, experiment, draw, timeout_s=timeout, on_line=on_line)
+            )
     else:
         seen: list[str] = []
 
@@ -291,7 +330,7 @@ def follow_status(
                 seen.append(text)
                 out.print(f"{experiment} {text}", highlight=False, markup=False)
 
-        last = run(lambda: follow(settings, experiment, say, timeout_s=timeout))
+        last = run(lambda: follow(settings, experiment, say, timeout_s=timeout, on_line=on_line))
     p = last.progress
     if not p.finished:
         return E.EXIT_TIMEOUT

@@ -31,6 +31,7 @@ from schemas.objects import ObjectRef
 from schemas.record import TrialRecord
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
+from services.common.fair_share import TeamShare
 
 # -- EventBus ----------------------------------------------------------------------------
 
@@ -360,6 +361,17 @@ class Coordinator(Protocol):
 
     async def spent(self, experiment_id: str, *, fresh: bool = False) -> Spend:
         """The experiment's running total so far (cached unless ``fresh``)."""
+
+    async def set_share(self, experiment_id: str, share: TeamShare | None) -> None:
+        """Store the team an experiment's trials count for and its fair share (None:
+        no team; the key is removed). Written at submit (services/common/fair_share.py)."""
+
+    async def share_of(self, experiment_id: str, *, fresh: bool = False) -> TeamShare | None:
+        """The experiment's team and share, or None (may be cached unless ``fresh``)."""
+
+    async def mark_running(self, key: str, holder: str) -> Lease:
+        """Write the lease key ``key`` (a running trial's share mark, counted by fair
+        share); renewed and released like any lease, expiring with the TTL."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,9 @@
 The operator names a YAML (or JSON) file in ``TRIALBUS_QUOTAS_FILE``::
 
     teams:
-      red:  {max_concurrent_trials: 8, max_trials_per_day: 2000, max_spend_usd_per_day: 50}
-      blue: {max_trials_per_day: 500}
+      red:  {max_concurrent_trials: 8, max_trials_per_day: 2000, max_spend_usd_per_day: 50,
+             share: 3}
+      blue: {max_trials_per_day: 500}   # share 1 (the default: equal shares)
     default: {max_concurrent_trials: 4}   # any team the file does not list
 
 Every field is optional; a team without an entry (and no ``default``) has no quota. A
@@ -58,12 +59,15 @@ class TeamQuota(BaseModel):
     max_concurrent_trials: int | None = Field(default=None, ge=1, le=1_000_000)
     max_trials_per_day: int | None = Field(default=None, ge=0, le=1_000_000_000)
     max_spend_usd_per_day: float | None = Field(default=None, ge=0)
+    share: float | None = Field(default=None, gt=0, le=1_000_000)
+    """The team's fair share of a pool while other teams wait (None: 1, equal shares;
+    services/common/fair_share.py)."""
 
-    @field_validator("max_spend_usd_per_day")
+    @field_validator("max_spend_usd_per_day", "share")
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
         if v is not None and not math.isfinite(v):
-            raise ValueError("must be a finite number of US dollars")
+            raise ValueError("must be a finite number")
         return v
 
 
@@ -95,12 +99,17 @@ class Quotas:
             return None
         return self.teams.get(team, self.default)
 
+    def share_of(self, team: str) -> float:
+        """The team's fair share: its entry's ``share``, else 1 (equal shares)."""
+        quota = self.for_team(team)
+        return quota.share if quota is not None and quota.share is not None else 1.0
+
 
 def _message(err: ErrorDetails) -> str | None:
     if err["type"] == "extra_forbidden":
         return (
             "unknown field (a team's fields: max_concurrent_trials, max_trials_per_day, "
-            "max_spend_usd_per_day; top level: teams, default)"
+            "max_spend_usd_per_day, share; top level: teams, default)"
         )
     return None
 

@@ -161,6 +161,11 @@ class RunnerSettings(CommonSettings):
         "that returns an Executor (loaded by import path; benchmarks use one).",
     )
     publish_logs: bool = Field(default=True, description="Publish live trial output.")
+    fair_share: bool = Field(
+        default=True,
+        description="Share the pool's slots between teams that wait, by the shares the "
+        "submitter stored (docs/scheduling.md); false: first come, first served.",
+    )
     live_log_trial_bytes: int = Field(
         default=1 << 20,
         ge=0,

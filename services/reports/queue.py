@@ -19,13 +19,17 @@ Why an experiment's queued trials wait, the first that holds:
    services/common/pools.pool_refusal: its words);
 4. ``concurrency_limit``: as many trials run as its ``n_concurrent_trials`` allows
    (its leases);
-5. ``priority``: none of these: it waits behind other work of its pool (the
+5. ``over_share``: its team (``share.<experiment>``, what runners judge by) runs more
+   trials per share in its pool and class than another team that waits there
+   (services/common/fair_share.py, from the same counts as runners: the work
+   subjects' messages and the share marks);
+6. ``priority``: none of these: it waits behind other work of its pool (the
    runners take classes by weight, docs/scheduling.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,13 +38,21 @@ from pydantic import ValidationError
 from schemas.manifest import ComputeSpec
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
+from services.common.fair_share import TeamShare, held_back, marks_by_class, waiting
 from services.common.pools import pool_refusal
 from services.common.ports import ExperimentInfo
 from services.common.priority import PriorityClasses
-from services.common.quotas import Quotas
+from services.common.quotas import Quotas, team_key
 from services.submitter.api_tokens import owner_from_record
 
-REASONS = ("paused", "team_spend_cap", "no_runner", "concurrency_limit", "priority")
+REASONS = (
+    "paused",
+    "team_spend_cap",
+    "no_runner",
+    "concurrency_limit",
+    "over_share",
+    "priority",
+)
 """Why queued trials wait, in the order they are checked."""
 
 
@@ -130,16 +142,8 @@ class QueueView:
 
 def parse_work_subject(topology: Topology, subject: str) -> tuple[str, str | None, str] | None:
     """(pool, class or None for an unclassed subject, experiment) of a work subject;
-    None for a subject of another form."""
-    head = f"{topology.prefix}.work."
-    if not subject.startswith(head):
-        return None
-    parts = subject[len(head) :].split(".")
-    if len(parts) == 2:
-        return parts[0], None, parts[1]
-    if len(parts) == 3:
-        return parts[0], parts[1], parts[2]
-    return None
+    None for a subject of another form (``Topology.parse_work_subject``)."""
+    return topology.parse_work_subject(subject)
 
 
 def lease_counts(leases_bucket: str, subjects: Mapping[str, int]) -> dict[str, int]:
@@ -189,9 +193,11 @@ def why_waiting(
     queued: int = 0,
     paused_trials: int = 0,
     team_capped: str | None = None,
+    over_share: str | None = None,
 ) -> tuple[str, str]:
     """(reason, words) for an experiment's ``queued`` trials (the module's order);
-    ``team_capped``: the words of ``capped_teams`` when its team is at its spend cap."""
+    ``team_capped``: the words of ``capped_teams`` when its team is at its spend cap;
+    ``over_share``: fair share's words when its team is held back (``share_judge``)."""
     if paused:
         return "paused", f"paused: its trials wait for `trialbus resume {experiment_id}`"
     if paused_trials and queued <= paused_trials:
@@ -208,7 +214,50 @@ def why_waiting(
             f"{running} of its n_concurrent_trials {limit} are running; the next starts "
             "when one ends"
         )
+    if over_share is not None:
+        return "over_share", over_share
     return "priority", "waits its turn behind other work of its pool (classes by weight)"
+
+
+ShareJudge = Callable[[str, str, str], str | None]
+"""(pool, class, experiment) -> fair share's words when the experiment's team is held
+back there, else None (``share_judge``)."""
+
+
+def share_judge(
+    topology: Topology,
+    classes: PriorityClasses,
+    work: Mapping[str, int],
+    shares: Mapping[str, TeamShare | None],
+    paused: Mapping[str, bool],
+    marks: Mapping[str, int],
+) -> ShareJudge:
+    """Fair share as runners judge it (services/runner/fair_share.py), from the work
+    subjects' messages, each experiment's team and share (``shares``), the pause flags
+    and the share marks of the leases bucket (keys relative to the bucket)."""
+    messages: dict[tuple[str, str], dict[str, int]] = {}
+    team_shares: dict[str, float] = {}
+    for subject, n in work.items():
+        parsed = topology.parse_work_subject(subject)
+        team = shares.get(parsed[2]) if parsed else None
+        if parsed is None or team is None or n <= 0 or paused.get(parsed[2], False):
+            continue
+        per_team = messages.setdefault((parsed[0], classes.resolve(parsed[1])), {})
+        per_team[team.team] = per_team.get(team.team, 0) + n
+        team_shares[team.team] = team.share
+    running_of = {pool: marks_by_class(marks, pool) for pool, _ in messages}
+
+    def judge(pool: str, cls: str, experiment_id: str) -> str | None:
+        team = shares.get(experiment_id)
+        msgs = messages.get((pool, cls), {})
+        if team is None:
+            return None
+        marked = running_of.get(pool, {})
+        running = {t: marked.get((cls, team_key(t)), 0) for t in {team.team, *msgs}}
+        rivals = {t: team_shares[t] for t in waiting(msgs, running)}
+        return held_back(team.team, team.share, running, rivals)
+
+    return judge
 
 
 def queue_view(
@@ -221,11 +270,13 @@ def queue_view(
     runners: Sequence[RunnerInfo],
     paused_trials: Mapping[str, int] | None = None,
     capped: Mapping[str, str] | None = None,
+    over_share: ShareJudge | None = None,
 ) -> QueueView:
     """The queue from ``work`` (messages per work subject), ``leases`` (per experiment,
     ``lease_counts``), the ledger's ``infos``, the ``paused`` flags and the number of
     ``paused_trials`` (unfinished, paused one by one) of the experiments in ``work``,
-    the live ``runners``, and the teams at their spend cap (``capped_teams``).
+    the live ``runners``, the teams at their spend cap (``capped_teams``) and fair
+    share's judge (``share_judge``).
     Experiments with nothing queued (every message is a running trial) are left out."""
     rows: list[WaitingExperiment] = []
     for subject, count in work.items():
@@ -250,6 +301,7 @@ def queue_view(
             queued=count - running,
             paused_trials=held,
             team_capped=(capped or {}).get(owner.team) if owner and owner.team else None,
+            over_share=over_share(pool, classes.resolve(cls), exp) if over_share else None,
         )
         rows.append(
             WaitingExperiment(

@@ -16,6 +16,7 @@ from schemas.runners import RunnerInfo, RunnerPolicy
 from services.common.adapters.jetstream import JetStreamBus, connect, ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import open_bucket
+from services.common.adapters.nats_pool_load import NatsPoolLoad
 from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
 from services.common.errors import EXIT_USER_ERROR
 from services.common.logging import configure_logging, get_logger
@@ -28,6 +29,7 @@ from services.common.task_cache import TaskCache
 from services.common.trial_folders import TrialFolders
 from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
+from services.runner.fair_share import FairShare
 from services.runner.handback import StopNotice, watch_preemption
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
@@ -128,6 +130,11 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             else None,
             running=running,
             classes=settings.classes,
+            fair_share=FairShare(
+                coordinator, NatsPoolLoad(js, topo), topo, settings.pool, settings.classes
+            )
+            if settings.fair_share
+            else None,
         )
         consumer = WorkConsumer(
             js,

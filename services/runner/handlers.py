@@ -20,8 +20,11 @@ message the handler
    TrialFailed AgentStopped / BudgetExceeded, ``guards``); one needing what this runner
    does not offer ends at once (RunnerLacksCapability: its pool was chosen for runners
    that can, so this one is misconfigured);
-3. reads whether the run already ended and takes the experiment's concurrency slot,
-   together (one round trip each, concurrent). A run that ended (its work message was
+3. hands back a trial whose team is over its fair share while another team waits
+   (services.runner.fair_share: no round trip while its pool view is fresh; no slot,
+   no attempt); then reads whether the run already ended and takes the experiment's
+   concurrency slot (and a teamed trial's share mark), together (one round trip
+   each, concurrent). A run that ended (its work message was
    redelivered after the ending was stored, e.g. the runner was killed between the
    publish and the ack) has its stored ending re-published (same dedup id, so JetStream
    drops it if it got through) and is acknowledged, without running or counting an
@@ -78,6 +81,7 @@ from services.common.trial_folders import TrialFolders
 from services.runner import guards, policy
 from services.runner.attempt import KeepAlive, run_attempt
 from services.runner.preemption import Reason, Running, RunningTrial, time_limit
+from services.runner.fair_share import FairShare, HeldBack
 
 log = get_logger(__name__)
 
@@ -92,6 +96,9 @@ SLOT_WAIT_S = (0.5, 2.0)
 # A paused experiment's work is handed back for a few seconds, spread out: after a
 # resume (the flag is cached for up to a second) its trials start within seconds.
 PAUSE_WAIT_S = (2.0, 5.0)
+# A trial over its team's fair share comes back sooner: while it is away its team may
+# fall below its share, and a slot then idles until some held-back trial returns.
+FAIR_SHARE_WAIT_S = (0.2, 1.0)
 
 
 def parse_work(data: bytes) -> TrialRequested:
@@ -132,6 +139,7 @@ class TrialHandler:
         rng: random.Random | None = None,
         running: Running | None = None,
         classes: PriorityClasses | None = None,
+        fair_share: FairShare | None = None,
     ) -> None:
         self._bus = bus
         self._executor = executor
@@ -148,6 +156,7 @@ class TrialHandler:
         # runner never hands a running trial back; services.runner.preemption).
         self._running = running
         self._classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
+        self._fair = fair_share
 
     async def handle(self, data: bytes, keep_alive: KeepAlive, *, subject: str = "") -> Settle:
         """The verdict on one work message (``subject`` is only logged)."""
@@ -274,17 +283,30 @@ class TrialHandler:
             decision = policy.lacking(request, self._who.host, missing)
             bound.error("trial needs what this runner does not offer", missing=missing)
             return await self._publish(request, decision, bound)
-        # The one read every delivery pays for "a run ends once", and the slot, together.
-        ended, lease = await asyncio.gather(
-            coord.ending(request.dedup_id()), self._lease(request), return_exceptions=True
+        mark = await self._fair.admit(request) if self._fair is not None else None
+        if isinstance(mark, HeldBack):
+            # Over its team's fair share while another team waits: back in the queue,
+            # no attempt counted, like a full experiment lease.
+            bound.debug("over fair share: trial handed back", reason=mark.reason)
+            return nak(self._rng.uniform(*FAIR_SHARE_WAIT_S), "handback")
+        # The one read every delivery pays for "a run ends once", and the slots (with
+        # a teamed trial's share mark), together.
+        ended, lease, marked = await asyncio.gather(
+            coord.ending(request.dedup_id()),
+            self._lease(request),
+            self._mark(mark),
+            return_exceptions=True,
         )
-        if isinstance(ended, BaseException):
-            await self._give_back(lease)
-            raise ended
-        if isinstance(lease, BaseException):
-            raise lease
-        if ended is not None:
-            await self._give_back(lease)
+        held = [*(lease if isinstance(lease, list) else [])]
+        held += [marked] if isinstance(marked, Lease) else []
+        failed = next((r for r in (ended, lease, marked) if isinstance(r, BaseException)), None)
+        if failed is not None or ended is not None or lease is False:
+            await self._give_back(held)
+            if mark is not None and self._fair is not None:
+                self._fair.released(mark)  # never taken, or given back above: uncounted
+            if failed is not None:
+                raise failed
+        if isinstance(ended, bytes):
             fresh = await self._bus.publish(decode_ending(ended, request))
             bound.info("run had ended; its ending re-published, not run again", fresh=fresh)
             return ACK
@@ -292,7 +314,6 @@ class TrialHandler:
             # The experiment's or the team's slots are all taken: back in the queue, no
             # attempt counted, like a pause.
             return nak(self._rng.uniform(*SLOT_WAIT_S), "handback")
-        held = lease if isinstance(lease, list) else []
         try:
             start = await coord.begin_attempt(request.dedup_id())
         except BaseException:
@@ -377,11 +398,18 @@ class TrialHandler:
             return False
         return held
 
+    async def _mark(self, key: str | None) -> Lease | None:
+        """Hold the share mark fair share asked for (None: none to hold)."""
+        return None if key is None else await self._coord.mark_running(key, self.runner_id)
+
     async def _give_back(self, leases: object) -> None:
-        """Release the slots if any are held; best effort, since a lease expires anyway."""
+        """Release the slots if any are held (share marks uncounted by fair share too);
+        best effort, since a lease expires anyway."""
         if not isinstance(leases, list):
             return
         for lease in leases:
+            if self._fair is not None and isinstance(lease, Lease):
+                self._fair.released(lease.key)
             try:
                 await self._coord.release(lease)
             except Exception as exc:  # noqa: BLE001 - the slot comes back with its TTL

@@ -11,14 +11,16 @@ and reading the runners bucket (infra/nats_permissions.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from infra.nats_permissions import kv_stream
 from schemas.events import TrialLog
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import UserInputError
+from services.common.fair_share import SHARE_MARK, TeamShare
 from services.common.ports import Coordinator, ExperimentInfo, Ledger
 from services.common.quotas import Quotas, load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
@@ -30,6 +32,7 @@ from services.reports.queue import (
     lease_counts,
     parse_work_subject,
     queue_view,
+    share_judge,
 )
 from services.submitter.api_tokens import owner_from_record
 from services.submitter.connections import NatsSide, open_ledger, open_nats, try_open_nats
@@ -125,13 +128,16 @@ async def follow_status(
     on_update: Callable[[ExperimentRow], None],
     *,
     timeout_s: float | None = None,
+    on_line: Callable[[str, LogLine], None] | None = None,
 ) -> ExperimentRow:
     """``trialbus status EXP --follow``: call ``on_update`` with the experiment's row
     now and after its events, until every trial is recorded (or ``timeout_s``).
+    ``trialbus attach EXP``: with ``on_line``, also each live log line of its trials
+    (trial id, line) published from the call on.
 
-    Subscribed to the experiment's events before the first read, so no change slips
-    between the read and the subscription. Raises ExperimentNotFound for an experiment
-    the ledger does not know.
+    Subscribed to the experiment's events (and logs) before the first read, so no
+    change slips between the read and the subscription. Raises ExperimentNotFound for
+    an experiment the ledger does not know.
     """
     if not valid_experiment_id(experiment_id):
         raise UserInputError(f"{experiment_id!r} is not an experiment id")
@@ -140,7 +146,10 @@ async def follow_status(
         live = LiveFeeds(nats.nc, nats.settings.topology)
         started = started_of(live)
         paused = (await nats.coordinator()).is_paused
-        async with live.experiment_events(experiment_id) as feed:
+        async with (
+            live.experiment_events(experiment_id) as feed,
+            _lines(live, experiment_id, on_line),
+        ):
             row = await queries.experiment_progress(
                 ledger, experiment_id, started, paused_of=paused
             )
@@ -160,6 +169,41 @@ async def follow_status(
                 )
                 on_update(row)
     return row
+
+
+@contextlib.asynccontextmanager
+async def _lines(
+    live: LiveFeeds, experiment_id: str, on_line: Callable[[str, LogLine], None] | None
+) -> AsyncIterator[None]:
+    """While open, pass the experiment's live log lines to ``on_line`` (None: nothing).
+    On leaving, the lines still arriving are passed on until LOG_QUIET_S of quiet: a
+    trial's lines are all published before its result, so none comes later."""
+    if on_line is None:
+        yield
+        return
+    async with live.experiment_logs(experiment_id) as logs:
+        done = asyncio.Event()
+
+        async def pump() -> None:
+            while True:
+                event = await logs.next(LOG_QUIET_S)
+                if isinstance(event, TrialLog):
+                    on_line(event.trial_id, LogLine(event.phase, event.stream, event.text))
+                elif event is None and done.is_set():
+                    return
+
+        task = asyncio.create_task(pump())
+        try:
+            yield
+        except BaseException:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise
+        done.set()
+        # Lines that keep coming after the experiment ended: stop anyway.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(task, LOG_QUIET_S + HISTORY_READ_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,10 +276,11 @@ async def read_queue(nats: NatsSide, ledger: Ledger, quotas: Quotas | None = Non
     read path of ``trialbus queue``, ``GET /queue`` and the dashboard's queue page.
 
     Two stream infos with a subject filter (the work stream's messages per subject,
-    the leases bucket's keys), then per experiment with queued work one ledger read
-    and its pause flags (and a record read per trial paused one by one), and the
-    runner registry once, and with ``quotas`` (the submitter's quotas file) the spend
-    tally of each waiting team with a spend cap once: the cost grows with the
+    the leases bucket's keys, share marks included), then per experiment with queued
+    work one ledger read, its pause flags (and a record read per trial paused one by
+    one) and its team and share (fair share's ``over_share``), the runner registry
+    once, and with ``quotas`` (the submitter's quotas file) the spend tally of each
+    waiting team with a spend cap once: the cost grows with the
     experiments that wait, not with their trials. The subject details of one stream
     info stop at nats-server's limit (100,000 subjects), far beyond the experiments
     one installation queues at once.
@@ -254,19 +299,25 @@ async def read_queue(nats: NatsSide, ledger: Ledger, quotas: Quotas | None = Non
 
     at_once = asyncio.Semaphore(QUEUE_READS_AT_ONCE)
 
-    async def about(exp: str) -> tuple[ExperimentInfo | None, bool, int]:
+    async def about(exp: str) -> tuple[ExperimentInfo | None, bool, int, TeamShare | None]:
         async with at_once:
             paused_trials = set(await coordinator.paused_trials(exp))
             return (
                 await ledger.get_experiment(exp),
                 await coordinator.is_paused(exp),
                 len(await queries.unrecorded(ledger, exp, paused_trials)),
+                await coordinator.share_of(exp),
             )
 
     found = dict(zip(experiments, await asyncio.gather(*map(about, experiments)), strict=True))
     infos = {exp: f[0] for exp, f in found.items()}
     paused = {exp: f[1] for exp, f in found.items()}
     one_by_one = {exp: f[2] for exp, f in found.items()}
+    head = f"$KV.{topology.leases_bucket}."
+    lease_keys = leases.state.subjects or {}
+    marks = {s[len(head) :]: n for s, n in lease_keys.items() if s.startswith(head + SHARE_MARK)}
+    shares = {exp: f[3] for exp, f in found.items()}
+    judge = share_judge(topology, nats.settings.classes, counts, shares, paused, marks)
     runners = await (await nats.registry()).live_runners()
     capped: dict[str, str] = {}
     if quotas is not None:
@@ -285,12 +336,13 @@ async def read_queue(nats: NatsSide, ledger: Ledger, quotas: Quotas | None = Non
         topology,
         nats.settings.classes,
         counts,
-        lease_counts(topology.leases_bucket, leases.state.subjects or {}),
+        lease_counts(topology.leases_bucket, lease_keys),
         infos,
         paused,
         runners,
         one_by_one,
         capped,
+        judge,
     )
 
 

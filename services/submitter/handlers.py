@@ -25,6 +25,7 @@ from schemas.events import ResultImported, TrialFailed, parse_event
 from schemas.ids import agent_key
 from services.common import errors as E
 from services.common.errors import ManifestError
+from services.common.fair_share import DEFAULT_SHARE, TeamShare
 from services.common.pools import policy_refusal, pool_refusal
 from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
 from services.common.priority import PriorityClasses
@@ -116,6 +117,11 @@ async def submit(
     await coordinator.clear_agent_stops(prepared.experiment_id, keys)
     budget = manifest.budget.model_dump_json().encode() if manifest.budget else None
     await coordinator.set_budget(prepared.experiment_id, budget)
+    # Fair share: runners (and the queue) learn who waits, per team, from this key and
+    # the work stream's counts; stored before any trial is published.
+    team = prepared.team
+    share = quotas.share_of(team) if quotas is not None and team else DEFAULT_SHARE
+    await coordinator.set_share(prepared.experiment_id, TeamShare(team, share) if team else None)
     return await publish_experiment(prepared, bus, ledger, tasks, gate)
 
 

@@ -113,6 +113,14 @@ class LiveFeeds:
             raise ValueError(f"not an experiment id: {experiment_id!r}")
         return self._follow(self.topology.event_filter("*", experiment_id), DeliverPolicy.NEW)
 
+    def experiment_logs(
+        self, experiment_id: str
+    ) -> contextlib.AbstractAsyncContextManager[EventFeed]:
+        """The live log lines of every trial of the experiment, from now on."""
+        if not valid_experiment_id(experiment_id):
+            raise ValueError(f"not an experiment id: {experiment_id!r}")
+        return self._follow(self.topology.log_subject(experiment_id, "*"), DeliverPolicy.NEW)
+
     def trial_log(self, trial_id: str) -> contextlib.AbstractAsyncContextManager[EventFeed]:
         """The trial's live log from the oldest line the logs stream still holds.
 

@@ -362,7 +362,8 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
         class and team, and per experiment why they wait: `paused`, `team_spend_cap`
         (its team spent its max_spend_usd_per_day), `no_runner` (no live runner of its
         pool offers what it needs), `concurrency_limit` (its n_concurrent_trials are
-        running) or `priority` (behind other work)."""
+        running), `over_share` (its team runs more than its fair share while another
+        team waits) or `priority` (behind other work)."""
         return (await read_queue(request.app.state.nats, ports.ledger, quotas)).as_dict()
 
     return router

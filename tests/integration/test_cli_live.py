@@ -5,7 +5,9 @@ on the bus, records in the ledger, ResultImported events), so each step is under
 its control and nothing waits on a sleep: ``trialbus experiments`` shows running and
 queued as the dashboard computes them; ``status --follow`` ends exactly when the last
 record arrives (and not before); ``logs`` prints one trial's lines only, and ``-f``
-ends with the trial's record; ``runners`` marks a runner that missed its heartbeats.
+ends with the trial's record; ``attach`` shows the progress and its trials' new lines
+(not another experiment's) and ends with the last record, exit 0 when all scored;
+``runners`` marks a runner that missed its heartbeats.
 """
 
 from __future__ import annotations
@@ -221,6 +223,44 @@ async def _follow_logs(world: World, proc: asyncio.subprocess.Process, mine: str
     assert proc.returncode is None  # control: no record yet, still following
     await world.record(mine, 1.0)
     assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+
+
+async def test_attach_shows_progress_and_its_trials_live_lines_until_the_end(
+    world: World,
+) -> None:
+    await world.bus.publish(_started(TRIALS[0]))
+    async with spawned(world.env, "attach", EXP, "--json") as proc:
+        await _attach(world, proc)
+
+
+async def _attach(world: World, proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdout is not None and proc.stderr is not None
+    updates = _lines(proc.stdout)
+    first = await anext(updates)  # printed after both subscriptions were made
+    assert "type" not in first and (first["done"], first["running"]) == (0, 1)
+
+    def line(exp: str, trial: str, text: str) -> TrialLog:
+        return TrialLog(
+            experiment_id=exp, trial_id=trial, phase="agent", stream="stdout", text=text
+        )
+
+    # A line of another experiment's trial (the control) and one of this experiment's.
+    await world.bus.publish(line("other-exp", "other-exp-t0", "not mine\n"))
+    await world.bus.publish(line(EXP, TRIALS[0], "hello\n"))
+    while (got := await anext(updates)).get("type") != "log":
+        pass
+    assert (got["trial_id"], got["stream"], got["text"]) == (TRIALS[0], "stdout", "hello\n")
+    for trial in TRIALS[:3]:
+        await world.record(trial, 1.0)
+    while (update := await anext(updates)).get("done") != 3:
+        assert update.get("text") != "not mine\n"
+    assert proc.returncode is None  # control: one trial left, still attached
+    await world.record(TRIALS[3], 1.0)
+    rest = [json.loads(x) for x in (await proc.stdout.read()).splitlines()]
+    assert rest[-1]["state"] == "complete" and rest[-1]["scored"] == 4, rest[-1]
+    assert all(x.get("text") != "not mine\n" for x in rest)
+    # Every trial scored: exit 0, as `submit --wait` (the status --follow test has 1).
+    assert await asyncio.wait_for(proc.wait(), timeout=30) == 0, await proc.stderr.read()
 
 
 async def test_runners_lists_the_registry_and_marks_a_stale_runner(world: World) -> None:

@@ -41,6 +41,7 @@ from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import NatsObjectStore
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import ObjectAccessDenied
+from services.common.fair_share import TeamShare
 from services.common.ports import ExperimentInfo, Lease, Spend
 from services.common.quotas import Quotas, TeamQuota
 from services.common.settings import CommonSettings
@@ -518,6 +519,33 @@ async def test_team_quota_keys(roles: dict[str, Role]) -> None:
     await submitter.denied(
         sub_coord.acquire_team(team, 1, "x"), "Publish", f"$KV.{TOPO.leases_bucket}._team.*"
     )
+
+
+async def test_fair_share_keys(roles: dict[str, Role]) -> None:
+    runner, submitter = roles["runner"], roles["submitter"]
+    exp = f"exp-{uuid.uuid4().hex[:12]}"
+    coord = await NatsCoordinator.open(runner.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    sub_coord = await NatsCoordinator.open(submitter.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    # The submitter stores an experiment's team and share; runners and the queue read
+    # it; a runner marks its running trial in the leases bucket.
+    await sub_coord.set_share(exp, TeamShare("red", 3.0))
+    assert await coord.share_of(exp, fresh=True) == TeamShare("red", 3.0)
+    assert await sub_coord.share_of(exp, fresh=True) == TeamShare("red", 3.0)
+    mark = await coord.mark_running(f"_share.default.normal.red.{exp}", "runner-1")
+    await coord.release(mark)
+    # Negative controls: a runner cannot change a team's share; a submitter marks
+    # nothing running.
+    await runner.denied(
+        coord.set_share(exp, TeamShare("red", 100.0)),
+        "Publish",
+        f"$KV.{TOPO.control_bucket}.share.{exp}",
+    )
+    await submitter.denied(
+        sub_coord.mark_running(f"_share.default.normal.red.{exp}", "x"),
+        "Publish",
+        f"$KV.{TOPO.leases_bucket}._share.*",
+    )
+    assert await coord.share_of(exp, fresh=True) == TeamShare("red", 3.0)
 
 
 # -- objects: task archives and results ---------------------------------------------------

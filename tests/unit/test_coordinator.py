@@ -17,6 +17,7 @@ import pytest
 
 from services.common.adapters import nats_kv
 from services.common.adapters.memory import MAX_PROBES, InMemoryCoordinator
+from services.common.fair_share import TeamShare
 from services.common.ports import Coordinator, Lease, Spend
 
 
@@ -253,6 +254,21 @@ class CoordinatorContract:
         assert await world.a.tally("trials", "blue", fresh=True) == 0.0
         assert await world.a.add_tally("spend", "red", 0.5) == (True, 0.0)
         assert await world.b.tally("spend", "red", fresh=True) == 0.5
+
+    async def test_an_experiments_share_and_share_marks_are_shared(self, world: World) -> None:
+        # Negative control: an experiment submitted without a team has no share.
+        assert await world.b.share_of("exp", fresh=True) is None
+        await world.a.set_share("exp", TeamShare("red", 3.0))
+        assert await world.b.share_of("exp", fresh=True) == TeamShare("red", 3.0)
+        await world.a.set_share("exp", None)  # resubmitted without a team
+        assert await world.b.share_of("exp", fresh=True) is None
+        # A mark is a lease of the run's own key (one put, no probing), renewed and
+        # released like any lease, by any runner, harmlessly twice.
+        key = "_share.default.normal.red.run-1"
+        mark = await world.a.mark_running(key, "r1")
+        assert mark.key == key and (await world.a.renew(mark)).key == key
+        await world.b.release(mark)
+        await world.a.release(mark)
 
 
 class Clock:

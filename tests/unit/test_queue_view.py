@@ -8,6 +8,7 @@ from typing import Any
 
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
+from services.common.fair_share import TeamShare, mark_key
 from services.common.ports import ExperimentInfo
 from services.common.priority import PriorityClasses
 from services.common.quotas import Quotas, TeamQuota
@@ -17,6 +18,7 @@ from services.reports.queue import (
     lease_counts,
     parse_work_subject,
     queue_view,
+    share_judge,
 )
 
 T = Topology("qv")
@@ -183,3 +185,31 @@ def test_the_cli_tables_show_groups_reasons_and_names_as_text() -> None:
     text = console.export_text()
     assert "queue: 3 trials wait" in text and "paused 2" in text and "no_runner 1" in text
     assert "[red]sweep[/red]" in text  # a name is text, never markup
+
+
+def test_a_team_over_its_fair_share_is_the_reason_while_another_team_waits() -> None:
+    assert REASONS.index("over_share") == REASONS.index("concurrency_limit") + 1
+    work = {"qv.work.default.batch.r": 10, "qv.work.default.batch.b": 5}
+    infos: dict[str, ExperimentInfo | None] = {
+        "r": info("r", "red", priority_class="batch"),
+        "b": info("b", "blue", priority_class="batch"),
+    }
+    shares: dict[str, TeamShare | None] = {"r": TeamShare("red", 3.0), "b": TeamShare("blue", 1.0)}
+    # red runs 4 (4/3 per share), blue 0 with work queued: red is over its share.
+    marks = {mark_key("default", "batch", "red", f"run{i}"): 1 for i in range(4)}
+
+    def rows(marks: dict[str, int], paused: dict[str, bool] | None = None) -> dict[str, Any]:
+        judge = share_judge(T, CLASSES, work, shares, paused or {}, marks)
+        v = queue_view(T, CLASSES, work, {}, infos, paused or {}, [LOCAL], over_share=judge)
+        return {e.experiment_id: e for e in v.experiments}
+
+    over = rows(marks)
+    assert over["r"].reason == "over_share" and "team 'blue' waits" in over["r"].detail
+    assert over["b"].reason == "priority"  # blue is below its share
+    # Controls: red at 3 (its 3:1 share of 4 slots) ties blue's next and is not held
+    # back; with blue paused nothing rivals red.
+    marks3 = dict(list(marks.items())[:3]) | {mark_key("default", "batch", "blue", "b0"): 1}
+    assert rows(marks3)["r"].reason == "priority"
+    assert rows(marks, paused={"b": True})["r"].reason == "priority"
+    # Without the judge (no fair share read) the reason never appears.
+    assert view(work, infos)["r"].reason == "priority"

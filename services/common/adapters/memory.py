@@ -24,6 +24,7 @@ from schemas.events import Envelope, encode_event, parse_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from services.common import quotas
+from services.common.fair_share import TeamShare
 from services.common.ports import (
     AttemptStart,
     ExperimentInfo,
@@ -209,6 +210,7 @@ class InMemoryCoordinator:
         self._budgets: dict[str, bytes] = {}
         self._spent: dict[str, Spend] = {}
         self._tallies: dict[tuple[str, str], quotas.Tally] = {}
+        self._shares: dict[str, TeamShare] = {}
         self.now: Callable[[], datetime] = lambda: datetime.now(UTC)
         """The wall clock of the daily tallies (a test may move it)."""
 
@@ -375,3 +377,24 @@ class InMemoryCoordinator:
     async def spent(self, experiment_id: str, *, fresh: bool = False) -> Spend:
         """The experiment's running total (always fresh here)."""
         return self._spent.get(experiment_id, Spend())
+
+    async def set_share(self, experiment_id: str, share: TeamShare | None) -> None:
+        """Store (or with None remove) the experiment's team and share."""
+        if share is None:
+            self._shares.pop(experiment_id, None)
+        else:
+            self._shares[experiment_id] = share
+
+    async def share_of(self, experiment_id: str, *, fresh: bool = False) -> TeamShare | None:
+        """The experiment's team and share (always fresh here)."""
+        return self._shares.get(experiment_id)
+
+    async def mark_running(self, key: str, holder: str) -> Lease:
+        """Write ``key`` as a lease (unconditionally, as a KV put)."""
+        revision = next(self._revisions)
+        self._leases[key] = (holder, revision, self._clock())
+        return Lease(key, revision)
+
+    def marks(self) -> dict[str, int]:
+        """Live lease keys (1 each), as the leases stream's subject counts give them."""
+        return {key: 1 for key in list(self._leases) if self._live(key) is not None}

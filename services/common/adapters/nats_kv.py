@@ -42,6 +42,9 @@ operations are in nats_paused_trials.py).
   its rolling 24-h tallies are ``quota.trials.<team key>`` (the submitter, at submit)
   and ``quota.spend.<team key>`` (runners, after each priced attempt): one JSON object
   of hourly buckets each, updated with a compare-and-set (services.common.quotas).
+- **Fair share** (services/common/fair_share.py): ``share.<experiment>`` (the
+  submitter: the experiment's team and share) and a running trial's share mark
+  ``_share.<pool>.<class>.<team key>.<run key>`` in the leases bucket.
 
 Reads that every delivery pays for (cancel, pause, stop, budget, spend) are cached for
 ``cache_s`` per runner unless asked ``fresh``: a flag or a total seen one second late
@@ -70,6 +73,7 @@ from services.common.adapters.nats_paused_trials import (
     paused_trials_key,
     trial_set,
 )
+from services.common.fair_share import TeamShare, share_key
 from services.common.ports import AttemptStart, Lease, Spend
 
 MAX_PROBES = 64
@@ -314,6 +318,22 @@ class NatsCoordinator:
     async def spent(self, experiment_id: str, *, fresh: bool = False) -> Spend:
         """The running total (cached for ``cache_s``)."""
         return Spend.decode(await self._read(f"spend.{experiment_id}", fresh=fresh))
+
+    # -- fair share ---------------------------------------------------------------------
+    async def set_share(self, experiment_id: str, share: TeamShare | None) -> None:
+        """Store (or with None purge) ``share.<experiment>``."""
+        if share is None:
+            await self._purge(share_key(experiment_id))
+        else:
+            await self._put(share_key(experiment_id), share.encode())
+
+    async def share_of(self, experiment_id: str, *, fresh: bool = False) -> TeamShare | None:
+        """The experiment's team and share (cached for ``cache_s``)."""
+        return TeamShare.decode(await self._read(share_key(experiment_id), fresh=fresh))
+
+    async def mark_running(self, key: str, holder: str) -> Lease:
+        """One put of the lease key (no probing: the key is the run's own)."""
+        return Lease(key, await self._leases.put(key, holder.encode()))
 
     # -- team tallies -------------------------------------------------------------------
     async def add_tally(
