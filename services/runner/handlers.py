@@ -80,8 +80,8 @@ from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 from services.common.trial_folders import TrialFolders
 from services.runner import guards, policy
 from services.runner.attempt import KeepAlive, run_attempt
-from services.runner.preemption import Reason, Running, RunningTrial, time_limit
 from services.runner.fair_share import FairShare, HeldBack
+from services.runner.preemption import Reason, Running, RunningTrial, time_limit
 
 log = get_logger(__name__)
 
