@@ -35,7 +35,13 @@ from services.reports import queries
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_artifacts import archive_listing, build_artifact_routes
 from services.submitter.dashboard_compare import comparison_view
-from services.submitter.dashboard_stream import experiment_stream, loaded_sections, log_stream
+from services.submitter.dashboard_stream import (
+    experiment_stream,
+    log_stream,
+    page_row,
+    page_view,
+    view_sections,
+)
 from services.submitter.dashboard_trial import timeline
 from services.submitter.dashboard_views import experiment_url, trial_url
 from services.submitter.follow import fleet, read_queue
@@ -187,13 +193,13 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
         if not valid_experiment_id(experiment_id):
             return _not_found(request, f"{experiment_id!r} is not an experiment id.")
         try:
-            _, info, records = await queries.load_experiment(ledger, experiment_id)
+            view = await page_view(ledger, experiment_id, ports(request).reports)
         except ExperimentNotFound as exc:
             return _not_found(request, str(exc))
         started = await live.started_trials(experiment_id)
         paused = await ports(request).coordinator.is_paused(experiment_id)
-        row = views.experiment_row(experiment_id, info, records, started, paused=paused)
-        parts = await loaded_sections(experiment_id, info, records, started)
+        row = page_row(experiment_id, view, started, paused=paused)
+        parts = view_sections(experiment_id, view, started)
         return render(
             "experiment.html",
             request,
@@ -217,6 +223,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
             feeds(request),
             experiment_id,
             ports(request).coordinator.is_paused,
+            ports(request).reports,
         )
         return _sse(stream)
 
