@@ -90,11 +90,13 @@ KEY_PEERS: dict[str, list[str]] = {
         "status_ms",
         "records_for_ms",
         "leaderboard_ms",
+        "leaderboard_cached_ms",
+        "report_cached_ms",
         "load_s",
         "disk_mib",
     ],
     "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
-    "dashboard": ["ttfb_ms", "cold_fcp_ms", "html_kib"],
+    "dashboard": ["ttfb_ms", "cold_fcp_ms", "cold_ttfb_ms", "html_kib"],
 }
 """The figures shown in the summary table (all figures are in each section)."""
 
