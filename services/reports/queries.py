@@ -25,7 +25,13 @@ from services.common.ports import ExperimentInfo, Ledger
 from services.reports.budget import spent_line_of_tally
 from services.reports.compare import compare, pick_side, records_of
 from services.reports.leaderboard import counts_of_tally, leaderboard
-from services.reports.progress import ExperimentRow, experiment_row, priority_class_of
+from services.reports.progress import (
+    ExperimentRow,
+    Recorded,
+    experiment_row_of,
+    priority_class_of,
+    recorded_of,
+)
 from services.reports.report import build_report
 from services.reports.report_cache import ReportCache, deep_size
 from services.reports.tally import count
@@ -193,17 +199,28 @@ async def experiment_progress(
     required: bool = True,
     now: datetime | None = None,
     paused_of: PausedOf | None = None,
+    cache: ReportCache | None = None,
 ) -> ExperimentRow:
     """One experiment's row of the experiments list (progress, started, duration).
 
     ``started_of`` and ``paused_of`` are asked only while some trial has no record: a
-    finished experiment costs no read of the bus.
+    finished experiment costs no read of the bus. With ``cache``, what the records
+    say is kept per content version (``progress_basis``).
     """
-    exp_id, info, records = await load_experiment(ledger, experiment_id, required=required)
-    incomplete = len(records) < (info.n_trials if info else 0)
+    exp_id, (info, recorded) = await derived(
+        ledger, experiment_id, "progress", progress_basis, cache=cache, required=required
+    )
+    incomplete = len(recorded.trial_ids) < (info.n_trials if info else 0)
     started = await started_of(exp_id) if incomplete else ()
     paused = bool(incomplete and paused_of is not None and await paused_of(exp_id))
-    return experiment_row(exp_id, info, records, started, now, paused)
+    return experiment_row_of(exp_id, info, recorded, started, now, paused)
+
+
+def progress_basis(
+    _experiment_id: str, info: ExperimentInfo | None, records: list[TrialRecord]
+) -> tuple[ExperimentInfo | None, Recorded]:
+    """The metadata and what the records say about progress (``experiment_progress``)."""
+    return info, recorded_of(records, info)
 
 
 async def experiment_rows(
@@ -212,11 +229,12 @@ async def experiment_rows(
     *,
     now: datetime | None = None,
     paused_of: PausedOf | None = None,
+    cache: ReportCache | None = None,
 ) -> list[ExperimentRow]:
     """Every experiment's row, newest first (``trialbus experiments``, the dashboard)."""
     return [
         await experiment_progress(
-            ledger, exp_id, started_of, required=False, now=now, paused_of=paused_of
+            ledger, exp_id, started_of, required=False, now=now, paused_of=paused_of, cache=cache
         )
         for exp_id in await ledger.experiment_ids()
     ]

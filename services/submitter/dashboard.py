@@ -32,6 +32,7 @@ from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.quotas import Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries
+from services.reports.progress import experiment_row_of
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_artifacts import archive_listing, build_artifact_routes
 from services.submitter.dashboard_compare import comparison_view
@@ -170,13 +171,22 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
         ledger, live = ports(request).ledger, feeds(request)
         rows = []
         for exp_id in await ledger.experiment_ids():
-            _, info, records = await queries.load_experiment(ledger, exp_id, required=False)
+            _, (info, recorded) = await queries.derived(
+                ledger,
+                exp_id,
+                "progress",
+                queries.progress_basis,
+                cache=ports(request).reports,
+                required=False,
+            )
             started: dict[str, Any] = {}
             paused = False
-            if len(records) < (info.n_trials if info else 0) and valid_experiment_id(exp_id):
+            if len(recorded.trial_ids) < (info.n_trials if info else 0) and valid_experiment_id(
+                exp_id
+            ):
                 started = await live.started_trials(exp_id)
                 paused = await ports(request).coordinator.is_paused(exp_id)
-            row = views.experiment_row(exp_id, info, records, started, paused=paused)
+            row = experiment_row_of(exp_id, info, recorded, started, paused=paused)
             if row.matches(q):
                 rows.append(
                     {

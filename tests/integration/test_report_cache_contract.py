@@ -96,6 +96,25 @@ async def test_the_next_read_after_a_write_shows_it(ledger: Ledger) -> None:  # 
     assert (renamed.report["name"], renamed.recorded.counts["pending"]) == ("renamed", 2)
 
 
+async def test_the_experiments_list_row_follows_every_write(ledger: Ledger) -> None:  # noqa: F811
+    await ledger.upsert_experiment(ExperimentInfo("exp-a", "a", 2, {}))
+    await ledger.upsert_records([make_record("t1")])
+    cache = ReportCache()
+
+    async def started(_exp: str) -> list[str]:
+        return ["t1", "t2"]
+
+    now = datetime(2026, 2, 1, tzinfo=UTC)  # a running experiment's duration runs to now
+    row = await queries.experiment_progress(ledger, "exp-a", started, cache=cache, now=now)
+    assert (row.progress.done, row.progress.running) == (1, 1)
+    assert await queries.experiment_progress(ledger, "exp-a", started, cache=cache, now=now) == row
+    await ledger.upsert_records([make_record("t2")])
+    done = await queries.experiment_progress(ledger, "exp-a", started, cache=cache, now=now)
+    assert (done.progress.done, done.progress.running, done.progress.state) == (2, 0, "complete")
+    assert done == await queries.experiment_progress(ledger, "exp-a", started, now=now)
+    assert cache.stats().hits == 1
+
+
 async def test_negative_control_a_version_that_does_not_move_serves_a_stale_report(
     ledger: Ledger,  # noqa: F811
 ) -> None:
