@@ -136,19 +136,42 @@ def deep_size(value: Any) -> int:
     seen: set[int] = set()
     stack = [value]
     total = 0
+    sizeof = sys.getsizeof
     while stack:
         obj = stack.pop()
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        total += sys.getsizeof(obj)
-        if isinstance(obj, dict):
+        total += sizeof(obj)
+        kind = type(obj)
+        if kind is dict:
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif kind in _SEQUENCES:
+            stack.extend(obj)
+        elif kind in _ATOMS:
+            continue
+        elif isinstance(obj, BaseModel):
+            stack.append(obj.__dict__)
+        elif is_dataclass(obj) and not isinstance(obj, type):
+            stack.extend(getattr(obj, name) for name in _field_names(kind))
+        elif isinstance(obj, dict):
             stack.extend(obj.keys())
             stack.extend(obj.values())
         elif isinstance(obj, list | tuple | set | frozenset):
             stack.extend(obj)
-        elif isinstance(obj, BaseModel):
-            stack.append(obj.__dict__)
-        elif is_dataclass(obj) and not isinstance(obj, type):
-            stack.extend(getattr(obj, f.name) for f in fields(obj))
     return total
+
+
+_SEQUENCES: Final = frozenset({list, tuple, set, frozenset})
+_ATOMS: Final = frozenset({str, int, float, bool, type(None), bytes})
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(kind: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(kind))
+    return names

@@ -95,7 +95,7 @@ def page_view_of(
         info=info,
         report=queries.report_value(experiment_id, info, records),
         recorded=recorded_of(records, info),
-        rows=tuple(views.record_rows(records)[:TRIAL_ROWS_MAX]),
+        rows=tuple(views.record_rows(records, TRIAL_ROWS_MAX)),
         n_records=len(records),
     )
 

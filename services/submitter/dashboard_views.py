@@ -98,13 +98,14 @@ def running_rows(started: Mapping[str, TrialStarted], recorded: Set[str]) -> lis
     ]
 
 
-def record_rows(records: Sequence[TrialRecord]) -> list[TrialRow]:
-    """The records' rows, by task, agent, repetition and id."""
+def record_rows(records: Sequence[TrialRecord], limit: int | None = None) -> list[TrialRow]:
+    """The records' rows, by task, agent, repetition and id (the first ``limit``)."""
     rows = []
-    for rec in sorted(
+    ordered = sorted(
         records,
         key=lambda r: (r.provenance.task_name, agent_label(r), r.repetition or 0, r.trial_id),
-    ):
+    )
+    for rec in ordered[:limit]:
         ev = rec.evaluation
         rows.append(
             TrialRow(
