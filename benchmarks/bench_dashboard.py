@@ -199,7 +199,8 @@ def run(ctx: Context) -> BenchResult:
             "ttfb_ms",
             mid("ttfb"),
             "ms",
-            "time to the first byte: the API reads the ledger and renders the page",
+            "time to the first byte of the warm loads: the page's view from the API's "
+            "report cache, then the templates",
         ),
         Figure("dom_content_loaded_ms", mid("dcl"), "ms", "HTML parsed"),
         Figure("load_ms", mid("load"), "ms", "stylesheet and script loaded too"),
