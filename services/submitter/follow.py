@@ -31,6 +31,7 @@ from services.reports.queue import (
     parse_work_subject,
     queue_view,
 )
+from services.reports.report_cache import ReportCache
 from services.submitter.api_tokens import owner_from_record
 from services.submitter.connections import NatsSide, open_ledger, open_nats, try_open_nats
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
@@ -140,9 +141,11 @@ async def follow_status(
         live = LiveFeeds(nats.nc, nats.settings.topology)
         started = started_of(live)
         paused = (await nats.coordinator()).is_paused
+        # A refresh without a new record reads the content version, not every record.
+        cache = ReportCache()
         async with live.experiment_events(experiment_id) as feed:
             row = await queries.experiment_progress(
-                ledger, experiment_id, started, paused_of=paused
+                ledger, experiment_id, started, paused_of=paused, cache=cache
             )
             on_update(row)
             while not row.progress.finished:
@@ -156,7 +159,7 @@ async def follow_status(
                     while (rest := until - time.monotonic()) > 0 and await feed.next(rest):
                         pass
                 row = await queries.experiment_progress(
-                    ledger, experiment_id, started, paused_of=paused
+                    ledger, experiment_id, started, paused_of=paused, cache=cache
                 )
                 on_update(row)
     return row
