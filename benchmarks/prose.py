@@ -90,11 +90,13 @@ KEY_PEERS: dict[str, list[str]] = {
         "status_ms",
         "records_for_ms",
         "leaderboard_ms",
+        "leaderboard_cached_ms",
+        "report_cached_ms",
         "load_s",
         "disk_mib",
     ],
     "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
-    "dashboard": ["ttfb_ms", "cold_fcp_ms", "html_kib"],
+    "dashboard": ["ttfb_ms", "cold_fcp_ms", "cold_ttfb_ms", "html_kib"],
 }
 """The figures shown in the summary table (all figures are in each section)."""
 
@@ -221,14 +223,45 @@ the embedded ledger's write rate matters more than MongoDB's reads, keep only
 (experiment_id, trial_id). The million-record run is `make bench-scale`
 (`TRIALBUS_BENCH_LEDGER=100:10000`); it did not fit this sitting.
 
-**What would fix the rest:** leaderboard and report of a large experiment are the
-records' fetch: on the embedded ledger, cache each experiment's built report keyed by
-its `tally_version` (bumped by every write), or keep the leaderboard's per-agent sums
-in the tally as status's are kept; on MongoDB, where the 200 ms target applies
-(`--mongo-url`), the indexes above serve them. The dashboard's experiment rows still
-load each experiment's records (running trials and the first start / last end come
-from them): the tally gives their counts, the rest needs the recorded ids among the
-started ones and a kept span. The embedded ledger is for development and small teams.
+**Applied: a report cache (issues 12 and 13).** The HTTP API (and the dashboard it
+serves) keeps what it computes from an experiment's records, never the records: the
+leaderboard rows, the report, the experiment page's view (the report, the progress
+counts, the recorded ids, the first and last times, the first 500 rows of the trial
+table) and the experiments list's progress, in one LRU bounded by an estimate of the
+bytes held (`TRIALBUS_REPORT_CACHE_MIB`, 256 MiB; a 10,000-trial page is about
+3.6 MiB, its report 2.4 MiB, its leaderboard 0.02 MiB). Entries are keyed by the
+experiment's content version (`Ledger.experiment_version`): the experiment document's
+`_id` and `tally_version`, which every write batch bumps in the update that marks the
+experiment before its records change and again in the commit after, and a metadata
+upsert in the update that changes the metadata; while a batch's mark is live the
+version is None and nothing is kept. The version is read before the records, so an
+entry is never older than its key; an old entry is never asked for again. Contract
+tests run against the fake and SecantusDB
+(tests/integration/test_report_cache_contract.py: a write changes the next read, a
+read or another experiment's write does not change the version; a ledger whose
+version does not move serves the stale report, the negative control). Figures
+`leaderboard_cached` and `report_cached`: the same reads through a cache holding the
+current version, one small document read instead of 10,000 records (a few ms against
+2-4 s). Concurrent misses of one key share one build (a page and its live feed opened
+together read the ledger once).
+
+**Not applied: projections.** Measured again on 10,000 records (four alternating
+rounds, load average 1.6-3): whole documents 1,535 ms median, an inclusion projection
+of the fields the leaderboard and page use 1,370 ms, an exclusion projection (no
+artifacts, checksums, bookkeeping) 2,195 ms; decoding into raw BSON instead of dicts
+saved about a tenth. SecantusDB applies projections in Python, after fetching the
+document, so they save little or cost more; the report would need a second record
+model for partial documents. On MongoDB a projection would cut the bytes sent (about
+40 % of a record is artifacts and checksums); with the cache, only a miss pays.
+
+**What is left.** A miss (the first read of an experiment by a process, and every
+read by a one-shot CLI command, which has no cache to keep) still reads every record:
+2-4 s at 10,000 trials on SecantusDB. Next step if that matters: keep the computed
+report in the ledger beside the tally, keyed by the same version, so a new process
+and the CLI read one document; or keep the leaderboard's per-agent sums in the tally
+as status's are kept. On MongoDB, where the 200 ms target applies (`--mongo-url`),
+the indexes above serve the records' read. The embedded ledger is for development
+and small teams.
 """,
     "dispatch": """
 **What it shows.** The runner's start path now (`now_*`: the coordinator's calls in
@@ -414,14 +447,29 @@ beside the lease, and the trial started without waiting for TrialStarted's
 acknowledgement ("Orchestration cost" below).
 """,
     "dashboard": """
-**Where the time goes.** Almost all of it before the first byte: the API reads the
-experiment's records from the ledger (10,000 records, validated into TrialRecords)
-and builds the report the page shows (leaderboard, causes, pass@k, the task x agent
-matrix, cost); the browser then paints within a few hundred milliseconds of the
-HTML (about 420 KiB at 10,000 trials: the matrix and the first 500 trials). The page
-reads the experiment once (it read it twice, for its counts and for the report,
-before this benchmark: twice the time). On MongoDB the read is faster; caching the
-report between a page and its live updates is the next step if it matters.
+**Applied: the report cache (issue 13).** The page reads the experiment through the
+report cache of the ledger section: the first load after the API starts (`cold_*`)
+reads the 10,000 records from the ledger, validates them into TrialRecords and builds
+the page's view (the report: leaderboard, causes, pass@k, the task x agent matrix,
+cost; the progress counts; the first 500 rows of the trial table); every later load,
+and every live update, of an experiment whose records did not change is served from
+the cache: one read of its content version, then the templates (about 420 KiB of
+HTML: the 500 x 4 matrix and 500 trial rows). Same sitting, same load (2026-11-26
+15:46-15:50, load average 7-9), the commit before the cache against this one: warm
+first paint 10,068 ms -> 856 ms, time to first byte 9,744 ms -> 276 ms; an earlier
+sitting of this commit at load average 5: 728 ms and 308 ms. The first load is not
+faster (cold first paint 7,612 ms before, 8,988 ms after; 5,204 ms at load average
+5): it does the same work. Where it goes: the records' fetch from SecantusDB (2-4 s
+at 10,000 records, see the ledger section), their validation (0.5-1.8 s), then the
+view (0.9-1.9 s: the report's bootstrap intervals, pass@k and the matrix). The page's
+HTML is byte for byte the size it was (418 KiB), and the JSON endpoints, the CLI and
+the pages read through the same `queries.derived`, so their numbers still agree
+(tests/integration/test_dashboard_outcomes.py, test_http_api.py).
+
+**What is left:** the cold load (the API's first read of an experiment). Keeping the
+computed view in the ledger by content version would make it one document read for a
+new process; a live experiment changes version with every import batch, so its page
+is computed again after each batch (once, however many browsers watch it).
 """,
 }
 
@@ -470,9 +518,20 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
         "not measured",
         "experiment list 18.7 s -> 10 ms, status 6.3 s -> 20 ms (one busy sitting); "
         "records of a 10,000-trial experiment 1.5-5.4 s, leaderboard/report 1.4-8 s on "
-        "SecantusDB (load-dependent)",
+        "SecantusDB (load-dependent); through the HTTP API's report cache, leaderboard "
+        "3.9 ms and report 1.4 ms once computed (uncached 2.0 s and 2.3 s in that "
+        "sitting, 2026-11-26 15:37, load average 5)",
         "list from the experiments collection (listing documents, one-time backfill); "
-        "status from a tally kept at write time; two indexes added for MongoDB",
+        "status from a tally kept at write time; two indexes added for MongoDB; a "
+        "report cache keyed by the experiment's content version",
+    ),
+    (
+        "dashboard experiment page, 10,000 trials",
+        "first paint 9.1 s, time to first byte 8.6 s",
+        "warm: first paint 856 ms, first byte 276 ms (the commit before, same sitting: "
+        "10,068 / 9,744 ms; load average 7-9); cold (the API's first read): 9.0 s, "
+        "unchanged",
+        "the page's view from the report cache; a miss builds rows for the 500 trials shown only",
     ),
     (
         "submit 10,000 trials",

@@ -252,6 +252,10 @@ class MeteredLedger:
         """Delegated."""
         return await self._inner.experiment_tally(experiment_id)
 
+    async def experiment_version(self, experiment_id: str) -> str | None:
+        """Delegated."""
+        return await self._inner.experiment_version(experiment_id)
+
     async def close(self) -> None:
         """Delegated."""
         await self._inner.close()

@@ -146,6 +146,17 @@ class Ledger(Protocol):
         reading every record. A replaced record counts once, as its replacement.
         """
 
+    async def experiment_version(self, experiment_id: str) -> str | None:
+        """A token that changes whenever a record or the submission metadata of the
+        experiment changes (what a report cache is keyed by: services/reports/report_cache.py).
+
+        Read it *before* the records: a cache entry built from records read after a
+        given token can only be as new as or newer than that token. None when nothing
+        derived from the experiment may be kept: a write to it is in progress, or the
+        ledger knows no experiment by that id. Tokens of different ledgers (or of an
+        experiment deleted and written again) never repeat.
+        """
+
     async def close(self) -> None:
         """Release connections."""
 

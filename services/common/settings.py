@@ -295,6 +295,13 @@ class SubmitterSettings(CommonSettings):
         description="The team whose quotas `trialbus submit` counts against (the CLI "
         "has no API token to name one). Unset: CLI submissions have no team and no quota.",
     )
+    report_cache_mib: int = Field(
+        default=256,
+        ge=0,
+        le=64 * 1024,
+        description="Memory the HTTP API keeps computed reports in (leaderboard, report, "
+        "experiment page; by content version, least recently used out first); 0: none.",
+    )
     check_runners: bool = Field(
         default=True,
         description="Refuse a manifest no live runner can run (its pool and capabilities); "

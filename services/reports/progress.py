@@ -70,6 +70,31 @@ class Progress:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What an experiment's records say about where it is (``recorded_of``): enough
+    for ``progress`` and ``span`` without the records, so it can be kept per content
+    version (services/reports/report_cache.py) instead of the records."""
+
+    counts: dict[str, int]
+    """``status_counts`` of the records."""
+    trial_ids: frozenset[str]
+    first_start: datetime | None
+    last_end: datetime | None
+
+
+def recorded_of(records: Sequence[TrialRecord], info: ExperimentInfo | None) -> Recorded:
+    """The ``Recorded`` of an experiment's records and metadata."""
+    starts = [t for r in records if (t := r.timing.started_at) is not None]
+    ends = [t for r in records if (t := r.timing.finished_at) is not None]
+    return Recorded(
+        counts=status_counts(records, info),
+        trial_ids=frozenset(r.trial_id for r in records),
+        first_start=min(starts) if starts else None,
+        last_end=max(ends) if ends else None,
+    )
+
+
 def progress(
     records: Sequence[TrialRecord],
     info: ExperimentInfo | None,
@@ -78,9 +103,13 @@ def progress(
 ) -> Progress:
     """The progress of one experiment; ``started``: ids of trials that started;
     ``paused``: the coordinator's pause flag of the experiment."""
-    counts = status_counts(records, info)
-    recorded = {r.trial_id for r in records}
-    running = min(len(set(started) - recorded), counts["pending"])
+    return progress_of(recorded_of(records, info), started, paused)
+
+
+def progress_of(recorded: Recorded, started: Iterable[str], paused: bool = False) -> Progress:
+    """``progress`` from what the records said (``recorded_of``)."""
+    counts = recorded.counts
+    running = min(len(set(started) - recorded.trial_ids), counts["pending"])
     return Progress(
         total=counts["total"],
         done=counts["recorded"],
@@ -168,12 +197,17 @@ def span(
     records: Sequence[TrialRecord], running: bool, now: datetime
 ) -> tuple[datetime | None, float | None]:
     """(first trial start, seconds until the last end, or until now while running)."""
-    starts = [t for r in records if (t := r.timing.started_at) is not None]
-    ends = [t for r in records if (t := r.timing.finished_at) is not None]
-    if not starts:
+    return span_of(recorded_of(records, None), running, now)
+
+
+def span_of(
+    recorded: Recorded, running: bool, now: datetime
+) -> tuple[datetime | None, float | None]:
+    """``span`` from what the records said (``recorded_of``)."""
+    first = recorded.first_start
+    if first is None:
         return None, None
-    first = min(starts)
-    last = now if running or not ends else max(ends)
+    last = now if running or recorded.last_end is None else recorded.last_end
     return first, max(0.0, (last - first).total_seconds())
 
 
@@ -186,8 +220,20 @@ def experiment_row(
     paused: bool = False,
 ) -> ExperimentRow:
     """The list's line for one experiment (``paused``: its pause flag)."""
-    p = progress(records, info, started, paused)
-    first, duration = span(records, not p.finished, now or datetime.now(UTC))
+    return experiment_row_of(experiment_id, info, recorded_of(records, info), started, now, paused)
+
+
+def experiment_row_of(
+    experiment_id: str,
+    info: ExperimentInfo | None,
+    recorded: Recorded,
+    started: Iterable[str],
+    now: datetime | None = None,
+    paused: bool = False,
+) -> ExperimentRow:
+    """``experiment_row`` from what the records said (``recorded_of``)."""
+    p = progress_of(recorded, started, paused)
+    first, duration = span_of(recorded, not p.finished, now or datetime.now(UTC))
     return ExperimentRow(
         experiment_id=experiment_id,
         name=info.name if info else experiment_id,

@@ -5,6 +5,11 @@ Ledger port, then hands them to the pure builders (``leaderboard``, ``report``,
 ``compare``). Nothing else in trialbus reads records for display, so the numbers of
 ``trialbus leaderboard``, ``GET /experiments/{id}/leaderboard`` and the table printed
 after ``submit --wait`` cannot differ.
+
+What is computed from an experiment's records goes through ``derived``: with a
+``ReportCache`` (the submitter process keeps one) the value is kept under the
+experiment's content version and computed again only when a record or the metadata
+changed; without one (a one-shot CLI read) it is computed by the same code.
 """
 
 from __future__ import annotations
@@ -20,8 +25,15 @@ from services.common.ports import ExperimentInfo, Ledger
 from services.reports.budget import spent_line_of_tally
 from services.reports.compare import compare, pick_side, records_of
 from services.reports.leaderboard import counts_of_tally, leaderboard
-from services.reports.progress import ExperimentRow, experiment_row, priority_class_of
+from services.reports.progress import (
+    ExperimentRow,
+    Recorded,
+    experiment_row_of,
+    priority_class_of,
+    recorded_of,
+)
 from services.reports.report import build_report
+from services.reports.report_cache import ReportCache, deep_size
 from services.reports.tally import count
 from services.submitter.api_tokens import owner_from_record
 
@@ -35,15 +47,66 @@ async def load_experiment(
     ``required`` is False (a just-submitted experiment may not be recorded yet).
     """
     if experiment_id is None:
-        ids = await ledger.experiment_ids()
-        if not ids:
-            raise ExperimentNotFound("the ledger holds no experiment yet")
-        experiment_id = ids[0]
+        experiment_id = await latest_experiment(ledger)
     info = await ledger.get_experiment(experiment_id)
     records = await ledger.records_for(experiment_id)
     if required and info is None and not records:
         raise ExperimentNotFound(f"no experiment {experiment_id!r} in the ledger")
     return experiment_id, info, records
+
+
+async def latest_experiment(ledger: Ledger) -> str:
+    """The newest experiment's id (ExperimentNotFound on an empty ledger)."""
+    ids = await ledger.experiment_ids()
+    if not ids:
+        raise ExperimentNotFound("the ledger holds no experiment yet")
+    return ids[0]
+
+
+type Derive[T] = Callable[[str, ExperimentInfo | None, list[TrialRecord]], T]
+"""Computes a value from (experiment id, metadata, records): pure, run in a thread."""
+
+
+async def derived[T](
+    ledger: Ledger,
+    experiment_id: str | None,
+    kind: str,
+    build: Derive[T],
+    *,
+    cache: ReportCache | None = None,
+    required: bool = True,
+) -> tuple[str, T]:
+    """(experiment id, ``build`` of its metadata and records); None picks the latest.
+
+    With ``cache``, the value is kept under (``kind``, id, ``Ledger.experiment_version``)
+    and the records are read only when that changed. The version is read before the
+    records, so a kept value is never older than its key. Values may be shared
+    between callers: never mutate one. Raises as ``load_experiment``.
+    """
+    exp_id = experiment_id if experiment_id is not None else await latest_experiment(ledger)
+
+    async def compute() -> tuple[T, int]:
+        _, info, records = await load_experiment(ledger, exp_id, required=required)
+        # Building (and sizing) costs CPU time: off the event loop (the HTTP API shares it).
+        return await asyncio.to_thread(_built, build, exp_id, info, records, cache is not None)
+
+    if cache is None:
+        return exp_id, (await compute())[0]
+    version = await ledger.experiment_version(exp_id)
+    key = None if version is None else (kind, exp_id, version)
+    value: T = await cache.get_or_build(key, compute)
+    return exp_id, value
+
+
+def _built[T](
+    build: Derive[T],
+    experiment_id: str,
+    info: ExperimentInfo | None,
+    records: list[TrialRecord],
+    sized: bool,
+) -> tuple[T, int]:
+    value = build(experiment_id, info, records)
+    return value, deep_size(value) if sized else 0
 
 
 async def experiment_status(
@@ -136,17 +199,28 @@ async def experiment_progress(
     required: bool = True,
     now: datetime | None = None,
     paused_of: PausedOf | None = None,
+    cache: ReportCache | None = None,
 ) -> ExperimentRow:
     """One experiment's row of the experiments list (progress, started, duration).
 
     ``started_of`` and ``paused_of`` are asked only while some trial has no record: a
-    finished experiment costs no read of the bus.
+    finished experiment costs no read of the bus. With ``cache``, what the records
+    say is kept per content version (``progress_basis``).
     """
-    exp_id, info, records = await load_experiment(ledger, experiment_id, required=required)
-    incomplete = len(records) < (info.n_trials if info else 0)
+    exp_id, (info, recorded) = await derived(
+        ledger, experiment_id, "progress", progress_basis, cache=cache, required=required
+    )
+    incomplete = len(recorded.trial_ids) < (info.n_trials if info else 0)
     started = await started_of(exp_id) if incomplete else ()
     paused = bool(incomplete and paused_of is not None and await paused_of(exp_id))
-    return experiment_row(exp_id, info, records, started, now, paused)
+    return experiment_row_of(exp_id, info, recorded, started, now, paused)
+
+
+def progress_basis(
+    _experiment_id: str, info: ExperimentInfo | None, records: list[TrialRecord]
+) -> tuple[ExperimentInfo | None, Recorded]:
+    """The metadata and what the records say about progress (``experiment_progress``)."""
+    return info, recorded_of(records, info)
 
 
 async def experiment_rows(
@@ -155,40 +229,56 @@ async def experiment_rows(
     *,
     now: datetime | None = None,
     paused_of: PausedOf | None = None,
+    cache: ReportCache | None = None,
 ) -> list[ExperimentRow]:
     """Every experiment's row, newest first (``trialbus experiments``, the dashboard)."""
     return [
         await experiment_progress(
-            ledger, exp_id, started_of, required=False, now=now, paused_of=paused_of
+            ledger, exp_id, started_of, required=False, now=now, paused_of=paused_of, cache=cache
         )
         for exp_id in await ledger.experiment_ids()
     ]
 
 
 async def experiment_leaderboard(
-    ledger: Ledger, experiment_id: str | None, *, required: bool = True
+    ledger: Ledger,
+    experiment_id: str | None,
+    *,
+    required: bool = True,
+    cache: ReportCache | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
     """(experiment id, leaderboard rows as JSON); None picks the latest experiment."""
-    exp_id, info, records = await load_experiment(ledger, experiment_id, required=required)
-    # Bootstrap intervals cost CPU time: off the event loop (the HTTP API shares it).
-    rows = await asyncio.to_thread(leaderboard, records, info)
-    return exp_id, [r.as_dict() for r in rows]
+    return await derived(
+        ledger, experiment_id, "leaderboard", leaderboard_rows, cache=cache, required=required
+    )
+
+
+def leaderboard_rows(
+    _experiment_id: str, info: ExperimentInfo | None, records: list[TrialRecord]
+) -> list[dict[str, Any]]:
+    """The leaderboard as JSON rows (``experiment_leaderboard``'s value)."""
+    return [r.as_dict() for r in leaderboard(records, info)]
 
 
 async def experiment_report(
-    ledger: Ledger, experiment_id: str | None, *, required: bool = True
+    ledger: Ledger,
+    experiment_id: str | None,
+    *,
+    required: bool = True,
+    cache: ReportCache | None = None,
 ) -> dict[str, Any]:
     """The full report of one experiment (``services.reports.report.build_report``)."""
-    exp_id, info, records = await load_experiment(ledger, experiment_id, required=required)
-    return await report_of(exp_id, info, records)
+    _, report = await derived(
+        ledger, experiment_id, "report", report_value, cache=cache, required=required
+    )
+    return report
 
 
-async def report_of(
+def report_value(
     experiment_id: str, info: ExperimentInfo | None, records: list[TrialRecord]
 ) -> dict[str, Any]:
-    """``experiment_report`` of what ``load_experiment`` already read (the dashboard
-    reads an experiment once per page: at 10,000 trials a read costs seconds)."""
-    return await asyncio.to_thread(build_report, experiment_id, records, info)
+    """``build_report`` (``experiment_report``'s value)."""
+    return build_report(experiment_id, records, info)
 
 
 async def comparison(

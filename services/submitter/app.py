@@ -20,6 +20,7 @@ from services.common.logging import configure_logging, get_logger
 from services.common.metrics import HttpMetrics
 from services.common.quotas import QuotaConfigError, load_quotas
 from services.common.settings import SubmitterSettings
+from services.reports.report_cache import ReportCache
 from services.submitter.api_tokens import ApiConfigError
 from services.submitter.connections import open_ledger, open_nats
 from services.submitter.dashboard import build_dashboard
@@ -53,6 +54,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
                 await nats.coordinator(),
                 await nats.tasks(),
                 await nats.runners(),
+                ReportCache(settings.report_cache_mib * 2**20),
             )
             app.state.nats = nats  # the dashboard's live feeds subscribe on it
             log.info("submitter ready", port=settings.http_port)

@@ -33,6 +33,7 @@ from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.quotas import Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries
+from services.reports.progress import experiment_row_of
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_artifacts import (
     ListingCache,
@@ -45,7 +46,13 @@ from services.submitter.dashboard_live_pages import (
     queue_context,
     runners_context,
 )
-from services.submitter.dashboard_stream import experiment_stream, loaded_sections, log_stream
+from services.submitter.dashboard_stream import (
+    experiment_stream,
+    log_stream,
+    page_row,
+    page_view,
+    view_sections,
+)
 from services.submitter.dashboard_trial import timeline
 from services.submitter.dashboard_views import experiment_url, trial_url
 from services.submitter.http_security import SESSION_COOKIE, ApiAccess, identify_token
@@ -174,13 +181,22 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
         ledger, live = ports(request).ledger, feeds(request)
         rows = []
         for exp_id in await ledger.experiment_ids():
-            _, info, records = await queries.load_experiment(ledger, exp_id, required=False)
+            _, (info, recorded) = await queries.derived(
+                ledger,
+                exp_id,
+                "progress",
+                queries.progress_basis,
+                cache=ports(request).reports,
+                required=False,
+            )
             started: dict[str, Any] = {}
             paused = False
-            if len(records) < (info.n_trials if info else 0) and valid_experiment_id(exp_id):
+            if len(recorded.trial_ids) < (info.n_trials if info else 0) and valid_experiment_id(
+                exp_id
+            ):
                 started = await live.started_trials(exp_id)
                 paused = await ports(request).coordinator.is_paused(exp_id)
-            row = views.experiment_row(exp_id, info, records, started, paused=paused)
+            row = experiment_row_of(exp_id, info, recorded, started, paused=paused)
             if row.matches(q):
                 rows.append(
                     {
@@ -197,13 +213,13 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
         if not valid_experiment_id(experiment_id):
             return _not_found(request, f"{experiment_id!r} is not an experiment id.")
         try:
-            _, info, records = await queries.load_experiment(ledger, experiment_id)
+            view = await page_view(ledger, experiment_id, ports(request).reports)
         except ExperimentNotFound as exc:
             return _not_found(request, str(exc))
         started = await live.started_trials(experiment_id)
         paused = await ports(request).coordinator.is_paused(experiment_id)
-        row = views.experiment_row(experiment_id, info, records, started, paused=paused)
-        parts = await loaded_sections(experiment_id, info, records, started)
+        row = page_row(experiment_id, view, started, paused=paused)
+        parts = view_sections(experiment_id, view, started)
         return render(
             "experiment.html",
             request,
@@ -227,6 +243,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
             feeds(request),
             experiment_id,
             ports(request).coordinator.is_paused,
+            ports(request).reports,
         )
         return _sse(stream)
 

@@ -34,6 +34,8 @@ from schemas.events import (
 from schemas.record import TrialRecord
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import formatting, queries
+from services.reports.progress import Recorded, experiment_row_of, recorded_of
+from services.reports.report_cache import ReportCache
 from services.submitter import dashboard_charts as charts
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_compare import experiment_compare_url
@@ -123,16 +125,61 @@ async def sections(
     return _sections(experiment_id, report, records, started)
 
 
-async def loaded_sections(
+@dataclass(frozen=True, slots=True)
+class PageView:
+    """What the experiment page shows that the records decide, computed once per
+    content version (``page_view``; kept in the submitter's ReportCache): the report,
+    the progress basis and the first ``TRIAL_ROWS_MAX`` rows of the trial table, not
+    the records."""
+
+    info: ExperimentInfo | None
+    report: dict[str, Any]
+    recorded: Recorded
+    rows: tuple[views.TrialRow, ...]
+    n_records: int
+
+
+def page_view_of(
+    experiment_id: str, info: ExperimentInfo | None, records: list[TrialRecord]
+) -> PageView:
+    """The ``PageView`` of an experiment's metadata and records (pure)."""
+    return PageView(
+        info=info,
+        report=queries.report_value(experiment_id, info, records),
+        recorded=recorded_of(records, info),
+        rows=tuple(views.record_rows(records, TRIAL_ROWS_MAX)),
+        n_records=len(records),
+    )
+
+
+async def page_view(
+    ledger: Ledger, experiment_id: str, cache: ReportCache | None, *, required: bool = True
+) -> PageView:
+    """The experiment's ``PageView`` through the one read path (``queries.derived``)."""
+    _, view = await queries.derived(
+        ledger, experiment_id, "page", page_view_of, cache=cache, required=required
+    )
+    return view
+
+
+def page_row(
     experiment_id: str,
-    info: ExperimentInfo | None,
-    records: list[TrialRecord],
+    view: PageView,
     started: Mapping[str, TrialStarted],
+    paused: bool = False,
+) -> views.ExperimentRow:
+    """The experiment's row (progress, started, duration) as the list shows it."""
+    return experiment_row_of(experiment_id, view.info, view.recorded, started, paused=paused)
+
+
+def view_sections(
+    experiment_id: str, view: PageView, started: Mapping[str, TrialStarted]
 ) -> Sections:
-    """``sections`` from the metadata and records the caller already read (the
-    report is ``queries.report_of`` them: the page reads the ledger once)."""
-    report = await queries.report_of(experiment_id, info, records)
-    return _sections(experiment_id, report, records, started)
+    """``sections`` of a ``PageView``: the running trials first, then its rows."""
+    running = views.running_rows(started, view.recorded.trial_ids)
+    shown = (running + list(view.rows))[:TRIAL_ROWS_MAX]
+    hidden = len(running) + view.n_records - len(shown)
+    return _context(experiment_id, view.report, shown, hidden)
 
 
 def _sections(
@@ -141,10 +188,16 @@ def _sections(
     records: Sequence[TrialRecord],
     started: Mapping[str, TrialStarted],
 ) -> Sections:
-    board = report["leaderboard"]
-    scale = charts.mean_scale(board)
     rows = views.trial_rows(records, started)
     shown = rows[:TRIAL_ROWS_MAX]
+    return _context(experiment_id, report, shown, len(rows) - len(shown))
+
+
+def _context(
+    experiment_id: str, report: dict[str, Any], shown: list[views.TrialRow], hidden: int
+) -> Sections:
+    board = report["leaderboard"]
+    scale = charts.mean_scale(board)
     return Sections(
         {
             "board": [
@@ -161,7 +214,7 @@ def _sections(
             "budget": report["budget"],
             "meters": charts.budget_meters(report["budget"]),
             "trials": [{**asdict(t), "url": views.trial_url(t.trial_id)} for t in shown],
-            "hidden": len(rows) - len(shown),
+            "hidden": hidden,
             "experiment_id": experiment_id,
             "compare_url": experiment_compare_url(
                 experiment_id, [charts.agent_label(r) for r in board]
@@ -205,15 +258,18 @@ async def progress_event(
     experiment_id: str,
     paused_of: queries.PausedOf | None = None,
     shown: Shown | None = None,
+    cache: ReportCache | None = None,
 ) -> str:
-    """The ``progress`` event: counts and the tables, read afresh (``paused_of``: the
-    coordinator's pause flag, for the state); with ``shown``, what the page shows
-    already, only what changed since (``Shown.changes``), else every section."""
-    _, info, records = await queries.load_experiment(ledger, experiment_id, required=False)
+    """The ``progress`` event: counts and the tables, as the ledger holds them now
+    (``paused_of``: the coordinator's pause flag, for the state; ``cache``: the
+    submitter's, so an unchanged experiment is not read again); with ``shown``, what
+    the page shows already, only what changed since (``Shown.changes``), else every
+    section."""
+    view = await page_view(ledger, experiment_id, cache, required=False)
     started = await live.started_trials(experiment_id)
-    parts = await loaded_sections(experiment_id, info, records, started)
+    parts = view_sections(experiment_id, view, started)
     paused = paused_of is not None and await paused_of(experiment_id)
-    row = views.experiment_row(experiment_id, info, records, started, paused=paused)
+    row = page_row(experiment_id, view, started, paused=paused)
     counts = {
         **row.progress.as_dict(),
         "started": views.when(row.started),
@@ -228,11 +284,12 @@ async def experiment_stream(
     live: LiveFeeds,
     experiment_id: str,
     paused_of: queries.PausedOf | None = None,
+    cache: ReportCache | None = None,
 ) -> AsyncIterator[str]:
     """The experiment page's live feed (see the module doc)."""
     shown = Shown()  # this page's own: a reconnect starts afresh and gets everything
     async with live.experiment_events(experiment_id) as feed:
-        yield await progress_event(ledger, live, experiment_id, paused_of, shown)
+        yield await progress_event(ledger, live, experiment_id, paused_of, shown=shown, cache=cache)
         dirty, last = False, time.monotonic()
         while True:
             since = time.monotonic() - last
@@ -242,7 +299,9 @@ async def experiment_stream(
                 yield sse("trial", line)
                 dirty = True
             if dirty and time.monotonic() - last >= UPDATE_INTERVAL_S:
-                yield await progress_event(ledger, live, experiment_id, paused_of, shown)
+                yield await progress_event(
+                    ledger, live, experiment_id, paused_of, shown=shown, cache=cache
+                )
                 dirty, last = False, time.monotonic()
             elif event is None and not dirty:
                 yield ": keepalive\n\n"

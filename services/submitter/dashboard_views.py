@@ -10,7 +10,7 @@ counts as running from its start until its record arrives.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +47,8 @@ __all__ = [
     "fleet_view",
     "leaderboard_cells",
     "progress",
+    "record_rows",
+    "running_rows",
     "span",
     "submitter_label",
     "trial_rows",
@@ -75,8 +77,12 @@ def trial_rows(
     records: Sequence[TrialRecord], started: Mapping[str, TrialStarted]
 ) -> list[TrialRow]:
     """Running trials first (they have no record yet), then the records by task and agent."""
-    recorded = {r.trial_id for r in records}
-    rows = [
+    return running_rows(started, {r.trial_id for r in records}) + record_rows(records)
+
+
+def running_rows(started: Mapping[str, TrialStarted], recorded: Set[str]) -> list[TrialRow]:
+    """The trials that started and have no record yet (in ``recorded``), by id."""
+    return [
         TrialRow(
             trial_id=trial_id,
             task="-",
@@ -90,10 +96,16 @@ def trial_rows(
         for trial_id, ev in sorted(started.items())
         if trial_id not in recorded
     ]
-    for rec in sorted(
+
+
+def record_rows(records: Sequence[TrialRecord], limit: int | None = None) -> list[TrialRow]:
+    """The records' rows, by task, agent, repetition and id (the first ``limit``)."""
+    rows = []
+    ordered = sorted(
         records,
         key=lambda r: (r.provenance.task_name, agent_label(r), r.repetition or 0, r.trial_id),
-    ):
+    )
+    for rec in ordered[:limit]:
         ev = rec.evaluation
         rows.append(
             TrialRow(

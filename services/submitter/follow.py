@@ -34,6 +34,7 @@ from services.reports.queue import (
     queue_view,
     share_judge,
 )
+from services.reports.report_cache import ReportCache
 from services.submitter.api_tokens import owner_from_record
 from services.submitter.connections import NatsSide, open_ledger, open_nats, try_open_nats
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
@@ -146,12 +147,14 @@ async def follow_status(
         live = LiveFeeds(nats.nc, nats.settings.topology)
         started = started_of(live)
         paused = (await nats.coordinator()).is_paused
+        # A refresh without a new record reads the content version, not every record.
+        cache = ReportCache()
         async with (
             live.experiment_events(experiment_id) as feed,
             _lines(live, experiment_id, on_line),
         ):
             row = await queries.experiment_progress(
-                ledger, experiment_id, started, paused_of=paused
+                ledger, experiment_id, started, paused_of=paused, cache=cache
             )
             on_update(row)
             while not row.progress.finished:
@@ -165,7 +168,7 @@ async def follow_status(
                     while (rest := until - time.monotonic()) > 0 and await feed.next(rest):
                         pass
                 row = await queries.experiment_progress(
-                    ledger, experiment_id, started, paused_of=paused
+                    ledger, experiment_id, started, paused_of=paused, cache=cache
                 )
                 on_update(row)
     return row

@@ -48,6 +48,7 @@ from services.common.quotas import QuotaExceeded, Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
+from services.reports.report_cache import ReportCache
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.follow import fleet, read_queue, spend_capped_of
@@ -82,6 +83,8 @@ class Ports:
     coordinator: Coordinator
     tasks: ObjectStore
     runners: RunnerRegistry | None = None
+    reports: ReportCache = dataclasses.field(default_factory=ReportCache)
+    """Computed reports by content version, for the JSON routes and the dashboard."""
 
 
 def _ports(request: Request) -> Ports:
@@ -323,19 +326,23 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
     @router.get("/experiments/{experiment_id}/leaderboard")
     async def board(experiment_id: str, ports: PortsDep) -> list[dict[str, Any]]:
         """The leaderboard rows (as `trialbus leaderboard --json`)."""
-        _, rows = await queries.experiment_leaderboard(ports.ledger, experiment_id)
+        _, rows = await queries.experiment_leaderboard(
+            ports.ledger, experiment_id, cache=ports.reports
+        )
         return rows
 
     @router.get("/experiments/{experiment_id}/report")
     async def report(experiment_id: str, ports: PortsDep) -> dict[str, Any]:
         """The full report (as `trialbus report --json`)."""
-        return await queries.experiment_report(ports.ledger, experiment_id)
+        return await queries.experiment_report(ports.ledger, experiment_id, cache=ports.reports)
 
     @router.get("/experiments/{experiment_id}/report.html")
     async def report_html(experiment_id: str, ports: PortsDep) -> HTMLResponse:
         """The report as a self-contained HTML page (as `trialbus report --html`)."""
         return HTMLResponse(
-            render_html(await queries.experiment_report(ports.ledger, experiment_id))
+            render_html(
+                await queries.experiment_report(ports.ledger, experiment_id, cache=ports.reports)
+            )
         )
 
     @router.get("/compare")

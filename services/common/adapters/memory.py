@@ -16,6 +16,7 @@ import copy
 import itertools
 import random
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -56,6 +57,10 @@ class InMemoryLedger:
         # ordering; a counter rather than a clock so ties cannot happen.
         self._first_seen: dict[str, int] = {}
         self._clock = itertools.count()
+        # Content versions (experiment_version): bumped by each write that changes an
+        # experiment; the nonce keeps two fakes' tokens apart in one process.
+        self._versions: dict[str, int] = {}
+        self._nonce = uuid.uuid4().hex
         self.closed = False
 
     def _seen(self, experiment_id: str) -> None:
@@ -81,6 +86,7 @@ class InMemoryLedger:
                 continue
             self._records[record.trial_id] = (record.model_dump(mode="json"), new_hash, new_order)
             self._seen(record.experiment_id)
+            self._bump(record.experiment_id)
             (outcome.updated if stored is not None else outcome.inserted).append(record.trial_id)
         return outcome
 
@@ -114,6 +120,10 @@ class InMemoryLedger:
         # Deep copy: the caller may mutate its manifest dict after the call.
         self._experiments[info.experiment_id] = copy.deepcopy(info)
         self._seen(info.experiment_id)
+        self._bump(info.experiment_id)
+
+    def _bump(self, experiment_id: str) -> None:
+        self._versions[experiment_id] = self._versions.get(experiment_id, 0) + 1
 
     async def get_experiment(self, experiment_id: str) -> ExperimentInfo | None:
         """An experiment's submission metadata, or None."""
@@ -127,6 +137,13 @@ class InMemoryLedger:
     async def experiment_tally(self, experiment_id: str) -> dict[str, float]:
         """Summed from the stored records each time (the Mongo adapter keeps it)."""
         return tally_of(await self.records_for(experiment_id))
+
+    async def experiment_version(self, experiment_id: str) -> str | None:
+        """Changes with every write that changes the experiment (a record or its
+        metadata); None for an experiment this ledger knows nothing of."""
+        if experiment_id not in self._versions:
+            return None
+        return f"{self._nonce}.{self._versions[experiment_id]}"
 
     async def close(self) -> None:
         """Mark closed (tests may assert it); the data stays readable."""

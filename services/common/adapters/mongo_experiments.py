@@ -24,6 +24,14 @@ backfill). A rebuild stores its sums only when no other write started or ended w
 it read the records (``tally_version``, bumped by every mark and commit, compared
 when storing) and no live mark is left.
 
+The same ``tally_version`` is the experiment's content version (``version``, what the
+report cache is keyed by): every write batch bumps it when it marks the experiment,
+before any record changes, and again in the commit, after they all changed; a
+metadata upsert bumps it in the same update that changes the metadata. While a live
+mark is on the document ``version`` says None (records may be changing: nothing
+derived from them may be kept). The document's ``_id`` is part of the token, so an
+experiment deleted and written again never repeats an earlier token.
+
 Ledgers written before the listing existed have records of experiments without a
 document: ``backfill_listing`` (run once by ``ensure_indexes``, remembered in
 ``ledger_meta``) creates them, dated by their first record.
@@ -116,6 +124,8 @@ class ExperimentStore:
                 },
                 # A new document: the backfill has run, so no record of it exists yet.
                 "$setOnInsert": {"created_at": now, "tally": {}, "tally_ok": True},
+                # The content version: the report shows the name and the trial count.
+                "$inc": {"tally_version": 1},
             },
         )
 
@@ -135,6 +145,20 @@ class ExperimentStore:
         """Every experiment, newest first (ties by id), from this collection alone."""
         cursor = self._experiments.find({}, {"_id": 0, "experiment_id": 1}).sort(LISTING_SORT)
         return [doc["experiment_id"] async for doc in cursor]
+
+    async def version(self, experiment_id: str) -> str | None:
+        """The experiment's content version (see the module docstring): None when it
+        has no document or a write batch's mark on it is live (not ``STALE_PENDING``)."""
+        doc = await self._experiments.find_one(
+            {"experiment_id": experiment_id}, {"_id": 1, "tally_version": 1, "tally_pending": 1}
+        )
+        if doc is None:
+            return None
+        pending: dict[str, datetime] = doc.get("tally_pending") or {}
+        now = datetime.now(UTC)
+        if any(now - at <= STALE_PENDING for at in pending.values()):
+            return None
+        return f"{doc['_id']}.{doc.get('tally_version', 0)}"
 
     async def begin(self, experiment_ids: Iterable[str]) -> tuple[str, set[str]]:
         """Mark a write batch on each experiment, creating unseen ones: (batch id,

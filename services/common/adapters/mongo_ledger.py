@@ -321,6 +321,13 @@ class MongoLedger:
         async with _translate_errors("experiment_tally"):
             return await self._store.tally(experiment_id, lambda: self.records_for(experiment_id))
 
+    async def experiment_version(self, experiment_id: str) -> str | None:
+        """The experiment document's ``_id`` and ``tally_version`` (mongo_experiments:
+        bumped before and after every write batch, and by a metadata upsert); None
+        while a batch is writing its records, or for an experiment without a document."""
+        async with _translate_errors("experiment_version"):
+            return await self._store.version(experiment_id)
+
     async def close(self) -> None:
         """Release connections."""
         await self._client.close()
