@@ -7,7 +7,13 @@ sends the whole matrix; a changed reward sends its cell."""
 from __future__ import annotations
 
 from schemas.record import TrialRecord
-from services.submitter.dashboard_stream import PARTS, Sections, Shown, loaded_sections
+from services.submitter.dashboard_stream import (
+    PARTS,
+    Sections,
+    Shown,
+    page_view_of,
+    view_sections,
+)
 from tests.support.records import report_record, single_reward
 
 BASE = [
@@ -26,7 +32,7 @@ def _records(reward_t1: float = 0.0, extra_task: bool = False) -> list[TrialReco
 
 
 async def _parts(records: list[TrialRecord]) -> Sections:
-    return await loaded_sections("exp", None, records, {})
+    return view_sections("exp", page_view_of("exp", None, records), {})
 
 
 async def test_first_event_sends_everything_then_nothing_when_nothing_changed() -> None:
