@@ -7,6 +7,7 @@ services.runner.policy (pure); the nats-py pull loop is services.runner.consumer
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import sys
@@ -26,6 +27,7 @@ from services.common.service import install_stop_signals, load_factory
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
 from services.common.trial_folders import TrialFolders
+from services.localenv.stale import default_scratch, sweep_stale
 from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
 from services.runner.handlers import TrialHandler
@@ -60,11 +62,26 @@ def build_executor(
     return executor  # type: ignore[return-value]
 
 
+def release_stale_disks(settings: RunnerSettings) -> list[Path]:
+    """Release the disks that trials of a dead runner left in this runner's sandbox
+    folder (mounts, loop devices, images: services.localenv.stale); the trial folders."""
+    scratch = settings.sandbox_dir or default_scratch()
+    if not scratch.is_dir():
+        return []
+    swept = sweep_stale(scratch, logging.getLogger("services.localenv.stale"))
+    if swept:
+        log.warning("released disks of dead trials", sandbox_dir=str(scratch), trials=len(swept))
+    return swept
+
+
 async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
     """Run until SIGTERM/SIGINT, then drain: finish or hand back in-flight trials."""
     configure_logging(settings.log_level, settings.log_json)
     # Read before connecting: a broken policy file stops the runner at once (exit 2).
     policy = load_policy(settings.policy_file)
+    # A runner killed outright (SIGKILL) left its trials' disks mounted: release them
+    # before taking work, not only when the next local trial starts.
+    await asyncio.to_thread(release_stale_disks, settings)
     nc = await connect(
         settings.nats_servers,
         name="trialbus-runner",
