@@ -35,6 +35,8 @@ MOUNT_NAME = "disk"
 LOCK_NAME = "disk.lock"
 KEPT_NAME = "disk.kept"
 """Beside an image kept on purpose (``keep_sandbox``): a sweep leaves it."""
+LAYERS_NAME = ".layers"
+"""The layer cache inside a sandbox folder, unless ``cache_dir`` names another."""
 _OCTAL = re.compile(r"\\([0-7]{3})")  # mountinfo escapes space, tab, newline, backslash
 _DELETED = " (deleted)"
 

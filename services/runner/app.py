@@ -27,7 +27,7 @@ from services.common.service import install_stop_signals, load_factory
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
 from services.common.trial_folders import TrialFolders
-from services.localenv.stale import default_scratch, sweep_stale
+from services.localenv.stale import LAYERS_NAME, default_scratch, sweep_stale
 from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
 from services.runner.handlers import TrialHandler
@@ -63,12 +63,16 @@ def build_executor(
 
 
 def release_stale_disks(settings: RunnerSettings) -> list[Path]:
-    """Release the disks that trials of a dead runner left in this runner's sandbox
-    folder (mounts, loop devices, images: services.localenv.stale); the trial folders."""
+    """Release the disks that trials and builds of a dead runner left in this runner's
+    sandbox folder (mounts, loop devices, images: services.localenv.stale); the trial
+    and build folders released."""
     scratch = settings.sandbox_dir or default_scratch()
-    if not scratch.is_dir():
-        return []
-    swept = sweep_stale(scratch, logging.getLogger("services.localenv.stale"))
+    logger = logging.getLogger("services.localenv.stale")
+    swept = []
+    # Trials' disks in the sandbox folder, builds' disks in its layer cache.
+    for folder in (scratch, scratch / LAYERS_NAME):
+        if folder.is_dir():
+            swept += sweep_stale(folder, logger)
     if swept:
         log.warning("released disks of dead trials", sandbox_dir=str(scratch), trials=len(swept))
     return swept
