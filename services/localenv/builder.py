@@ -16,7 +16,7 @@ Every step is written to the build log (``#N`` headers, output, duration), up to
 ``MAX_BUILD_LOG_BYTES``; only its last lines are kept in memory. The whole build has
 a deadline (the task's ``build_timeout_sec``) and runs in a cgroup with a process
 limit (and a memory limit when asked), like every trial, and writes its layer on a
-disk of the trial's quota (``build_disk``).
+disk of the runner's quota, ``disk_mb`` (``build_disk``).
 """
 
 from __future__ import annotations
