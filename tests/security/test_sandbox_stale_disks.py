@@ -11,6 +11,9 @@ Negative controls, each a disk made by a separate process that the new runner mu
 touch: a live trial's (its lock held) in the same sandbox folder, a dead trial's in
 another folder (someone else's sandbox folder), and a dead trial's nested one level
 deeper in this folder (another runner's sandbox folder inside this one).
+
+After a reboot only images remain, unmounted: the sweep deletes them, except an image
+kept on purpose (``keep_sandbox``), the negative control.
 """
 
 from __future__ import annotations
@@ -172,3 +175,19 @@ async def test_a_restarted_runner_releases_the_disks_a_killed_one_left(
             assert str(root) not in log
     finally:
         second.stop()
+
+
+def test_images_left_unmounted_are_deleted_unless_kept(tmp_path: Path) -> None:
+    # After a reboot nothing is mounted: only the images of dead trials remain.
+    scratch, logger = tmp_path / "sandboxes", logging.getLogger("test")
+    rebooted, kept = scratch / "rebooted", scratch / "kept"
+    for root in (rebooted, kept):
+        _disk_of(root, live=False)
+    for root in (rebooted, kept):
+        subprocess.run(["umount", str(root / MOUNT_NAME)], check=True)
+    (kept / "disk.kept").touch()  # what keep_sandbox leaves beside its image
+    assert sweep_stale(scratch, logger) == [rebooted]
+    assert not (rebooted / IMAGE_NAME).exists()
+    # Negative control: the image kept on purpose stays.
+    assert (kept / IMAGE_NAME).exists()
+    assert _loop_devices_of(tmp_path) == []
