@@ -115,7 +115,7 @@ def _release(
     except (OSError, subprocess.CalledProcessError) as exc:
         logger.warning("local environment: cannot release %s: %s", root, describe(exc))
         return False
-    what = "unmounted its disk" if unmount else f"detached {detach}" if detach else "its image"
+    what = "unmounted" if unmount else f"{detach} detached" if detach else "no mount left"
     logger.warning(
         "local environment: released the disk of a dead trial (%s, image deleted): %s",
         what,
