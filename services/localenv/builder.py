@@ -15,7 +15,8 @@ upper), with network, as Docker builds have. Steps:
 Every step is written to the build log (``#N`` headers, output, duration), up to
 ``MAX_BUILD_LOG_BYTES``; only its last lines are kept in memory. The whole build has
 a deadline (the task's ``build_timeout_sec``) and runs in a cgroup with a process
-limit (and a memory limit when asked), like every trial.
+limit (and a memory limit when asked), like every trial, and writes its layer on a
+disk of the runner's quota, ``disk_mb`` (``build_disk``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import asyncio
 import logging
 import os
 import shutil
-import stat
-import tarfile
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -33,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from services.localenv.build_copy import copy_step
+from services.localenv.build_disk import BuildDisk
 from services.localenv.dockerfile import BuildPlan, CopyStep, WorkdirStep
 from services.localenv.errors import DockerfileBuildError, ExecTimeoutError, LocalEnvironmentError
-from services.localenv.hostio import copy_file, copy_tree
 from services.localenv.images import BaseImage
 from services.localenv.layers import FS_TOPS, HOST_TOPS, ImageConfig
 from services.localenv.limits import TrialCgroup
@@ -43,7 +43,7 @@ from services.localenv.masks import mask_host_secrets
 from services.localenv.sandbox import Sandbox
 from services.localenv.spec import Bind, Overlay, SandboxSpec
 from services.localenv.tools import seed_home
-from services.localenv.users import lookup_group, lookup_user
+from services.localenv.users import lookup_user
 
 # Folders every image has (Debian's base image), with their modes.
 SKELETON = {
@@ -86,6 +86,8 @@ class BuildRequest:
     """Host paths a RUN step must not see (``SandboxSpec.hidden``)."""
     seccomp: bool = True
     """RUN steps get the trial's seccomp filter (``SandboxSpec.seccomp``)."""
+    disk_mb: int | None = None
+    """What the build may write (``build_disk``); None: unbounded."""
 
 
 class _Log:
@@ -112,8 +114,33 @@ class _Log:
 
 
 async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> ImageConfig:
-    """Build the layer into ``dest`` (a new folder); returns the image configuration."""
-    fs = dest / "fs"
+    """Build the layer into ``dest`` (a new folder); returns the image configuration.
+
+    With ``req.disk_mb`` the layer is written on a disk of that size (``build_disk``)
+    and copied into ``dest/fs`` once built; a build that fills it fails naming the quota.
+    """
+    disk = await asyncio.to_thread(BuildDisk.open, dest, req.disk_mb, logger)
+    try:
+        try:
+            config = await _build(req, dest, disk.root, logger)
+        except (DockerfileBuildError, OSError) as exc:
+            if not disk.full():
+                raise
+            log_path = dest / "build.log"
+            raise DockerfileBuildError(
+                f"{disk.exceeded()}: {str(exc).splitlines()[0][:300]}", log_path
+            ) from exc
+        await asyncio.to_thread(disk.keep)
+    finally:
+        await asyncio.to_thread(disk.release)
+    return config
+
+
+async def _build(req: BuildRequest, dest: Path, base: Path, logger: logging.Logger) -> ImageConfig:
+    """Replay the plan with the layer's folders under ``base`` (the build's disk or
+    ``dest``); the log, state and helpers stay in ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    fs = base / "fs"
     for top in FS_TOPS:
         (fs / top).mkdir(parents=True, exist_ok=True)
     for rel, mode in SKELETON.items():
@@ -127,9 +154,9 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
         prefix = req.base.python.prefix
         binds.append(Bind(Path(prefix), prefix, read_only=True))
     _make_mountpoints(fs / "root", [*binds, *(Bind(Path("/"), t) for t in HARBOR_MOUNTS)])
-    overlays = [Overlay("/", (req.empty_dir,), fs / "root", dest / "work" / "root")]
+    overlays = [Overlay("/", (req.empty_dir,), fs / "root", base / "work" / "root")]
     overlays += [
-        Overlay(f"/{top}", (Path(f"/{top}"),), fs / top, dest / "work" / top) for top in HOST_TOPS
+        Overlay(f"/{top}", (Path(f"/{top}"),), fs / top, base / "work" / top) for top in HOST_TOPS
     ]
     etc = fs / "etc"
     # Before any step runs: a RUN step must not read the host's secrets either.
@@ -164,8 +191,8 @@ async def build_layer(req: BuildRequest, dest: Path, logger: logging.Logger) -> 
             await sandbox.stop()
     for name in RUNTIME_ETC_FILES:
         (etc / name).unlink(missing_ok=True)
-    for scratch in ("work", "state"):
-        shutil.rmtree(dest / scratch, ignore_errors=True)
+    for scratch in (base / "work", dest / "state"):
+        shutil.rmtree(scratch, ignore_errors=True)
     python = req.base.python
     return ImageConfig(
         base=req.plan.base,
@@ -208,7 +235,7 @@ async def _replay(
         elif isinstance(step, CopyStep):
             log.write(f"#{n} [{n}/{total}] {step.text}\n")
             try:
-                await asyncio.to_thread(_copy, step, req.context, sandbox)
+                await asyncio.to_thread(copy_step, step, req.context, sandbox)
             except (OSError, LocalEnvironmentError) as exc:
                 log.write(f"#{n} ERROR: {exc}\n")
                 raise DockerfileBuildError(
@@ -285,65 +312,3 @@ def _make_mountpoints(root_fs: Path, binds: list[Bind]) -> None:
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.touch()
-
-
-def _copy(step: CopyStep, context: Path, sandbox: Sandbox) -> None:
-    owner = _owner(step.chown, sandbox.root) if step.chown else None
-    mode = int(step.chmod, 8) if step.chmod else None
-    written: list[Path] = []
-    if step.content is not None:
-        dest = sandbox.resolve(step.dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(step.content)
-        written.append(dest)
-    else:
-        ctx = context.resolve()
-        for pattern in step.sources:
-            matches = (
-                sorted(ctx.glob(pattern.lstrip("/"))) if any(c in pattern for c in "*?[") else []
-            )
-            if not matches:
-                src = (ctx / pattern.lstrip("/")).resolve()
-                if not src.is_relative_to(ctx):
-                    raise LocalEnvironmentError(f"{pattern} is outside the build context")
-                if not src.exists():
-                    raise LocalEnvironmentError(f"{pattern}: not found in the build context {ctx}")
-                matches = [src]
-            for src in matches:
-                # A glob walks through linked folders: the match must lie in the context.
-                if not Path(os.path.realpath(src.parent)).is_relative_to(ctx):
-                    raise LocalEnvironmentError(f"{src} is outside the build context")
-                written += _copy_one(src, step, sandbox)
-    for path in written:
-        for p in [path, *(path.rglob("*") if path.is_dir() and not path.is_symlink() else [])]:
-            if owner is not None:
-                os.lchown(p, *owner)
-            if mode is not None and not p.is_symlink():
-                p.chmod(mode)
-
-
-def _copy_one(src: Path, step: CopyStep, sandbox: Sandbox) -> list[Path]:
-    """Copy one context entry; a link is copied as a link (never read through), FIFOs
-    and devices are refused, each file is bounded (``hostio``)."""
-    dest = sandbox.resolve(step.dest)
-    kind = os.lstat(src).st_mode
-    if step.add and stat.S_ISREG(kind) and tarfile.is_tarfile(src):
-        dest.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(src) as tar:
-            tar.extractall(dest, filter="tar")
-        return [dest]
-    if stat.S_ISDIR(kind):
-        return copy_tree(src, dest)
-    if step.dest_is_dir or dest.is_dir():
-        dest.mkdir(parents=True, exist_ok=True)
-        dest = dest / src.name
-    copy_file(src, dest)
-    return [dest]
-
-
-def _owner(chown: str, root: Path) -> tuple[int, int]:
-    user, _, group = chown.partition(":")
-    uid, gid, _ = lookup_user(root, user)
-    if group:
-        gid = lookup_group(root, group)
-    return uid, gid

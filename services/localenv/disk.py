@@ -19,9 +19,10 @@ one number, ``limit_bytes``:
   Without root (or without loop devices) the upper folders are walked too: detection
   only, best effort.
 
-A runner that dies leaves the mount and its loop device behind; ``sweep_stale`` (run
-at every trial start) unmounts those of trials whose lock (``disk.lock``, held by the
-trial's process for its whole life) is free, and deletes their image files.
+A runner that dies leaves the mount and its loop device behind; ``stale.sweep_stale``
+(run at every trial start and at the runner's start) unmounts those of trials whose
+lock (``disk.lock``, held by the trial's process for its whole life) is free, and
+deletes their image files.
 """
 
 from __future__ import annotations
@@ -31,23 +32,38 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.localenv.entry import HELPER_ENV, host_tool
 from services.localenv.errors import DiskQuotaExceededError, LocalEnvironmentError
+from services.localenv.stale import (
+    IMAGE_NAME,
+    KEPT_NAME,
+    LOCK_NAME,
+    MOUNT_NAME,
+    describe,
+    run_tool,
+    sweep_stale,
+    unmount_disk,
+)
 
-IMAGE_NAME = "disk.img"
-MOUNT_NAME = "disk"
-LOCK_NAME = "disk.lock"
+__all__ = [
+    "IMAGE_NAME",
+    "LOCK_NAME",
+    "MOUNT_NAME",
+    "DiskQuota",
+    "QuotaGuard",
+    "TrialDisk",
+    "folder_bytes",
+    "sweep_stale",
+]
+
 FULL_SLACK_BYTES = 1 << 20
 """A file system with less free space than this is full: its writes are being refused."""
 MAX_WALK_ENTRIES = 200_000
 """Entries one measurement of a folder visits at most (a bounded walk)."""
-_OCTAL = re.compile(r"\\([0-7]{3})")  # mountinfo escapes space, tab, newline, backslash
 _MIN_IMAGE_BYTES = 16 << 20  # below this, ext4's own metadata leaves too little room
 
 
@@ -81,7 +97,7 @@ class TrialDisk:
             with image.open("wb") as f:
                 f.truncate(max(limit_bytes, _MIN_IMAGE_BYTES))  # sparse: no block yet
             mount_point.mkdir(exist_ok=True)
-            _run(
+            run_tool(
                 "mkfs.ext4",
                 "-q",
                 "-F",
@@ -96,13 +112,13 @@ class TrialDisk:
             # noinit_itable: the kernel does not zero inode tables in the background,
             # which would write them all into the sparse file.
             opts = "loop,nosuid,nodev,noatime,noinit_itable"
-            _run("mount", "-o", opts, str(image), str(mount_point))
+            run_tool("mount", "-o", opts, str(image), str(mount_point))
         except (OSError, subprocess.CalledProcessError, LocalEnvironmentError) as exc:
             logger.warning(
                 "local environment: no size-limited disk for %s (%s); the disk quota is "
                 "detected by measuring, not enforced",
                 root.name,
-                _describe(exc),
+                describe(exc),
             )
             with contextlib.suppress(OSError):
                 image.unlink()
@@ -113,8 +129,11 @@ class TrialDisk:
     def release(self, *, keep_image: bool = False) -> None:
         """Unmount, free the loop device, delete the image (unless kept), drop the lock."""
         try:
-            _unmount(self.mount_point)
-            if not keep_image:
+            unmount_disk(self.mount_point)
+            if keep_image:
+                # Kept on purpose (keep_sandbox): a later sweep must not delete it.
+                (self.image.parent / KEPT_NAME).touch()
+            else:
                 with contextlib.suppress(FileNotFoundError):
                     self.image.unlink()
         finally:
@@ -190,73 +209,6 @@ def folder_bytes(root: Path, max_entries: int = MAX_WALK_ENTRIES) -> int:
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(Path(entry.path))
     return total
-
-
-def sweep_stale(scratch: Path, logger: logging.Logger) -> list[Path]:
-    """Unmount the disks of dead trials under ``scratch`` (their lock is free)."""
-    prefix = os.path.realpath(scratch) + os.sep
-    swept = []
-    for mount_point in _mounts_under(prefix):
-        if mount_point.name != MOUNT_NAME:
-            continue
-        root = mount_point.parent
-        try:
-            fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue  # a live trial holds it
-        try:
-            _unmount(mount_point)
-            with contextlib.suppress(FileNotFoundError):
-                (root / IMAGE_NAME).unlink()
-            logger.warning("local environment: released the disk of a dead trial: %s", root)
-            swept.append(root)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            logger.warning("local environment: cannot release %s: %s", root, _describe(exc))
-        finally:
-            os.close(fd)
-    return swept
-
-
-def _mounts_under(prefix: str) -> list[Path]:
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), line.split(" ")[4])
-        if point.startswith(prefix):
-            found.append(Path(point))
-    return found
-
-
-def _unmount(mount_point: Path) -> None:
-    if not os.path.ismount(mount_point):
-        return
-    try:
-        _run("umount", str(mount_point))
-    except subprocess.CalledProcessError:
-        # Busy (a process of the runner still has a file open there): detach now, the
-        # kernel frees the file system and its loop device with the last reference.
-        _run("umount", "-l", str(mount_point))
-
-
-def _run(tool: str, *args: str) -> None:
-    subprocess.run(
-        [host_tool(tool), *args],
-        env=dict(HELPER_ENV),
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, subprocess.CalledProcessError):
-        err = exc.stderr.decode(errors="replace").strip() if exc.stderr else ""
-        return f"{exc.cmd[0]} exited with {exc.returncode}: {err}"
-    return str(exc)
 
 
 class QuotaGuard:

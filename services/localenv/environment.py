@@ -43,7 +43,6 @@ import functools
 import logging
 import os
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -80,6 +79,7 @@ from services.localenv.layers import (
 from services.localenv.limits import TrialCgroup
 from services.localenv.sandbox import Sandbox
 from services.localenv.spec import BWRAP, Bind, Overlay, SandboxSpec, missing_host_tools
+from services.localenv.stale import LAYERS_NAME, default_scratch
 from services.localenv.tools import TOOLS_BIN, Toolbox
 from services.localenv.users import lookup_user
 
@@ -110,9 +110,9 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         # Instance state read by ``capabilities`` must exist before Harbor's __init__.
         self._keep_sandbox = bool(kwargs.pop("keep_sandbox", False))
         scratch = kwargs.pop("scratch_dir", None)
-        self._scratch = Path(scratch or Path(tempfile.gettempdir()) / "trialbus-sandboxes")
+        self._scratch = Path(scratch) if scratch else default_scratch()
         cache = kwargs.pop("cache_dir", None)
-        self._cache = LayerCache(Path(cache) if cache else self._scratch / ".layers")
+        self._cache = LayerCache(Path(cache) if cache else self._scratch / LAYERS_NAME)
         self._base_images: dict[str, str] = dict(kwargs.pop("base_images", None) or {})
         self._interpreters: dict[str, str] = dict(kwargs.pop("python_interpreters", None) or {})
         self._build_args: dict[str, str] = dict(kwargs.pop("build_args", None) or {})
@@ -221,6 +221,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             memory_mb=self._build_memory_mb,
             hidden=self._hidden,
             seccomp=self._seccomp,
+            disk_mb=self._disk_mb,
         )
 
         async def build(tmp: Path) -> ImageConfig:

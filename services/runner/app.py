@@ -7,6 +7,7 @@ services.runner.policy (pure); the nats-py pull loop is services.runner.consumer
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import sys
@@ -27,6 +28,7 @@ from services.common.service import install_stop_signals, load_factory, running_
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
 from services.common.trial_folders import TrialFolders
+from services.localenv.stale import LAYERS_NAME, default_scratch, sweep_stale
 from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
 from services.runner.fair_share import FairShare
@@ -64,12 +66,31 @@ def build_executor(
     return executor  # type: ignore[return-value]
 
 
+def release_stale_disks(settings: RunnerSettings) -> list[Path]:
+    """Release the disks that trials and builds of a dead runner left in this runner's
+    sandbox folder (mounts, loop devices, images: services.localenv.stale); the trial
+    and build folders released."""
+    scratch = settings.sandbox_dir or default_scratch()
+    logger = logging.getLogger("services.localenv.stale")
+    swept = []
+    # Trials' disks in the sandbox folder, builds' disks in its layer cache.
+    for folder in (scratch, scratch / LAYERS_NAME):
+        if folder.is_dir():
+            swept += sweep_stale(folder, logger)
+    if swept:
+        log.warning("released disks of dead trials", sandbox_dir=str(scratch), trials=len(swept))
+    return swept
+
+
 async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
     """Run until SIGTERM/SIGINT, then drain: finish or hand back in-flight trials
     (with ``settings.stop_notice_s``: hand back at once what cannot finish in time)."""
     configure_logging(settings.log_level, settings.log_json)
     # Read before connecting: a broken policy file stops the runner at once (exit 2).
     policy = load_policy(settings.policy_file)
+    # A runner killed outright (SIGKILL) left its trials' disks mounted: release them
+    # before taking work, not only when the next local trial starts.
+    await asyncio.to_thread(release_stale_disks, settings)
     nc = await connect(
         settings.nats_servers,
         name="trialbus-runner",

@@ -9,6 +9,7 @@ Harbor jobs made outside trialbus.
 from __future__ import annotations
 
 import asyncio
+import os
 
 from faststream import FastStream
 from nats.aio.msg import Msg
@@ -24,6 +25,7 @@ from services.common.service import cancel_and_wait
 from services.common.settings import WatcherSettings
 from services.common.trial_folders import TrialFolders
 from services.watcher.handlers import Watcher, handle_batch
+from services.watcher.secrets import watcher_redactor
 
 log = get_logger(__name__)
 
@@ -37,6 +39,8 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
     topo = settings.topology
     consumer = EventsConsumer.build(settings, "watcher", ledger)
     state: dict[str, Watcher] = {}
+    # Read once here: the secrets redacted from external jobs (services.watcher.secrets).
+    redactor = watcher_redactor(settings, os.environ)
     tasks: list[asyncio.Task[None]] = []
 
     async def on_events(raws: list[Msg]) -> list[Settle]:
@@ -56,8 +60,13 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
         while True:
             try:
                 await watcher.scan_external()
-            except Exception:
-                log.exception("jobs folder scan failed; retrying")
+            except Exception as exc:  # noqa: BLE001 - logged (redacted), tried again
+                # No traceback: its text (paths, file contents) would pass unredacted.
+                log.error(
+                    "jobs folder scan failed; retrying",
+                    error_type=type(exc).__name__,
+                    error=redactor.redact(str(exc)),
+                )
             await asyncio.sleep(settings.scan_interval_s)
 
     async def recheck_loop(watcher: Watcher) -> None:
@@ -74,7 +83,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
         results = await open_bucket(js, settings, "results")
         folders = TrialFolders(results, cap_bytes=DEFAULT_TRIAL_CAP_BYTES, keep_local=True)
         state["watcher"] = Watcher(
-            consumer.ledger, JetStreamBus(js, topo), settings.jobs_dir, folders
+            consumer.ledger, JetStreamBus(js, topo), settings.jobs_dir, folders, redactor
         )
 
     @app.after_startup

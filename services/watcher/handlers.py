@@ -28,6 +28,7 @@ from services.common.logging import bound_event, get_logger
 from services.common.ports import EventBus, Ledger
 from services.common.trial_folders import TrialFolders
 from services.importer.jobdir import scan_job_dir
+from services.runner.redaction import Redactor
 from services.watcher.logic import RecordTally, completion_of, finished_external_jobs
 
 log = get_logger(__name__)
@@ -38,12 +39,20 @@ class Watcher:
 
     Holds, per experiment not yet complete, a RecordTally of the ResultImported events
     seen since the ledger was last counted, so most batches need no ledger query.
+    ``redactor`` (services.watcher.secrets): the secrets redacted from what it stores,
+    publishes and logs of external jobs (none: nothing redacted).
     """
 
     def __init__(
-        self, ledger: Ledger, bus: EventBus, jobs_dir: Path, folders: TrialFolders
+        self,
+        ledger: Ledger,
+        bus: EventBus,
+        jobs_dir: Path,
+        folders: TrialFolders,
+        redactor: Redactor | None = None,
     ) -> None:
         self._ledger = ledger
+        self._redactor = redactor or Redactor({})
         self._bus = bus
         self._jobs_dir = jobs_dir
         self._folders = folders
@@ -100,14 +109,24 @@ class Watcher:
         n = 0
         refused: list[str] = []
         finished = await asyncio.to_thread(finished_external_jobs, self._jobs_dir, refused)
+        redact = self._redactor.redact
         for problem in refused:
             if problem not in self._refused_reads:
                 self._refused_reads.add(problem)
-                log.warning("external job result not read", problem=problem)
+                log.warning("external job result not read", problem=redact(problem))
         for job in finished:
             if job in self._announced_jobs:
                 continue
             trials = await asyncio.to_thread(scan_job_dir, job)
+            names = [job.name, *(t.trial_dir.name for t in trials)]
+            if any(redact(name) != name for name in names):
+                # Ids and names are made of these: a redacted one would not be an id.
+                log.warning(
+                    "external harbor job not announced: a folder name holds a secret "
+                    "value; rename it",
+                    job=redact(str(job)),
+                )
+                trials = []
             if not trials:
                 self._announced_jobs.add(job)
                 continue
@@ -125,8 +144,11 @@ class Watcher:
             for t in trials:
                 if await self._ledger.get_record(t.trial_id) is not None:
                     continue
+                # Redacted as a runner's trial folders are (result.json, logs).
                 stored = await self._folders.store_as(
-                    f"external/{experiment_id}/{t.trial_id}.tar.gz", t.trial_dir
+                    f"external/{experiment_id}/{t.trial_id}.tar.gz",
+                    t.trial_dir,
+                    self._redactor.redact_file if self._redactor.needles else None,
                 )
                 await self._bus.publish(
                     TrialCompleted(
@@ -139,7 +161,7 @@ class Watcher:
                 )
                 n += 1
             self._announced_jobs.add(job)
-            log.info("external harbor job announced", job=str(job), trials=len(trials))
+            log.info("external harbor job announced", job=redact(str(job)), trials=len(trials))
         return n
 
 

@@ -12,17 +12,21 @@ from tests.support.harbor_agent import SupportAgent
 
 
 class DiskWriterAgent(SupportAgent):
-    """Writes ``megabytes`` MB of zeros to /tmp/fill, then solves hello-file."""
+    """Writes ``megabytes`` MB of zeros to /tmp/fill, sleeps ``sleep_s``, then solves
+    hello-file."""
 
     agent_name = "disk-writer"
 
-    def __init__(self, *args: Any, megabytes: int = 1, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, megabytes: int = 1, sleep_s: int = 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.megabytes = megabytes
+        self.sleep_s = sleep_s  # then wait: a trial still running when its runner dies
 
     async def run(
         self, instruction: str, environment: BaseEnvironment, context: AgentContext
     ) -> None:
         """Fill, then do what the task asks (so that below the quota it scores 1)."""
         await environment.exec(f"head -c {self.megabytes * 1000000} /dev/zero > /tmp/fill")
+        if self.sleep_s:
+            await environment.exec(f"sleep {self.sleep_s}")
         await environment.exec("echo 'Hello, world!' > /app/hello.txt")
