@@ -246,7 +246,7 @@ def _read_bounded(f: io.BufferedReader, size: int, limit: int) -> bytes:
 
 Scrub = Callable[[bytes], tuple[bytes, int] | None]
 """Rewrites a file's bytes before they are packed: (new bytes, replacements), or None
-to keep them (services.runner.redaction.Redactor.redact_file)."""
+to keep them (services.common.redaction.Redactor.redact_file)."""
 
 
 def pack_trial(

@@ -8,7 +8,7 @@ the run and attempt. The event carries the ObjectRef (bucket, name, size, sha256
 local folder is only a cache, deleted once the run's ending is published.
 
 A runner's trial folder is redacted as it is packed (``scrub_for``: the trial's
-secrets, services.runner.redaction.TrialSecrets): result.json's exception message,
+secrets, services.common.redaction.TrialSecrets): result.json's exception message,
 agent logs and trajectories can quote an API key or the runner's own password, and
 Harbor scrubs only exact values of variables named like KEY/SECRET/TOKEN. Text files
 only, within the archive's cap; binary files are stored as they are. The archive's

@@ -22,6 +22,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
 from services.common.errors import EXIT_USER_ERROR
 from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
+from services.common.redaction import TrialSecrets
 from services.common.runner_metrics import RunnerMetrics, exporter
 from services.common.runner_policy import PolicyFileError, load_policy
 from services.common.service import install_stop_signals, load_factory, running_beside
@@ -37,7 +38,6 @@ from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
 from services.runner.live_logs import CoreNatsLogSinks
 from services.runner.preemption import Running
-from services.runner.redaction import TrialSecrets
 
 log = get_logger(__name__)
 

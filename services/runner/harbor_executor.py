@@ -16,7 +16,7 @@ failure, ``PolicyRefused``, before Harbor builds anything.
 
 The exception message an attempt reports (Harbor's, or an agent's, which may quote
 an API key or the runner's own password) is redacted with the trial's secrets
-(services.runner.redaction.TrialSecrets) before it leaves the executor: everything
+(services.common.redaction.TrialSecrets) before it leaves the executor: everything
 downstream (TrialFailed events, the agent-stop and budget guards, the ledger) gets
 the redacted text only.
 """
@@ -33,10 +33,10 @@ from schemas.runners import RunnerPolicy
 from services.common.errors import ObjectAccessDenied, ObjectCorrupt, ObjectMissing
 from services.common.harbor_jobs import job_dir_for
 from services.common.ports import ExecutionOutcome, LogSink
+from services.common.redaction import TrialSecrets
 from services.common.task_cache import TaskCache
 from services.common.unpack import ArchiveError
 from services.runner.isolation import TrialProcesses
-from services.runner.redaction import TrialSecrets
 from services.runner.trial_process import MissingSecretError, TrialJob
 
 __all__ = ["HarborExecutor", "MissingSecretError", "task_time_bound"]

@@ -9,7 +9,7 @@ Two rules hold before anything is published (docs/security.md, "Live logs"):
 - Redacted: every value of a secret the trial may see (the variables its agent's
   ``api_key_env`` names, as the runner's environment holds them, and the runner's own
   credentials) is replaced by ``[redacted:NAME]``, also when split between chunks
-  (services.runner.redaction). A trial one of whose secrets is too short to search for
+  (services.common.redaction). A trial one of whose secrets is too short to search for
   (under 8 characters) publishes no output at all, only a notice saying why.
 - Bounded: at most ``LogLimits.trial_bytes`` bytes of text per attempt, in events of at
   most ``LogLimits.event_chars`` characters (a longer chunk is split, not cut). Past
@@ -26,8 +26,8 @@ from typing import Protocol, runtime_checkable
 
 from schemas.events import TrialLog, TrialRequested
 from schemas.subjects import Topology
+from services.common.redaction import MIN_SECRET_CHARS, RedactingStream, Redactor, TrialSecrets
 from services.common.settings import RunnerSettings
-from services.runner.redaction import MIN_SECRET_CHARS, RedactingStream, Redactor, TrialSecrets
 
 CorePublish = Callable[[str, bytes], Awaitable[None]]
 """Core NATS publish (subject, payload): fire-and-forget."""

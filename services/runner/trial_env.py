@@ -23,7 +23,7 @@ block when it starts (:func:`hide_exec_environment`), so a trial does not find t
 runner's environment in ``/proc/<its parent>/environ`` either.
 
 The runner itself keeps its environment: the redaction of a trial's secrets
-(services.runner.redaction.TrialSecrets) reads them there.
+(services.common.redaction.TrialSecrets) reads them there.
 """
 
 from __future__ import annotations

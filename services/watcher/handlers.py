@@ -26,9 +26,9 @@ from schemas.events import (
 from services.common.errors import ACK, Settle, settle_error
 from services.common.logging import bound_event, get_logger
 from services.common.ports import EventBus, Ledger
+from services.common.redaction import Redactor
 from services.common.trial_folders import TrialFolders
 from services.importer.jobdir import scan_job_dir
-from services.runner.redaction import Redactor
 from services.watcher.logic import RecordTally, completion_of, finished_external_jobs
 
 log = get_logger(__name__)

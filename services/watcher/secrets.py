@@ -7,7 +7,7 @@ exported in the shell). Before, the watcher stored such folders in the results b
 as they were, and the importer copied their text into ledger records.
 
 The watcher knows two kinds of secrets, and redacts both exactly as a runner redacts
-its trials (services.runner.redaction: the value and its base64 forms become
+its trials (services.common.redaction: the value and its base64 forms become
 ``[redacted:NAME]``): its own credentials (the NATS credentials file's password, the
 passwords of ``NATS_URL`` and ``LEDGER_URL``), and the values of the variables of its
 environment whose names look like secrets (Harbor's own rule: a name holding KEY,
@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from services.common.redaction import Redactor, runner_secrets
 from services.common.settings import WatcherSettings
-from services.runner.redaction import Redactor, runner_secrets
 
 _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN(?!S)|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 

@@ -34,8 +34,8 @@ from schemas.ids import slug
 from schemas.subjects import Topology
 from services.common.adapters.nats_objects import open_bucket
 from services.common.harbor_jobs import write_job_result
+from services.common.redaction import base64_forms
 from services.common.settings import WatcherSettings
-from services.runner.redaction import base64_forms
 from tests import harbor_fixtures
 from tests.e2e.events import stream_payloads
 from tests.harbor_fixtures import HarborTrials

@@ -25,12 +25,12 @@ from schemas.runners import RunnerPolicy
 from services.common.adapters.jetstream import JetStreamBus, ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import open_bucket
+from services.common.redaction import TrialSecrets
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache, upload_task
 from services.common.trial_folders import TrialFolders
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
-from services.runner.redaction import TrialSecrets
 from tests.support.leak_agent import SHOWN
 from tests.support.live_log_trial import HELLO_FILE
 

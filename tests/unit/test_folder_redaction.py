@@ -1,7 +1,7 @@
 """Trial folders are redacted as they are packed: text files only, counted, never valued.
 
 The packing is services.common.archive.pack_trial with the runner's scrub
-(services.runner.redaction.Redactor.redact_file); each assertion that a value is gone
+(services.common.redaction.Redactor.redact_file); each assertion that a value is gone
 has its control (the same folder packed without the scrub keeps it).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from schemas.events import TaskRef, TrialRequested
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
 from services.common.archive import TRIAL_MANIFEST, pack_trial
-from services.runner.redaction import Redactor, TrialSecrets
+from services.common.redaction import Redactor, TrialSecrets
 from tests.support.stored_results import file_members
 
 KEY = "sk-test-0123456789abcdefghij"

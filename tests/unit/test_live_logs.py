@@ -1,4 +1,4 @@
-"""Live-log redaction and bounds (services.runner.redaction, services.runner.live_logs).
+"""Live-log redaction and bounds (services.common.redaction, services.runner.live_logs).
 
 Pure tests over the redactor and the per-trial sink; the sink publishes into a list
 (what would go to core NATS). tests/integration/test_live_logs_nats.py checks the
@@ -18,8 +18,8 @@ import pytest
 from schemas.events import TrialRequested
 from schemas.manifest import AgentSpec
 from schemas.subjects import Topology
+from services.common.redaction import MIN_SECRET_CHARS, Redactor, base64_forms, runner_secrets
 from services.runner.live_logs import CoreNatsLogSinks, LogLimits, TrialLogSink
-from services.runner.redaction import MIN_SECRET_CHARS, Redactor, base64_forms, runner_secrets
 from tests.support.work_requests import hello_file_request
 
 KEY = "sk-live-0123456789abcdefXYZ"
