@@ -95,6 +95,13 @@ KEY_PEERS: dict[str, list[str]] = {
     ],
     "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
     "dashboard": ["ttfb_ms", "cold_fcp_ms", "html_kib"],
+    "scheduling": [
+        "first_start_ratio",
+        "b_share_of_starts",
+        "a_loss_while_b_waits",
+        "fleet_loss_while_b_waits",
+        "share_deviation",
+    ],
 }
 """The figures shown in the summary table (all figures are in each section)."""
 
