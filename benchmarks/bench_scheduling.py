@@ -73,13 +73,7 @@ class Sizes:
         the window and the trial before it, so neither team runs dry (a multiple of 400,
         which ``many_trials`` makes exactly)."""
         starts = self.fleet * (self.window_s + 3 * self.trial_s) / self.trial_s
-        return 400 * (int(starts * 1.2) // 400 + 1)
-
-    @property
-    def lead_starts(self) -> int:
-        """A's starts before B arrives: its first wave plus as many as B's whole run
-        alone would start, so the window before B is steady state."""
-        return self.fleet + max(self.urgent, 2 * self.fleet)
+        return 400 * (int(starts * 1.5) // 400 + 1)
 
 
 FULL = Sizes(batch=10_000, urgent=100, runners=2, slots=10, trial_s=2.0, window_s=60.0)
@@ -117,6 +111,11 @@ class PriorityOutcome:
     window_s: float
 
 
+def _added(p: PriorityOutcome) -> float:
+    """What B's first start lost to A: its wait behind A minus its wait alone."""
+    return p.contended.first_start_s - p.alone.first_start_s
+
+
 def _urgent_run(tap: Tap, exp: str) -> UrgentRun:
     t0 = tap.submitted_at(exp)
     return UrgentRun(tap.first_start(exp) - t0, tap.last_import(exp) - t0)
@@ -131,9 +130,15 @@ async def _priority(ctx: Context, z: Sizes, run_dir: Path) -> PriorityOutcome:
         await tap.wait(
             lambda: tap.imported(alone) >= st.published[alone], deadline, f"{alone} imported"
         )
+        # A runs twice B's time alone before B comes: the window before B is steady state.
+        lead_s = max(2 * (tap.last_import(alone) - tap.submitted_at(alone)), 4 * z.trial_s)
         ctx.log(f"scheduling: B alone done; submitting A's {z.batch:,} batch trials")
         batch = await st.submit(classed_manifest(run_dir, "a-batch", z.batch, "batch", z.batch))
-        await tap.wait(lambda: tap.started(batch) >= z.lead_starts, deadline, f"{batch} steady")
+        await tap.wait(
+            lambda: tap.started(batch) > 0 and tap.latest(batch) - tap.first_start(batch) >= lead_s,
+            deadline,
+            f"{batch} steady",
+        )
         ctx.log(f"scheduling: A at {tap.started(batch)} starts; submitting B's urgent trials")
         urgent = await st.submit(
             classed_manifest(run_dir, "b-urgent", z.urgent, "urgent", z.urgent)
@@ -147,7 +152,8 @@ async def _priority(ctx: Context, z: Sizes, run_dir: Path) -> PriorityOutcome:
         # A's rate after B: wait for A's starts a whole lead past B's last import.
         await tap.wait(lambda: tap.latest(batch) >= b_done + lead, deadline, f"{batch} after B")
         a_starts, b_starts = tap.start_times(batch), tap.start_times(urgent)
-        before = sm.Window(b_sub - lead, b_sub)
+        # Never A's first wave: its starts all came at once, not at the steady rate.
+        before = sm.Window(max(b_sub - lead, tap.first_start(batch) + z.trial_s), b_sub)
         after = sm.Window(b_done, b_done + lead)
         both = [("A", t) for t in a_starts] + [("B", t) for t in b_starts]
         return PriorityOutcome(
@@ -251,7 +257,7 @@ def _result(
         ),
         Figure(
             "b_first_start_added_s",
-            med([p.contended.first_start_s - p.alone.first_start_s for p in prio]),
+            med([_added(p) for p in prio]),
             "s",
             f"the wait for a slot to free (trials last {z.trial_s:g} s, no preemption) plus "
             "a busy runner's look at other classes (at most 1 s)",
@@ -267,6 +273,13 @@ def _result(
             med([p.alone.completion_s for p in prio]),
             "s",
             "the same on the empty fleet",
+        ),
+        Figure(
+            "b_completion_model_s",
+            med([sm.trickle_s(z.urgent, z.fleet, z.trial_s, rule, _added(p)) for p in prio]),
+            "s",
+            f"the rule's floor behind A: the wait above, then {rule:.3f} of the starts as "
+            f"slots free (alone: {sm.waves_s(z.urgent, z.fleet, z.trial_s):g} s in waves)",
         ),
         Figure(
             "b_share_of_starts",

@@ -430,6 +430,33 @@ reads the experiment once (it read it twice, for its counts and for the report,
 before this benchmark: twice the time). On MongoDB the read is faster; caching the
 report between a page and its live updates is the next step if it matters.
 """,
+    "scheduling": """
+**Where the time goes.** B alone starts its trials in waves: every slot at once, then
+each slot again as its trial ends. Behind A, two things add up, and the figures
+`b_first_start_added_s` and `b_completion_model_s` separate them. (1) **The first
+start waits for a slot to free**: nothing stops a running batch trial (preemption is
+not built), so B waits for the next A trial to end, plus up to 1 s during which a
+busy runner has not looked at its other classes again (`LOOK_AGAIN_S`,
+docs/scheduling.md). (2) **B then trickles in**: the slots free one by one as A's
+trials end, and the runners' weighted round robin gives urgent 8 of every 9 starts
+while both wait (`b_share_of_starts` against the rule's 0.889), never all of them,
+so batch is not starved. The model (`scheduling_math.trickle_s`) puts the floor of
+(2) at U / (share x slots / S) + S; with every start (share 1) and no wait it is
+still U / slots x S + S, about one trial length over the waves alone: **no weight
+meets 10 % without preemption** at these sizes (one trial length is 20 % of B's
+10 s). Preempting A's preemptible trials when B arrives (branch preempt) is what
+can give B the whole fleet at once. A's throughput is not lost but lent: while B
+waits A gets 1 start in 9 (`a_loss_while_b_waits` about 0.89), the fleet's total
+rate stays near A's before (`fleet_loss_while_b_waits`: what scheduling itself
+wastes), and after B A's rate is back (`a_loss_after_b` about 0).
+
+**Shares.** Without fair share (`fair_share` in the configuration) two batch teams
+are served first in, first out: the team that queued first takes every slot for
+the whole minute and the other gets none, a deviation of 0.75 from configured
+shares of 1:3. Once the quotas file has a per-team `share`
+(benchmarks/scheduling_run.py `SHARE_FIELD`), the same command writes it and
+measures the split it gives.
+""",
 }
 
 BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [

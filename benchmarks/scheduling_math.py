@@ -92,3 +92,19 @@ def class_share(weights: Mapping[str, int], waiting: Sequence[str], cls: str) ->
     if cls not in waiting:
         raise ValueError(f"class {cls!r} is not among the waiting {list(waiting)}")
     return weights[cls] / sum(weights[c] for c in waiting)
+
+
+def waves_s(n: int, slots: int, trial_s: float) -> float:
+    """How long ``n`` trials of ``trial_s`` take on ``slots`` free slots: they start in
+    waves of ``slots``, ceil(n / slots) trials' lengths (imports and dispatch left out)."""
+    return -(-n // slots) * trial_s
+
+
+def trickle_s(n: int, slots: int, trial_s: float, share: float, wait_s: float) -> float:
+    """How long ``n`` trials of ``trial_s`` take behind a full fleet of ``slots`` busy with
+    trials as long: their first waits ``wait_s``, then they get ``share`` of the
+    ``slots / trial_s`` starts a second as slots free, and the last one runs a whole
+    trial (imports and dispatch left out). Without preemption this is the floor."""
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    return wait_s + n / (share * slots / trial_s) + trial_s

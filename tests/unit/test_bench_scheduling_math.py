@@ -90,3 +90,18 @@ def test_class_share_follows_the_weights_of_the_waiting_classes_only() -> None:
     assert sm.class_share({"urgent": 1, "batch": 1}, ["urgent", "batch"], "urgent") == 0.5
     with pytest.raises(ValueError, match="not among the waiting"):
         sm.class_share(weights, ["batch"], "urgent")
+
+
+def test_the_model_separates_waves_alone_from_a_trickle_behind_a_full_fleet() -> None:
+    alone = sm.waves_s(100, 20, 2.0)  # 100 trials of 2 s on 20 free slots: 5 waves
+    assert alone == pytest.approx(10.0)
+    assert sm.waves_s(101, 20, 2.0) == pytest.approx(12.0)  # a sixth wave for one trial
+    # Behind batch work, 8/9 of 10 starts a second after a 2 s wait: 2 + 11.25 + 2.
+    behind = sm.trickle_s(100, 20, 2.0, share=8 / 9, wait_s=2.0)
+    assert behind == pytest.approx(15.25)
+    assert sm.latency_ratio(behind, alone) > 1.10
+    # Every start and no wait still trickles: 10 + 2 s, 20 % slower than the waves
+    # (negative control for "strict priority alone would meet 10 %": it does not).
+    assert sm.latency_ratio(sm.trickle_s(100, 20, 2.0, share=1.0, wait_s=0.0), alone) > 1.10
+    with pytest.raises(ValueError, match="share must be"):
+        sm.trickle_s(100, 20, 2.0, share=0.0, wait_s=0.0)
