@@ -33,11 +33,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import scheduling_math as sm
-from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, load_average, median
+from benchmarks.harness import BenchResult, Context, fresh_dir, load_average
+from benchmarks.scheduling_figures import (
+    SHARES,
+    PriorityOutcome,
+    Sizes,
+    UrgentRun,
+    result,
+)
 from benchmarks.scheduling_run import (
     SchedulingStack,
     Tap,
@@ -47,35 +53,6 @@ from benchmarks.scheduling_run import (
 from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 
 ENV = "TRIALBUS_BENCH_SCHEDULING"
-SHARES = {"team-a": 1, "team-b": 3}
-"""The configured shares of the two batch teams (team-a gets 1/4 while both wait)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Sizes:
-    """How big a run is (see the module's docstring)."""
-
-    batch: int
-    urgent: int
-    runners: int
-    slots: int
-    trial_s: float
-    window_s: float
-
-    @property
-    def fleet(self) -> int:
-        """Slots of the whole fleet."""
-        return self.runners * self.slots
-
-    @property
-    def share_trials(self) -> int:
-        """Each batch team's trials in the shares scenario: more than the fleet starts in
-        the window and the trial before it, so neither team runs dry (a multiple of 400,
-        which ``many_trials`` makes exactly)."""
-        starts = self.fleet * (self.window_s + 3 * self.trial_s) / self.trial_s
-        return 400 * (int(starts * 1.5) // 400 + 1)
-
-
 FULL = Sizes(batch=10_000, urgent=100, runners=2, slots=10, trial_s=2.0, window_s=60.0)
 QUICK = Sizes(batch=800, urgent=20, runners=1, slots=8, trial_s=1.0, window_s=15.0)
 
@@ -89,36 +66,14 @@ def sizes(quick: bool) -> Sizes:
     return Sizes(int(a), int(u), int(r), int(c), float(s), float(w))
 
 
-@dataclass(frozen=True, slots=True)
-class UrgentRun:
-    """One urgent experiment's times from its ExperimentSubmitted, in seconds."""
-
-    first_start_s: float
-    completion_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class PriorityOutcome:
-    """The priority scenario's measurements."""
-
-    alone: UrgentRun
-    contended: UrgentRun
-    urgent_share: float
-    a_before: float
-    a_during: float
-    a_after: float
-    fleet_during: float
-    window_s: float
-
-
-def _added(p: PriorityOutcome) -> float:
-    """What B's first start lost to A: its wait behind A minus its wait alone."""
-    return p.contended.first_start_s - p.alone.first_start_s
-
-
 def _urgent_run(tap: Tap, exp: str) -> UrgentRun:
     t0 = tap.submitted_at(exp)
-    return UrgentRun(tap.first_start(exp) - t0, tap.last_import(exp) - t0)
+    return UrgentRun(
+        tap.first_start(exp) - t0,
+        tap.last_start(exp) - t0,
+        tap.last_completion(exp) - t0,
+        tap.last_import(exp) - t0,
+    )
 
 
 async def _priority(ctx: Context, z: Sizes, run_dir: Path) -> PriorityOutcome:
@@ -131,7 +86,7 @@ async def _priority(ctx: Context, z: Sizes, run_dir: Path) -> PriorityOutcome:
             lambda: tap.imported(alone) >= st.published[alone], deadline, f"{alone} imported"
         )
         # A runs twice B's time alone before B comes: the window before B is steady state.
-        lead_s = max(2 * (tap.last_import(alone) - tap.submitted_at(alone)), 4 * z.trial_s)
+        lead_s = max(2 * (tap.last_completion(alone) - tap.submitted_at(alone)), 4 * z.trial_s)
         ctx.log(f"scheduling: B alone done; submitting A's {z.batch:,} batch trials")
         batch = await st.submit(classed_manifest(run_dir, "a-batch", z.batch, "batch", z.batch))
         await tap.wait(
@@ -218,135 +173,4 @@ def run(ctx: Context) -> BenchResult:
             f"{p.contended.completion_s:.1f}s vs {p.alone.completion_s:.1f}s; "
             f"shares {measured}"
         )
-    return _result(z, prio, shares, loads, rule, fair_share_on, ctx.runs)
-
-
-def _result(
-    z: Sizes,
-    prio: list[PriorityOutcome],
-    shares: list[dict[str, float]],
-    loads: list[float],
-    rule: float,
-    fair_share_on: bool,
-    runs: int,
-) -> BenchResult:
-    completion = [sm.latency_ratio(p.contended.completion_s, p.alone.completion_s) for p in prio]
-    first = [sm.latency_ratio(p.contended.first_start_s, p.alone.first_start_s) for p in prio]
-    deviation = [sm.share_deviation(s, SHARES) for s in shares]
-    configured = sm.normalise(SHARES)
-
-    def med(values: list[float]) -> float:
-        return median(values)
-
-    def each(values: list[float], unit: str = "") -> str:
-        return "per run: " + ", ".join(f"{v:.3g}{unit}" for v in values)
-
-    peers = [
-        Figure("first_start_ratio", med(first), "ratio", each(first), 1.10, "<="),
-        Figure(
-            "b_first_start_s",
-            med([p.contended.first_start_s for p in prio]),
-            "s",
-            "B's ExperimentSubmitted -> its first TrialStarted, behind A",
-        ),
-        Figure(
-            "b_first_start_alone_s",
-            med([p.alone.first_start_s for p in prio]),
-            "s",
-            "the same on the empty fleet",
-        ),
-        Figure(
-            "b_first_start_added_s",
-            med([_added(p) for p in prio]),
-            "s",
-            f"the wait for a slot to free (trials last {z.trial_s:g} s, no preemption) plus "
-            "a busy runner's look at other classes (at most 1 s)",
-        ),
-        Figure(
-            "b_completion_s",
-            med([p.contended.completion_s for p in prio]),
-            "s",
-            "B's ExperimentSubmitted -> its last first ResultImported, behind A",
-        ),
-        Figure(
-            "b_completion_alone_s",
-            med([p.alone.completion_s for p in prio]),
-            "s",
-            "the same on the empty fleet",
-        ),
-        Figure(
-            "b_completion_model_s",
-            med([sm.trickle_s(z.urgent, z.fleet, z.trial_s, rule, _added(p)) for p in prio]),
-            "s",
-            f"the rule's floor behind A: the wait above, then {rule:.3f} of the starts as "
-            f"slots free (alone: {sm.waves_s(z.urgent, z.fleet, z.trial_s):g} s in waves)",
-        ),
-        Figure(
-            "b_share_of_starts",
-            med([p.urgent_share for p in prio]),
-            "fraction",
-            f"while B waited for slots ({each([p.window_s for p in prio], ' s')}); "
-            f"the runners' rule gives {rule:.3f}",
-        ),
-        Figure(
-            "a_loss_while_b_waits",
-            med([sm.loss(p.a_before, p.a_during) for p in prio]),
-            "fraction",
-            "A's start rate while B waits, against the same length before B",
-        ),
-        Figure(
-            "fleet_loss_while_b_waits",
-            med([sm.loss(p.a_before, p.fleet_during) for p in prio]),
-            "fraction",
-            "A + B start rate then, against A's before: what scheduling itself lost",
-        ),
-        Figure(
-            "a_loss_after_b",
-            med([sm.loss(p.a_before, p.a_after) for p in prio]),
-            "fraction",
-            "A's start rate after B's last import, against before",
-        ),
-        Figure(
-            "a_starts_per_s_before",
-            med([p.a_before for p in prio]),
-            "starts/s",
-            f"the fleet's ideal is {z.fleet / z.trial_s:g}/s ({z.fleet} slots / {z.trial_s:g} s)",
-        ),
-        Figure("share_deviation", med(deviation), "fraction", each(deviation), 0.05, "<="),
-        *(
-            Figure(
-                f"share_{team}",
-                med([s.get(team, 0.0) for s in shares]),
-                "fraction",
-                f"configured {configured[team]:.3f}",
-            )
-            for team in SHARES
-        ),
-        Figure("load_average_during", max(loads), "load", "1-minute, highest after a scenario"),
-    ]
-    return BenchResult(
-        name="scheduling",
-        title=f"Scheduling: {z.urgent} urgent trials behind {z.batch:,} batch ones, "
-        "B's completion against B alone",
-        value=med(completion),
-        unit="ratio",
-        target=1.10,
-        target_op="<=",
-        runs=completion,
-        peers=peers,
-        config={
-            "batch_trials": z.batch,
-            "urgent_trials": z.urgent,
-            "runners": z.runners,
-            "slots_per_runner": z.slots,
-            "trial_s": z.trial_s,
-            "share_window_s": z.window_s,
-            "share_trials_per_team": z.share_trials,
-            "configured_shares": SHARES,
-            "fair_share": "on (quotas file)"
-            if fair_share_on
-            else "not in this code: FIFO measured",
-            "priority_classes": os.environ.get("TRIALBUS_PRIORITY_CLASSES", DEFAULT_CLASSES),
-            "runs": runs,
-        },
-    )
+    return result(z, prio, shares, loads, rule, fair_share_on, ctx.runs)

@@ -440,9 +440,10 @@ busy runner has not looked at its other classes again (`LOOK_AGAIN_S`,
 docs/scheduling.md). (2) **B then trickles in**: the slots free one by one as A's
 trials end, and the runners' weighted round robin gives urgent 8 of every 9 starts
 while both wait (`b_share_of_starts` against the rule's 0.889), never all of them,
-so batch is not starved. The model (`scheduling_math.trickle_s`) puts the floor of
-(2) at U / (share x slots / S) + S; with every start (share 1) and no wait it is
-still U / slots x S + S, about one trial length over the waves alone: **no weight
+so batch is not starved. The model (`scheduling_math.trickle_s`) estimates (2) at
+U / (share x slots / S) + S when slots free evenly (A's trials started in waves, so
+slots that free together serve B a little faster); with every start (share 1) and no
+wait it is still U / slots x S + S, one trial length over the waves alone: **no weight
 meets 10 % without preemption** at these sizes (one trial length is 20 % of B's
 10 s). Preempting A's preemptible trials when B arrives (branch preempt) is what
 can give B the whole fleet at once. A's throughput is not lost but lent: while B

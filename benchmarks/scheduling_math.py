@@ -104,7 +104,8 @@ def trickle_s(n: int, slots: int, trial_s: float, share: float, wait_s: float) -
     """How long ``n`` trials of ``trial_s`` take behind a full fleet of ``slots`` busy with
     trials as long: their first waits ``wait_s``, then they get ``share`` of the
     ``slots / trial_s`` starts a second as slots free, and the last one runs a whole
-    trial (imports and dispatch left out). Without preemption this is the floor."""
+    trial (imports and dispatch left out). An estimate: slots that free together (a
+    fleet whose trials started in waves) serve the first of them faster."""
     if not 0 < share <= 1:
         raise ValueError(f"share must be in (0, 1], got {share}")
     return wait_s + n / (share * slots / trial_s) + trial_s

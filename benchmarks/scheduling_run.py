@@ -4,7 +4,7 @@
 with the instant executor waiting a fixed time per trial, plus one connection that
 submits experiments the way the submitter service does (``handlers.submit``: the
 team's quotas applied) and a :class:`Tap` that keeps every ExperimentSubmitted,
-TrialStarted and ResultImported's own timestamp.
+TrialStarted, TrialCompleted and ResultImported's own timestamp.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ SHARE_FIELD = "share"
 scenario writes it only when ``TeamQuota`` has it: a quotas file with an unknown field
 is refused, so on code without fair share the scenario measures FIFO instead."""
 
-KINDS = ("experiment_submitted", "trial_started", "result_imported")
+KINDS = ("experiment_submitted", "trial_started", "trial_completed", "result_imported")
 
 
 def share_quotas(shares: dict[str, int], path: Path) -> Path | None:
@@ -81,11 +81,12 @@ class Tap:
     def __init__(self) -> None:
         self._submitted: dict[str, float] = {}
         self._starts: dict[str, dict[str, float]] = {}
+        self._completions: dict[str, dict[str, float]] = {}
         self._imports: dict[str, dict[str, float]] = {}
         self._changed = asyncio.Event()
 
     async def open(self, js: JetStreamContext, topo: Topology) -> None:
-        """Follow the three event types from now on (ordered consumers)."""
+        """Follow the four event types from now on (ordered consumers)."""
         for kind in KINDS:
             await js.subscribe(
                 topo.event_filter(kind),
@@ -101,6 +102,8 @@ class Tap:
             self._submitted.setdefault(exp, _at(event))
         elif kind == "trial_started":
             self._starts.setdefault(exp, {}).setdefault(event["trial_id"], _at(event))
+        elif kind == "trial_completed":
+            self._completions.setdefault(exp, {}).setdefault(event["trial_id"], _at(event))
         elif kind == "result_imported":
             self._imports.setdefault(exp, {}).setdefault(event["trial_id"], _at(event))
         self._changed.set()
@@ -153,6 +156,10 @@ class Tap:
     def latest(self, exp: str) -> float:
         """The latest start of ``exp`` so far (0 before any)."""
         return max(self.start_times(exp), default=0.0)
+
+    def last_completion(self, exp: str) -> float:
+        """When ``exp``'s last trial ended on its runner (its TrialCompleted)."""
+        return max(self._completions[exp].values())
 
     def last_import(self, exp: str) -> float:
         """When ``exp``'s last trial was first recorded."""
