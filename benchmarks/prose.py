@@ -447,7 +447,7 @@ wait it is still U / slots x S + S, one trial length over the waves alone: **no 
 meets 10 % without preemption** at these sizes (one trial length is 20 % of B's
 10 s). Preempting A's preemptible trials when B arrives (branch preempt) is what
 can give B the whole fleet at once. A's throughput is not lost but lent: while B
-waits A gets 1 start in 9 (`a_loss_while_b_waits` about 0.89), the fleet's total
+waits A gets about 1 start in 9 (`a_loss_while_b_waits` near 0.89), the fleet's total
 rate stays near A's before (`fleet_loss_while_b_waits`: what scheduling itself
 wastes), and after B A's rate is back (`a_loss_after_b` about 0).
 
