@@ -88,7 +88,7 @@ async def _priority(ctx: Context, z: Sizes, run_dir: Path) -> PriorityOutcome:
             lambda: tap.imported(alone) >= st.published[alone], deadline, f"{alone} imported"
         )
         # A runs twice B's time alone before B comes: the window before B is steady state.
-        lead_s = max(2 * (tap.last_completion(alone) - tap.submitted_at(alone)), 4 * z.trial_s)
+        lead_s = max(2 * (tap.last_completion(alone) - tap.submitted_at(alone)), 6 * z.trial_s)
         ctx.log(f"scheduling: B alone done; submitting A's {z.batch:,} batch trials")
         batch = await st.submit(classed_manifest(run_dir, "a-batch", z.batch, "batch", z.batch))
         await tap.wait(
@@ -105,13 +105,15 @@ async def _priority(ctx: Context, z: Sizes, run_dir: Path) -> PriorityOutcome:
         )
         b_sub, b_done = tap.submitted_at(urgent), tap.last_import(urgent)
         contended = sm.Window(b_sub, tap.last_start(urgent))
-        lead = max(contended.seconds, 2 * z.trial_s)
-        # A's rate after B: wait for A's starts a whole lead past B's last import.
-        await tap.wait(lambda: tap.latest(batch) >= b_done + lead, deadline, f"{batch} after B")
+        # A's trials started in waves and keep that rhythm, so its rate is counted over
+        # whole trial lengths: any such window holds as many waves, whatever its phase.
+        span = sm.whole_trials(max(contended.seconds, 4 * z.trial_s), z.trial_s)
+        await tap.wait(lambda: tap.latest(batch) >= b_done + span, deadline, f"{batch} after B")
         a_starts, b_starts = tap.start_times(batch), tap.start_times(urgent)
         # Never A's first wave: its starts all came at once, not at the steady rate.
-        before = sm.Window(max(b_sub - lead, tap.first_start(batch) + z.trial_s), b_sub)
-        after = sm.Window(b_done, b_done + lead)
+        steady_s = b_sub - (tap.first_start(batch) + z.trial_s)
+        before = sm.Window(b_sub - min(span, z.trial_s * (steady_s // z.trial_s)), b_sub)
+        after = sm.Window(b_done, b_done + span)
         both = [("A", t) for t in a_starts] + [("B", t) for t in b_starts]
         return PriorityOutcome(
             alone=_urgent_run(tap, alone),

@@ -7,6 +7,7 @@ can check each figure the benchmark publishes against hand-computed values.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,14 @@ def count_in(times: Iterable[float], window: Window) -> int:
 def rate(times: Iterable[float], window: Window) -> float:
     """Events per second in ``window``."""
     return count_in(times, window) / window.seconds
+
+
+def whole_trials(seconds: float, trial_s: float) -> float:
+    """``seconds`` rounded up to whole trial lengths: a rate counted over such a window
+    does not depend on where it falls among trials that start in waves."""
+    if trial_s <= 0:
+        raise ValueError(f"the trial length must be positive, got {trial_s}")
+    return trial_s * math.ceil(seconds / trial_s)
 
 
 def shares_in(starts: Iterable[tuple[str, float]], window: Window) -> dict[str, float]:

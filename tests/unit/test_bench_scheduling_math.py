@@ -71,6 +71,19 @@ def test_latency_ratio_within_ten_percent_and_a_slower_run_outside() -> None:
         sm.latency_ratio(1.0, 0.0)
 
 
+def test_a_rate_over_whole_trial_lengths_does_not_depend_on_the_phase_of_waves() -> None:
+    waves = [w * 2.0 + i * 0.001 for w in range(20) for i in range(10)]  # 10 every 2 s
+    assert sm.whole_trials(5.0, 2.0) == 6.0
+    assert sm.whole_trials(6.0, 2.0) == 6.0
+    span = sm.whole_trials(5.0, 2.0)
+    rates = {sm.rate(waves, sm.Window(t, t + span)) for t in (3.0, 3.5, 4.9, 10.0)}
+    assert rates == {5.0}  # 30 starts in 6 s wherever the window falls
+    # Negative control: a 5 s window holds 2 or 3 waves depending on where it falls.
+    assert {sm.rate(waves, sm.Window(t, t + 5.0)) for t in (3.0, 3.9)} == {4.0, 6.0}
+    with pytest.raises(ValueError, match="must be positive"):
+        sm.whole_trials(5.0, 0.0)
+
+
 def test_rates_and_losses() -> None:
     times = [0.5 * i for i in range(40)]  # 2 per second over [0, 20)
     assert sm.rate(times, sm.Window(0.0, 10.0)) == pytest.approx(2.0)
