@@ -626,6 +626,7 @@ REPRODUCE = """
 ```
 make bench                       # every benchmark, 3 runs each (about an hour); writes this page
 make bench-quick                 # tiny sizes, 1 run (~1.5 min); writes .trialbus/bench-quick/
+make bench-scheduling            # issue 14's scheduling simulation, 1 run (~3 min), merged in
 .venv/bin/python -m benchmarks --only pipeline,latency --runs 5
 .venv/bin/python -m benchmarks --only import --mongo-url mongodb://host:27017
 .venv/bin/python -m benchmarks --only capacity,ledger --merge   # re-run two, keep the rest
