@@ -6,7 +6,7 @@ UV := $(PYTHON) -m uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast test-parity test-harbor-latest check api-docs up bench bench-quick bench-scale chaos clean
+.PHONY: setup demo test test-fast test-parity test-harbor-latest check api-docs up bench bench-quick bench-scale bench-scheduling chaos clean
 
 $(VENV)/.installed: pyproject.toml uv.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"trialbus needs Python >= 3.12, {sys.executable} is {sys.version.split()[0]}"'
@@ -85,6 +85,9 @@ bench-quick: setup
 bench-scale: setup  ## the issue's sizes: 10,000 waiting trials on 1/2/4/8 runners, 1M ledger records (long)
 	TRIALBUS_BENCH_CAPACITY=10000:30:1,2,4,8 TRIALBUS_BENCH_LEDGER=100:10000 \
 		$(BIN)/python -m benchmarks --only capacity,ledger --runs 1 --merge
+
+bench-scheduling: setup  ## issue 14's scheduling simulation: 10,000 batch + 100 urgent trials, two teams' shares (a few minutes)
+	$(BIN)/python -m benchmarks --only scheduling --runs 1 --merge
 
 chaos: setup  ## the long fault-injection run
 	rm -f .trialbus/chaos-result.txt

@@ -97,6 +97,13 @@ KEY_PEERS: dict[str, list[str]] = {
     ],
     "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
     "dashboard": ["ttfb_ms", "cold_fcp_ms", "cold_ttfb_ms", "html_kib"],
+    "scheduling": [
+        "first_start_ratio",
+        "b_share_of_starts",
+        "a_loss_while_b_waits",
+        "fleet_loss_while_b_waits",
+        "share_deviation",
+    ],
 }
 """The figures shown in the summary table (all figures are in each section)."""
 
@@ -471,6 +478,34 @@ computed view in the ledger by content version would make it one document read f
 new process; a live experiment changes version with every import batch, so its page
 is computed again after each batch (once, however many browsers watch it).
 """,
+    "scheduling": """
+**Where the time goes.** B alone starts its trials in waves: every slot at once, then
+each slot again as its trial ends. Behind A, two things add up, and the figures
+`b_first_start_added_s` and `b_completion_model_s` separate them. (1) **The first
+start waits for a slot to free**: nothing stops a running batch trial (preemption is
+not built), so B waits for the next A trial to end, plus up to 1 s during which a
+busy runner has not looked at its other classes again (`LOOK_AGAIN_S`,
+docs/scheduling.md). (2) **B then trickles in**: the slots free one by one as A's
+trials end, and the runners' weighted round robin gives urgent 8 of every 9 starts
+while both wait (`b_share_of_starts` against the rule's 0.889), never all of them,
+so batch is not starved. The model (`scheduling_math.trickle_s`) estimates (2) at
+U / (share x slots / S) + S when slots free evenly (A's trials started in waves, so
+slots that free together serve B a little faster); with every start (share 1) and no
+wait it is still U / slots x S + S, one trial length over the waves alone: **no weight
+meets 10 % without preemption** at these sizes (one trial length is 20 % of B's
+10 s). Preempting A's preemptible trials when B arrives (branch preempt) is what
+can give B the whole fleet at once. A's throughput is not lost but lent: while B
+waits A gets about 1 start in 9 (`a_loss_while_b_waits` near 0.89), the fleet's total
+rate stays near A's before (`fleet_loss_while_b_waits`: what scheduling itself
+wastes), and after B A's rate is back (`a_loss_after_b` about 0).
+
+**Shares.** Without fair share (`fair_share` in the configuration) two batch teams
+are served first in, first out: the team that queued first takes every slot for
+the whole minute and the other gets none, a deviation of 0.75 from configured
+shares of 1:3. Once the quotas file has a per-team `share`
+(benchmarks/scheduling_run.py `SHARE_FIELD`), the same command writes it and
+measures the split it gives.
+""",
 }
 
 BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
@@ -650,6 +685,7 @@ REPRODUCE = """
 ```
 make bench                       # every benchmark, 3 runs each (about an hour); writes this page
 make bench-quick                 # tiny sizes, 1 run (~1.5 min); writes .trialbus/bench-quick/
+make bench-scheduling            # issue 14's scheduling simulation, 1 run (~3 min), merged in
 .venv/bin/python -m benchmarks --only pipeline,latency --runs 5
 .venv/bin/python -m benchmarks --only import --mongo-url mongodb://host:27017
 .venv/bin/python -m benchmarks --only capacity,ledger --merge   # re-run two, keep the rest

@@ -19,6 +19,7 @@ from benchmarks import (
     bench_objects,
     bench_overhead,
     bench_pipeline,
+    bench_scheduling,
     bench_submit,
 )
 from benchmarks.harness import (
@@ -42,6 +43,7 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "ledger": bench_ledger.run,
     "dispatch": bench_dispatch.run,
     "dashboard": bench_dashboard.run,
+    "scheduling": bench_scheduling.run,
 }
 """Name -> benchmark, in the order of the issue that asked for them."""
 

@@ -28,6 +28,7 @@ NAMES = [
     "ledger",
     "dispatch",
     "dashboard",
+    "scheduling",
 ]
 
 
@@ -62,7 +63,16 @@ def test_quick_benchmarks_write_every_result(tmp_path: Path) -> None:
         for figure in bench["peers"]:
             assert math.isfinite(figure["value"]), figure
     by_name = {b["name"]: b for b in report["benchmarks"]}
-    for name in ("pipeline", "import", "capacity", "objects", "ledger", "dispatch", "dashboard"):
+    for name in (
+        "pipeline",
+        "import",
+        "capacity",
+        "objects",
+        "ledger",
+        "dispatch",
+        "dashboard",
+        "scheduling",
+    ):
         assert by_name[name]["value"] > 0, by_name[name]
     # Orchestration capacity counts every trial's starts: none may be started twice.
     capacity = {f["name"]: f["value"] for f in by_name["capacity"]["peers"]}
@@ -70,6 +80,10 @@ def test_quick_benchmarks_write_every_result(tmp_path: Path) -> None:
     assert twice and all(v == 0 for v in twice.values()), capacity
     assert 0 < by_name["submit"]["value"] < 60
     assert 0 < by_name["latency"]["value"] < 1000
+    # The scheduling scenarios saw both teams' starts: shares of a real window.
+    scheduling = {f["name"]: f["value"] for f in by_name["scheduling"]["peers"]}
+    assert 0 < scheduling["b_share_of_starts"] <= 1, scheduling
+    assert scheduling["share_team-a"] + scheduling["share_team-b"] == pytest.approx(1.0)
     # Raw ceilings are measured beside the pipeline in the same run.
     ceilings = {f["name"] for f in by_name["pipeline"]["peers"]}
     assert {"jetstream_publish_ceiling", "ledger_bulk_upsert_ceiling"} <= ceilings
