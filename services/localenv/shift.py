@@ -76,15 +76,22 @@ def shift_owner(path: Path, base: int) -> None:
 
 
 def shift_tree(path: Path, base: int) -> None:
-    """``shift_owner`` on ``path`` and everything below it (links not followed)."""
+    """``shift_owner`` on ``path`` and everything below it on its file system (links
+    not followed; mounts inside, such as the lent read-only tools, are left alone)."""
     if not os.path.lexists(path):
         return
     shift_owner(path, base)
     if not path.is_dir() or path.is_symlink():
         return
+    device = os.lstat(path).st_dev
     for dirpath, dirnames, filenames in os.walk(path):
         for name in (*dirnames, *filenames):
-            shift_owner(Path(dirpath, name), base)
+            entry = Path(dirpath, name)
+            if os.lstat(entry).st_dev != device:  # a mount (a lent tool): not ours
+                if name in dirnames:
+                    dirnames.remove(name)
+                continue
+            shift_owner(entry, base)
 
 
 @dataclass(slots=True)
