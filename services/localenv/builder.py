@@ -41,7 +41,7 @@ from services.localenv.layers import FS_TOPS, HOST_TOPS, ImageConfig
 from services.localenv.limits import TrialCgroup
 from services.localenv.masks import mask_host_secrets
 from services.localenv.sandbox import Sandbox
-from services.localenv.shift import shift_owner, shift_tree
+from services.localenv.shift import make_dir, shift_tree
 from services.localenv.spec import Bind, Overlay, SandboxSpec
 from services.localenv.tools import seed_home
 from services.localenv.users import lookup_user
@@ -239,7 +239,7 @@ async def _replay(
         started = time.monotonic()
         if isinstance(step, WorkdirStep):
             log.write(f"#{n} [{n}/{total}] WORKDIR {step.path}\n")
-            _make_dir(sandbox, step.path, req.userns_base)
+            make_dir(sandbox.resolve(step.path), req.userns_base)
         elif isinstance(step, CopyStep):
             log.write(f"#{n} [{n}/{total}] {step.text}\n")
             try:
@@ -255,7 +255,7 @@ async def _replay(
                 ) from exc
         else:
             log.write(f"#{n} [{n}/{total}] {step.text}\n")
-            _make_dir(sandbox, step.workdir, req.userns_base)
+            make_dir(sandbox.resolve(step.workdir), req.userns_base)
             await _run(
                 sandbox,
                 log,
@@ -311,16 +311,6 @@ async def _run(
             f"Last lines of the build log:\n{log.tail()}",
             log_path,
         )
-
-
-def _make_dir(sandbox: Sandbox, path: str, base: int | None) -> None:
-    """A folder in the build's sandbox, owned by root inside."""
-    folder = sandbox.resolve(path)
-    missing = [p for p in (folder, *folder.parents) if not p.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    if base is not None:
-        for p in missing:
-            shift_owner(p, base)
 
 
 def _make_mountpoints(root_fs: Path, binds: list[Bind]) -> None:

@@ -78,7 +78,7 @@ from services.localenv.layers import (
 )
 from services.localenv.limits import TrialCgroup
 from services.localenv.sandbox import Sandbox
-from services.localenv.shift import parse_userns, shift_owner, shift_tree
+from services.localenv.shift import make_dir, parse_userns, shift_tree
 from services.localenv.spec import BWRAP, Bind, Overlay, SandboxSpec, missing_host_tools
 from services.localenv.stale import LAYERS_NAME, default_scratch
 from services.localenv.tools import TOOLS_BIN, Toolbox
@@ -272,6 +272,11 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             raise LocalEnvironmentError(
                 "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
             )
+        if self._userns_base is not None and os.geteuid() != 0:
+            raise LocalEnvironmentError(
+                "userns: shifted needs a runner running as root (only root maps a range "
+                "of host uids); unset TRIALBUS_SANDBOX_USERNS or run the runner as root"
+            )
         # Trial and layer files are root's, setuid bits included: no other host user
         # may reach them (the overlays' folders cannot be mounted nosuid on the host).
         for folder in (self._scratch, self._cache.root):
@@ -295,16 +300,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         await self._sandbox.start()
         if self._guard is not None:
             self._guard.start()
-        self._make_dir(self._sandbox, self._workdir)
-
-    def _make_dir(self, sandbox: Sandbox, path: str) -> None:
-        """Create a folder in the sandbox, owned by root inside."""
-        folder = sandbox.resolve(path)
-        missing = [p for p in (folder, *folder.parents) if not p.exists()]
-        folder.mkdir(parents=True, exist_ok=True)
-        if self._userns_base is not None:
-            for p in missing:
-                shift_owner(p, self._userns_base)
+        make_dir(self._sandbox.resolve(self._workdir), self._userns_base)
 
     def _shift(self, path: Path) -> None:
         """Hand what the host wrote for the trial to root inside (shifted only)."""
@@ -470,7 +466,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             full_env["PATH"] = f"{full_env['PATH']}:{TOOLS_BIN}"
         workdir = cwd or self._workdir
         try:
-            self._make_dir(sandbox, workdir)
+            make_dir(sandbox.resolve(workdir), self._userns_base)
         except OSError as exc:
             self.logger.debug("local environment: cannot create %s: %s", workdir, exc)
         try:

@@ -75,6 +75,16 @@ def shift_owner(path: Path, base: int) -> None:
             os.chmod(path, mode)  # chown clears setuid/setgid: the image's bits stay
 
 
+def make_dir(folder: Path, base: int | None) -> None:
+    """``mkdir -p`` of a folder seen from the host (``/proc/<pid>/root/...``); what it
+    creates is root inside's (host root's without a shift)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    if base is not None:
+        for p in missing:
+            shift_owner(p, base)
+
+
 def shift_tree(path: Path, base: int) -> None:
     """``shift_owner`` on ``path`` and everything below it on its file system (links
     not followed; mounts inside, such as the lent read-only tools, are left alone)."""
