@@ -11,6 +11,10 @@ How a sandbox comes up (``Sandbox.start``)::
                       /usr /etc /var = their overlays, binds, fresh /proc and /dev)
                       └─ pid 1 (bwrap's reaper) ── sleep infinity
 
+With ``spec.userns_base`` (opt-in, ``shift``) root inside is that unprivileged host
+uid instead: host root first mounts the overlays (over idmapped views of the host
+folders) in a private mount namespace, then drops to the uid before ``unshare --user``.
+
 Each ``exec`` joins that sandbox's namespaces with ``nsenter`` (so processes survive
 between commands, as in ``docker exec``) as the requested user, with Docker's
 default capability set and a clean environment. /proc/sys and the other kernel
