@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, IPvAnyAddress, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -184,6 +185,19 @@ class RunnerSettings(CommonSettings):
         ge=0,
         description="Disk quota of one local-environment trial in MB (its file system and "
         "log folders); a task's smaller storage_mb wins. 0: no quota (docs/security.md).",
+    )
+    sandbox_userns: Literal["identity", "shifted"] = Field(
+        default="identity",
+        description="Root inside a local-environment trial or build: 'identity' (host uid "
+        "0, the default) or 'shifted' (host uid sandbox_userns_base and up: host root's "
+        "files are not its own; docs/security.md, 'Root inside').",
+    )
+    sandbox_userns_base: int = Field(
+        default=100000,
+        ge=65536,
+        le=2**32 - 1 - 65536,
+        description="With sandbox_userns=shifted: the host uid (and gid) of root inside; "
+        "uids base..base+65535 are the trials'. Keep the range free of host users.",
     )
     sandbox_hide: list[Path] = Field(
         default_factory=list,

@@ -41,6 +41,7 @@ from services.localenv.layers import FS_TOPS, HOST_TOPS, ImageConfig
 from services.localenv.limits import TrialCgroup
 from services.localenv.masks import mask_host_secrets
 from services.localenv.sandbox import Sandbox
+from services.localenv.shift import make_dir, shift_tree
 from services.localenv.spec import Bind, Overlay, SandboxSpec
 from services.localenv.tools import seed_home
 from services.localenv.users import lookup_user
@@ -88,6 +89,9 @@ class BuildRequest:
     """RUN steps get the trial's seccomp filter (``SandboxSpec.seccomp``)."""
     disk_mb: int | None = None
     """What the build may write (``build_disk``); None: unbounded."""
+    userns_base: int | None = None
+    """RUN steps run with root inside as this host uid (``shift``); the layer's files
+    are then owned by the shifted ids. None: the identity map."""
 
 
 class _Log:
@@ -163,6 +167,9 @@ async def _build(req: BuildRequest, dest: Path, base: Path, logger: logging.Logg
     masked = mask_host_secrets(fs)
     (etc / "resolv.conf").write_text("nameserver 10.0.2.3\n")
     (etc / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n")
+    if req.userns_base is not None:
+        # Skeleton, masks, seeded home and mount points: root inside's, not host root's.
+        await asyncio.to_thread(shift_tree, fs, req.userns_base)
     cgroup = TrialCgroup.create(
         dest.name, cpus=None, memory_mb=req.memory_mb, pids=req.pids_limit, logger=logger
     )
@@ -177,6 +184,7 @@ async def _build(req: BuildRequest, dest: Path, base: Path, logger: logging.Logg
         helpers_root=dest.parent / ".exec-helpers",
         hidden=req.hidden,
         seccomp=req.seccomp,
+        userns_base=req.userns_base,
     )
     sandbox = Sandbox(spec, logger)
     log_path = dest / "build.log"
@@ -231,11 +239,15 @@ async def _replay(
         started = time.monotonic()
         if isinstance(step, WorkdirStep):
             log.write(f"#{n} [{n}/{total}] WORKDIR {step.path}\n")
-            sandbox.resolve(step.path).mkdir(parents=True, exist_ok=True)
+            make_dir(sandbox.resolve(step.path), req.userns_base)
         elif isinstance(step, CopyStep):
             log.write(f"#{n} [{n}/{total}] {step.text}\n")
             try:
                 await asyncio.to_thread(copy_step, step, req.context, sandbox)
+                if req.userns_base is not None:
+                    # COPY writes as host root; --chown ids are shifted as well.
+                    dest = sandbox.resolve(step.dest)
+                    await asyncio.to_thread(shift_tree, dest, req.userns_base)
             except (OSError, LocalEnvironmentError) as exc:
                 log.write(f"#{n} ERROR: {exc}\n")
                 raise DockerfileBuildError(
@@ -243,7 +255,7 @@ async def _replay(
                 ) from exc
         else:
             log.write(f"#{n} [{n}/{total}] {step.text}\n")
-            sandbox.resolve(step.workdir).mkdir(parents=True, exist_ok=True)
+            make_dir(sandbox.resolve(step.workdir), req.userns_base)
             await _run(
                 sandbox,
                 log,

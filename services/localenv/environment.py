@@ -78,6 +78,7 @@ from services.localenv.layers import (
 )
 from services.localenv.limits import TrialCgroup
 from services.localenv.sandbox import Sandbox
+from services.localenv.shift import make_dir, parse_userns, shift_tree
 from services.localenv.spec import BWRAP, Bind, Overlay, SandboxSpec, missing_host_tools
 from services.localenv.stale import LAYERS_NAME, default_scratch
 from services.localenv.tools import TOOLS_BIN, Toolbox
@@ -124,6 +125,10 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         self._build_memory_mb = int(build_memory) if build_memory else None
         self._hidden = tuple(Path(p) for p in kwargs.pop("hidden_paths", None) or ())
         self._seccomp = kwargs.pop("seccomp", True) is not False
+        # Root inside as an unprivileged host uid (``shift``); off unless the runner says.
+        self._userns_base = parse_userns(
+            kwargs.pop("userns", None), kwargs.pop("userns_base", None)
+        )
         disk = int(kwargs.pop("disk_mb", DEFAULT_DISK_MB) or 0)
         self._disk_mb = disk if disk > 0 else None
         self._guard: QuotaGuard | None = None
@@ -197,6 +202,8 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             tools=self._toolbox.fingerprint if self._toolbox else None,
             host=host_fingerprint(),
             build_args=sorted(self._build_args.items()),
+            # Only when shifted, so that the identity map's keys stay what they were.
+            **({"userns_base": self._userns_base} if self._userns_base is not None else {}),
         )
 
     async def _get_layer(self, plan: BuildPlan, base: BaseImage) -> Layer:
@@ -222,6 +229,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             hidden=self._hidden,
             seccomp=self._seccomp,
             disk_mb=self._disk_mb,
+            userns_base=self._userns_base,
         )
 
         async def build(tmp: Path) -> ImageConfig:
@@ -264,6 +272,11 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             raise LocalEnvironmentError(
                 "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
             )
+        if self._userns_base is not None and os.geteuid() != 0:
+            raise LocalEnvironmentError(
+                "userns: shifted needs a runner running as root (only root maps a range "
+                "of host uids); unset TRIALBUS_SANDBOX_USERNS or run the runner as root"
+            )
         # Trial and layer files are root's, setuid bits included: no other host user
         # may reach them (the overlays' folders cannot be mounted nosuid on the host).
         for folder in (self._scratch, self._cache.root):
@@ -287,7 +300,12 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         await self._sandbox.start()
         if self._guard is not None:
             self._guard.start()
-        self._sandbox.resolve(self._workdir).mkdir(parents=True, exist_ok=True)
+        make_dir(self._sandbox.resolve(self._workdir), self._userns_base)
+
+    def _shift(self, path: Path) -> None:
+        """Hand what the host wrote for the trial to root inside (shifted only)."""
+        if self._userns_base is not None:
+            shift_tree(path, self._userns_base)
 
     async def _disk_guard(self) -> QuotaGuard | None:
         """The trial's disk quota: the smaller of ``disk_mb`` and the task's storage_mb."""
@@ -330,6 +348,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         )
         if self._network_enabled:
             (etc / "resolv.conf").write_text("nameserver 10.0.2.3\n")
+        self._shift(etc)
         binds = [
             Bind(Path(m["source"]), str(m["target"]), bool(m.get("read_only")))
             for m in self._mounts
@@ -337,6 +356,8 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         ]
         for b in binds:
             b.source.mkdir(parents=True, exist_ok=True)
+            if not b.read_only:
+                self._shift(b.source)  # the trial writes its logs there as root inside
         if self._toolbox is not None:
             binds += self._toolbox.binds
         prefix = layer.config.python_prefix
@@ -359,6 +380,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             helpers_root=self._cache.root / ".exec-helpers",
             hidden=self._hidden,
             seccomp=self._seccomp,
+            userns_base=self._userns_base,
         )
 
     async def stop(self, delete: bool) -> None:
@@ -389,10 +411,12 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         # through upload_dir, where links stay links.
         source = Path(os.path.realpath(source_path))
         await asyncio.to_thread(copy_file, source, dest)
+        await asyncio.to_thread(self._shift, dest)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         dest = self._path(target_dir)
         await asyncio.to_thread(copy_tree, Path(source_dir), dest)
+        await asyncio.to_thread(self._shift, dest)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         src = self._path(source_path)
@@ -442,7 +466,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             full_env["PATH"] = f"{full_env['PATH']}:{TOOLS_BIN}"
         workdir = cwd or self._workdir
         try:
-            sandbox.resolve(workdir).mkdir(parents=True, exist_ok=True)
+            make_dir(sandbox.resolve(workdir), self._userns_base)
         except OSError as exc:
             self.logger.debug("local environment: cannot create %s: %s", workdir, exc)
         try:

@@ -11,6 +11,10 @@ How a sandbox comes up (``Sandbox.start``)::
                       /usr /etc /var = their overlays, binds, fresh /proc and /dev)
                       └─ pid 1 (bwrap's reaper) ── sleep infinity
 
+With ``spec.userns_base`` (opt-in, ``shift``) root inside is that unprivileged host
+uid instead: host root first mounts the overlays (over idmapped views of the host
+folders) in a private mount namespace, then drops to the uid before ``unshare --user``.
+
 Each ``exec`` joins that sandbox's namespaces with ``nsenter`` (so processes survive
 between commands, as in ``docker exec``) as the requested user, with Docker's
 default capability set and a clean environment. /proc/sys and the other kernel
@@ -65,6 +69,7 @@ from services.localenv.procs import (
     read_until,
 )
 from services.localenv.seccomp import installer, program_memfd
+from services.localenv.shift import SHIFT_COUNT, STAGING, Staging, shift_owner
 from services.localenv.spec import (
     BWRAP,
     DOCKER_CAPS,
@@ -130,6 +135,11 @@ class Sandbox:
         for i, ov in enumerate(spec.overlays):
             for d in (ov.upper, ov.work, mounts / str(i)):
                 d.mkdir(parents=True, exist_ok=True)
+            if spec.userns_base is not None:
+                for d in (ov.upper, ov.work):
+                    shift_owner(d, spec.userns_base)
+        if spec.userns_base is not None:
+            STAGING.mkdir(mode=0o755, parents=True, exist_ok=True)
         log_path = spec.state_dir / "sandbox.log"
         self._helpers = await asyncio.to_thread(
             prepare_helpers, spec.helpers_root or spec.state_dir / "helpers"
@@ -137,6 +147,10 @@ class Sandbox:
         # bwrap reads the filter (services.localenv.seccomp) from this inherited fd.
         seccomp_fd = program_memfd() if spec.seccomp else None
         pipes = HelperPipes()
+        if spec.userns_base is not None:
+            # The helper reopens its pipe ends by /dev/fd path once it is the shifted uid.
+            for fd in pipes.child_fds:
+                os.fchown(fd, spec.userns_base, spec.userns_base)
         try:
             with log_path.open("ab") as log:
                 self._proc = await asyncio.create_subprocess_exec(
@@ -172,14 +186,28 @@ class Sandbox:
         spec = self.spec
         # One mount(8) for all overlays (an fstab of our own): each exec costs here.
         fstab = spec.state_dir / "fstab"
+        # Shifted: host root mounts everything where the dropped uid can reach it.
+        staging = Staging(spec.userns_base) if spec.userns_base is not None else None
+        targets: list[str] = []
         lines = []
         for i, ov in enumerate(spec.overlays):
-            lowers = ":".join(str(p) for p in ov.lowers)
+            lower_paths = [str(p) for p in ov.lowers]
+            target = str(mounts / str(i))
+            if staging is not None:
+                lower_paths = [
+                    staging.view(p) if p == Path(ov.target) and ov.target != "/" else str(p)
+                    for p in ov.lowers
+                ]
+                target = staging.mountpoint()
+            targets.append(target)
+            lowers = ":".join(lower_paths)
             opts = f"lowerdir={lowers},upperdir={ov.upper},workdir={ov.work},userxattr"
-            lines.append(
-                f"overlay {fstab_escape(str(mounts / str(i)))} overlay {fstab_escape(opts)} 0 0\n"
-            )
+            lines.append(f"overlay {fstab_escape(target)} overlay {fstab_escape(opts)} 0 0\n")
         fstab.write_text("".join(lines))
+
+        def source(path: Path) -> str:
+            return staging.source(path) if staging is not None else str(path)
+
         bwrap = [
             host_tool(BWRAP),
             "--die-with-parent",
@@ -193,8 +221,8 @@ class Sandbox:
             "--cap-drop",
             "ALL",
         ]
-        for i, ov in enumerate(spec.overlays):
-            bwrap += ["--bind", str(mounts / str(i)), ov.target]
+        for target, ov in zip(targets, spec.overlays, strict=True):
+            bwrap += ["--bind", target, ov.target]
         root = spec.overlays[0]
         for link in HOST_LINKS:
             host = Path(f"/{link}")
@@ -220,10 +248,10 @@ class Sandbox:
             if is_dir:
                 bwrap += ["--tmpfs", target]
             else:
-                bwrap += ["--ro-bind", str(helpers.empty_file), target]
+                bwrap += ["--ro-bind", source(helpers.empty_file), target]
         unique = {b.target: b for b in binds}.values()  # the last bind per target wins
         for b in sorted(unique, key=lambda b: len(PurePosixPath(b.target).parts)):
-            bwrap += ["--ro-bind" if b.read_only else "--bind", str(b.source), b.target]
+            bwrap += ["--ro-bind" if b.read_only else "--bind", source(b.source), b.target]
         # Read-only once the binds inside them (if any) have their mount points.
         bwrap += [a for target, is_dir in hidden if is_dir for a in ("--remount-ro", target)]
         bwrap += ["--chdir", "/", "--info-fd", str(pipes.info_w)]
@@ -235,7 +263,8 @@ class Sandbox:
         bwrap += ["--", "/bin/sh", "-c", init]
         # Stage 2 runs once the id map is written: a fresh exec gives root's capabilities.
         mount = shlex.join([host_tool("mount"), "-n", "-a", "-T", str(fstab)])
-        stage2 = f"set -e\n{mount}\nexec {shlex.join(bwrap)}"
+        # Shifted: the overlays are already mounted (by host root, in stage 0).
+        stage2 = f"set -e\n{mount if staging is None else ':'}\nexec {shlex.join(bwrap)}"
         stage1 = (
             f"echo >/dev/fd/{pipes.ready_w}; read -r _ </dev/fd/{pipes.go_r}; "
             f"exec /bin/sh -c {shlex.quote(stage2)}"
@@ -250,13 +279,22 @@ class Sandbox:
             "-c",
             stage1,
         ]
+        if staging is not None:
+            stage0 = staging.script(fstab, argv)
+            private = [host_tool("unshare"), "--mount", "--propagation", "private"]
+            argv = [*private, "/bin/sh", "-c", stage0]
         if spec.cgroup is not None:
             argv = [*spec.cgroup.join_command(), *argv]
         return argv
 
-    @staticmethod
-    def _write_id_maps(pid: int) -> None:
+    def _write_id_maps(self, pid: int) -> None:
         uid, gid = os.geteuid(), os.getegid()
+        base = self.spec.userns_base
+        if base is not None:
+            # Root inside is host uid ``base`` (``shift``): host root's files are not its.
+            Path(f"/proc/{pid}/uid_map").write_text(f"0 {base} {SHIFT_COUNT}\n")
+            Path(f"/proc/{pid}/gid_map").write_text(f"0 {base} {SHIFT_COUNT}\n")
+            return
         if uid == 0:
             # Identity map: uids inside are the host's (apt's _apt, useradd, chown work),
             # yet root inside holds capabilities only over the sandbox's own namespaces.

@@ -80,6 +80,9 @@ class SandboxSpec:
     """Where the read-only exec helpers are prepared (default: ``state_dir``)."""
     seccomp: bool = True
     """Refuse the system calls no task needs (``seccomp``); off only by the operator."""
+    userns_base: int | None = None
+    """Host uid of root inside (``shift``: uid N inside is host ``base + N``); None:
+    the identity map (root inside is host root), the default."""
     hidden: tuple[Path, ...] = ()
     """Host paths the sandbox must not show (the runner's credentials, data, other
     trials' folders): each place where one would appear is covered (``hidden_targets``)."""

@@ -61,6 +61,9 @@ def build_executor(
             secrets=TrialSecrets.from_settings(settings),
             hidden_paths=settings.hidden_from_trials(),
             sandbox_disk_mb=settings.sandbox_disk_mb,
+            sandbox_userns_base=(
+                settings.sandbox_userns_base if settings.sandbox_userns == "shifted" else None
+            ),
         )
     executor = load_factory(settings.executor)(settings)
     return executor  # type: ignore[return-value]

@@ -84,10 +84,12 @@ class HarborExecutor:
         secrets: TrialSecrets | None = None,
         hidden_paths: Sequence[Path] = (),
         sandbox_disk_mb: int = 0,
+        sandbox_userns_base: int | None = None,
     ) -> None:
         """``secrets``: redact exception messages with them (None: messages as they are);
         ``hidden_paths``: host paths no local-environment trial may see;
-        ``sandbox_disk_mb``: a local-environment trial's disk quota (0: none)."""
+        ``sandbox_disk_mb``: a local-environment trial's disk quota (0: none);
+        ``sandbox_userns_base``: root inside a local trial is this host uid (None: 0)."""
         self._jobs_root = jobs_root
         # What manifests may ask of this runner; enforced in each trial's process
         # before Harbor sees the request (None: the safe default policy).
@@ -98,6 +100,7 @@ class HarborExecutor:
         self._secrets = secrets
         self._hidden = tuple(str(p) for p in hidden_paths)
         self._disk_mb = sandbox_disk_mb
+        self._userns_base = sandbox_userns_base
         self.version = dist_version("harbor")
         # Per running attempt (run id): the most it may take, from its executor start
         # (None: unknown). Read by a stop notice (services.runner.preemption).
@@ -135,6 +138,7 @@ class HarborExecutor:
                     policy_json=self._policy_json,
                     hidden_paths=self._hidden,
                     sandbox_disk_mb=self._disk_mb,
+                    sandbox_userns_base=self._userns_base,
                 )
                 outcome = await self._processes.run(
                     job, on_log, llm=request.agent.model is not None

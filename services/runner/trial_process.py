@@ -64,6 +64,8 @@ class TrialJob:
     """Host paths the local sandbox hides from the trial (RunnerSettings.hidden_from_trials)."""
     sandbox_disk_mb: int = 0
     """A local-environment trial's disk quota in MB (RunnerSettings.sandbox_disk_mb; 0: none)."""
+    sandbox_userns_base: int | None = None
+    """Host uid of root inside a local trial (RunnerSettings.sandbox_userns; None: uid 0)."""
 
 
 Outcome = dict[str, Any]
@@ -88,10 +90,12 @@ def trial_config(
     sandbox_dir: str | None,
     hidden_paths: Sequence[str] = (),
     disk_mb: int = 0,
+    userns_base: int | None = None,
 ) -> Any:
     """Harbor's TrialConfig for one request (the agent's secrets stay templates).
 
-    ``disk_mb``: the runner's disk quota for a local-environment trial (0: none)."""
+    ``disk_mb``: the runner's disk quota for a local-environment trial (0: none);
+    ``userns_base``: the runner's shifted root inside (None: the manifest's kwargs)."""
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 
     # os.environ is the trial's by now (restrict_environ): it keeps every allowed
@@ -114,6 +118,10 @@ def trial_config(
         asked_disk = env_kwargs.get("disk_mb")
         quotas = [m for m in (asked_disk, disk_mb) if type(m) is int and m > 0]
         env_kwargs["disk_mb"] = min(quotas) if quotas else 0
+        if userns_base is not None:
+            # The runner's shifted root is a floor: a manifest cannot turn it back.
+            env_kwargs["userns"] = "shifted"
+            env_kwargs["userns_base"] = userns_base
     return TrialConfig(
         task=TaskConfig(path=task_dir),
         trial_name=req.trial_id,
@@ -213,6 +221,7 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
             job.sandbox_dir,
             job.hidden_paths,
             job.sandbox_disk_mb,
+            job.sandbox_userns_base,
         )
         trial = await Trial.create(config)
     except Exception as exc:  # noqa: BLE001 - every cause becomes a TrialFailed
