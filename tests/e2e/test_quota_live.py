@@ -19,17 +19,27 @@ Judged from the events stream and the ledger, never the clock.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
+import httpx
 import pytest
 
+from infra.stack import EmbeddedStack
 from schemas.events import Event, TrialCompleted, TrialFailed, TrialStarted
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of
 from tests.e2e.conftest import Stacks
-from tests.e2e.faultkit import instant_runner_env, judge, submit
-from tests.support.manifests import nop_manifest
+from tests.e2e.faultkit import (
+    Submitted,
+    expected_trial_ids,
+    instant_runner_env,
+    judge,
+    submit,
+)
+from tests.security.http_api_support import api_as_users
+from tests.support.manifests import manifest_file, nop_agents, nop_manifest
 from tests.support.priced_executor import EXECUTOR_SPEC as PRICED
 
 pytestmark = pytest.mark.e2e
@@ -42,6 +52,34 @@ N_RED, N_BLUE = 8, 10
 TRIAL_S = 1.0
 """Blue's 10 trials one at a time: about 10 s, twice the longest hand-back delay (5 s),
 so red's held trials were delivered and handed back meanwhile."""
+
+
+TOKENS: dict[str, tuple[str, dict[str, object]]] = {
+    "red": (secrets.token_urlsafe(32), {"user": "rita", "team": "red"}),
+    "blue": (secrets.token_urlsafe(32), {"user": "bo", "team": "blue"}),
+}
+
+
+def stack_urls(stack: EmbeddedStack) -> tuple[str, str, str, str]:
+    """NATS URL, ledger URL, ledger database and prefix of ``stack``."""
+    return (stack.nats_url or "", stack.ledger_url or "", stack.ledger_db, stack.prefix)
+
+
+async def http_submit(
+    api: httpx.AsyncClient, headers: dict[str, str], folder: Path, name: str, reps: int
+) -> Submitted:
+    """Submit ``reps`` nop trials of the example task one at a time, as a token's team."""
+    path = manifest_file(
+        folder, name, tasks=["hello-file"], agents=nop_agents(1), repetitions=reps, concurrency=1
+    )
+    answer = await api.post(
+        "/experiments",
+        content=path.read_text(),
+        headers={**headers, "Content-Type": "application/yaml"},
+    )
+    assert answer.status_code == 202, answer.text
+    exp = answer.json()["experiment_id"]
+    return Submitted(exp, expected_trial_ids(path, exp), reps)
 
 
 def started(events: Sequence[Event], experiment_id: str) -> list[TrialStarted]:
@@ -76,15 +114,12 @@ async def test_a_team_at_its_spend_cap_waits_visibly_and_loses_nothing(
     )
     stack = await stacks.start(concurrency=2, runner_env=env)
     tap = await stacks.tap(stack)
-    common = {"TRIALBUS_CHECK_RUNNERS": "false", "TRIALBUS_QUOTAS_FILE": str(quotas)}
-    red = stacks.cli(stack, TRIALBUS_CLI_TEAM="red", **common)
-    blue = stacks.cli(stack, TRIALBUS_CLI_TEAM="blue", **common)
-    red_sub = await submit(
-        red, nop_manifest(tmp_path, "red", agents=1, repetitions=N_RED, concurrency=1)
-    )
-    blue_sub = await submit(
-        blue, nop_manifest(tmp_path, "blue", agents=1, repetitions=N_BLUE, concurrency=1)
-    )
+    red = stacks.cli(stack, TRIALBUS_CHECK_RUNNERS="false", TRIALBUS_QUOTAS_FILE=str(quotas))
+    # Over HTTP with team tokens: the ledger records the team as the experiment's
+    # submitter (`submitted_by`), which `status` and `queue` judge the cap by.
+    async with api_as_users(tmp_path, TOKENS, *stack_urls(stack), quotas_file=quotas) as (api, as_):
+        red_sub = await http_submit(api, as_("red"), tmp_path, "red", N_RED)
+        blue_sub = await http_submit(api, as_("blue"), tmp_path, "blue", N_BLUE)
     red_exp = red_sub.experiment_id
     # Blue, submitted after red, runs to its end whatever red's cap.
     await tap.all_imported(blue_sub.experiment_id, set(blue_sub.trial_ids), 180)
