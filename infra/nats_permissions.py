@@ -14,14 +14,16 @@ proves them against a real nats-server.
 - ``submitter`` publishes work and ExperimentSubmitted, follows events and live logs
   (the dashboard shows them), sets cancel and pause flags (and reads the pause flags
   back: ``trialbus status`` shows ``paused``), counts its teams' trials per day and
-  reads their spend (``quota.>``), uploads task archives, reads the
+  reads their spend (``quota.>``), publishes the quotas file's limits runners enforce
+  (``quota.limits``), uploads task archives, reads the
   runner registry and reads (never writes) stored trial folders (the dashboard's
   downloads).
 - ``runner`` consumes work through its pool's durables only (one per priority class:
   ``classes``), publishes its run events and live logs, uses the leases / attempt-
   counter keys and its pool's runner-registry keys, tallies a team's spend
-  (``quota.spend.>``), reads tasks and writes results. No work, no experiment events, no
-  cancel or pause flags, no stream config. A runner user is scoped to ONE pool
+  (``quota.spend.>``; it reads, never writes, ``quota.limits``), reads tasks and
+  writes results. No work, no experiment events, no cancel or pause flags, no stream
+  config. A runner user is scoped to ONE pool
   (``pool=``): the default pool's is the plain ``runner`` user; another pool's is
   ``runner-<pool>``, with its own inbox, so a runner of one pool can neither fetch
   another pool's work nor read the replies (pulled messages) of another pool's runners.
@@ -243,6 +245,9 @@ def role_permissions(
             # Team quotas: the trials-per-day tally, counted with a compare-and-set, and
             # the team spend runners tally, read at submit (services/common/quotas.py).
             *_kv_write(t.control_bucket, "quota.trials.>"),
+            # The limits runners enforce, published from the quotas file (only the
+            # submitter's: a runner that could write them could lift its team's quota).
+            *_kv_write(t.control_bucket, "quota.limits"),
             *_kv_read_keys(t.control_bucket, "quota.>"),
             # Fair share: each experiment's team and share, read by runners and the
             # queue view (services/common/fair_share.py).

@@ -69,7 +69,9 @@ class TeamRef(BaseModel):
 
     Set by the submitter from the API token's identity, never from the manifest, and
     only when the team has a limit a runner enforces: a work message without it takes
-    no team slot and reads no team spend.
+    no team slot and reads no team spend. The limits are the ones at submit; runners
+    apply the limits the submitter last published (control key ``quota.limits``)
+    instead when there are some, so a changed quota reaches queued work.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -87,8 +89,8 @@ class TeamRef(BaseModel):
         ge=0,
         allow_inf_nan=False,
         description="The team's spend cap over the last 24 h (US dollars): runners add "
-        "each attempt's cost to the team's tally and, once it is reached, pause the "
-        "team's experiments. Absent: no team spend is tallied.",
+        "each attempt's cost to the team's tally and, once it is reached, hold the "
+        "team's queued trials back unstarted. Absent: no team spend is tallied.",
     )
 
 

@@ -1,5 +1,6 @@
 """The ``trialbus`` commands that steer an experiment's work: ``cancel``, ``pause``,
-``resume`` (of an experiment or one trial) and ``retry`` (docs/scheduling.md). Thin
+``resume`` (of an experiment or one trial), ``retry``, and ``quotas`` (publish the
+quotas file's limits to the runners; docs/scheduling.md). Thin
 like services/cli.py: parse, call services.submitter.commands, print; registered on
 the CLI's app by ``register``.
 """
@@ -27,7 +28,7 @@ type Call = Callable[..., Any]
 def register(
     app: typer.Typer, call: Call, err: Console, printed_as_json: Callable[[Any, bool], bool]
 ) -> None:
-    """Add cancel, pause, resume and retry to the CLI's ``app``."""
+    """Add cancel, pause, resume, retry and quotas to the CLI's ``app``."""
 
     def set_flag(op: Call, experiment: str, json_out: bool) -> dict[str, Any] | None:
         """Set the experiment's cancel or pause flag through ``op``; the result to say in
@@ -90,6 +91,22 @@ def register(
         what = f"trial {trial} of {experiment}" if trial else f"experiment {experiment}"
         said = "resumed" if result["was_paused"] else "was not paused; nothing to resume"
         err.print(f"{what} {said}", highlight=False)
+
+    @app.command()
+    def quotas(json_out: JsonOpt = False) -> None:
+        """Publish the quotas file's limits (TRIALBUS_QUOTAS_FILE) to the runners: a
+        changed concurrency or spend quota applies to queued work within seconds."""
+        from services.submitter.commands import publish_quotas
+
+        result = call(publish_quotas)
+        if printed_as_json(result, json_out):
+            return
+        n = len(result["limits"]["teams"])
+        err.print(
+            f"limits of {n} teams (and the default) from {result['quotas_file']} published: "
+            "runners apply them to queued and new work",
+            highlight=False,
+        )
 
     @app.command()
     def retry(

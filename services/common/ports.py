@@ -32,6 +32,7 @@ from schemas.record import TrialRecord
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 from services.common.fair_share import TeamShare
+from services.common.quotas import Quotas
 
 # -- EventBus ----------------------------------------------------------------------------
 
@@ -286,6 +287,14 @@ class Coordinator(Protocol):
 
     async def tally(self, kind: str, team: str, *, fresh: bool = False) -> float:
         """The team's tally ``kind`` over the last 24 h (may be cached unless ``fresh``)."""
+
+    async def set_team_limits(self, limits: Quotas) -> None:
+        """Publish the runner-enforced limits of the quotas file (the submitter, each
+        time it loads the file; services.common.quotas.LIMITS_KEY)."""
+
+    async def team_limits(self, *, fresh: bool = False) -> Quotas | None:
+        """The published team limits, or None when none are (or they cannot be read):
+        runners then keep the message's copy (may be cached unless ``fresh``)."""
 
     async def renew(self, lease: Lease) -> Lease:
         """Refresh a lease's TTL (with each heartbeat)."""

@@ -237,3 +237,55 @@ def spend_refusal(team: str, quota: TeamQuota, spent: float) -> str | None:
         "the last 24 h; wait for the window to move on, or ask an operator to raise it "
         "(TRIALBUS_QUOTAS_FILE)"
     )
+
+
+# -- the limits runners read per delivery ----------------------------------------------
+LIMITS_KEY = "quota.limits"
+"""The control-bucket key where the submitter publishes the runner-enforced limits of
+its quotas file whenever it loads it (docs/scheduling.md, "Limits read per delivery")."""
+
+
+def encode_limits(quotas: Quotas) -> bytes:
+    """What runners enforce of ``quotas`` (concurrency and spend per team, and the
+    default), as compact sorted JSON: one key for every team, so a team removed from
+    the file loses its limits too (the submitter may not list keys to remove)."""
+
+    def enforced(quota: TeamQuota | None) -> dict[str, float | int] | None:
+        if quota is None:
+            return None
+        return quota.model_dump(
+            include={"max_concurrent_trials", "max_spend_usd_per_day"}, exclude_none=True
+        )
+
+    body = {
+        "teams": {name: enforced(q) for name, q in sorted(quotas.teams.items())},
+        "default": enforced(quotas.default),
+    }
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_limits(data: bytes | None) -> Quotas | None:
+    """The published limits, or None when none are published or they cannot be read
+    (then runners keep the limits the message carries)."""
+    if not data:
+        return None
+    try:
+        parsed = _QuotasFile.model_validate_json(data)
+    except ValidationError:
+        return None
+    return Quotas(teams=dict(parsed.teams), default=parsed.default)
+
+
+def current_team(team: TeamRef, limits: Quotas) -> TeamRef:
+    """``team`` with the limits ``limits`` give it now (both None: it has none now)."""
+    quota = limits.for_team(team.name) or TeamQuota()
+    if (quota.max_concurrent_trials, quota.max_spend_usd_per_day) == (
+        team.max_concurrent_trials,
+        team.max_spend_usd_per_day,
+    ):
+        return team
+    return TeamRef(
+        name=team.name,
+        max_concurrent_trials=quota.max_concurrent_trials,
+        max_spend_usd_per_day=quota.max_spend_usd_per_day,
+    )

@@ -20,8 +20,11 @@ Two rules, both kept in the Coordinator so every runner applies them:
   cost to the team's rolling 24-h tally too; once the tally reaches the cap, the
   team's queued trials are **held back** unstarted (handed back like a paused trial,
   no attempt counted; the runner's log names the cap). The runner does not set the
-  pause flag: its bus user may not touch pause flags. Raising the cap (a resubmission
-  carries the new one) or the window moving on continues them.
+  pause flag: its bus user may not touch pause flags. Raising the cap (in the quotas
+  file, published again) or the window moving on continues them.
+- **Current limits** (``current_limits``): a teamed trial is judged by the limits the
+  submitter last published (``quota.limits``), not those stamped at submit, so an
+  operator's change reaches queued work; the message's copy is the fallback.
 
 Trials already running when a stop, the budget or the cap is reached run to their
 end: a budget or cap is therefore overshot by at most the trials in flight.
@@ -43,6 +46,7 @@ from schemas.manifest import BudgetSpec
 from services.common.failures import stops_agent
 from services.common.folder_reads import read_inside
 from services.common.ports import Coordinator, ExecutionOutcome, Spend
+from services.common.quotas import current_team
 from services.runner import policy
 
 # result.json of a trial is Harbor's own small file; a bigger one is not read.
@@ -75,6 +79,25 @@ async def refusal(coord: Coordinator, request: TrialRequested, host: str) -> pol
     if over is None:
         return None
     return policy.refused(request, host, policy.BUDGET_EXCEEDED, over)
+
+
+async def current_limits(coord: Coordinator, request: TrialRequested, log: Any) -> TrialRequested:
+    """``request`` with its team's limits as the submitter last published them
+    (``quota.limits``, one cached read a second per runner), so a lowered quota reaches
+    work already queued; the message's copy when none are published or the read fails
+    (a scheduling aid never stops the fleet). A trial without a team reads nothing."""
+    team = request.team
+    if team is None:
+        return request
+    try:
+        limits = await coord.team_limits()
+    except Exception as exc:  # noqa: BLE001 - fail open to the message's copy, said once
+        log.warning("team limits unreadable; using the message's", error=f"{type(exc).__name__}")
+        return request
+    if limits is None:
+        return request
+    now = current_team(team, limits)
+    return request if now is team else request.model_copy(update={"team": now})
 
 
 async def team_capped(coord: Coordinator, request: TrialRequested) -> str | None:

@@ -180,6 +180,7 @@ class TrialHandler:
             return verdict
 
     async def _run(self, request: TrialRequested, keep_alive: KeepAlive, bound: Any) -> Settle:
+        request = await guards.current_limits(self._coord, request, bound)  # quota.limits
         started = await self._admitted(request, keep_alive, bound)
         if isinstance(started, Settle):
             return started

@@ -48,10 +48,13 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
             open_nats(settings, "trialbus-submitter", timeout_s=None) as nats,
             open_ledger(settings) as ledger,
         ):
+            coordinator = await nats.coordinator()
+            if quotas is not None:  # runners enforce the file's limits from now on
+                await coordinator.set_team_limits(quotas)
             app.state.ports = Ports(
                 nats.bus,
                 ledger,
-                await nats.coordinator(),
+                coordinator,
                 await nats.tasks(),
                 await nats.runners(),
                 ReportCache(settings.report_cache_mib * 2**20),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Concatenate
 from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import ManifestError
 from services.common.ports import Ledger
-from services.common.quotas import load_quotas
+from services.common.quotas import QuotaConfigError, encode_limits, load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.importer.export import export_experiment
 from services.submitter import handlers, trial_pause
@@ -58,6 +59,8 @@ async def submit_and_wait(
     prepared = dataclasses.replace(prepared, team=settings.cli_team)
     async with open_nats(settings, "trialbus-submit") as nats, open_ledger(settings) as ledger:
         coordinator = await nats.coordinator()
+        if quotas is not None:  # the file's limits reach the queued work too
+            await coordinator.set_team_limits(quotas)
         # Subscribed before publishing, so no completion can slip past.
         feeds: AbstractAsyncContextManager[EventFeed | None] = (
             nats.events_of(prepared.experiment_id) if wait else contextlib.nullcontext()
@@ -75,6 +78,24 @@ async def submit_and_wait(
                 runners=await nats.runners(),
                 quotas=quotas,
             )
+
+
+async def publish_quotas(settings: CommonSettings) -> dict[str, Any]:
+    """``trialbus quotas``: read ``TRIALBUS_QUOTAS_FILE`` and publish the limits runners
+    enforce (``quota.limits``): a changed concurrency or spend quota then applies to
+    work already queued, within about a second, without resubmitting it."""
+    sub = SubmitterSettings(**settings.model_dump())
+    if sub.quotas_file is None:
+        raise QuotaConfigError(
+            "TRIALBUS_QUOTAS_FILE is not set: name the quotas file whose limits to publish"
+        )
+    quotas = load_quotas(sub.quotas_file)
+    async with open_nats(settings, "trialbus-quotas") as nats:
+        await (await nats.coordinator()).set_team_limits(quotas)
+    return {
+        "quotas_file": str(sub.quotas_file),
+        "limits": json.loads(encode_limits(quotas)),
+    }
 
 
 async def cancel_experiment(settings: CommonSettings, experiment_id: str) -> dict[str, Any]:

@@ -521,6 +521,26 @@ async def test_team_quota_keys(roles: dict[str, Role]) -> None:
     )
 
 
+async def test_team_limits_key(roles: dict[str, Role]) -> None:
+    runner, submitter = roles["runner"], roles["submitter"]
+    coord = await NatsCoordinator.open(runner.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    sub_coord = await NatsCoordinator.open(submitter.js, TOPO, lease_ttl_s=ACK_WAIT_S)
+    # The submitter publishes the quotas file's limits; runners (and the submitter
+    # itself) read them back.
+    limits = Quotas(teams={"red": TeamQuota(max_concurrent_trials=1)})
+    await sub_coord.set_team_limits(limits)
+    seen = await coord.team_limits(fresh=True)
+    assert seen is not None and seen.for_team("red") == TeamQuota(max_concurrent_trials=1)
+    assert await sub_coord.team_limits(fresh=True) == seen
+    # Negative control: a runner cannot lift (or change) its team's quota.
+    lifted = Quotas(teams={"red": TeamQuota(max_concurrent_trials=1000)})
+    await runner.denied(
+        coord.set_team_limits(lifted), "Publish", f"$KV.{TOPO.control_bucket}.quota.limits"
+    )
+    after = await sub_coord.team_limits(fresh=True)
+    assert after is not None and after.for_team("red") == TeamQuota(max_concurrent_trials=1)
+
+
 async def test_fair_share_keys(roles: dict[str, Role]) -> None:
     runner, submitter = roles["runner"], roles["submitter"]
     exp = f"exp-{uuid.uuid4().hex[:12]}"

@@ -19,6 +19,7 @@ from services.common.adapters import nats_kv
 from services.common.adapters.memory import MAX_PROBES, InMemoryCoordinator
 from services.common.fair_share import TeamShare
 from services.common.ports import Coordinator, Lease, Spend
+from services.common.quotas import Quotas, TeamQuota
 
 
 @dataclass
@@ -269,6 +270,19 @@ class CoordinatorContract:
         assert mark.key == key and (await world.a.renew(mark)).key == key
         await world.b.release(mark)
         await world.a.release(mark)
+
+    async def test_published_team_limits_are_shared_and_replaced_whole(self, world: World) -> None:
+        # Negative control: nothing published yet, so runners keep the message's copy.
+        assert await world.b.team_limits(fresh=True) is None
+        red = Quotas(teams={"red": TeamQuota(max_concurrent_trials=2)}, default=None)
+        await world.a.set_team_limits(red)
+        seen = await world.b.team_limits(fresh=True)
+        assert seen is not None and seen.for_team("red") == TeamQuota(max_concurrent_trials=2)
+        # Published again without red (and with a default): red's entry is gone.
+        await world.a.set_team_limits(Quotas(teams={}, default=TeamQuota(max_spend_usd_per_day=1)))
+        seen = await world.b.team_limits(fresh=True)
+        assert seen is not None and seen.for_team("red") == TeamQuota(max_spend_usd_per_day=1)
+        assert seen.teams == {}
 
 
 class Clock:

@@ -228,6 +228,7 @@ class InMemoryCoordinator:
         self._spent: dict[str, Spend] = {}
         self._tallies: dict[tuple[str, str], quotas.Tally] = {}
         self._shares: dict[str, TeamShare] = {}
+        self._team_limits: bytes | None = None
         self.now: Callable[[], datetime] = lambda: datetime.now(UTC)
         """The wall clock of the daily tallies (a test may move it)."""
 
@@ -292,6 +293,14 @@ class InMemoryCoordinator:
     async def tally(self, kind: str, team: str, *, fresh: bool = False) -> float:
         """The team's total over the last 24 h (always fresh here)."""
         return quotas.window_total(self._tallies.get((kind, team), {}), self.now())
+
+    async def set_team_limits(self, limits: quotas.Quotas) -> None:
+        """Publish the team limits (encoded, as the NATS adapter stores them)."""
+        self._team_limits = quotas.encode_limits(limits)
+
+    async def team_limits(self, *, fresh: bool = False) -> quotas.Quotas | None:
+        """The published team limits, or None (always fresh here)."""
+        return quotas.decode_limits(self._team_limits)
 
     async def cancel(self, experiment_id: str) -> None:
         """Flag the experiment cancelled."""

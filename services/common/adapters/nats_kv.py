@@ -42,6 +42,8 @@ operations are in nats_paused_trials.py).
   its rolling 24-h tallies are ``quota.trials.<team key>`` (the submitter, at submit)
   and ``quota.spend.<team key>`` (runners, after each priced attempt): one JSON object
   of hourly buckets each, updated with a compare-and-set (services.common.quotas).
+  The limits runners enforce are ``quota.limits`` (the submitter publishes its quotas
+  file's there whenever it loads it; runners read it with the cached reads below).
 - **Fair share** (services/common/fair_share.py): ``share.<experiment>`` (the
   submitter: the experiment's team and share) and a running trial's share mark
   ``_share.<pool>.<class>.<team key>.<run key>`` in the leases bucket.
@@ -106,6 +108,8 @@ class NatsCoordinator:
         self._reads: dict[str, tuple[float, bytes | None]] = {}
         # experiment -> (stored list, parsed): the paused trials, parsed once per change
         self._trial_sets: dict[str, tuple[bytes | None, frozenset[str]]] = {}
+        # the published team limits (stored bytes, parsed), parsed once per change
+        self._limits: tuple[bytes | None, quotas.Quotas | None] | None = None
 
     @classmethod
     async def open(
@@ -367,6 +371,17 @@ class NatsCoordinator:
         """The team's total over the last 24 h (cached for ``cache_s``)."""
         raw = await self._read(f"quota.{kind}.{quotas.team_key(team)}", fresh=fresh)
         return quotas.window_total(quotas.decode_tally(raw), datetime.now(UTC))
+
+    async def set_team_limits(self, limits: quotas.Quotas) -> None:
+        """Store the limits under ``quotas.LIMITS_KEY`` (one key: every team, the default)."""
+        await self._put(quotas.LIMITS_KEY, quotas.encode_limits(limits))
+
+    async def team_limits(self, *, fresh: bool = False) -> quotas.Quotas | None:
+        """The published limits (cached for ``cache_s``; parsed once per change)."""
+        raw = await self._read(quotas.LIMITS_KEY, fresh=fresh)
+        if self._limits is None or self._limits[0] != raw:
+            self._limits = (raw, quotas.decode_limits(raw))
+        return self._limits[1]
 
     async def _put(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key``; this process reads it back without asking."""
