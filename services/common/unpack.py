@@ -14,7 +14,13 @@ entry and the rule:
   of the decompressed stream to the compressed bytes (compression bombs), counted on
   the bytes actually decompressed, not on what headers claim, in bounded reads;
 - atomicity: entries go to a temporary folder next to the destination, renamed into
-  place only when everything passed (and, for tasks, the checksum matched).
+  place only when everything passed (and, for tasks, the checksum matched); or, for a
+  trial folder that does not exist yet (``unpack_trial_files(..., in_place=True)``),
+  straight into the new folder, created exclusively and removed on any refusal.
+
+Unpacking also returns what it saw (``Unpacked``): every entry's kind and size, and
+the bytes of the files the caller asked to ``keep``, so the importer builds a trial's
+record from the archive it just read instead of reading the files back.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import stat
 import tarfile
 import tempfile
 import zlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.errors import UserInputError
@@ -133,6 +140,27 @@ class _BoundedReader(io.RawIOBase):
         return b"".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class Unpacked:
+    """An unpacked archive as unpacking saw it, so nothing needs to be read back.
+
+    ``kinds``: every entry's relative path -> "file", "dir" or "link" (folders implied
+    by a path included); ``sizes``: each file's size; ``kept``: the bytes of each file
+    named in ``keep`` whose size was at most its bound there.
+    """
+
+    path: Path
+    kinds: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    kept: dict[str, bytes] = field(default_factory=dict)
+
+
+def _write_all(fd: int, chunk: bytes) -> None:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _clean_name(raw: str, what: str) -> str | None:
     """The entry's relative path, None for the archive root ('.'), or ArchiveError."""
     if raw.startswith("/"):
@@ -150,11 +178,22 @@ def refuse(what: str, name: str, reason: str, limit: int | None = None) -> Archi
     return ArchiveError(f"{what}: entry {name!r}: {reason}", entry=name, limit=limit)
 
 
-def _extract(data: bytes, into: Path, limits: ArchiveLimits, allow_links: bool, what: str) -> None:
+def _extract(
+    data: bytes,
+    into: Path,
+    limits: ArchiveLimits,
+    allow_links: bool,
+    what: str,
+    keep: Mapping[str, int],
+) -> Unpacked:
     budget = Budget(len(data), limits)
-    kinds: dict[str, str] = {}
+    seen = Unpacked(into)
+    kinds, sizes, kept = seen.kinds, seen.sizes, seen.kept
     links: list[tuple[str, str]] = []
     total = 0
+    # Plain strings, not Path joins: a trial's archive is unpacked on the importer's
+    # hot path, where pathlib's parsing was a visible share of the time.
+    root = str(into)
     try:
         with tarfile.open(fileobj=_BoundedReader(data, budget, what), mode="r|") as tar:
             for member in tar:
@@ -171,12 +210,16 @@ def _extract(data: bytes, into: Path, limits: ArchiveLimits, allow_links: bool, 
                 prefix = ""
                 for part in parent.split("/") if parent else []:
                     prefix = f"{prefix}/{part}" if prefix else part
-                    kind = kinds.setdefault(prefix, "dir")
-                    if kind != "dir":
+                    kind = kinds.get(prefix)
+                    if kind is None:
+                        # Each folder is made once: every folder in ``kinds`` exists.
+                        os.mkdir(f"{root}/{prefix}", 0o755)
+                        kinds[prefix] = "dir"
+                    elif kind != "dir":
                         raise refuse(what, name, f"lies below {prefix!r}, a {kind}")
-                    (into / prefix).mkdir(mode=0o755, exist_ok=True)
                 if member.isdir():
-                    (into / name).mkdir(mode=0o755, exist_ok=True)
+                    if name not in kinds:
+                        os.mkdir(f"{root}/{name}", 0o755)
                     kinds[name] = "dir"
                 elif member.isreg() and not member.issparse():
                     if member.size > limits.max_file_bytes:
@@ -195,15 +238,25 @@ def _extract(data: bytes, into: Path, limits: ArchiveLimits, allow_links: bool, 
                             limits.max_total_bytes,
                         )
                     kinds[name] = "file"
+                    sizes[name] = member.size
                     source = tar.extractfile(member)
                     assert source is not None  # a regular member always has a file object
+                    wanted = member.size <= keep.get(name, -1)
+                    parts: list[bytes] = []
                     fd = os.open(
-                        into / name,
+                        f"{root}/{name}",
                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                         file_mode(member.mode),
                     )
-                    with os.fdopen(fd, "wb") as out:
-                        shutil.copyfileobj(source, out, _CHUNK)
+                    try:
+                        while chunk := source.read(_CHUNK):
+                            _write_all(fd, chunk)
+                            if wanted:
+                                parts.append(chunk)
+                    finally:
+                        os.close(fd)
+                    if wanted:
+                        kept[name] = b"".join(parts)
                 elif member.issym():
                     if not allow_links:
                         raise refuse(what, name, "symbolic links are not accepted in this archive")
@@ -233,14 +286,18 @@ def _extract(data: bytes, into: Path, limits: ArchiveLimits, allow_links: bool, 
     # Links last, then judged on the finished tree: realpath follows chains of links
     # exactly as a reader would, which a lexical check of each target cannot. Only links
     # to files: a link to a folder can form a cycle that copying tools follow forever.
+    if links:
+        # Resolved here, not up front: only a link needs the folder's real path.
+        real_root = os.path.realpath(into)
     for name, target in links:
         os.symlink(target, into / name)
     for name, target in links:
         real = os.path.realpath(into / name)
-        if not real.startswith(f"{into}/") or not os.path.isfile(real):
+        if not real.startswith(f"{real_root}/") or not os.path.isfile(real):
             raise refuse(
                 what, name, f"link to {target!r} does not resolve to a file inside the folder"
             )
+    return seen
 
 
 def _member_kind(member: tarfile.TarInfo) -> str:
@@ -269,12 +326,28 @@ def unpack(
     ``task_checksum`` of the result equals it. On any refusal nothing is left behind.
     Raises ArchiveError (see the module docstring); FileExistsError if ``dest`` exists.
     """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
-    tmp = tmp.resolve()
+    return _unpack(data, dest, limits, expected_checksum, allow_links, what, {}, False).path
+
+
+def _unpack(
+    data: bytes,
+    dest: Path,
+    limits: ArchiveLimits,
+    expected_checksum: str | None,
+    allow_links: bool,
+    what: str,
+    keep: Mapping[str, int],
+    in_place: bool,
+) -> Unpacked:
+    if in_place:
+        os.mkdir(dest, 0o755)  # exclusive: FileExistsError leaves someone else's alone
+        tmp = dest
+    else:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     try:
-        tmp.chmod(0o755)
-        _extract(data, tmp, limits, allow_links, what)
+        tmp.chmod(0o755)  # whatever the umask, as every folder packing writes
+        seen = _extract(data, tmp, limits, allow_links, what, keep)
         if expected_checksum is not None:
             actual = task_checksum(tmp)
             if actual != expected_checksum:
@@ -282,16 +355,17 @@ def unpack(
                     f"{what}: its files have checksum {actual}, not the expected "
                     f"{expected_checksum}: the archive is not the task it claims to be"
                 )
-        try:
-            os.rename(tmp, dest)
-        except OSError as exc:
-            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                raise FileExistsError(errno.EEXIST, "destination exists", str(dest)) from None
-            raise
+        if not in_place:
+            try:
+                os.rename(tmp, dest)
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise FileExistsError(errno.EEXIST, "destination exists", str(dest)) from None
+                raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dest
+    return Unpacked(dest, seen.kinds, seen.sizes, seen.kept)
 
 
 def unpack_task(
@@ -303,4 +377,22 @@ def unpack_task(
 
 def unpack_trial(data: bytes, dest: Path, limits: ArchiveLimits = TRIAL_LIMITS) -> Path:
     """Unpack a trial archive into ``dest`` (no links: pack_trial never writes any)."""
-    return unpack(data, dest, limits, allow_links=False, what="trial archive")
+    return unpack_trial_files(data, dest, limits).path
+
+
+def unpack_trial_files(
+    data: bytes,
+    dest: Path,
+    limits: ArchiveLimits = TRIAL_LIMITS,
+    *,
+    keep: Mapping[str, int] | None = None,
+    in_place: bool = False,
+) -> Unpacked:
+    """``unpack_trial``, returning what was unpacked and the bytes of the ``keep`` files.
+
+    ``keep``: relative path -> the largest size whose bytes are kept. ``in_place``: the
+    entries go straight into ``dest``, created here (its parent must exist; raises
+    FileExistsError when it does exist) and removed again on any refusal: no staging
+    folder and no rename, for a trial folder nobody holds yet.
+    """
+    return _unpack(data, dest, limits, None, False, "trial archive", keep or {}, in_place)
