@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -122,6 +123,11 @@ class StoredTrials:
         self.store = store
         self.jobs_root = jobs_root
         self._job_dirs: dict[str, Path] = {}  # experiment id -> its checked_job_dir
+        # Trials being placed, so two deliveries of one trial in a batch take turns: a
+        # new trial is written in place, and a second delivery replacing the folder
+        # while the first still writes into it would mix the two.
+        self._placing: dict[tuple[str, str], tuple[threading.Lock, list[int]]] = {}
+        self._placing_guard = threading.Lock()
 
     def _place(self, event: TrialCompleted, data: bytes) -> TrialFiles:
         """``place_trial`` with the experiment's job folder resolved and made once (off
@@ -133,9 +139,20 @@ class StoredTrials:
             if len(self._job_dirs) >= _JOB_DIRS_KEPT:
                 self._job_dirs.clear()
             job_dir = checked_job_dir(self.jobs_root, experiment_id)
-        placed = _placed(
-            job_dir, experiment_id, event.trial_name, data, RECORD_FILES, ensured=ensured
-        )
+        key = (experiment_id, event.trial_name)
+        with self._placing_guard:  # (the trial's lock, how many deliveries use it)
+            turn, users = self._placing.setdefault(key, (threading.Lock(), [0]))
+            users[0] += 1
+        try:
+            with turn:
+                placed = _placed(
+                    job_dir, experiment_id, event.trial_name, data, RECORD_FILES, ensured=ensured
+                )
+        finally:
+            with self._placing_guard:
+                users[0] -= 1
+                if not users[0]:
+                    del self._placing[key]
         self._job_dirs[experiment_id] = job_dir  # made: later trials skip the checks
         return ArchiveFiles(placed)
 
