@@ -184,6 +184,7 @@ def refuse(what: str, name: str, reason: str, limit: int | None = None) -> Archi
 def _extract(
     data: bytes,
     into: Path,
+    top: int,
     limits: ArchiveLimits,
     allow_links: bool,
     what: str,
@@ -194,9 +195,9 @@ def _extract(
     kinds, sizes, kept = seen.kinds, seen.sizes, seen.kept
     links: list[tuple[str, str]] = []
     total = 0
-    # Plain strings, not Path joins: a trial's archive is unpacked on the importer's
-    # hot path, where pathlib's parsing was a visible share of the time.
-    root = str(into)
+    # Created relative to the folder's fd (``top``), not by path: were the folder
+    # renamed away meanwhile (a redelivery replacing it, in place), the writes follow
+    # it and never land in the folder that took its name.
     try:
         with tarfile.open(fileobj=_BoundedReader(data, budget, what), mode="r|") as tar:
             for member in tar:
@@ -216,13 +217,13 @@ def _extract(
                     kind = kinds.get(prefix)
                     if kind is None:
                         # Each folder is made once: every folder in ``kinds`` exists.
-                        os.mkdir(f"{root}/{prefix}", 0o755)
+                        os.mkdir(prefix, 0o755, dir_fd=top)
                         kinds[prefix] = "dir"
                     elif kind != "dir":
                         raise refuse(what, name, f"lies below {prefix!r}, a {kind}")
                 if member.isdir():
                     if name not in kinds:
-                        os.mkdir(f"{root}/{name}", 0o755)
+                        os.mkdir(name, 0o755, dir_fd=top)
                     kinds[name] = "dir"
                 elif member.isreg() and not member.issparse():
                     if member.size > limits.max_file_bytes:
@@ -247,9 +248,10 @@ def _extract(
                     wanted = member.size <= keep.get(name, -1)
                     parts: list[bytes] = []
                     fd = os.open(
-                        f"{root}/{name}",
+                        name,
                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                         file_mode(member.mode),
+                        dir_fd=top,
                     )
                     try:
                         while chunk := source.read(_CHUNK):
@@ -348,9 +350,10 @@ def _unpack(
     else:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    top = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        tmp.chmod(0o755)  # whatever the umask, as every folder packing writes
-        seen = _extract(data, tmp, limits, allow_links, what, keep)
+        os.fchmod(top, 0o755)  # whatever the umask, as every folder packing writes
+        seen = _extract(data, tmp, top, limits, allow_links, what, keep)
         if expected_checksum is not None:
             actual = task_checksum(tmp)
             if actual != expected_checksum:
@@ -366,9 +369,20 @@ def _unpack(
                     raise FileExistsError(errno.EEXIST, "destination exists", str(dest)) from None
                 raise
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not in_place or _same_folder(top, dest):  # never the one that took its place
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(top)
     return Unpacked(dest, seen.kinds, seen.sizes, seen.kept)
+
+
+def _same_folder(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def unpack_task(

@@ -125,7 +125,8 @@ class StoredTrials:
         self._job_dirs: dict[str, Path] = {}  # experiment id -> its checked_job_dir
         # Trials being placed, so two deliveries of one trial in a batch take turns: a
         # new trial is written in place, and a second delivery replacing the folder
-        # while the first still writes into it would mix the two.
+        # while the first still writes into it would make the first fail (its writes
+        # follow its folder, renamed away and removed; tests/unit/test_place_trial.py).
         self._placing: dict[tuple[str, str], tuple[threading.Lock, list[int]]] = {}
         self._placing_guard = threading.Lock()
 

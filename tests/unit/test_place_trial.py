@@ -19,7 +19,7 @@ import pytest
 from schemas.events import TrialCompleted
 from services.common import unpack
 from services.common.adapters.memory_objects import InMemoryObjectStore
-from services.common.archive import pack_trial
+from services.common.archive import TRIAL_MANIFEST, pack_trial
 from services.common.harbor_jobs import read_marker
 from services.importer.folders import StoredTrials, checked_job_dir, place_trial
 
@@ -169,6 +169,9 @@ def test_negative_control_without_turns_the_deliveries_collide(tmp_path: Path) -
         lambda data: place_trial(tmp_path / "jobs", "exp-1", "trial-a", data, job_dir),
         lambda: False,  # the second goes straight ahead: the first resumes once it is done
     )
-    # The first, resumed inside the second's folder, fails and takes that folder with it.
-    assert outcomes == ["placed", "ArchiveError"]
-    assert not dest.exists()
+    # The first resumes in its own folder, which the second renamed away and removed:
+    # it fails (a redelivery would place it again), and the second's folder is left
+    # whole (unpacking writes relative to its folder's fd and removes only its own).
+    assert outcomes == ["placed", "FileNotFoundError"]
+    assert sorted(p.name for p in dest.iterdir()) == ["b.txt", "result.json", TRIAL_MANIFEST]
+    assert reward_of(dest) == 1.0
