@@ -327,11 +327,14 @@ staging folder is no longer `realpath`-ed (only links need it, and trial archive
 hold none), and an experiment's job folder and marker are checked once, not per
 trial. In-process A/B (`python -m benchmarks.ab_importer`: old and new checkouts
 alternating, CPU per trial of unpacking and building the record, each child's
-quickest 50-trial block, median of 3 rounds, load average 13-17; the records of both
-are identical, digest for digest): instant trial 1.02 -> 0.84 ms, Harbor-shaped
-trial 2.02 -> 1.65 ms (an earlier sitting at load 8-10: instant 1.16 -> 0.58 ms).
-The pipeline, one run at a time, old and new alternating in one busy sitting
-(`--only pipeline --runs 1`, load average 4-17 before the runs):
+quickest 50-trial block, median of 3 rounds; the records of both are identical,
+digest for digest): instant trial 1.03 -> 0.65 ms, Harbor-shaped trial 1.93 ->
+1.61 ms (the final code, load average 9-10; two earlier sittings, load 8-17: instant
+1.16 -> 0.58 and 1.02 -> 0.84 ms, Harbor-shaped 2.02 -> 1.65 ms). The pipeline, one
+run at a time, old and new alternating in one busy sitting (`--only pipeline --runs
+1`, load average 4-17 before the runs; the code before its last change, writing
+relative to the trial folder's fd, which costs an open and a close per trial and is
+in the final A/B above):
 
 | | trials/s per run | importer CPU/trial | all processes CPU/trial | load before |
 |---|---|---|---|---|
