@@ -175,15 +175,16 @@ idempotent re-upload of the same bytes is skipped), then nats-py's put asks agai
 (to replace an older version), publishes the chunks and the meta entry, each
 acknowledged: four round trips for a small folder, which is why it costs about
 twice the plain put beside it. The importer's get is the object's info and one
-direct get per 128 KiB chunk; unpacking writes the files through a staging folder
-and renames it into place. For Harbor-sized folders the whole path is a few
+direct get per 128 KiB chunk; unpacking writes a new trial's files straight into its
+folder (a redelivered trial's through a staging folder swapped into place; the figures
+here predate that, see the pipeline section). For Harbor-sized folders the whole path is a few
 milliseconds per trial, small against a trial's minutes; the 1 MB agent folder shows
 the cost growing with the bytes (compression and the chunks).
 
 **What would fix the rest:** skip `NatsObjectStore.put`'s own info call when the
 name is new (trial archives are keyed by run and attempt, so a re-upload is rare and
-can be found by the put's error instead); and unpack straight into the final folder
-when no folder of that trial exists yet.
+can be found by the put's error instead). Unpacking straight into the final folder
+when no folder of that trial exists yet is done (the pipeline section's importer A/B).
 """,
     "ledger": """
 **Fixed (issue 12).** The experiment list (`experiment_ids`) used to group every
@@ -349,13 +350,53 @@ bucket: the importer would have to store it there, the same cost moved, and the
 event's size limit would need a second contract. Cheaper compression is no lever
 (level 1 saves 20 us on an instant folder's 10 KiB tar), nor hashing (microseconds).
 
-**Next steps** (largest expected gain first): build the record from the archive in
-memory and write the job folder afterwards, off the batch's path (the importer's
-unpack is most of its time, and the record needs three small files); give the
-importer only the events it uses (`filter_subjects`: two thirds of its deliveries and
-acks go); remove the runner's local trial folder off the handler's path (a reaper
-thread, or Harbor's trials on tmpfs); then a second importer process on the same
-durable consumer.
+**Fixed while measuring, the importer** (issue 12, second round). The record is
+built from the archive the importer has just unpacked instead of from the unpacked
+folder read back: unpacking keeps the bytes of the files the record reads
+(`RECORD_FILES`: result.json, config.json, the verifier's reward.json and
+reward.txt, the runner's manifest) and knows every entry's kind and size; the one
+record builder reads through a `TrialFiles` (the folder on disk for `trialbus
+import`, `ArchiveFiles` in the importer), which answers as the disk would, down to
+each diagnostic's text (tests/unit/test_record_sources.py builds both ways on the
+bad-input corpus, the real Harbor trials and shapes only an archive can take). The
+unpack makes fewer system calls: a new trial goes straight into its folder (created
+exclusively, removed on a refusal; only a redelivery stages and swaps, and two
+deliveries of one trial take turns), each folder is made once (it was a `mkdir` per
+parent per file), files are written with `os.write` (no buffered file objects), the
+staging folder is no longer `realpath`-ed (only links need it, and trial archives
+hold none), and an experiment's job folder and marker are checked once, not per
+trial. In-process A/B (`python -m benchmarks.ab_importer`: old and new checkouts
+alternating, CPU per trial of unpacking and building the record, each child's
+quickest 50-trial block, median of 3 rounds; the records of both are identical,
+digest for digest): instant trial 1.03 -> 0.65 ms, Harbor-shaped trial 1.93 ->
+1.61 ms (the final code, load average 9-10; two earlier sittings, load 8-17: instant
+1.16 -> 0.58 and 1.02 -> 0.84 ms, Harbor-shaped 2.02 -> 1.65 ms). The pipeline, one
+run at a time, old and new alternating in one busy sitting (`--only pipeline --runs
+1`, load average 4-17 before the runs; the code before its last change, writing
+relative to the trial folder's fd, which costs an open and a close per trial and is
+in the final A/B above):
+
+| | trials/s per run | importer CPU/trial | all processes CPU/trial | load before |
+|---|---|---|---|---|
+| before | 134, 78 | 1.89, 1.80 ms | 7.0, 7.0 ms | 3.8, 14.0 |
+| after | 74, 64 | 1.53, 1.55 ms | 7.2, 8.3 ms | 9.8, 10.3 |
+
+The importer's CPU per trial fell by about a sixth (1.85 -> 1.54 ms, medians); the
+rates and the totals followed the machine's load (the runner's and the ledger's CPU
+per trial rose with it in the second pair, with no change to their code), so they
+say nothing about this change. What is left of the unpack is the file system's own
+work, creating each file and folder (13 inodes and directory entries for a
+Harbor-shaped trial, most of the unpack's time on a loaded machine), and Python's
+tarfile parsing (about 0.4 ms for a Harbor-shaped archive); the rest of the
+importer's 1.5 ms is its bus and ledger clients (decoding events, fetching archives,
+upserts, ResultImported).
+
+**Next steps** (largest expected gain first): give the importer only the events it
+uses (`filter_subjects`: two thirds of its deliveries and acks go); remove the
+runner's local trial folder off the handler's path (a reaper thread, or Harbor's
+trials on tmpfs); then a second importer process on the same durable consumer. The
+job folder's writes could leave the batch's path (a writer thread after the record
+is built): the same CPU, but the batch would be acknowledged sooner.
 
 The text below predates the object store (development profile, quiet machine):
 
@@ -409,12 +450,25 @@ validated specs when building each TrialRequested, and a batched publish (JetStr
 atomic batch publish, or fewer, larger work messages).
 """,
     "import": """
-**Where the time goes** (cProfile of the in-process import). Building records is the
-larger part: per trial, about seven `stat` calls and path manipulations, reading and
-validating result.json against Harbor's schema, and hashing the record; the rest is
-the ledger write. The CLI figure adds the interpreter start and imports (1-2 s),
-which is most of the gap to the in-process figure at 10,000 trials and nearly all of
-the time for small imports. **Fixed while measuring:** the ledger write is an insert
+**Where the time goes** (py-spy of `trialbus import` of a 2,000-trial Harbor job
+folder, 2026-11-26, load average 4-9; CPU per trial from `benchmarks.ab_importer
+--mode jobdir`). A CLI import has a fixed cost of about 4 s whatever its size (a
+1-trial import took 4.0-4.7 s, a 2,000-trial one 4.9-7 s): about 3 s waiting for
+NATS (the benchmark points NATS_URL at a closed port, as on a machine without
+`trialbus up`; the command probes NATS to announce ResultImported, and nats-py keeps
+retrying a refused connection until the probe's 3 s timeout) and about 1 s of
+interpreter start and imports (nats-py and aiohttp, pymongo, Harbor's models). Per
+trial, building the record is 0.35-0.39 ms of CPU (the folder scan, bounded reads,
+validating result.json against Harbor's schema, the record's size check), unchanged
+by the importer's rework (one record builder, now through `FolderFiles`; same records,
+digest for digest); in process the ledger's write sets the pace (the client's CPU is
+about half of the wall time). So the CLI figure is the ledger's insert rate plus the
+fixed 4 s: 10,000 trials at about 1,300/s in process take 7.5 s, and the probe alone
+is 3 of the CLI's 17 s. **Next step** (outside the importer: services/submitter/
+connections.py): let `try_open_nats` give up at once on a refused connection (a plain
+TCP connect before nats-py's, which retries it; `allow_reconnect=False` did not stop
+that in a check here), which takes 3 s off every import made without a running
+stack. **Fixed while measuring:** the ledger write is an insert
 for new trials (see the pipeline section), which is why the import can beat the raw
 bulk-*upsert* ceiling measured beside it (the raw insert rate of SecantusDB, about
 2,800 documents/s in development, is the ceiling for a fresh import); and the next

@@ -14,7 +14,16 @@ entry and the rule:
   of the decompressed stream to the compressed bytes (compression bombs), counted on
   the bytes actually decompressed, not on what headers claim, in bounded reads;
 - atomicity: entries go to a temporary folder next to the destination, renamed into
-  place only when everything passed (and, for tasks, the checksum matched).
+  place only when everything passed (and, for tasks, the checksum matched); or, for a
+  trial folder that does not exist yet (``unpack_trial_files(..., in_place=True)``),
+  straight into the new folder, created exclusively and removed on any refusal.
+
+Unpacking also returns what it saw (``Unpacked``): every entry's kind and size, and
+the bytes of the files the caller asked to ``keep``, so the importer builds a trial's
+record from the archive it just read instead of reading the files back.
+
+(Over 350 lines on purpose: tasks and trials go through the same ``_extract``, so
+every rule above is one piece of code for both; split, the two would drift.)
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ import stat
 import tarfile
 import tempfile
 import zlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.errors import UserInputError
@@ -133,6 +143,27 @@ class _BoundedReader(io.RawIOBase):
         return b"".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class Unpacked:
+    """An unpacked archive as unpacking saw it, so nothing needs to be read back.
+
+    ``kinds``: every entry's relative path -> "file", "dir" or "link" (folders implied
+    by a path included); ``sizes``: each file's size; ``kept``: the bytes of each file
+    named in ``keep`` whose size was at most its bound there.
+    """
+
+    path: Path
+    kinds: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    kept: dict[str, bytes] = field(default_factory=dict)
+
+
+def _write_all(fd: int, chunk: bytes) -> None:
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _clean_name(raw: str, what: str) -> str | None:
     """The entry's relative path, None for the archive root ('.'), or ArchiveError."""
     if raw.startswith("/"):
@@ -150,11 +181,23 @@ def refuse(what: str, name: str, reason: str, limit: int | None = None) -> Archi
     return ArchiveError(f"{what}: entry {name!r}: {reason}", entry=name, limit=limit)
 
 
-def _extract(data: bytes, into: Path, limits: ArchiveLimits, allow_links: bool, what: str) -> None:
+def _extract(
+    data: bytes,
+    into: Path,
+    top: int,
+    limits: ArchiveLimits,
+    allow_links: bool,
+    what: str,
+    keep: Mapping[str, int],
+) -> Unpacked:
     budget = Budget(len(data), limits)
-    kinds: dict[str, str] = {}
+    seen = Unpacked(into)
+    kinds, sizes, kept = seen.kinds, seen.sizes, seen.kept
     links: list[tuple[str, str]] = []
     total = 0
+    # Created relative to the folder's fd (``top``), not by path: were the folder
+    # renamed away meanwhile (a redelivery replacing it, in place), the writes follow
+    # it and never land in the folder that took its name.
     try:
         with tarfile.open(fileobj=_BoundedReader(data, budget, what), mode="r|") as tar:
             for member in tar:
@@ -171,12 +214,16 @@ def _extract(data: bytes, into: Path, limits: ArchiveLimits, allow_links: bool, 
                 prefix = ""
                 for part in parent.split("/") if parent else []:
                     prefix = f"{prefix}/{part}" if prefix else part
-                    kind = kinds.setdefault(prefix, "dir")
-                    if kind != "dir":
+                    kind = kinds.get(prefix)
+                    if kind is None:
+                        # Each folder is made once: every folder in ``kinds`` exists.
+                        os.mkdir(prefix, 0o755, dir_fd=top)
+                        kinds[prefix] = "dir"
+                    elif kind != "dir":
                         raise refuse(what, name, f"lies below {prefix!r}, a {kind}")
-                    (into / prefix).mkdir(mode=0o755, exist_ok=True)
                 if member.isdir():
-                    (into / name).mkdir(mode=0o755, exist_ok=True)
+                    if name not in kinds:
+                        os.mkdir(name, 0o755, dir_fd=top)
                     kinds[name] = "dir"
                 elif member.isreg() and not member.issparse():
                     if member.size > limits.max_file_bytes:
@@ -195,15 +242,26 @@ def _extract(data: bytes, into: Path, limits: ArchiveLimits, allow_links: bool, 
                             limits.max_total_bytes,
                         )
                     kinds[name] = "file"
+                    sizes[name] = member.size
                     source = tar.extractfile(member)
                     assert source is not None  # a regular member always has a file object
+                    wanted = member.size <= keep.get(name, -1)
+                    parts: list[bytes] = []
                     fd = os.open(
-                        into / name,
+                        name,
                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                         file_mode(member.mode),
+                        dir_fd=top,
                     )
-                    with os.fdopen(fd, "wb") as out:
-                        shutil.copyfileobj(source, out, _CHUNK)
+                    try:
+                        while chunk := source.read(_CHUNK):
+                            _write_all(fd, chunk)
+                            if wanted:
+                                parts.append(chunk)
+                    finally:
+                        os.close(fd)
+                    if wanted:
+                        kept[name] = b"".join(parts)
                 elif member.issym():
                     if not allow_links:
                         raise refuse(what, name, "symbolic links are not accepted in this archive")
@@ -233,14 +291,18 @@ def _extract(data: bytes, into: Path, limits: ArchiveLimits, allow_links: bool, 
     # Links last, then judged on the finished tree: realpath follows chains of links
     # exactly as a reader would, which a lexical check of each target cannot. Only links
     # to files: a link to a folder can form a cycle that copying tools follow forever.
+    if links:
+        # Resolved here, not up front: only a link needs the folder's real path.
+        real_root = os.path.realpath(into)
     for name, target in links:
         os.symlink(target, into / name)
     for name, target in links:
         real = os.path.realpath(into / name)
-        if not real.startswith(f"{into}/") or not os.path.isfile(real):
+        if not real.startswith(f"{real_root}/") or not os.path.isfile(real):
             raise refuse(
                 what, name, f"link to {target!r} does not resolve to a file inside the folder"
             )
+    return seen
 
 
 def _member_kind(member: tarfile.TarInfo) -> str:
@@ -269,12 +331,29 @@ def unpack(
     ``task_checksum`` of the result equals it. On any refusal nothing is left behind.
     Raises ArchiveError (see the module docstring); FileExistsError if ``dest`` exists.
     """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
-    tmp = tmp.resolve()
+    return _unpack(data, dest, limits, expected_checksum, allow_links, what, {}, False).path
+
+
+def _unpack(
+    data: bytes,
+    dest: Path,
+    limits: ArchiveLimits,
+    expected_checksum: str | None,
+    allow_links: bool,
+    what: str,
+    keep: Mapping[str, int],
+    in_place: bool,
+) -> Unpacked:
+    if in_place:
+        os.mkdir(dest, 0o755)  # exclusive: FileExistsError leaves someone else's alone
+        tmp = dest
+    else:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    top = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        tmp.chmod(0o755)
-        _extract(data, tmp, limits, allow_links, what)
+        os.fchmod(top, 0o755)  # whatever the umask, as every folder packing writes
+        seen = _extract(data, tmp, top, limits, allow_links, what, keep)
         if expected_checksum is not None:
             actual = task_checksum(tmp)
             if actual != expected_checksum:
@@ -282,16 +361,28 @@ def unpack(
                     f"{what}: its files have checksum {actual}, not the expected "
                     f"{expected_checksum}: the archive is not the task it claims to be"
                 )
-        try:
-            os.rename(tmp, dest)
-        except OSError as exc:
-            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                raise FileExistsError(errno.EEXIST, "destination exists", str(dest)) from None
-            raise
+        if not in_place:
+            try:
+                os.rename(tmp, dest)
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise FileExistsError(errno.EEXIST, "destination exists", str(dest)) from None
+                raise
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not in_place or _same_folder(top, dest):  # never the one that took its place
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dest
+    finally:
+        os.close(top)
+    return Unpacked(dest, seen.kinds, seen.sizes, seen.kept)
+
+
+def _same_folder(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def unpack_task(
@@ -303,4 +394,22 @@ def unpack_task(
 
 def unpack_trial(data: bytes, dest: Path, limits: ArchiveLimits = TRIAL_LIMITS) -> Path:
     """Unpack a trial archive into ``dest`` (no links: pack_trial never writes any)."""
-    return unpack(data, dest, limits, allow_links=False, what="trial archive")
+    return unpack_trial_files(data, dest, limits).path
+
+
+def unpack_trial_files(
+    data: bytes,
+    dest: Path,
+    limits: ArchiveLimits = TRIAL_LIMITS,
+    *,
+    keep: Mapping[str, int] | None = None,
+    in_place: bool = False,
+) -> Unpacked:
+    """``unpack_trial``, returning what was unpacked and the bytes of the ``keep`` files.
+
+    ``keep``: relative path -> the largest size whose bytes are kept. ``in_place``: the
+    entries go straight into ``dest``, created here (its parent must exist; raises
+    FileExistsError when it does exist) and removed again on any refusal: no staging
+    folder and no rename, for a trial folder nobody holds yet.
+    """
+    return _unpack(data, dest, limits, None, False, "trial archive", keep or {}, in_place)

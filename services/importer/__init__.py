@@ -5,7 +5,9 @@
     handlers.py  the decisions, against the EventBus and Ledger ports: decode, build,
                  write, announce (ResultImported), and one verdict per message
     jobdir.py    `trialbus import` of a Harbor job folder (optionally announced)
-    records.py   assembly of a TrialRecord from one trial folder, over
+    folders.py   stored trial archives unpacked into the importer's job folders
+    records.py   assembly of a TrialRecord from one trial's files, over
+    trial_files.py  those files on disk, or as just unpacked (bytes kept in memory),
     reads.py     bounded, never-raising file reads that follow no link
                  (services.common.folder_reads),
     salvage.py   field-by-field salvage of a malformed result.json, and

@@ -11,7 +11,6 @@ record at once (``unreadable_result_record``): a redelivery would fetch the same
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any, Final
 
 from schemas.events import TrialCompleted, TrialFailed
@@ -20,6 +19,7 @@ from services.common.errors import ACK, ObjectCorrupt, ObjectMissing, Settle, se
 from services.common.unpack import ArchiveError
 from services.importer.folders import StoredTrials
 from services.importer.records import RecordContext, build_failed_record, build_record
+from services.importer.trial_files import TrialFiles
 
 BUG_MAX_DELIVERIES: Final = 5
 """From this delivery on, a message whose record cannot be built gets an ImporterError
@@ -43,8 +43,8 @@ def _context_for_completed(ev: TrialCompleted) -> RecordContext:
     )
 
 
-def _completed_record(trial_dir: Path, event: TrialCompleted) -> TrialRecord:
-    record = build_record(trial_dir, _context_for_completed(event))
+def _completed_record(files: TrialFiles, event: TrialCompleted) -> TrialRecord:
+    record = build_record(files, _context_for_completed(event))
     if event.source != "external":
         return record
     # Read from a scratch copy: the folder itself is on the watcher's machine.
@@ -91,7 +91,7 @@ async def record_for(event: TrialCompleted | TrialFailed, trials: StoredTrials) 
     if isinstance(event, TrialFailed):
         return build_failed_record(event)
     try:
-        return await trials.use_folder(event, lambda trial_dir: _completed_record(trial_dir, event))
+        return await trials.use_folder(event, lambda files: _completed_record(files, event))
     except (ObjectCorrupt, ArchiveError) as exc:
         return unreadable_result_record(event, exc)
 

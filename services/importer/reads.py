@@ -3,31 +3,32 @@
 A trial folder is written by an agent, a verifier and Harbor, any of which may be
 broken or hostile: every read here stays inside the trial folder (no symbolic link is
 followed), is size-limited, refuses FIFOs and devices, and turns every problem into
-one diagnostic line (naming the file and why) instead of raising.
+one diagnostic line (naming the file and why) instead of raising. The folder is a
+``TrialFiles`` (services.importer.trial_files): on disk, or an archive just unpacked.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from services.common.archive import TRIAL_MANIFEST
-from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
+from services.common.folder_reads import MAX_FILE_BYTES, Unread
+from services.importer.trial_files import MAX_MANIFEST_BYTES, TrialFiles
 
 __all__ = ["MAX_FILE_BYTES", "get_path", "nonempty_str", "parse_object", "read_text", "short"]
 
 
-def read_text(trial_dir: Path, name: str, errors: list[str]) -> str | None:
-    """The text of ``trial_dir/name``, or None with a diagnostic (a missing file adds none).
+def read_text(trial: TrialFiles, name: str, errors: list[str]) -> str | None:
+    """The text of ``name`` in the trial, or None with a diagnostic (a missing file adds none).
 
     ``name`` is the file's path in the trial folder ("verifier/reward.txt") and starts
-    its diagnostic. The file is read with services.common.folder_reads: never through
-    a symbolic link (the file's or a folder's on the way), never a FIFO or device,
-    at most MAX_FILE_BYTES.
+    its diagnostic. On disk the file is read with services.common.folder_reads: never
+    through a symbolic link (the file's or a folder's on the way), never a FIFO or
+    device, at most MAX_FILE_BYTES.
     """
-    got = read_inside(trial_dir, name, MAX_FILE_BYTES)
+    got = trial.read(name, MAX_FILE_BYTES)
     if isinstance(got, Unread):
         if not got.missing:
             errors.append(f"{name}: {got.reason}")
@@ -94,16 +95,13 @@ def nonempty_str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-MAX_MANIFEST_BYTES: Final = 1024 * 1024
-
-
-def left_out_diagnostic(trial_dir: Path) -> str | None:
+def left_out_diagnostic(trial: TrialFiles) -> str | None:
     """A diagnostic when the runner left files out of the stored folder.
 
     None when it has them all, and for a folder that was not unpacked from a stored
     archive (no TRIAL_MANIFEST: e.g. a Harbor job folder given to ``trialbus import``).
     """
-    got = read_inside(trial_dir, TRIAL_MANIFEST, MAX_MANIFEST_BYTES)
+    got = trial.read(TRIAL_MANIFEST, MAX_MANIFEST_BYTES)
     if isinstance(got, Unread):
         return None
     try:

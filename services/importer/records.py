@@ -40,6 +40,7 @@ from schemas.record import (
 from services.importer.reads import get_path, left_out_diagnostic, nonempty_str
 from services.importer.salvage import TrialRead, dotted, read_trial
 from services.importer.scoring import cut_message, evaluate
+from services.importer.trial_files import TrialFiles, trial_files
 
 MAX_RECORD_BYTES: Final = 1024 * 1024
 """A record whose JSON is larger is shortened: the ledger refuses documents over
@@ -206,29 +207,26 @@ def _offsets(started: datetime | None, result: HarborTrialResult) -> dict[str, f
     return out
 
 
-def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
+def build_record(trial: Path | TrialFiles, context: RecordContext) -> TrialRecord:
     """Build the ledger record of one Harbor trial folder. Never raises on bad files.
 
-    Reads ``result.json`` (validated against ``HarborTrialResult``), and, only when
-    it is missing or unusable, ``config.json`` for provenance and
-    ``verifier/reward.json`` / ``verifier/reward.txt`` for informational rewards.
-    See services.importer.scoring for the scoring rule and ``main_reward_key`` for
-    the choice of the main reward.
+    ``trial``: the folder on disk, or the files of an archive just unpacked
+    (services.importer.trial_files: one record path for both). Reads ``result.json``
+    (validated against ``HarborTrialResult``), and, only when it is missing or
+    unusable, ``config.json`` for provenance and ``verifier/reward.json`` /
+    ``verifier/reward.txt`` for informational rewards. See services.importer.scoring
+    for the scoring rule and ``main_reward_key`` for the choice of the main reward.
     """
     errors: list[str] = []
-    trial_dir = trial_dir.absolute()
-    result_path, verifier_dir, agent_dir = (
-        trial_dir / "result.json",
-        trial_dir / "verifier",
-        trial_dir / "agent",
-    )
-    read = read_trial(trial_dir, errors)
-    evaluation = evaluate(read, trial_dir, errors)
+    files = trial_files(trial)
+    trial_dir = files.path.absolute()
+    read = read_trial(files, errors)
+    evaluation = evaluate(read, files, errors)
     usage = _usage(read.result, errors) if read.result else Usage()
     # Decided before the packing diagnostic: the runner stores result.json and the
     # verifier's output first, so files it left out never make the score partial.
     status: RecordStatus = "complete" if read.result is not None and not errors else "partial"
-    left_out = left_out_diagnostic(trial_dir)
+    left_out = left_out_diagnostic(files)
     if left_out is not None:
         errors.append(left_out)
     record = TrialRecord(
@@ -244,9 +242,9 @@ def build_record(trial_dir: Path, context: RecordContext) -> TrialRecord:
             archive=context.archive,
             trial_dir=str(trial_dir),
             job_dir=str(context.job_dir.absolute() if context.job_dir else trial_dir.parent),
-            result_path=str(result_path) if result_path.is_file() else None,
-            verifier_dir=str(verifier_dir) if verifier_dir.is_dir() else None,
-            agent_dir=str(agent_dir) if agent_dir.is_dir() else None,
+            result_path=str(trial_dir / "result.json") if files.is_file("result.json") else None,
+            verifier_dir=str(trial_dir / "verifier") if files.is_dir("verifier") else None,
+            agent_dir=str(trial_dir / "agent") if files.is_dir("agent") else None,
         ),
         errors=errors,
         attempts=context.attempts,

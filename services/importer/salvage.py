@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 from pydantic import ValidationError
 
 from schemas.harbor_result import HarborTrialResult
 from services.importer.reads import parse_object, read_text, short
+from services.importer.trial_files import TrialFiles
 
 _SALVAGE_ROUNDS: Final = 8
 _ABSENT: Final = object()
@@ -110,9 +110,9 @@ class TrialRead:
     config: Mapping[str, Any] | None  # Harbor's TrialConfig, from result.json or config.json
 
 
-def read_trial(trial_dir: Path, errors: list[str]) -> TrialRead:
+def read_trial(trial: TrialFiles, errors: list[str]) -> TrialRead:
     """Read result.json (salvaged), falling back to config.json for provenance only."""
-    text = read_text(trial_dir, "result.json", errors)
+    text = read_text(trial, "result.json", errors)
     if text is None and not errors:
         errors.append(
             "result.json: missing (Harbor did not finish this trial: it is still running, "
@@ -122,6 +122,6 @@ def read_trial(trial_dir: Path, errors: list[str]) -> TrialRead:
     result, damaged = validate_result(data, errors) if data is not None else (None, set())
     if result is not None:
         return TrialRead(result, frozenset(damaged), result.config)
-    config_text = read_text(trial_dir, "config.json", errors)
+    config_text = read_text(trial, "config.json", errors)
     config = parse_object(config_text, "config.json", errors) if config_text is not None else None
     return TrialRead(None, frozenset(damaged), config)

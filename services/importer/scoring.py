@@ -14,9 +14,7 @@ unscored trial is the one that unscored it. Reward files read straight from
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Collection, Mapping
-from pathlib import Path
 from typing import Any, Final
 
 from schemas.harbor_result import HarborTrialResult
@@ -24,6 +22,7 @@ from schemas.record import Evaluation, FailureClass
 from services.common.failures import NEVER_SCORED, classify
 from services.importer.reads import get_path, nonempty_str, parse_object, read_text, short
 from services.importer.salvage import TrialRead
+from services.importer.trial_files import TrialFiles
 
 MAX_MESSAGE_CHARS: Final = 2000
 """Exception messages are cut to this length; the trial folder keeps the full text."""
@@ -78,17 +77,17 @@ def _clean_rewards(raw: Mapping[str, Any], label: str, errors: list[str]) -> dic
     return clean
 
 
-def _artifact_rewards(trial_dir: Path, errors: list[str]) -> tuple[dict[str, float], str]:
+def _artifact_rewards(trial: TrialFiles, errors: list[str]) -> tuple[dict[str, float], str]:
     """Rewards straight from the verifier's files (reward.json wins, as in Harbor)."""
     label = "verifier/reward.json"
     # lexists: a reward.json that is a link (even a dangling one) is reported, not
     # passed over for reward.txt.
-    if os.path.lexists(trial_dir / label):
-        text = read_text(trial_dir, label, errors)
+    if trial.lexists(label):
+        text = read_text(trial, label, errors)
         data = parse_object(text, label, errors) if text is not None else None
         return (_clean_rewards(data, label, errors) if data is not None else {}), label
     label = "verifier/reward.txt"
-    text = read_text(trial_dir, label, errors)
+    text = read_text(trial, label, errors)
     if text is None:
         return {}, label
     try:
@@ -122,7 +121,7 @@ def _later_exception_types(result: HarborTrialResult) -> list[str]:
     return types if result.exception_info is not None else types[1:]
 
 
-def evaluate(read: TrialRead, trial_dir: Path, errors: list[str]) -> Evaluation:
+def evaluate(read: TrialRead, trial: TrialFiles, errors: list[str]) -> Evaluation:
     """The trial's Evaluation under the rule in this module's docstring."""
     result = read.result
     raw = result.verifier_result.rewards if result and result.verifier_result else None
@@ -132,7 +131,7 @@ def evaluate(read: TrialRead, trial_dir: Path, errors: list[str]) -> Evaluation:
         rewards = _clean_rewards(raw, "result.json: verifier_result.rewards", errors)
         key = main_reward_key(list(raw))
     elif result is None or "verifier_result" in read.damaged:
-        rewards, label = _artifact_rewards(trial_dir, errors)
+        rewards, label = _artifact_rewards(trial, errors)
         key = main_reward_key(list(rewards))
         if rewards:
             errors.append(f"{label}: rewards read from the verifier's file are not scored")

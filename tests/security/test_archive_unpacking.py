@@ -25,6 +25,7 @@ from services.common.archive import (
     unpack_trial,
 )
 from services.common.task_identity import task_checksum
+from services.common.unpack import unpack_trial_files
 
 REPO = Path(__file__).resolve().parents[2]
 HELLO = REPO / "examples" / "tasks" / "hello-file"
@@ -236,3 +237,46 @@ def test_benign_archive_with_accepted_forms(dest: Path) -> None:
     assert (dest / "tests" / "link.txt").read_text() == "shared"
     assert (dest / "alias.txt").read_text() == "shared"
     assert os.readlink(dest / "tests" / "link.txt") == "data.txt"
+
+
+# -- a trial unpacked in place (the importer's new trials) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("members", "name"),
+    [
+        ([entry("ok.txt", b"first"), entry("../evil")], "../evil"),
+        ([entry("ok.txt"), entry("hl", kind=tarfile.LNKTYPE, link="ok.txt")], "hl"),
+        ([entry("ok.txt"), entry("peek", kind=tarfile.SYMTYPE, link="ok.txt")], "peek"),
+        ([entry("d/a"), entry("d/b"), entry("d/a", b"again")], "d/a"),
+    ],
+)
+def test_a_trial_refused_in_place_leaves_nothing_behind(
+    dest: Path, members: list[Member], name: str
+) -> None:
+    before = set(dest.parent.iterdir())
+    with pytest.raises(ArchiveError) as caught:
+        unpack_trial_files(archive(*members), dest, in_place=True)
+    assert caught.value.entry == name, str(caught.value)
+    assert not dest.exists() and set(dest.parent.iterdir()) == before
+    # Negative control: the same archive without the offending entry lands whole.
+    unpacked = unpack_trial_files(archive(*members[:-1]), dest, in_place=True)
+    assert unpacked.path == dest and (dest / members[0][0].name).is_file()
+
+
+def test_in_place_never_touches_an_existing_folder(dest: Path) -> None:
+    dest.mkdir()
+    (dest / "theirs.txt").write_text("someone else's")
+    with pytest.raises(FileExistsError):
+        unpack_trial_files(archive(entry("ok.txt"), entry("../evil")), dest, in_place=True)
+    assert [p.name for p in dest.iterdir()] == ["theirs.txt"]
+
+
+def test_unpacking_keeps_the_asked_bytes_within_their_bound(dest: Path) -> None:
+    data = archive(entry("a.json", b"{}"), entry("v/big.txt", b"x" * 100), entry("other", b"o"))
+    keep = {"a.json": 10, "v/big.txt": 99, "missing": 10}
+    unpacked = unpack_trial_files(data, dest, keep=keep, in_place=True)
+    assert unpacked.kept == {"a.json": b"{}"}  # big.txt is over its bound, other not asked
+    assert unpacked.sizes == {"a.json": 2, "v/big.txt": 100, "other": 1}
+    assert unpacked.kinds == {"a.json": "file", "v": "dir", "v/big.txt": "file", "other": "file"}
+    assert (dest / "v" / "big.txt").read_bytes() == b"x" * 100  # written whole all the same

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from services.common.archive import pack_trial
+from schemas.events import TrialCompleted
+from services.common import unpack
+from services.common.adapters.memory_objects import InMemoryObjectStore
+from services.common.archive import TRIAL_MANIFEST, pack_trial
 from services.common.harbor_jobs import read_marker
-from services.importer.folders import checked_job_dir, place_trial
+from services.importer.folders import StoredTrials, checked_job_dir, place_trial
 
 
 def archive(tmp_path: Path, reward: float) -> bytes:
@@ -77,3 +83,95 @@ def test_a_job_folder_linked_out_of_the_jobs_folder_is_refused(tmp_path: Path) -
     with pytest.raises(ValueError, match="would leave the jobs folder"):
         checked_job_dir(jobs, "exp-linked")
     assert checked_job_dir(jobs, "exp-plain") == (jobs / "exp-plain").resolve()
+
+
+def _two_deliveries(
+    tmp_path: Path, place: Callable[[bytes], object], waiting: Callable[[], bool]
+) -> tuple[Path, list[str]]:
+    """A second delivery of one trial arrives while the first is writing its folder in
+    place (held at its first file) and the first goes on once the second is
+    ``waiting`` or done; returns the folder and each delivery's outcome in order."""
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    for folder, extra, reward in ((first_dir, "a.txt", 0.0), (second_dir, "b.txt", 1.0)):
+        folder.mkdir()
+        (folder / "result.json").write_text(json.dumps({"reward": reward}))
+        (folder / extra).write_text(extra)
+    first, second = pack_trial(first_dir).data, pack_trial(second_dir).data
+    writing, go_on = threading.Event(), threading.Event()
+    real_write = unpack._write_all
+
+    def held_write(fd: int, chunk: bytes) -> None:
+        if threading.current_thread().name == "first" and not writing.is_set():
+            writing.set()
+            go_on.wait(WAIT_S)
+        real_write(fd, chunk)
+
+    outcomes: list[str] = []
+
+    def deliver(data: bytes) -> None:
+        try:
+            place(data)
+            outcomes.append("placed")
+        except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+            outcomes.append(type(exc).__name__)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unpack, "_write_all", held_write)
+        one = threading.Thread(target=deliver, args=(first,), name="first")
+        one.start()
+        assert writing.wait(WAIT_S)
+        two = threading.Thread(target=deliver, args=(second,), name="second")
+        two.start()
+        # The second either waits for its turn (the first still holds it) or is done.
+        deadline = time.monotonic() + WAIT_S
+        while two.is_alive() and not waiting():
+            assert time.monotonic() < deadline, "second delivery neither waited nor finished"
+            time.sleep(0.01)
+        go_on.set()
+        one.join(WAIT_S)
+        two.join(WAIT_S)
+    return tmp_path / "jobs" / "exp-1" / "trial-a", outcomes
+
+
+WAIT_S = 30.0
+
+
+def test_two_deliveries_of_one_trial_take_turns(tmp_path: Path) -> None:
+    trials = StoredTrials(InMemoryObjectStore("RESULTS"), tmp_path / "jobs")
+    ref = {"bucket": "RESULTS", "name": "exp-1/trial-a/1.tar.gz", "size": 1, "sha256": "0" * 64}
+    event = TrialCompleted.model_validate(
+        {"experiment_id": "exp-1", "trial_id": "trial-a", "trial_name": "trial-a", "result": ref}
+    )
+
+    def second_waits() -> bool:  # both deliveries hold the trial's turn lock's count
+        placing = trials._placing.get(("exp-1", "trial-a"))
+        return placing is not None and placing[1][0] >= 2
+
+    dest, outcomes = _two_deliveries(
+        tmp_path, lambda data: trials._place(event, data), second_waits
+    )
+    assert outcomes == ["placed", "placed"]
+    # The later delivery's folder, whole, and nothing of the first mixed in or left over.
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "b.txt",
+        "result.json",
+        "trialbus-manifest.json",
+    ]
+    assert reward_of(dest) == 1.0
+    assert not any(p.name.startswith(".") for p in dest.parent.iterdir())
+    assert trials._placing == {}
+
+
+def test_negative_control_without_turns_the_deliveries_collide(tmp_path: Path) -> None:
+    job_dir = checked_job_dir(tmp_path / "jobs", "exp-1")
+    dest, outcomes = _two_deliveries(
+        tmp_path,
+        lambda data: place_trial(tmp_path / "jobs", "exp-1", "trial-a", data, job_dir),
+        lambda: False,  # the second goes straight ahead: the first resumes once it is done
+    )
+    # The first resumes in its own folder, which the second renamed away and removed:
+    # it fails (a redelivery would place it again), and the second's folder is left
+    # whole (unpacking writes relative to its folder's fd and removes only its own).
+    assert outcomes == ["placed", "FileNotFoundError"]
+    assert sorted(p.name for p in dest.iterdir()) == ["b.txt", "result.json", TRIAL_MANIFEST]
+    assert reward_of(dest) == 1.0
