@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import AuthorizationError, NoServersError
@@ -190,6 +191,11 @@ async def try_open_nats(
 ) -> AsyncIterator[NatsSide | None]:
     """``open_nats``, or None when NATS cannot be reached (for work that can do without)."""
     async with contextlib.AsyncExitStack() as stack:
+        if await _all_refused(settings.nats_servers):
+            # Nothing listens: nats-py would retry the refused connection until the
+            # timeout (3 s of every `trialbus import` without a stack).
+            yield None
+            return
         try:
             side: NatsSide | None = await stack.enter_async_context(
                 open_nats(settings, name, timeout_s=timeout_s)
@@ -197,3 +203,25 @@ async def try_open_nats(
         except TransientError:
             side = None
         yield side
+
+
+async def _all_refused(servers: list[str]) -> bool:
+    """True when every server refuses a TCP connection outright (nothing listens there).
+
+    Anything else (a connection, a timeout, an unknown host) is left to nats-py.
+    """
+    for url in servers:
+        parts = urlsplit(url if "://" in url else f"nats://{url}")
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(parts.hostname or "127.0.0.1", parts.port or 4222), 1.0
+            )
+        except ConnectionRefusedError:
+            continue
+        except (OSError, TimeoutError, ValueError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return False
+    return bool(servers)
