@@ -22,14 +22,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 
 from schemas.events import TrialLog, TrialStarted
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import JetStreamBus, ensure_streams
+from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
@@ -84,9 +83,8 @@ class World:
 
 @pytest.fixture
 async def world(servers: Servers, topology: Topology, tmp_path: Path) -> AsyncIterator[World]:
-    nc = await nats.connect(servers.nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
     ledger = servers.ledger()
     await ledger.upsert_experiment(
         ExperimentInfo(EXP, "live demo", len(TRIALS), {"submitted_by": {"user": "alice"}})

@@ -18,13 +18,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
-import nats
 import pytest
 
 from schemas.objects import ObjectRef
 from schemas.record import Artifacts, Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_objects import open_bucket
 from services.common.archive import pack_trial
 from services.submitter.http_security import SESSION_COOKIE
@@ -90,9 +88,8 @@ def _record(exp: str, trial: str, archive: ObjectRef | None) -> TrialRecord:
 @pytest.fixture
 async def site(tmp_path: Path, servers: Servers, topology: Topology) -> AsyncIterator[Site]:
     settings = servers.site_settings(TOKEN)
-    nc = await nats.connect(servers.nats_url)
+    nc = await servers.connect()
     ledger = servers.ledger()
-    await ensure_streams(nc.jetstream(), topology)
     store = await open_bucket(nc.jetstream(), settings, "results")
     refs: dict[str, ObjectRef] = {}
     for exp in ("arts-a", "arts-b"):

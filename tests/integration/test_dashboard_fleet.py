@@ -22,12 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
 
 from schemas.runners import RunnerInfo, RunnerLoad
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
 from services.submitter.http_security import SESSION_COOKIE
 from tests.e2e.cli import ROOT, run_module
@@ -122,9 +120,8 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 @pytest.fixture
 async def fleet(tmp_path: Path, servers: Servers, topology: Topology) -> AsyncIterator[Fleet]:
-    nc = await nats.connect(servers.nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
     registry = await NatsRunnerRegistry.open(js, topology, create_ttl_s=TTL_S)
     settings = servers.site_settings(TOKEN)
     env = servers.cli().env

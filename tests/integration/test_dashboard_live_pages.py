@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
 
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
@@ -51,9 +49,8 @@ async def test_fleet_and_queue_pages_update_without_a_reload(
     from playwright.async_api import async_playwright, expect
 
     chromium = chromium_path()
-    nc = await nats.connect(servers.nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
     registry = await NatsRunnerRegistry.open(js, topology)
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
     ledger = servers.ledger()
@@ -131,9 +128,8 @@ async def _events(response: httpx.Response) -> AsyncIterator[tuple[str, dict[str
 async def test_the_fleet_stream_pushes_changes(
     tmp_path: Path, servers: Servers, topology: Topology
 ) -> None:
-    nc = await nats.connect(servers.nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
     registry = await NatsRunnerRegistry.open(js, topology)
     await registry.announce(_runner("alpha"))
     settings = servers.site_settings(TOKEN)

@@ -23,14 +23,12 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from schemas.events import ExperimentSubmitted, parse_event
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
@@ -108,9 +106,8 @@ async def record_submissions(nc: Any, topology: Topology, ledger: MongoLedger) -
 async def test_queue_shows_what_waits_and_why_in_every_view(
     tmp_path: Path, servers: Servers, topology: Topology
 ) -> None:
-    nc = await nats.connect(servers.nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
     ledger = servers.ledger()
     registry = await NatsRunnerRegistry.open(js, topology)
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)

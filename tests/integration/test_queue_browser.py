@@ -10,12 +10,10 @@ import asyncio
 from pathlib import Path
 
 import httpx
-import nats
 import pytest
 
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
@@ -36,9 +34,8 @@ async def test_queue_page_in_a_browser(
     from playwright.async_api import async_playwright
 
     chromium = chromium_path()
-    nc = await nats.connect(servers.nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
     ledger = servers.ledger()
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
     registry = await NatsRunnerRegistry.open(js, topology)

@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
+from nats.aio.client import Client as NatsClient
 
 from infra.embedded_stack import stack_env
 from schemas.subjects import Topology
+from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.settings import CommonSettings, SubmitterSettings
 from tests.e2e.cli import Cli
@@ -60,6 +63,13 @@ class Servers:
             self.tmp_path / "no-stack.json",
             extra_env=tuple(extra_env.items()),
         )
+
+    async def connect(self) -> NatsClient:
+        """A connection to the session's nats-server on which the test's streams exist
+        (declared as every service declares them at its start); the caller closes it."""
+        nc = await nats.connect(self.nats_url)
+        await ensure_streams(nc.jetstream(), self.topology)
+        return nc
 
     def ledger(self) -> MongoLedger:
         """A ledger adapter on the test's database (the caller closes it)."""
