@@ -25,7 +25,8 @@ import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Generator, Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import nats
 import pytest
@@ -38,6 +39,9 @@ from infra.embedded import (
     find_binary,
 )
 from schemas.subjects import Topology
+
+if TYPE_CHECKING:
+    from tests.support.servers import Servers
 
 IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 """True when the suite runs in CI, where every prerequisite must be present."""
@@ -203,3 +207,15 @@ async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
 def ledger_db() -> str:
     """A database name unique to this test."""
     return "tb_" + secrets.token_hex(6)
+
+
+@pytest.fixture
+def servers(
+    nats_url: str, ledger_url: str, topology: Topology, ledger_db: str, tmp_path: Path
+) -> Servers:
+    """This test's names in the session's servers, in one value (tests/support/servers.py)."""
+    # Imported here: it pulls in the submitter app, which unit tests never need, and
+    # its helpers import this module.
+    from tests.support.servers import Servers
+
+    return Servers(nats_url, ledger_url, topology, ledger_db, tmp_path)

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -20,6 +20,14 @@ from infra.stack import EmbeddedStack
 from schemas.subjects import Topology
 from tests.e2e.cli import Cli
 from tests.e2e.events import EventTap
+
+
+class Started(NamedTuple):
+    """A started stack, an event tap on it and the ``trialbus`` command pointed at it."""
+
+    stack: EmbeddedStack
+    tap: EventTap
+    cli: Cli
 
 
 @dataclass
@@ -69,6 +77,12 @@ class Stacks:
         tap = await EventTap(stack.nats_url or "", self.topology).start()
         self.taps.append(tap)
         return tap
+
+    async def started(self, **kw: Any) -> Started:
+        """:meth:`start` (``kw`` as there), then its :meth:`tap` and :meth:`cli`: what
+        most end-to-end tests begin with."""
+        stack = await self.start(**kw)
+        return Started(stack, await self.tap(stack), self.cli(stack))
 
 
 @pytest.fixture

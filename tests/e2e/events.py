@@ -24,13 +24,27 @@ from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from infra.nats_auth import RoleCredentials, connect_as
-from schemas.events import Event, ResultImported, parse_event
+from schemas.events import Event, ResultImported, TrialStarted, parse_event
 from schemas.subjects import Topology
 
 T = TypeVar("T")
 
 Condition = Callable[[Sequence[Event]], T | None | Awaitable[T | None]]
 """Given every event so far (stream order): a truthy answer ends the wait."""
+
+
+def starts_of(
+    events: Sequence[Event], *, experiment_id: str | None = None, trial_id: str | None = None
+) -> list[TrialStarted]:
+    """The TrialStarted events among ``events`` (in their order), of ``experiment_id``
+    and of ``trial_id`` where each is given."""
+    return [
+        e
+        for e in events
+        if isinstance(e, TrialStarted)
+        and (experiment_id is None or e.experiment_id == experiment_id)
+        and (trial_id is None or e.trial_id == trial_id)
+    ]
 
 
 async def stream_payloads(js: JetStreamContext, stream: str) -> list[bytes]:

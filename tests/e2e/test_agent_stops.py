@@ -68,9 +68,7 @@ async def test_refused_keys_and_spent_budgets_end_trials_before_they_start(
     stacks: Stacks, stub: ModelStub, tmp_path: Path
 ) -> None:
     # One stack for both (a stack's start is most of the time on a busy machine).
-    stack = await stacks.start(concurrency=1, runner_env=runner_env(tmp_path))
-    tap = await stacks.tap(stack)
-    cli = stacks.cli(stack)
+    stack, tap, cli = await stacks.started(concurrency=1, runner_env=runner_env(tmp_path))
     await a_refused_key_stops_the_agent_once(stack, tap, cli, stub, tmp_path)
     await a_token_budget_stops_trials_not_yet_started(stack, cli, stub, tmp_path)
 

@@ -29,7 +29,7 @@ from schemas.events import (
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from tests.e2e.conftest import Stacks
-from tests.e2e.events import EventTap
+from tests.e2e.events import EventTap, starts_of
 from tests.e2e.faultkit import (
     instant_runner_env,
     judge,
@@ -85,11 +85,7 @@ async def test_runner_killed_mid_trial_is_redelivered(stacks: Stacks, tmp_path: 
     )
     assert check.ok, check.explain()
     # The fault landed mid-trial: the victim's trial ran again, on the other runner.
-    again = [
-        e
-        for e in tap.events
-        if isinstance(e, TrialStarted) and e.trial_id == victim.trial_id and e.attempt > 1
-    ]
+    again = [e for e in starts_of(tap.events, trial_id=victim.trial_id) if e.attempt > 1]
     assert again and {e.runner_id for e in again} == {"runner-1"}, again
     assert check.reruns >= 1
 
@@ -226,9 +222,9 @@ async def test_cluster_node_killed_mid_experiment(stacks: Stacks, tmp_path: Path
 async def test_concurrency_limit_holds_across_runners_and_cancel(
     stacks: Stacks, tmp_path: Path
 ) -> None:
-    stack = await stacks.start(n_runners=2, concurrency=8, runner_env=instant_runner_env(1.0))
-    tap = await stacks.tap(stack)
-    cli = stacks.cli(stack)
+    stack, tap, cli = await stacks.started(
+        n_runners=2, concurrency=8, runner_env=instant_runner_env(1.0)
+    )
     # 24 trials at 3 at once: at least 8 waves of 1 s, long past the other's submission.
     limited = await submit(cli, write_manifest(tmp_path, 24, name="limited", concurrency=3))
     other = await submit(cli, write_manifest(tmp_path, 10, name="other", concurrency=10))
@@ -260,11 +256,7 @@ async def test_concurrency_limit_holds_across_runners_and_cancel(
     assert peak(other_spans) > 3, peak(other_spans)
 
     def last_start(experiment_id: str) -> datetime:
-        return max(
-            e.occurred_at
-            for e in tap.events
-            if isinstance(e, TrialStarted) and e.experiment_id == experiment_id
-        )
+        return max(e.occurred_at for e in starts_of(tap.events, experiment_id=experiment_id))
 
     assert last_start(other.experiment_id) < last_start(limited.experiment_id)
 
@@ -293,9 +285,7 @@ async def test_retry_exhaustion_becomes_a_partial_record(stacks: Stacks, tmp_pat
 
 
 async def test_cancel_drops_queued_and_stops_running(stacks: Stacks, tmp_path: Path) -> None:
-    stack = await stacks.start(concurrency=4, runner_env=instant_runner_env(30.0))
-    tap = await stacks.tap(stack)
-    cli = stacks.cli(stack)
+    stack, tap, cli = await stacks.started(concurrency=4, runner_env=instant_runner_env(30.0))
     sub = await submit(cli, write_manifest(tmp_path, 20, concurrency=2))
     await tap.eventually(running_on("runner-0"), "a trial running on runner-0", 30)
     t0 = time.monotonic()

@@ -199,9 +199,7 @@ PROVIDER_FAILURES: dict[str, tuple[str | None, str, bool, int, float | None]] = 
 async def test_provider_failures_are_classified(
     stacks: Stacks, stub: ModelStub, tmp_path: Path
 ) -> None:
-    stack = await stacks.start(concurrency=8, runner_env=runner_env(tmp_path))
-    tap = await stacks.tap(stack)
-    cli = stacks.cli(stack)
+    stack, tap, cli = await stacks.started(concurrency=8, runner_env=runner_env(tmp_path))
     # A failing provider costs an attempt ~40-60 s of retries inside the agent (see
     # PROVIDER_FAILURES); past the agent's timeout it would be recorded as the agent's
     # timeout instead, so those trials get a long one, and the hung model a shorter one:

@@ -23,6 +23,7 @@ from services.runner.handlers import PAUSE_WAIT_S
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of
 from tests.e2e.conftest import Stacks
+from tests.e2e.events import starts_of
 from tests.e2e.faultkit import instant_runner_env, judge, ledger_records, submit, write_manifest
 
 pytestmark = pytest.mark.e2e
@@ -35,16 +36,10 @@ flag is cached for 1 s): generous for a loaded machine, far below a lost message
 redelivery (it would not come at all)."""
 
 
-def starts_of(events: Sequence[Event], experiment_id: str) -> list[TrialStarted]:
-    return [e for e in events if isinstance(e, TrialStarted) and e.experiment_id == experiment_id]
-
-
 async def test_pause_holds_queued_work_resume_runs_it_once_and_retry_reruns_one_trial(
     stacks: Stacks, tmp_path: Path
 ) -> None:
-    stack = await stacks.start(concurrency=4, runner_env=instant_runner_env(TRIAL_S))
-    tap = await stacks.tap(stack)
-    cli = stacks.cli(stack)
+    stack, tap, cli = await stacks.started(concurrency=4, runner_env=instant_runner_env(TRIAL_S))
     paused_m = write_manifest(tmp_path, N_PAUSED, name="paused", concurrency=2)
     control_m = write_manifest(tmp_path, N_CONTROL, name="control", concurrency=2)
     paused_id = experiment_id_of(load_manifest(paused_m))
@@ -62,8 +57,10 @@ async def test_pause_holds_queued_work_resume_runs_it_once_and_retry_reruns_one_
     # Long enough for every paused message to have been handed back and delivered
     # again (the control's 4 rounds of 1 s trials make it so): not a vacuous window.
     assert window > PAUSE_WAIT_S[1], f"paused only {window:.1f} s"
-    assert len(starts_of(tap.events, control.experiment_id)) == N_CONTROL
-    assert starts_of(tap.events, paused_id) == [], "a paused experiment's trial started"
+    assert len(starts_of(tap.events, experiment_id=control.experiment_id)) == N_CONTROL
+    assert starts_of(tap.events, experiment_id=paused_id) == [], (
+        "a paused experiment's trial started"
+    )
     rows = {r["experiment_id"]: r for r in await cli.ajson("experiments", "--json")}
     assert rows[paused_id]["state"] == "paused", rows[paused_id]
     assert rows[control.experiment_id]["state"] == "complete"
@@ -73,12 +70,12 @@ async def test_pause_holds_queued_work_resume_runs_it_once_and_retry_reruns_one_
     assert resumed["was_paused"] is True
 
     def first_start(events: Sequence[Event]) -> bool:
-        return bool(starts_of(events, paused_id))
+        return bool(starts_of(events, experiment_id=paused_id))
 
     await tap.eventually(first_start, "a start of the resumed experiment", RESUME_START_S)
     first_s = time.monotonic() - t0
     await tap.all_imported(paused_id, set(paused.trial_ids), 60)
-    starts = starts_of(tap.events, paused_id)
+    starts = starts_of(tap.events, experiment_id=paused_id)
     assert sorted(s.trial_id for s in starts) == sorted(paused.trial_ids)  # each once
     assert {s.attempt for s in starts} == {1}  # the hand-backs counted no attempt
     for name, sub in (("pause: paused", paused), ("pause: control", control)):

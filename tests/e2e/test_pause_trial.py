@@ -12,16 +12,15 @@ and no rerun, and the queue is empty.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from schemas.events import Event, TrialStarted
 from services.runner.handlers import PAUSE_WAIT_S
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of
 from tests.e2e.conftest import Stacks
+from tests.e2e.events import starts_of
 from tests.e2e.faultkit import (
     expected_trial_ids,
     instant_runner_env,
@@ -43,16 +42,10 @@ load), the hand-back delay still running (at most 5 s) and the runners' 1 s flag
 measured 6.4-13.3 s on the loaded 2-core machine. A lost message would never start."""
 
 
-def starts_of(events: Sequence[Event], trial_id: str) -> list[TrialStarted]:
-    return [e for e in events if isinstance(e, TrialStarted) and e.trial_id == trial_id]
-
-
 async def test_one_paused_trial_waits_while_its_siblings_run(
     stacks: Stacks, tmp_path: Path
 ) -> None:
-    stack = await stacks.start(concurrency=2, runner_env=instant_runner_env(TRIAL_S))
-    tap = await stacks.tap(stack)
-    cli = stacks.cli(stack)
+    stack, tap, cli = await stacks.started(concurrency=2, runner_env=instant_runner_env(TRIAL_S))
     manifest = write_manifest(tmp_path, N_TRIALS, name="one-held", concurrency=1)
     exp = experiment_id_of(load_manifest(manifest))
     held = sorted(expected_trial_ids(manifest, exp))[0]
@@ -65,8 +58,8 @@ async def test_one_paused_trial_waits_while_its_siblings_run(
     await tap.all_imported(exp, siblings, 90)
     window = time.monotonic() - queued_at
     assert window > PAUSE_WAIT_S[1], f"the siblings ran only {window:.1f} s"
-    assert starts_of(tap.events, held) == [], "the paused trial started"
-    assert all(starts_of(tap.events, t) for t in siblings)
+    assert starts_of(tap.events, trial_id=held) == [], "the paused trial started"
+    assert all(starts_of(tap.events, trial_id=t) for t in siblings)
 
     waits = await cli.ajson("queue")
     (row,) = [e for e in waits["experiments"] if e["experiment_id"] == exp]
@@ -76,11 +69,13 @@ async def test_one_paused_trial_waits_while_its_siblings_run(
     resumed = await cli.ajson("resume", exp, "--trial", held)
     assert resumed["was_paused"] is True
     await tap.eventually(
-        lambda events: bool(starts_of(events, held)), "the resumed trial's start", RESUME_START_S
+        lambda events: bool(starts_of(events, trial_id=held)),
+        "the resumed trial's start",
+        RESUME_START_S,
     )
     first_s = time.monotonic() - t0
     await tap.all_imported(exp, set(sub.trial_ids), 60)
-    assert [s.attempt for s in starts_of(tap.events, held)] == [1]
+    assert [s.attempt for s in starts_of(tap.events, trial_id=held)] == [1]
     check = await judge("pause one trial", stack, sub)
     assert check.ok, check.explain()
     assert check.reruns == 0

@@ -89,9 +89,7 @@ async def test_a_preemptible_batch_trial_gives_its_slot_to_urgent_work(
     stacks: Stacks, tmp_path: Path
 ) -> None:
     hold = tmp_path / "release"
-    stack = await stacks.start(concurrency=2, runner_env=runner_env(hold))
-    tap = await stacks.tap(stack)
-    cli = stacks.cli(stack)
+    stack, tap, cli = await stacks.started(concurrency=2, runner_env=runner_env(hold))
     yielding = await submit(cli, manifest(tmp_path, "yielding", 1, "batch", preemptible=True))
     fixed = await submit(cli, manifest(tmp_path, "fixed", 1, "batch"))
     await tap.eventually(
@@ -150,9 +148,7 @@ async def test_a_stop_notice_hands_back_what_cannot_finish_and_loses_nothing(
     env = runner_env(hold, TRIALBUS_STOP_NOTICE_S=str(NOTICE_S))
     # Quick trials of 3 s: they may finish within the 10 s notice, the held ones cannot.
     env["TRIALBUS_INSTANT_DELAY_S"] = "3"
-    stack = await stacks.start(concurrency=4, runner_env=env)
-    tap = await stacks.tap(stack)
-    cli = stacks.cli(stack)
+    stack, tap, cli = await stacks.started(concurrency=4, runner_env=env)
     long = await submit(cli, manifest(tmp_path, "long", 2, "batch"))
     quick = await submit(cli, manifest(tmp_path, "quick", 2, "normal"))
     await tap.eventually(

@@ -73,9 +73,7 @@ async def test_urgent_work_overtakes_queued_batch_work_without_starving_it(
         TRIALBUS_INSTANT_HOLD_UNTIL=str(hold),
         TRIALBUS_PRIORITY_CLASSES=weights,
     )
-    stack = await stacks.start(concurrency=1, runner_env=env)
-    tap = await stacks.tap(stack)
-    cli = stacks.cli(stack)
+    stack, tap, cli = await stacks.started(concurrency=1, runner_env=env)
     batch = await submit(cli, classed_manifest(tmp_path, "batch", N_BATCH, "batch"))
 
     def started(events: Sequence[Event]) -> list[TrialStarted]:

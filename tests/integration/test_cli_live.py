@@ -22,20 +22,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 
 from schemas.events import TrialLog, TrialStarted
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import JetStreamBus, ensure_streams
+from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.reports.progress import experiment_row
-from tests.e2e.cli import ROOT, Cli, run_module
+from tests.e2e.cli import ROOT, run_module
 from tests.support.event_builders import result_imported
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -82,17 +82,14 @@ class World:
 
 
 @pytest.fixture
-async def world(
-    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
-) -> AsyncIterator[World]:
-    nc = await nats.connect(nats_url)
+async def world(servers: Servers, topology: Topology, tmp_path: Path) -> AsyncIterator[World]:
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
-    ledger = MongoLedger(ledger_url, ledger_db)
+    ledger = servers.ledger()
     await ledger.upsert_experiment(
         ExperimentInfo(EXP, "live demo", len(TRIALS), {"submitted_by": {"user": "alice"}})
     )
-    env = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json").env
+    env = servers.cli().env
     registry = await NatsRunnerRegistry.open(js, topology, create_ttl_s=30.0)
     try:
         yield World(JetStreamBus(js, topology), ledger, registry, env)

@@ -14,7 +14,6 @@ import json
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 import markupsafe
@@ -30,7 +29,8 @@ from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.ports import ExperimentInfo
 from services.submitter.dashboard_views import leaderboard_cells
 from services.submitter.http_security import SESSION_COOKIE
-from tests.support.dashboard_site import served_api, site_settings
+from tests.support.dashboard_site import served_api
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -42,21 +42,17 @@ DEADLINE_S = 20.0
 
 
 @pytest.fixture
-async def server(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
-) -> AsyncIterator[str]:
+async def server(servers: Servers) -> AsyncIterator[str]:
     """A submitter app under uvicorn on a free loopback port; its base URL."""
-    prefix = topology.prefix
-    identity = "user: ada, team: t1"
-    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, prefix, TOKEN, identity)
+    settings = servers.site_settings(TOKEN, "user: ada, team: t1")
     async with served_api(settings) as base:
         yield base
 
 
 @pytest.fixture
-async def ledger(ledger_url: str, ledger_db: str) -> AsyncIterator[MongoLedger]:
+async def ledger(servers: Servers) -> AsyncIterator[MongoLedger]:
     """The test's ledger database."""
-    led = MongoLedger(ledger_url, ledger_db)
+    led = servers.ledger()
     await led.ensure_indexes()
     try:
         yield led

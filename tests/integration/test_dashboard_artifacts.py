@@ -18,19 +18,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
-import nats
 import pytest
 
 from schemas.objects import ObjectRef
 from schemas.record import Artifacts, Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_objects import open_bucket
 from services.common.archive import pack_trial
 from services.submitter.http_security import SESSION_COOKIE
 from tests.e2e.cli import ROOT
-from tests.support.dashboard_site import chromium_path, logged_in_page, served_api, site_settings
+from tests.support.dashboard_site import chromium_path, logged_in_page, served_api
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -88,13 +86,10 @@ def _record(exp: str, trial: str, archive: ObjectRef | None) -> TrialRecord:
 
 
 @pytest.fixture
-async def site(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
-) -> AsyncIterator[Site]:
-    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
-    nc = await nats.connect(nats_url)
-    ledger = MongoLedger(ledger_url, ledger_db)
-    await ensure_streams(nc.jetstream(), topology)
+async def site(tmp_path: Path, servers: Servers, topology: Topology) -> AsyncIterator[Site]:
+    settings = servers.site_settings(TOKEN)
+    nc = await servers.connect()
+    ledger = servers.ledger()
     store = await open_bucket(nc.jetstream(), settings, "results")
     refs: dict[str, ObjectRef] = {}
     for exp in ("arts-a", "arts-b"):

@@ -22,16 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
 
 from schemas.runners import RunnerInfo, RunnerLoad
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
 from services.submitter.http_security import SESSION_COOKIE
-from tests.e2e.cli import ROOT, Cli, run_module
-from tests.support.dashboard_site import chromium_path, logged_in_page, served_api, site_settings
+from tests.e2e.cli import ROOT, run_module
+from tests.support.dashboard_site import chromium_path, logged_in_page, served_api
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -120,15 +119,12 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 
 @pytest.fixture
-async def fleet(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
-) -> AsyncIterator[Fleet]:
-    nc = await nats.connect(nats_url)
+async def fleet(tmp_path: Path, servers: Servers, topology: Topology) -> AsyncIterator[Fleet]:
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
     registry = await NatsRunnerRegistry.open(js, topology, create_ttl_s=TTL_S)
-    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
-    env = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json").env
+    settings = servers.site_settings(TOKEN)
+    env = servers.cli().env
     try:
         async with served_api(settings) as base:
             yield Fleet(registry, base, env)

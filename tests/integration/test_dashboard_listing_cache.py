@@ -21,11 +21,11 @@ from schemas.objects import ObjectRef
 from schemas.record import Artifacts, Evaluation, Provenance, TrialRecord
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import ensure_streams
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_objects import open_bucket
 from services.common.archive import pack_trial
 from services.submitter.http_security import SESSION_COOKIE
-from tests.support.dashboard_site import served_api, site_settings
+from tests.support.dashboard_site import served_api
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +52,11 @@ def _listed(page: str) -> set[str]:
 
 
 async def test_a_listing_is_kept_by_digest(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    tmp_path: Path, servers: Servers, topology: Topology
 ) -> None:
-    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
-    nc = await nats.connect(nats_url)
-    ledger = MongoLedger(ledger_url, ledger_db)
+    settings = servers.site_settings(TOKEN)
+    nc = await nats.connect(servers.nats_url)
+    ledger = servers.ledger()
     try:
         await ensure_streams(nc.jetstream(), topology)
         store = await open_bucket(nc.jetstream(), settings, "results")

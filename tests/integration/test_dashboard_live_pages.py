@@ -18,19 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import pytest
 
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.submitter.http_security import SESSION_COOKIE
 from tests.e2e.cli import ROOT
-from tests.support.dashboard_site import chromium_path, logged_in_page, served_api, site_settings
+from tests.support.dashboard_site import chromium_path, logged_in_page, served_api
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -46,22 +44,21 @@ def _runner(runner_id: str) -> RunnerInfo:
 
 
 async def test_fleet_and_queue_pages_update_without_a_reload(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    tmp_path: Path, servers: Servers, topology: Topology
 ) -> None:
     from playwright.async_api import async_playwright, expect
 
     chromium = chromium_path()
-    nc = await nats.connect(nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
     registry = await NatsRunnerRegistry.open(js, topology)
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
-    ledger = MongoLedger(ledger_url, ledger_db)
+    ledger = servers.ledger()
     await registry.announce(_runner("first"))
     await ledger.upsert_experiment(ExperimentInfo("live-q", "live-q", 2, {}))
     for i in range(2):
         await js.publish(topology.work_subject("live-q", "default", None), f"{i}".encode())
-    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
+    settings = servers.site_settings(TOKEN)
     SHOTS.mkdir(parents=True, exist_ok=True)
     try:
         async with (
@@ -129,14 +126,13 @@ async def _events(response: httpx.Response) -> AsyncIterator[tuple[str, dict[str
 
 
 async def test_the_fleet_stream_pushes_changes(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    tmp_path: Path, servers: Servers, topology: Topology
 ) -> None:
-    nc = await nats.connect(nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
     registry = await NatsRunnerRegistry.open(js, topology)
     await registry.announce(_runner("alpha"))
-    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
+    settings = servers.site_settings(TOKEN)
     try:
         async with (
             served_api(settings) as base,

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nats
 import pytest
 
 from schemas.events import ResultImported
-from schemas.record import Evaluation, Provenance, TrialRecord
+from schemas.record import Provenance, TrialRecord
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import JetStreamBus, ensure_streams
-from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.jetstream import JetStreamBus
 from services.common.ports import ExperimentInfo
 from tests.e2e.cli import ROOT
-from tests.support.dashboard_site import chromium_path, logged_in_page, served_api, site_settings
+from tests.support.dashboard_site import chromium_path, logged_in_page, served_api
+from tests.support.records import single_reward
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -40,31 +40,25 @@ def _record(i: int, task: str, agent: str, reward: float) -> TrialRecord:
         experiment_id=EXP,
         status="complete",
         provenance=Provenance(task_name=task, agent_name=agent),
-        evaluation=Evaluation(
-            rewards={"reward": reward},
-            main_reward_key="reward",
-            main_reward=reward,
-            reward_valid=True,
-        ),
+        evaluation=single_reward(reward),
     )
 
 
 async def test_a_new_record_replaces_its_cell_alone(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    tmp_path: Path, servers: Servers, topology: Topology
 ) -> None:
     from playwright.async_api import async_playwright, expect
 
     chromium = chromium_path()
-    nc = await nats.connect(nats_url)
-    await ensure_streams(nc.jetstream(), topology)
+    nc = await servers.connect()
     bus = JetStreamBus(nc.jetstream(), topology)
-    ledger = MongoLedger(ledger_url, ledger_db)
+    ledger = servers.ledger()
     manifest = {"agents": [{"name": "oracle"}, {"name": "nop"}]}
     await ledger.upsert_experiment(ExperimentInfo(EXP, EXP, 8, manifest))
     await ledger.upsert_records(
         [_record(i, f"t{i // 2}", ("oracle", "nop")[i % 2], 1.0 - i % 2) for i in range(4)]
     )
-    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
+    settings = servers.site_settings(TOKEN)
 
     async def arrives(record: TrialRecord) -> None:
         await ledger.upsert_records([record])

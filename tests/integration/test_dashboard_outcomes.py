@@ -12,12 +12,10 @@ import markupsafe
 import pytest
 
 from schemas.record import Evaluation, Provenance, TrialRecord
-from schemas.subjects import Topology
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.ports import ExperimentInfo
 from services.reports.formatting import num, with_ci
-from tests.support.api_client import api_client
 from tests.support.records import single_reward
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -51,17 +49,15 @@ def _records() -> list[TrialRecord]:
 
 
 async def test_pages_show_the_json_endpoints_numbers(
-    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    servers: Servers,
 ) -> None:
-    ledger = MongoLedger(ledger_url, ledger_db)
+    ledger = servers.ledger()
     await ledger.ensure_indexes()
     records = _records()
     await ledger.upsert_experiment(ExperimentInfo(EXP, "outcomes", len(records), {}))
     await ledger.upsert_records(records)
     await ledger.close()
-    async with api_client(
-        nats_url, ledger_url, ledger_db, topology.prefix, api_no_auth=True, check_runners=False
-    ) as web:
+    async with servers.api(api_no_auth=True, check_runners=False) as web:
         report = (await web.get(f"/experiments/{EXP}/report")).json()
         page = (await web.get(f"/ui/experiments/{EXP}")).text
         rows = {r["agent"]: r for r in report["leaderboard"]}

@@ -10,7 +10,6 @@ event it published is one a consumer accepts.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,12 @@ from nats.aio.client import Client as NatsClient
 
 from schemas.events import MAX_EVENT_BYTES, parse_event
 from schemas.manifest import ExperimentManifest
-from schemas.subjects import Topology
 from services.common.errors import ManifestError
 from services.submitter.submit import prepare
 from tests.e2e.cli import run_module
 from tests.e2e.events import stream_payloads
-from tests.support.api_client import EXAMPLE_TASKS, examples_api
+from tests.support.api_client import EXAMPLE_TASKS
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -58,12 +57,10 @@ def _just_under() -> int:
 
 
 async def test_an_oversized_kwargs_value_is_refused_naming_it_and_nothing_is_published(
-    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, nc: NatsClient
+    servers: Servers, nc: NatsClient
 ) -> None:
-    js = nc.jetstream()
-    async with examples_api(
-        nats_url, ledger_url, ledger_db, topology.prefix, check_runners=False
-    ) as api:
+    js, topology = nc.jetstream(), servers.topology
+    async with servers.examples_api(check_runners=False) as api:
         refused = await api.post("/experiments", json=_manifest(600 * 1024))
         assert refused.status_code == 422, refused.text
         error = refused.json()["error"]
@@ -85,19 +82,12 @@ async def test_an_oversized_kwargs_value_is_refused_naming_it_and_nothing_is_pub
 
 
 def test_the_cli_refuses_it_with_exit_2_naming_the_file_and_the_field(
-    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
+    servers: Servers, tmp_path: Path
 ) -> None:
     shutil.copytree(EXAMPLE_TASKS / "hello-file", tmp_path / "hello-file")
     manifest = tmp_path / "big.yaml"
     manifest.write_text(yaml.safe_dump(_manifest(600 * 1024)))
-    env = {
-        **os.environ,
-        "NATS_URL": nats_url,
-        "LEDGER_URL": ledger_url,
-        "TRIALBUS_LEDGER_DB": ledger_db,
-        "TRIALBUS_PREFIX": topology.prefix,
-        "TRIALBUS_CHECK_RUNNERS": "false",
-    }
+    env = {**servers.env(), "TRIALBUS_CHECK_RUNNERS": "false"}
     done = run_module(env, "submit", str(manifest))
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{manifest}: agents[0].kwargs.prompt" in done.stderr, done.stderr

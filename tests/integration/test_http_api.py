@@ -23,15 +23,15 @@ import pytest
 from schemas.record import Evaluation, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.common.task_identity import task_checksum
 from services.submitter.api_tokens import token_digest
 from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
-from tests.e2e.cli import Cli, run_module
-from tests.support.api_client import api_client
+from tests.e2e.cli import run_module
+from tests.support.records import single_reward
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -61,20 +61,14 @@ def tokens_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def client(
-    nats_url: str, ledger_url: str, topology: Topology, ledger_db: str, tokens_file: Path
-) -> Client:
+def client(servers: Servers, tokens_file: Path) -> Client:
     """Open a client on a submitter app (lifespan run: NATS and the ledger connected)."""
 
     @asynccontextmanager
     async def open_client(
         no_auth: bool = False, tasks_root: Path = EXAMPLE_TASKS, check_runners: bool = False
     ) -> AsyncIterator[httpx.AsyncClient]:
-        async with api_client(
-            nats_url,
-            ledger_url,
-            ledger_db,
-            topology.prefix,
+        async with servers.api(
             api_tokens_file=None if no_auth else tokens_file,
             api_no_auth=no_auth,
             tasks_root=tasks_root,
@@ -262,12 +256,7 @@ def _records(experiment_id: str) -> list[TrialRecord]:
                         experiment_id=experiment_id,
                         status="complete",
                         provenance=Provenance(task_name=task, agent_name=agent),
-                        evaluation=Evaluation(
-                            rewards={"reward": reward},
-                            main_reward_key="reward",
-                            main_reward=reward,
-                            reward_valid=True,
-                        ),
+                        evaluation=single_reward(reward),
                     )
                 )
     out[-1] = out[-1].model_copy(
@@ -277,15 +266,10 @@ def _records(experiment_id: str) -> list[TrialRecord]:
 
 
 async def test_the_cli_and_the_http_api_read_the_same_numbers(
-    client: Client,
-    nats_url: str,
-    ledger_url: str,
-    ledger_db: str,
-    topology: Topology,
-    tmp_path: Path,
+    client: Client, servers: Servers, topology: Topology, tmp_path: Path
 ) -> None:
     experiment_id = "one-read-path"
-    ledger = MongoLedger(ledger_url, ledger_db)
+    ledger = servers.ledger()
     try:
         await ledger.ensure_indexes()
         await ledger.upsert_records(_records(experiment_id))
@@ -293,14 +277,14 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     finally:
         await ledger.close()
     # Paused (its last trial waits): plain `status` and the API both say so.
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(servers.nats_url)
     try:
         await (await NatsCoordinator.open(nc.jetstream(), topology, lease_ttl_s=60)).pause(
             experiment_id
         )
     finally:
         await nc.close()
-    env = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json").env
+    env = servers.cli().env
     page = tmp_path / "report.html"
     status, board, report, unknown = await asyncio.gather(
         *(

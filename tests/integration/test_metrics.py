@@ -31,6 +31,7 @@ from services.submitter.api_tokens import issue_token
 from services.submitter.app import create_app as submitter_app
 from services.watcher.app import create_app as watcher_app
 from tests.support import importer_process
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -142,13 +143,12 @@ async def test_importer_process_exports_its_counters(
 
 
 async def test_watcher_app_exports_its_counters(
-    tmp_path: Path, nats_url: str, ledger_url: str, topology: Topology, ledger_db: str
+    tmp_path: Path, servers: Servers, nats_url: str, topology: Topology
 ) -> None:
     port = free_port()
-    settings = WatcherSettings(
-        nats_url=nats_url, ledger_url=ledger_url, prefix=topology.prefix, ledger_db=ledger_db,
-        jobs_dir=tmp_path / "jobs", watch_external=False, metrics_port=port,
-    )  # fmt: skip
+    settings = servers.settings(
+        WatcherSettings, jobs_dir=tmp_path / "jobs", watch_external=False, metrics_port=port
+    )
     async with TestApp(watcher_app(settings)):
         before = await scrape(port)
         assert sample(before, "trialbus_events_consumed_total", service="watcher") == 0

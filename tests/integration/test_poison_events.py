@@ -44,7 +44,6 @@ from schemas.events import encode_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from services.common import errors
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.logging import NOISY_LIBRARIES
 from services.common.settings import ImporterSettings
 from services.importer import event_records
@@ -56,6 +55,7 @@ from tests.bad_inputs.corpus import Case, cases, event_bytes, materialize_result
 from tests.harbor_fixtures import HarborTrials
 from tests.support import importer_process
 from tests.support.importer_process import until
+from tests.support.servers import Servers
 from tests.support.stored_results import completed_from
 
 pytestmark = pytest.mark.integration
@@ -89,10 +89,8 @@ def _log_events(importer: ServiceProcess, name: str) -> list[dict[str, Any]]:
 async def test_poison_and_malformed_results_are_settled_and_nothing_is_lost(
     importer: ServiceProcess,
     harbor_trials: HarborTrials,
-    nats_url: str,
-    ledger_url: str,
+    servers: Servers,
     topology: Topology,
-    ledger_db: str,
     tmp_path: Path,
 ) -> None:
     job_dir = tmp_path / "job"
@@ -112,8 +110,8 @@ async def test_poison_and_malformed_results_are_settled_and_nothing_is_lost(
         bad[trial_id] = case
         folders.append(materialize_result(case, harbor_trials["oracle"], job_dir / trial_id))
 
-    nc = await nats.connect(nats_url)
-    ledger = MongoLedger(ledger_url, ledger_db)
+    nc = await nats.connect(servers.nats_url)
+    ledger = servers.ledger()
     try:
         js: JetStreamContext = nc.jetstream()
         for folder in folders:
@@ -218,10 +216,8 @@ def restore_logging() -> Iterator[None]:
 @pytest.mark.usefixtures("restore_logging")
 async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_batch(
     harbor_trials: HarborTrials,
-    nats_url: str,
-    ledger_url: str,
+    servers: Servers,
     topology: Topology,
-    ledger_db: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -237,9 +233,7 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
     monkeypatch.setattr(event_records, "build_record", build)
     # The bug delay shortened (10 s in production): the same five deliveries, in ~5 s.
     monkeypatch.setattr(errors, "BUG_RETRY_DELAY_S", BUG_DELAY_S)
-    settings = ImporterSettings(
-        nats_url=nats_url, ledger_url=ledger_url, prefix=topology.prefix, ledger_db=ledger_db
-    )
+    settings = servers.settings(ImporterSettings)
     good_dir = harbor_trials.copy("oracle", tmp_path, "good-1")
     subject = topology.event_subject("trial_completed", EXPERIMENT)
     deadline = time.monotonic() + TIMEOUT_S + BUG_MAX_DELIVERIES * BUG_DELAY_S
@@ -249,9 +243,9 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             await asyncio.sleep(0.1)
 
-    ledger = MongoLedger(ledger_url, ledger_db)
+    ledger = servers.ledger()
     async with TestApp(create_app(settings)):
-        nc = await nats.connect(nats_url)
+        nc = await nats.connect(servers.nats_url)
         try:
             js = nc.jetstream()
             bug_dir = harbor_trials.copy("oracle", tmp_path, "bug-1")
@@ -284,16 +278,16 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
     # as delivered, and comes back after ack_wait without the importer having seen it.
     assert 2 <= attempts.count("bug-1") <= BUG_MAX_DELIVERIES
     assert attempts.count("good-1") == 1
-    bug = await _get(ledger_url, ledger_db, "bug-1")
+    bug = await _get(servers, "bug-1")
     assert bug.status == "partial" and not bug.evaluation.reward_valid
     assert bug.evaluation.exception_type == "ImporterError"
     assert "KeyError: 'planted importer bug'" in (bug.evaluation.exception_message or "")
-    good = await _get(ledger_url, ledger_db, "good-1")
+    good = await _get(servers, "good-1")
     assert good.status == "complete" and good.evaluation.reward_valid
 
 
-async def _get(ledger_url: str, ledger_db: str, trial_id: str) -> TrialRecord:
-    ledger = MongoLedger(ledger_url, ledger_db)
+async def _get(servers: Servers, trial_id: str) -> TrialRecord:
+    ledger = servers.ledger()
     try:
         record = await ledger.get_record(trial_id)
     finally:

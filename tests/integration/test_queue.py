@@ -23,21 +23,20 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from schemas.events import ExperimentSubmitted, parse_event
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.submitter.http_security import SESSION_COOKIE
-from tests.e2e.cli import Cli, run_module
+from tests.e2e.cli import run_module
 from tests.security.http_api_support import api_as_users
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -105,28 +104,18 @@ async def record_submissions(nc: Any, topology: Topology, ledger: MongoLedger) -
 
 
 async def test_queue_shows_what_waits_and_why_in_every_view(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    tmp_path: Path, servers: Servers, topology: Topology
 ) -> None:
-    nc = await nats.connect(nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
-    ledger = MongoLedger(ledger_url, ledger_db)
+    ledger = servers.ledger()
     registry = await NatsRunnerRegistry.open(js, topology)
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(QUOTAS)
-    cli = Cli(
-        nats_url,
-        ledger_url,
-        topology.prefix,
-        ledger_db,
-        tmp_path / "no-stack.json",
-        extra_env=(("TRIALBUS_QUOTAS_FILE", str(quotas)),),
-    )
+    cli = servers.cli(TRIALBUS_QUOTAS_FILE=str(quotas))
     try:
-        async with api_as_users(
-            tmp_path, TOKENS, nats_url, ledger_url, ledger_db, topology.prefix, quotas_file=quotas
-        ) as (api, as_):
+        async with api_as_users(servers, TOKENS, quotas_file=quotas) as (api, as_):
             ids: dict[str, str] = {}
             for name, (who, reps, compute) in SUBMISSIONS.items():
                 answer = await api.post(

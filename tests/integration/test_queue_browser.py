@@ -10,18 +10,16 @@ import asyncio
 from pathlib import Path
 
 import httpx
-import nats
 import pytest
 
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import ensure_streams
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from tests.e2e.cli import ROOT
-from tests.support.dashboard_site import chromium_path, logged_in_page, served_api, site_settings
+from tests.support.dashboard_site import chromium_path, logged_in_page, served_api
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -31,15 +29,14 @@ SHOTS = ROOT / ".trialbus" / "screenshots"
 
 
 async def test_queue_page_in_a_browser(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    tmp_path: Path, servers: Servers, topology: Topology
 ) -> None:
     from playwright.async_api import async_playwright
 
     chromium = chromium_path()
-    nc = await nats.connect(nats_url)
+    nc = await servers.connect()
     js = nc.jetstream()
-    await ensure_streams(js, topology)
-    ledger = MongoLedger(ledger_url, ledger_db)
+    ledger = servers.ledger()
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
     registry = await NatsRunnerRegistry.open(js, topology)
     await registry.announce(
@@ -55,7 +52,7 @@ async def test_queue_page_in_a_browser(
         for i in range(n):
             await js.publish(topology.work_subject(exp, "default", cls), f"{i}".encode())
     await coordinator.pause("held-sweep")
-    settings = site_settings(tmp_path, nats_url, ledger_url, ledger_db, topology.prefix, TOKEN)
+    settings = servers.site_settings(TOKEN)
     SHOTS.mkdir(parents=True, exist_ok=True)
     try:
         async with served_api(settings) as base, async_playwright() as pw:

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from schemas.record import Provenance, TrialRecord
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.ports import ExperimentInfo
 from services.reports.plots import METADATA_KEY, OUTCOME_STYLE, png_metadata
-from tests.e2e.cli import ROOT, Cli, run_module
+from tests.e2e.cli import ROOT, run_module
 from tests.support.records import single_reward
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -56,8 +56,8 @@ def _records(exp: str, flip: bool = False) -> list[TrialRecord]:
     return out
 
 
-async def _store(ledger_url: str, ledger_db: str, exp: str, records: list[TrialRecord]) -> None:
-    ledger = MongoLedger(ledger_url, ledger_db)
+async def _store(servers: Servers, exp: str, records: list[TrialRecord]) -> None:
+    ledger = servers.ledger()
     try:
         await ledger.ensure_indexes()
         await ledger.upsert_experiment(ExperimentInfo(exp, "png", len(records), {}))
@@ -108,14 +108,12 @@ def _shown(drawn: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def test_png_shows_the_reports_numbers(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str
-) -> None:
+async def test_png_shows_the_reports_numbers(tmp_path: Path, servers: Servers) -> None:
     from PIL import Image
 
-    env = Cli(nats_url, ledger_url, "png", ledger_db, tmp_path / "no-stack.json").env
-    await _store(ledger_url, ledger_db, "png-a", _records("png-a"))
-    await _store(ledger_url, ledger_db, "png-b", _records("png-b", flip=True))
+    env = servers.cli(prefix="png").env
+    await _store(servers, "png-a", _records("png-a"))
+    await _store(servers, "png-b", _records("png-b", flip=True))
     a_png, b_png = tmp_path / "a.png", tmp_path / "b.png"
     a_report = await asyncio.to_thread(_report, env, "png-a", a_png)
     b_report = await asyncio.to_thread(_report, env, "png-b", b_png)
@@ -156,11 +154,9 @@ async def test_png_shows_the_reports_numbers(
         png_metadata(b"<html>not a picture</html>")
 
 
-async def test_png_into_a_missing_folder_is_a_clear_error(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str
-) -> None:
-    env = Cli(nats_url, ledger_url, "png", ledger_db, tmp_path / "no-stack.json").env
-    await _store(ledger_url, ledger_db, "png-c", _records("png-c"))
+async def test_png_into_a_missing_folder_is_a_clear_error(tmp_path: Path, servers: Servers) -> None:
+    env = servers.cli(prefix="png").env
+    await _store(servers, "png-c", _records("png-c"))
     target = tmp_path / "no-such-folder" / "x.png"
     done = await asyncio.to_thread(run_module, env, "report", "png-c", "--png", str(target))
     assert done.returncode == 2, done.stderr

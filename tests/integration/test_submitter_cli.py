@@ -17,10 +17,10 @@ import pytest
 from infra.managed_process import free_port
 from schemas.events import ResultImported, parse_event
 from schemas.subjects import Topology
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.settings import CommonSettings
 from services.submitter.commands import import_job
-from tests.e2e.cli import Cli, run_module
+from tests.e2e.cli import run_module
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +37,10 @@ def _job(tmp_path: Path, name: str) -> Path:
     return job
 
 
-async def _announced(nats_url: str, topology: Topology, experiment_id: str) -> list[str]:
+async def _announced(servers: Servers, experiment_id: str) -> list[str]:
     """trial_ids of the ResultImported events the stream holds for the experiment."""
-    nc = await nats.connect(nats_url)
+    topology = servers.topology
+    nc = await nats.connect(servers.nats_url)
     try:
         js = nc.jetstream()
         subject = topology.event_subject("result_imported", experiment_id)
@@ -58,8 +59,8 @@ async def _announced(nats_url: str, topology: Topology, experiment_id: str) -> l
         await nc.close()
 
 
-async def _ledgered(ledger_url: str, ledger_db: str, experiment_id: str) -> list[str]:
-    ledger = MongoLedger(ledger_url, ledger_db)
+async def _ledgered(servers: Servers, experiment_id: str) -> list[str]:
+    ledger = servers.ledger()
     try:
         return sorted(r.trial_id for r in await ledger.records_for(experiment_id))
     finally:
@@ -67,35 +68,30 @@ async def _ledgered(ledger_url: str, ledger_db: str, experiment_id: str) -> list
 
 
 async def test_import_announces_its_records_when_nats_is_reachable(
-    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
+    servers: Servers, tmp_path: Path
 ) -> None:
-    settings = CommonSettings(
-        nats_url=nats_url, ledger_url=ledger_url, ledger_db=ledger_db, prefix=topology.prefix
-    )
+    settings = servers.settings(CommonSettings)
     summary = await import_job(settings, _job(tmp_path, "by-hand"))
 
     assert (summary["announced"], summary["total"], summary["partial"]) == (True, 2, 2)
     experiment_id = summary["experiment_id"]
-    assert await _ledgered(ledger_url, ledger_db, experiment_id) == list(TRIALS)
-    assert await _announced(nats_url, topology, experiment_id) == list(TRIALS)
+    assert await _ledgered(servers, experiment_id) == list(TRIALS)
+    assert await _announced(servers, experiment_id) == list(TRIALS)
 
 
 async def test_import_without_nats_ledgers_and_says_it_announced_nothing(
-    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
+    servers: Servers, topology: Topology, tmp_path: Path
 ) -> None:
-    settings = CommonSettings(
-        nats_url=f"nats://127.0.0.1:{free_port()}",
-        ledger_url=ledger_url,
-        ledger_db=ledger_db,
-        prefix=topology.prefix,
+    settings = servers.settings(CommonSettings).model_copy(
+        update={"nats_url": f"nats://127.0.0.1:{free_port()}"}
     )
     summary = await import_job(settings, _job(tmp_path, "offline"))
 
     assert (summary["announced"], summary["total"]) == (False, 2)
     experiment_id = summary["experiment_id"]
-    assert await _ledgered(ledger_url, ledger_db, experiment_id) == list(TRIALS)
+    assert await _ledgered(servers, experiment_id) == list(TRIALS)
     # The control: the real server holds no announcement of it (no stream was even made).
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(servers.nats_url)
     try:
         streams = [s.config.name for s in await nc.jetstream().streams_info()]
     finally:
@@ -104,9 +100,9 @@ async def test_import_without_nats_ledgers_and_says_it_announced_nothing(
 
 
 async def test_the_cli_submits_and_imports_with_its_documented_output(
-    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
+    servers: Servers, ledger_db: str, tmp_path: Path
 ) -> None:
-    env = Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no-stack.json").env
+    env = servers.cli().env
     # Its own database: the two job folders hold the same trial names, and a ledger
     # refuses to move a trial to another experiment (test_ledger_boundary).
     offline = {

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.subjects import Topology
-from tests.e2e.cli import Cli, run_module
+from tests.e2e.cli import run_module
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -23,13 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 MANIFEST = str(REPO / "examples" / "experiment.yaml")  # 24 trials
 
 
-async def test_the_cli_team_is_held_to_its_quota(
-    nats_url: str, ledger_url: str, ledger_db: str, topology: Topology, tmp_path: Path
-) -> None:
+async def test_the_cli_team_is_held_to_its_quota(servers: Servers, tmp_path: Path) -> None:
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text("teams:\n  ci: {max_trials_per_day: 10}\n")
     env = {
-        **Cli(nats_url, ledger_url, topology.prefix, ledger_db, tmp_path / "no.json").env,
+        **servers.cli().env,
         "TRIALBUS_CHECK_RUNNERS": "false",
         "TRIALBUS_QUOTAS_FILE": str(quotas),
     }

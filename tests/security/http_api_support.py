@@ -25,7 +25,8 @@ import httpx
 import nats
 
 from schemas.subjects import Topology
-from tests.support.api_client import EXAMPLE_TASKS, api_client
+from tests.support.api_client import EXAMPLE_TASKS
+from tests.support.servers import Servers
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
@@ -75,22 +76,16 @@ Headers = Callable[[str], dict[str, str]]
 
 @asynccontextmanager
 async def api_as_users(
-    tmp_path: Path,
+    servers: Servers,
     tokens: Mapping[str, tuple[str, dict[str, object]]],
-    nats_url: str,
-    ledger_url: str,
-    ledger_db: str,
-    prefix: str,
     **options: object,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Headers]]:
-    """An in-process API on the test's NATS and ledger whose tokens file holds
-    ``tokens`` (task paths inside the examples, no live-runner check), and ``as_``;
-    ``options`` are further SubmitterSettings fields."""
-    path = write_tokens_file(tmp_path / "tokens.yaml", tokens)
+    """An in-process API on the test's NATS and ledger whose tokens file (in the test's
+    folder) holds ``tokens`` (task paths inside the examples, no live-runner check), and
+    ``as_``; ``options`` are further SubmitterSettings fields."""
+    path = write_tokens_file(servers.tmp_path / "tokens.yaml", tokens)
     settings: dict[str, object] = {"tasks_root": EXAMPLE_TASKS, "check_runners": False}
-    async with api_client(
-        nats_url, ledger_url, ledger_db, prefix, api_tokens_file=path, **(settings | options)
-    ) as api:
+    async with servers.api(api_tokens_file=path, **(settings | options)) as api:
 
         def as_(name: str) -> dict[str, str]:
             return {"Authorization": f"Bearer {tokens[name][0]}"}

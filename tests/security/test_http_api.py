@@ -24,7 +24,6 @@ import pytest
 
 from infra.embedded import free_port
 from schemas.subjects import Topology
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from tests.security.http_api_support import (
     REPO,
@@ -40,6 +39,7 @@ from tests.security.http_api_support import (
     write_tokens_file,
     zeros,
 )
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -231,16 +231,14 @@ async def test_a_foreign_host_or_origin_is_refused(
 async def test_only_the_submitter_or_an_admin_may_cancel_pause_or_resubmit(
     start_api: StartApi,
     base_env: dict[str, str],
-    nats_url: str,
-    ledger_url: str,
-    ledger_db: str,
+    servers: Servers,
     topology: Topology,
     tmp_path: Path,
 ) -> None:
     api = start_api()  # declares the streams the importer reads
     importer = start_service("services.importer", service_env(base_env), tmp_path / "imp.log")
-    ledger = MongoLedger(ledger_url, ledger_db)
-    nc = await nats.connect(nats_url)
+    ledger = servers.ledger()
+    nc = await nats.connect(servers.nats_url)
     try:
         coordinator = await NatsCoordinator.open(nc.jetstream(), topology, lease_ttl_s=60)
         async with httpx.AsyncClient(base_url=api.base_url) as c:

@@ -25,7 +25,6 @@ from infra.service_process import ServiceProcess
 from schemas.events import encode_event
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.folder_reads import MAX_FILE_BYTES, Unread, read_inside
 from services.importer.records import RecordContext, build_record
 from tests import harbor_fixtures
@@ -34,6 +33,7 @@ from tests.security import reads_support
 from tests.security.reads_support import LIMIT_S, PLANTED, bounded, plant, release
 from tests.support import importer_process
 from tests.support.importer_process import until
+from tests.support.servers import Servers
 from tests.support.stored_results import completed_from
 
 harbor_trials = harbor_fixtures.harbor_trials  # the session's real Harbor trial folders
@@ -186,10 +186,8 @@ async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
     importer: ServiceProcess,
     host: tuple[Path, str],
     harbor_trials: HarborTrials,
-    nats_url: str,
-    ledger_url: str,
+    servers: Servers,
     topology: Topology,
-    ledger_db: str,
     tmp_path: Path,
 ) -> None:
     folder, token = host
@@ -209,8 +207,8 @@ async def test_the_importer_process_reads_no_planted_file_and_never_stalls(
         fh.truncate(MAX_FILE_BYTES + 1)
     trials = [fifo, oversized, *(t for pair in planted.values() for t in pair.values())]
 
-    nc = await nats.connect(nats_url)
-    ledger = MongoLedger(ledger_url, ledger_db)
+    nc = await nats.connect(servers.nats_url)
+    ledger = servers.ledger()
     try:
         js = nc.jetstream()
         for trial in trials:

@@ -26,6 +26,7 @@ from services.submitter.api_tokens import (
     load_token_table,
 )
 from tests.security.http_api_support import api_as_users, write_tokens_file
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -80,12 +81,9 @@ def test_who_may_use_which_class(tmp_path: Path) -> None:
 
 
 async def test_a_token_submits_only_in_the_classes_it_may_use(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    servers: Servers, nats_url: str, topology: Topology
 ) -> None:
-    async with api_as_users(tmp_path, TOKENS, nats_url, ledger_url, ledger_db, topology.prefix) as (
-        api,
-        as_,
-    ):
+    async with api_as_users(servers, TOKENS) as (api, as_):
         body = manifest("u1", "urgent")
         refused = await api.post("/experiments", json=body, headers=as_("alice"))
         assert refused.status_code == 403, refused.text

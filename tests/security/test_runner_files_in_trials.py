@@ -33,10 +33,10 @@ from schemas.subjects import Topology
 from services.common.adapters.nats_objects import open_bucket
 from services.common.settings import RunnerSettings
 from tests.e2e.events import stream_payloads
-from tests.support.api_client import submit_example
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
 from tests.support.sandbox_env import needs_sandbox
+from tests.support.servers import Servers
 from tests.support.stored_results import file_members
 
 pytestmark = [pytest.mark.integration, needs_sandbox]
@@ -68,10 +68,8 @@ async def test_a_trial_reads_none_of_its_runners_files(
     planted: tuple[Path, str],
     policy_runner: StartRunner,
     tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
+    servers: Servers,
     topology: Topology,
-    ledger_db: str,
 ) -> None:
     root, token = planted
     policy = write_policy(root / "policy", agent_import_paths=[AGENT])
@@ -89,8 +87,8 @@ async def test_a_trial_reads_none_of_its_runners_files(
         f"agents:\n  - import_path: {AGENT}\n    kwargs: {{probe_root: {root}}}\n"
         "compute:\n  environment: local\n"
     )
-    await submit_example(nats_url, ledger_url, ledger_db, topology.prefix, manifest)
-    nc = await nats.connect(nats_url)
+    await servers.submit_example(manifest)
+    nc = await nats.connect(servers.nats_url)
     try:
         js = nc.jetstream()
         completed: list[TrialCompleted] = []
@@ -101,9 +99,7 @@ async def test_a_trial_reads_none_of_its_runners_files(
             return bool(completed)
 
         await until("the probe's trial", done, runner, 240)
-        store = await open_bucket(
-            js, RunnerSettings(nats_url=nats_url, prefix=topology.prefix), "results"
-        )
+        store = await open_bucket(js, servers.settings(RunnerSettings), "results")
         members = file_members(await store.get(completed[0].result))
     finally:
         await nc.drain()

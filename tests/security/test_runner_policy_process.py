@@ -23,9 +23,9 @@ from infra.service_process import ServiceProcess
 from schemas.events import TrialCompleted, TrialFailed, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_registry import NatsRunnerRegistry
-from tests.support.api_client import examples_api
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -71,13 +71,11 @@ async def runner(
 
 
 @pytest.fixture
-def client(nats_url: str, ledger_url: str, topology: Topology, ledger_db: str) -> Client:
+def client(servers: Servers) -> Client:
     """The submitter's HTTP API in-process (no auth on loopback; tasks from examples)."""
 
     def open_client(check_runners: bool) -> AbstractAsyncContextManager[httpx.AsyncClient]:
-        return examples_api(
-            nats_url, ledger_url, ledger_db, topology.prefix, check_runners=check_runners
-        )
+        return servers.examples_api(check_runners=check_runners)
 
     return open_client
 

@@ -25,10 +25,10 @@ from services.common.settings import RunnerSettings
 from services.importer.event_records import record_for
 from services.importer.folders import StoredTrials
 from tests.e2e.events import stream_payloads
-from tests.support.api_client import submit_example
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
 from tests.support.sandbox_env import needs_sandbox
+from tests.support.servers import Servers
 
 pytestmark = [pytest.mark.integration, needs_sandbox]
 
@@ -57,14 +57,12 @@ def runner(tmp_path: Path, policy_runner: StartRunner) -> ServiceProcess:
 
 async def test_a_trial_past_the_runners_quota_is_an_unscored_agent_failure(
     runner: ServiceProcess,
-    nats_url: str,
-    ledger_url: str,
+    servers: Servers,
     topology: Topology,
-    ledger_db: str,
     tmp_path: Path,
 ) -> None:
-    await submit_example(nats_url, ledger_url, ledger_db, topology.prefix, MANIFEST)
-    nc = await nats.connect(nats_url)
+    await servers.submit_example(MANIFEST)
+    nc = await nats.connect(servers.nats_url)
     try:
         js = nc.jetstream()
         ends: list[TrialCompleted | TrialFailed] = []
@@ -76,9 +74,7 @@ async def test_a_trial_past_the_runners_quota_is_an_unscored_agent_failure(
 
         await until("both trials' ends", done, runner, 300)
         assert all(isinstance(e, TrialCompleted) for e in ends), ends
-        store = await open_bucket(
-            js, RunnerSettings(nats_url=nats_url, prefix=topology.prefix), "results"
-        )
+        store = await open_bucket(js, servers.settings(RunnerSettings), "results")
         trials = StoredTrials(store, tmp_path / "importer")
         records = {}
         for end in ends:

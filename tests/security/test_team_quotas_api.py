@@ -24,7 +24,7 @@ from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.quotas import QuotaConfigError
 from services.submitter.app import create_app
 from tests.security.http_api_support import api_as_users
-from tests.support.api_client import submitter_settings
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
@@ -66,13 +66,11 @@ async def work_messages(nats_url: str, topology: Topology) -> list[TrialRequeste
 
 
 async def test_a_team_past_its_quotas_is_refused_naming_the_quota(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    tmp_path: Path, servers: Servers, nats_url: str, topology: Topology
 ) -> None:
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(QUOTAS)
-    async with api_as_users(
-        tmp_path, TOKENS, nats_url, ledger_url, ledger_db, topology.prefix, quotas_file=quotas
-    ) as (api, as_):
+    async with api_as_users(servers, TOKENS, quotas_file=quotas) as (api, as_):
         first = await api.post("/experiments", json=manifest("r1"), headers=as_("red"))
         assert first.status_code == 202, first.text
         queued = await work_messages(nats_url, topology)
@@ -129,13 +127,11 @@ async def test_a_team_past_its_quotas_is_refused_naming_the_quota(
 
 
 async def test_a_bad_quotas_file_stops_the_start_naming_the_field(
-    tmp_path: Path, nats_url: str, ledger_url: str, ledger_db: str, topology: Topology
+    tmp_path: Path, servers: Servers
 ) -> None:
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text("teams:\n  red: {max_trials_per_day: -1}\n")
-    settings = submitter_settings(
-        nats_url, ledger_url, ledger_db, topology.prefix, api_no_auth=True, quotas_file=quotas
-    )
+    settings = servers.submitter_settings(api_no_auth=True, quotas_file=quotas)
     with pytest.raises(QuotaConfigError, match=r"teams\.red\.max_trials_per_day"):
         create_app(settings)
     # Negative control: the same file, corrected, builds the app.

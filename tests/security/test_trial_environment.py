@@ -38,10 +38,10 @@ from services.common.settings import RunnerSettings
 from services.importer.event_records import record_for
 from services.importer.folders import StoredTrials
 from tests.e2e.events import stream_payloads
-from tests.support.api_client import submit_example
 from tests.support.environ_agent import GRANTED
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
+from tests.support.servers import Servers
 from tests.support.stored_results import file_members
 
 pytestmark = pytest.mark.integration
@@ -89,14 +89,12 @@ def runner(tmp_path: Path, policy_runner: StartRunner) -> ServiceProcess:
 
 async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
     runner: ServiceProcess,
-    nats_url: str,
-    ledger_url: str,
+    servers: Servers,
     topology: Topology,
-    ledger_db: str,
     tmp_path: Path,
 ) -> None:
-    experiment_id = await submit_example(nats_url, ledger_url, ledger_db, topology.prefix, MANIFEST)
-    nc = await nats.connect(nats_url)
+    experiment_id = await servers.submit_example(MANIFEST)
+    nc = await nats.connect(servers.nats_url)
     try:
         js = nc.jetstream()
         completed: list[TrialCompleted] = []
@@ -111,9 +109,7 @@ async def test_a_trial_sees_only_what_it_may_of_the_runners_environment(
 
         await until(f"{experiment_id}'s trial and its live output", done, runner, 240)
         events = await stream_payloads(js, topology.events_stream)
-        store = await open_bucket(
-            js, RunnerSettings(nats_url=nats_url, prefix=topology.prefix), "results"
-        )
+        store = await open_bucket(js, servers.settings(RunnerSettings), "results")
         members = file_members(await store.get(completed[0].result))
         record = await record_for(completed[0], StoredTrials(store, tmp_path / "importer"))
     finally:

@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
 import nats
 import pytest
 from nats.js.errors import NotFoundError
 
-from infra.embedded_stack import stack_env
 from infra.service_process import ServiceProcess
-from schemas.subjects import Topology
+from tests.support.servers import Servers
 
 
 async def until(
@@ -46,19 +44,16 @@ def importer_env() -> dict[str, str]:
 
 @pytest.fixture
 async def importer(
-    tmp_path: Path,
-    nats_url: str,
-    ledger_url: str,
-    topology: Topology,
-    ledger_db: str,
+    servers: Servers,
     importer_env: dict[str, str],
 ) -> AsyncIterator[ServiceProcess]:
     """The importer as a separate process, ready (its durable consumer exists)."""
-    env = stack_env(nats_url, ledger_url, topology.prefix, ledger_db)
+    topology = servers.topology
+    env = servers.env()
     env.update(TRIALBUS_LOG_JSON="true", **importer_env)
-    proc = ServiceProcess("importer", env, tmp_path / "importer.log")
+    proc = ServiceProcess("importer", env, servers.tmp_path / "importer.log")
     proc.start()
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(servers.nats_url)
     try:
         js = nc.jetstream()
 

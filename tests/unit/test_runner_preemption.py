@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from schemas.events import TrialFailed, TrialRequested, TrialStarted, encode_event
 from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
@@ -33,7 +34,12 @@ from services.runner.preemption import (
     time_limit,
     victims,
 )
-from tests.unit.runner_support import held_completion, make_request, trial_folders
+from tests.unit.runner_support import (
+    ScriptedExecutor,
+    held_completion,
+    make_request,
+    trial_folders,
+)
 
 WEIGHTS = {"urgent": 8, "normal": 3, "batch": 1}
 
@@ -137,6 +143,32 @@ def test_an_executor_tells_its_time_limit_or_nothing() -> None:
 # -- the handler hands a running trial back --------------------------------------------
 
 
+def handler_of(
+    executor: ScriptedExecutor,
+    bus: RecordingBus,
+    coord: InMemoryCoordinator,
+    running: Running,
+    **options: Any,
+) -> TrialHandler:
+    """runner-1's handler on node-a over these fakes; ``options``: further arguments."""
+    return TrialHandler(
+        bus,
+        executor,
+        coord,
+        trial_folders(),
+        runner_id="runner-1",
+        host="node-a",
+        heartbeat_s=30.0,
+        running=running,
+        **options,
+    )
+
+
+async def keep_alive() -> None:
+    """The fetch loop's progress signal, a no-op: these tests need no redelivery bound."""
+    return None
+
+
 def preemptible_request() -> TrialRequested:
     request = make_request(max_attempts=1)
     compute = request.compute.model_copy(update={"preemptible": True, "priority_class": "batch"})
@@ -148,21 +180,8 @@ async def test_a_handed_back_trial_is_recorded_uncounted_and_nakd_at_once(
 ) -> None:
     executor = held_completion(tmp_path)
     bus, coord, running = RecordingBus(), InMemoryCoordinator(lease_ttl_s=60.0), Running()
-    handler = TrialHandler(
-        bus,
-        executor,
-        coord,
-        trial_folders(),
-        runner_id="runner-1",
-        host="node-a",
-        heartbeat_s=30.0,
-        rng=random.Random(7),
-        running=running,
-    )
+    handler = handler_of(executor, bus, coord, running, rng=random.Random(7))
     request = preemptible_request()
-
-    async def keep_alive() -> None:
-        return None
 
     async def start() -> asyncio.Task[object]:
         task: asyncio.Task[object] = asyncio.create_task(
@@ -201,20 +220,8 @@ async def test_without_a_hand_back_the_attempt_counts(tmp_path: Path) -> None:
     hand-back; one that runs to the end counts its attempt."""
     executor = held_completion(tmp_path)
     coord, running = InMemoryCoordinator(lease_ttl_s=60.0), Running()
-    handler = TrialHandler(
-        RecordingBus(),
-        executor,
-        coord,
-        trial_folders(),
-        runner_id="runner-1",
-        host="node-a",
-        heartbeat_s=30.0,
-        running=running,
-    )
+    handler = handler_of(executor, RecordingBus(), coord, running)
     request = preemptible_request()
-
-    async def keep_alive() -> None:
-        return None
 
     task = asyncio.create_task(handler.handle(encode_event(request), keep_alive))
     await asyncio.wait_for(executor.running.wait(), 5)
