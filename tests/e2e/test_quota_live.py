@@ -28,6 +28,7 @@ import pytest
 
 from infra.stack import EmbeddedStack
 from schemas.events import Event, TrialCompleted, TrialFailed, TrialStarted
+from schemas.subjects import Topology
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of
 from tests.e2e.conftest import Stacks
@@ -41,6 +42,7 @@ from tests.e2e.faultkit import (
 from tests.security.http_api_support import api_as_users
 from tests.support.manifests import manifest_file, nop_agents, nop_manifest
 from tests.support.priced_executor import EXECUTOR_SPEC as PRICED
+from tests.support.servers import Servers
 
 pytestmark = pytest.mark.e2e
 
@@ -60,9 +62,15 @@ TOKENS: dict[str, tuple[str, dict[str, object]]] = {
 }
 
 
-def stack_urls(stack: EmbeddedStack) -> tuple[str, str, str, str]:
-    """NATS URL, ledger URL, ledger database and prefix of ``stack``."""
-    return (stack.nats_url or "", stack.ledger_url or "", stack.ledger_db, stack.prefix)
+def stack_servers(stack: EmbeddedStack, folder: Path) -> Servers:
+    """``stack``'s servers and names as a test's ``Servers`` (its own prefix and database)."""
+    return Servers(
+        stack.nats_url or "",
+        stack.ledger_url or "",
+        Topology(stack.prefix),
+        stack.ledger_db,
+        folder,
+    )
 
 
 async def http_submit(
@@ -117,7 +125,10 @@ async def test_a_team_at_its_spend_cap_waits_visibly_and_loses_nothing(
     red = stacks.cli(stack, TRIALBUS_CHECK_RUNNERS="false", TRIALBUS_QUOTAS_FILE=str(quotas))
     # Over HTTP with team tokens: the ledger records the team as the experiment's
     # submitter (`submitted_by`), which `status` and `queue` judge the cap by.
-    async with api_as_users(tmp_path, TOKENS, *stack_urls(stack), quotas_file=quotas) as (api, as_):
+    async with api_as_users(stack_servers(stack, tmp_path), TOKENS, quotas_file=quotas) as (
+        api,
+        as_,
+    ):
         red_sub = await http_submit(api, as_("red"), tmp_path, "red", N_RED)
         blue_sub = await http_submit(api, as_("blue"), tmp_path, "blue", N_BLUE)
     red_exp = red_sub.experiment_id
