@@ -94,10 +94,19 @@ def load_policy(path: Path | None) -> RunnerPolicy:
 
 
 def request_refusals(
-    policy: RunnerPolicy, agent: AgentSpec, compute: ComputeSpec, where: str = "agent"
+    policy: RunnerPolicy,
+    agent: AgentSpec,
+    compute: ComputeSpec,
+    where: str = "agent",
+    *,
+    on_host: bool = False,
 ) -> list[str]:
-    """Why ``policy`` refuses this agent on this compute spec (empty: allowed)."""
-    return [*agent_refusals(policy, agent, where), *compute_refusals(policy, compute)]
+    """Why ``policy`` refuses this agent on this compute spec (empty: allowed);
+    ``on_host``: judged on the runner's own host (see ``compute_refusals``)."""
+    return [
+        *agent_refusals(policy, agent, where),
+        *compute_refusals(policy, compute, on_host=on_host),
+    ]
 
 
 def agent_refusals(policy: RunnerPolicy, agent: AgentSpec, where: str = "agent") -> list[str]:
@@ -135,8 +144,16 @@ def agent_refusals(policy: RunnerPolicy, agent: AgentSpec, where: str = "agent")
     return out
 
 
-def compute_refusals(policy: RunnerPolicy, compute: ComputeSpec) -> list[str]:
-    """Refusals for compute.environment and compute.environment_kwargs."""
+def compute_refusals(
+    policy: RunnerPolicy, compute: ComputeSpec, *, on_host: bool = False
+) -> list[str]:
+    """Refusals for compute.environment and compute.environment_kwargs.
+
+    A path kwarg must lie lexically inside an allowed folder; ``on_host`` (the runner,
+    on the host the path names) it must also once links are resolved, so a link inside
+    an allowed folder cannot lead out of it. The submitter judges lexically only: the
+    path names another host's files.
+    """
     env = compute.environment
     if env == LOCAL_ENVIRONMENT_IMPORT_PATH:
         env = LOCAL_ENVIRONMENT_ALIAS
@@ -151,7 +168,7 @@ def compute_refusals(policy: RunnerPolicy, compute: ComputeSpec) -> list[str]:
         field = f"compute.environment_kwargs.{key}"
         if key in rule.path_kwargs:
             roots = rule.path_kwargs[key]
-            if not all(_path_inside(p, roots) for p in _leaves(value)):
+            if not all(_path_inside(p, roots, resolve=on_host) for p in _leaves(value)):
                 out.append(
                     f"{field}: a path outside the folders the runner policy allows for it "
                     f"({', '.join(roots) or 'none'})"
@@ -253,16 +270,21 @@ def _leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
-def _path_inside(value: Any, roots: list[str]) -> bool:
-    """Whether ``value`` is an absolute path lexically inside one of ``roots``."""
+def _path_inside(value: Any, roots: list[str], *, resolve: bool = False) -> bool:
+    """Whether ``value`` is an absolute path lexically inside one of ``roots``, and with
+    ``resolve`` also once the links of both are resolved on this host."""
     if not isinstance(value, str) or not os.path.isabs(value) or "\x00" in value:
         return False
-    path = os.path.normpath(value)
     for root in roots:
-        base = os.path.normpath(root)
-        if os.path.isabs(base) and (path == base or path.startswith(base.rstrip("/") + "/")):
+        if not _under(os.path.normpath(value), os.path.normpath(root)):
+            continue
+        if not resolve or _under(os.path.realpath(value), os.path.realpath(root)):
             return True
     return False
+
+
+def _under(path: str, base: str) -> bool:
+    return os.path.isabs(base) and (path == base or path.startswith(base.rstrip("/") + "/"))
 
 
 def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:

@@ -182,7 +182,7 @@ def policy_refusals(job: TrialJob, request: TrialRequested) -> list[str]:
     variable is resolved, no folder is made."""
     policy = job_policy(job)
     return [
-        *request_refusals(policy, request.agent, request.compute),
+        *request_refusals(policy, request.agent, request.compute, on_host=True),
         *task_template_refusals(policy, Path(job.task_dir), request.task.name),
     ]
 

@@ -24,6 +24,7 @@ from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
 from schemas.runners import RunnerPolicy
 from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.failures import is_retryable
+from services.common.runner_policy import compute_refusals
 from services.common.task_cache import TaskCache, upload_task
 from services.runner.harbor_executor import HarborExecutor
 from tests.e2e.cli import ROOT
@@ -167,3 +168,24 @@ async def test_an_allowed_secret_name_passes_the_policy(
     outcome = await run.run(req, 1, None)
     assert (outcome.kind, outcome.exception_type) == ("failed", "MissingSecretError"), outcome
     assert "POLICY_TEST_API_KEY" in (outcome.message or "")
+
+
+async def test_a_link_inside_an_allowed_folder_cannot_lead_out_of_it(
+    executor: tuple[HarborExecutor, TaskRef, TaskRef], tmp_path: Path
+) -> None:
+    run, task, _ = executor
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "allowed").mkdir(exist_ok=True)
+    (tmp_path / "allowed" / "link").symlink_to(outside)
+    env = {"scratch_dir": str(tmp_path / "allowed" / "link" / "scratch")}
+    # Control: lexically the path is inside the allowed folder (the submitter, on
+    # another host, can only judge so): only resolving the link on the runner refuses.
+    lexical = ComputeSpec(environment="local", environment_kwargs=env)
+    assert compute_refusals(policy(tmp_path), lexical) == []
+    req = request(tmp_path, task, "through-a-link", {}, env)
+    outcome = await run.run(req, 1, None)
+    assert (outcome.kind, outcome.exception_type) == ("failed", "PolicyRefused"), outcome
+    assert outcome.message is not None
+    assert "compute.environment_kwargs.scratch_dir: a path outside" in outcome.message
+    assert list(outside.iterdir()) == []  # nothing created through the link
