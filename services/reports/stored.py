@@ -14,12 +14,13 @@ read every record of the experiment: seconds at 10,000 trials (docs/performance.
   trialbus never decodes a value of another shape or computed by other rules.
 
 Values are encoded by the kind's ``Codec`` to JSON, then zlib-compressed: a
-10,000-trial report is ~0.8 MB of JSON, a page view with every trial row ~2.5 MB.
+10,000-trial report is ~0.8 MB of JSON, a page view with every trial row ~2 MB
+(tens to hundreds of KiB compressed; 100,000 trials: ~12 MB of JSON).
 Keeping is best effort: a value larger than ``MAX_DERIVED_BYTES`` once compressed,
-a value that does not encode, or a failed write is logged and skipped, and the
-answer is returned all the same; so is a kept value that does not decode (it is
-computed again). No pickle: the ledger is shared with other processes and a kept
-value must never be code.
+a value that does not encode, a failed write or one slower than ``KEEP_TIMEOUT_S``
+is logged and skipped, and the answer is returned all the same; so is a kept value
+that does not decode (it is computed again). No pickle: the ledger is shared with
+other processes, and a kept value must never be code.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from services.reports.progress import Recorded
 
 log = get_logger(__name__)
 
+KEEP_TIMEOUT_S: Final = 5.0
+"""Longest a keep may delay its answer; past it the value is not kept (logged)."""
 FORMAT: Final = 1
 """Of the stored blob (JSON, zlib); part of every token."""
 _ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +160,10 @@ async def keep[T](
         )
         return False
     try:
-        await ledger.keep_derived(experiment_id, kind, token(version), blob)
+        # Bounded: the answer is computed already and must not wait on a slow ledger.
+        await asyncio.wait_for(
+            ledger.keep_derived(experiment_id, kind, token(version), blob), KEEP_TIMEOUT_S
+        )
     except Exception as exc:  # noqa: BLE001 - best effort: a read-only ledger user, an outage
         log.warning(
             "report value not kept: ledger write failed",
