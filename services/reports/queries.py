@@ -96,7 +96,7 @@ async def derived[T](
         if version is not None and codec is not None:
             found = await stored.load(ledger, exp_id, kind, version, codec)
             if found is not None:
-                return found, await asyncio.to_thread(deep_size, found) if sized else 0
+                return found
         _, info, records = await load_experiment(ledger, exp_id, required=required)
         # Building (and sizing) costs CPU time: off the event loop (the HTTP API shares it).
         value, size = await asyncio.to_thread(_built, build, exp_id, info, records, sized)

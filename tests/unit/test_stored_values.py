@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from services.common.ports import ExperimentInfo
 from services.reports import queries, stored
 from services.reports.progress import Recorded
+from services.reports.report_cache import deep_size
 from services.submitter.dashboard_stream import PAGE_CODEC, page_view_of
 from tests.support.records import report_record, single_reward
 
@@ -54,3 +55,14 @@ def test_the_token_names_the_content_version_and_the_code() -> None:
     token = stored.token("v7")
     assert token.startswith("v7/") and token != stored.token("v8")
     assert token.endswith(stored.fingerprint()) and len(stored.fingerprint()) == 16
+
+
+def test_the_size_of_a_read_value_is_estimated_without_walking_it() -> None:
+    view = page_view_of("exp", INFO, _records() * 20)
+    blob = stored.encode(view, PAGE_CODEC)
+    estimate = stored._decode_sized(blob, PAGE_CODEC)[1]
+    held = deep_size(stored.decode(blob, PAGE_CODEC))
+    # An estimate (the cache's budget is one too): within a factor of two.
+    assert held / 2 <= estimate <= 2 * held
+    # Negative control: the JSON's length alone would be far under.
+    assert estimate / stored.BYTES_PER_JSON_BYTE < held / 2
