@@ -92,16 +92,21 @@ async def derived[T](
     version = await ledger.experiment_version(exp_id)
     sized = cache is not None
 
+    keeps = version is not None and codec is not None
+
     async def compute() -> tuple[T, int]:
         if version is not None and codec is not None:
             found = await stored.load(ledger, exp_id, kind, version, codec)
             if found is not None:
                 return found
         _, info, records = await load_experiment(ledger, exp_id, required=required)
-        # Building (and sizing) costs CPU time: off the event loop (the HTTP API shares it).
-        value, size = await asyncio.to_thread(_built, build, exp_id, info, records, sized)
-        if version is not None and codec is not None:
-            await stored.keep(ledger, exp_id, kind, version, value, codec)
+        # Building (and sizing, and packing) costs CPU time: off the event loop (the
+        # HTTP API shares it).
+        value, size, blob = await asyncio.to_thread(
+            _built, build, exp_id, info, records, sized, codec if keeps else None, kind
+        )
+        if version is not None and blob is not None:
+            await stored.keep(ledger, exp_id, kind, version, blob)
         return value, size
 
     if cache is None:
@@ -117,9 +122,16 @@ def _built[T](
     info: ExperimentInfo | None,
     records: list[TrialRecord],
     sized: bool,
-) -> tuple[T, int]:
+    codec: Codec[T] | None,
+    kind: str,
+) -> tuple[T, int, bytes | None]:
+    """(value, its size when ``sized``, its packed form with ``codec``): a packed value
+    is sized from its JSON (``stored.packed``), cheaper than ``deep_size``."""
     value = build(experiment_id, info, records)
-    return value, deep_size(value) if sized else 0
+    packed = stored.packed(value, codec, kind, experiment_id) if codec is not None else None
+    if packed is not None:
+        return value, packed[1], packed[0]
+    return value, deep_size(value) if sized else 0, None
 
 
 async def experiment_status(

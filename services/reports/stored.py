@@ -147,15 +147,12 @@ async def load[T](
         return None
 
 
-async def keep[T](
-    ledger: Ledger, experiment_id: str, kind: str, version: str, value: T, codec: Codec[T]
-) -> bool:
-    """Keep ``value`` for (experiment, kind) at content ``version``; whether it was.
-
-    Never raises: the caller has its answer already and returns it either way.
-    """
+def packed[T](value: T, codec: Codec[T], kind: str, experiment_id: str) -> tuple[bytes, int] | None:
+    """(``encode(value)``, an estimate of the bytes ``value`` holds: as ``load``'s), or
+    None when it does not encode (logged; the value is then not kept). Run it in the
+    thread that built the value: it costs CPU time, less than ``deep_size``."""
     try:
-        blob = await asyncio.to_thread(encode, value, codec)
+        text = json.dumps(codec.encode(value), separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:  # not JSON (a manifest with odd values)
         log.warning(
             "report value not kept: does not encode",
@@ -163,7 +160,16 @@ async def keep[T](
             experiment_id=experiment_id,
             error=str(exc)[:200],
         )
-        return False
+        return None
+    raw = text.encode()
+    return zlib.compress(raw, 6), BYTES_PER_JSON_BYTE * len(raw)
+
+
+async def keep(ledger: Ledger, experiment_id: str, kind: str, version: str, blob: bytes) -> bool:
+    """Keep ``blob`` (``packed``'s) for (experiment, kind) at content ``version``;
+    whether it was. Never raises: the caller has its answer already and returns it
+    either way.
+    """
     if len(blob) > MAX_DERIVED_BYTES:
         log.info(
             "report value not kept: too large",
