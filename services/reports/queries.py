@@ -34,7 +34,7 @@ from services.reports.progress import (
     recorded_of,
 )
 from services.reports.report import build_report
-from services.reports.report_cache import ReportCache, deep_size
+from services.reports.report_cache import ReportCache
 from services.reports.stored import Codec
 from services.reports.tally import count
 from services.submitter.api_tokens import owner_from_record
@@ -103,7 +103,7 @@ async def derived[T](
         # Building (and sizing, and packing) costs CPU time: off the event loop (the
         # HTTP API shares it).
         value, size, blob = await asyncio.to_thread(
-            _built, build, exp_id, info, records, sized, codec if keeps else None, kind
+            stored.built, build, exp_id, info, records, sized, codec if keeps else None, kind
         )
         if version is not None and blob is not None:
             await stored.keep(ledger, exp_id, kind, version, blob)
@@ -114,24 +114,6 @@ async def derived[T](
     key = None if version is None else (kind, exp_id, version)
     value: T = await cache.get_or_build(key, compute)
     return exp_id, value
-
-
-def _built[T](
-    build: Derive[T],
-    experiment_id: str,
-    info: ExperimentInfo | None,
-    records: list[TrialRecord],
-    sized: bool,
-    codec: Codec[T] | None,
-    kind: str,
-) -> tuple[T, int, bytes | None]:
-    """(value, its size when ``sized``, its packed form with ``codec``): a packed value
-    is sized from its JSON (``stored.packed``), cheaper than ``deep_size``."""
-    value = build(experiment_id, info, records)
-    packed = stored.packed(value, codec, kind, experiment_id) if codec is not None else None
-    if packed is not None:
-        return value, packed[1], packed[0]
-    return value, deep_size(value) if sized else 0, None
 
 
 async def experiment_status(

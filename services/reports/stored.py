@@ -36,9 +36,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
+from schemas.record import TrialRecord
 from services.common.logging import get_logger
 from services.common.ports import MAX_DERIVED_BYTES, ExperimentInfo, Ledger
 from services.reports.progress import Recorded
+from services.reports.report_cache import deep_size
 
 log = get_logger(__name__)
 
@@ -112,6 +114,25 @@ for each kind at 10,000 trials (2026-11-26), rounded up."""
 def _decode_sized[T](blob: bytes, codec: Codec[T]) -> tuple[T, int]:
     text = zlib.decompress(blob)
     return codec.decode(json.loads(text)), BYTES_PER_JSON_BYTE * len(text)
+
+
+def built[T](
+    build: Callable[[str, ExperimentInfo | None, list[TrialRecord]], T],
+    experiment_id: str,
+    info: ExperimentInfo | None,
+    records: list[TrialRecord],
+    sized: bool,
+    codec: Codec[T] | None,
+    kind: str,
+) -> tuple[T, int, bytes | None]:
+    """``build``'s value, its size when ``sized``, and with ``codec`` its packed form
+    (``queries.derived`` runs this in a thread): a packed value is sized from its JSON
+    (``packed``), cheaper than ``deep_size``."""
+    value = build(experiment_id, info, records)
+    done = packed(value, codec, kind, experiment_id) if codec is not None else None
+    if done is not None:
+        return value, done[1], done[0]
+    return value, deep_size(value) if sized else 0, None
 
 
 async def load[T](
