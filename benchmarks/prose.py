@@ -273,18 +273,19 @@ versions. Contract tests against the fake and SecantusDB
 write makes the next read compute; a pinned version serves the stale value, the
 negative control; one document per kind; a failing, damaged or oversized value never
 costs the answer). Figures `*_stored` (a new `MongoLedger` per sample, no cache, the
-value kept): in one sitting under a load average of 13-15 (2026-11-26 16:14),
-leaderboard 3,726 ms -> 12.9 ms, report 11,542 ms -> 49.5 ms (the miss figures
-`leaderboard` / `report`, same sitting, are what the commit before paid on every CLI
-read), the experiment page's view 271 ms: it holds every trial row (2 MB of JSON at
-10,000 trials) and is decoded in Python; at a load average of 15 that misses 200 ms,
-the rest meet it. Sizes kept at 10,000 trials: leaderboard 1.1 KiB, report 14 KiB,
-page view 85 KiB (synthetic records compress well; real ones less, and 100,000 trials
-make about 12 MB of JSON for the page view, still under the 15 MiB a document may
-hold: a value over it is not kept, and is computed as before).
+value kept), against the miss figures `leaderboard` / `report` of the same sitting
+(what the commit before paid on every CLI read): leaderboard 2,309 ms -> 13.5 ms,
+report 3,183 ms -> 35.6 ms, the experiment page's view 85 ms (2026-11-26 16:33, load
+average 8 falling to 3); in a busier sitting (16:14, load average 13-15) 3,726 ->
+12.9 ms, 11,542 -> 49.5 ms and 271 ms. The page's view is the slowest: it holds every
+trial row (2 MB of JSON at 10,000 trials), decoded in Python. Sizes kept at 10,000
+trials: leaderboard 1.1 KiB, report 14 KiB, page view 85 KiB (synthetic records
+compress well; real ones less, and 100,000 trials make about 12 MB of JSON for the
+page view, still under the 15 MiB a document may hold: a value over it is not kept,
+and is computed as before).
 
 **What is left.** The first read after each write still reads every record (a miss:
-3.7-11.5 s at 10,000 trials in that sitting), once per content version however many
+2.3-11.5 s at 10,000 trials in these sittings), once per content version however many
 processes ask; a live experiment changes version with every import batch. Next step if
 that matters: keep the leaderboard's per-agent sums in the tally as status's are kept,
 so a miss of the leaderboard costs one document; or read only the changed records
@@ -567,8 +568,8 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
         "records of a 10,000-trial experiment 1.5-8.4 s on SecantusDB (load-dependent); "
         "through the HTTP API's report cache, leaderboard 1-4 ms and report 1-3 ms once "
         "computed; a new process (CLI, restarted API) with the value kept in the ledger: "
-        "leaderboard 3,726 -> 12.9 ms, report 11,542 -> 49.5 ms, page view 271 ms "
-        "(2026-11-26 16:14, load average 15)",
+        "leaderboard 2,309 -> 13.5 ms, report 3,183 -> 35.6 ms, page view 85 ms "
+        "(2026-11-26 16:33, load average 3-8; 12.9 / 49.5 / 271 ms at load average 15)",
         "list from the experiments collection (listing documents, one-time backfill); "
         "status from a tally kept at write time; two indexes added for MongoDB; a "
         "report cache keyed by the experiment's content version; its values kept in the "
