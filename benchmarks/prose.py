@@ -234,10 +234,11 @@ the embedded ledger's write rate matters more than MongoDB's reads, keep only
 **Applied: a report cache (issues 12 and 13).** The HTTP API (and the dashboard it
 serves) keeps what it computes from an experiment's records, never the records: the
 leaderboard rows, the report, the experiment page's view (the report, the progress
-counts, the recorded ids, the first and last times, the first 500 rows of the trial
-table) and the experiments list's progress, in one LRU bounded by an estimate of the
-bytes held (`TRIALBUS_REPORT_CACHE_MIB`, 256 MiB; a 10,000-trial page is about
-3.6 MiB, its report 2.4 MiB, its leaderboard 0.02 MiB). Entries are keyed by the
+counts, the recorded ids, the first and last times, every row of the trial table,
+which the page shows 100 at a time) and the experiments list's progress, in one LRU
+bounded by an estimate of the bytes held (`TRIALBUS_REPORT_CACHE_MIB`, 256 MiB; a
+10,000-trial page is about 8.8 MiB with every row, its report 2.9 MiB, its
+leaderboard 0.02 MiB). Entries are keyed by the
 experiment's content version (`Ledger.experiment_version`): the experiment document's
 `_id` and `tally_version`, which every write batch bumps in the update that marks the
 experiment before its records change and again in the commit after, and a metadata
@@ -262,14 +263,43 @@ document, so they save little or cost more; the report would need a second recor
 model for partial documents. On MongoDB a projection would cut the bytes sent (about
 40 % of a record is artifacts and checksums); with the cache, only a miss pays.
 
-**What is left.** A miss (the first read of an experiment by a process, and every
-read by a one-shot CLI command, which has no cache to keep) still reads every record:
-2-4 s at 10,000 trials on SecantusDB. Next step if that matters: keep the computed
-report in the ledger beside the tally, keyed by the same version, so a new process
-and the CLI read one document; or keep the leaderboard's per-agent sums in the tally
-as status's are kept. On MongoDB, where the 200 ms target applies (`--mongo-url`),
-the indexes above serve the records' read. The embedded ledger is for development
-and small teams.
+**Applied: the values kept in the ledger (issues 12 and 13).** A new process (a
+one-shot CLI `leaderboard` / `report`, the API after a restart) had no cache and read
+every record. What `queries.derived` computes is now also kept in the ledger, in a
+`derived` collection (`Ledger.keep_derived` / `stored_derived`; MongoLedger's
+services/common/adapters/mongo_derived.py, the fake's dict), one document per
+(experiment, kind): the value as zlib-compressed JSON (each kind's codec in
+services/reports/stored.py; no pickle), under a token made of the experiment's content
+version, a format number and a fingerprint of the code that builds the values.
+`derived` reads the version, then the cache, then the ledger's document, and only then
+the records; a computed value is written back (best effort: a failed, refused, too
+large or slow write is logged and the answer returned). A write to the experiment moves
+its version, so the kept value is never found again and the next read computes and
+replaces it: the collection holds one document per experiment and kind, never old
+versions. Contract tests against the fake and SecantusDB
+(tests/integration/test_derived_store_contract.py: a new adapter reads no record; a
+write makes the next read compute; a pinned version serves the stale value, the
+negative control; one document per kind; a failing, damaged or oversized value never
+costs the answer). Figures `*_stored` (a new `MongoLedger` per sample, no cache, the
+value kept), against the miss figures `leaderboard` / `report` of the same sitting
+(what the commit before paid on every CLI read): leaderboard 2,309 ms -> 13.5 ms,
+report 3,183 ms -> 35.6 ms, the experiment page's view 85 ms (2026-11-26 16:33, load
+average 8 falling to 3); in a busier sitting (16:14, load average 13-15) 3,726 ->
+12.9 ms, 11,542 -> 49.5 ms and 271 ms. The page's view is the slowest: it holds every
+trial row (2 MB of JSON at 10,000 trials), decoded in Python. Sizes kept at 10,000
+trials: leaderboard 1.1 KiB, report 14 KiB, page view 85 KiB (synthetic records
+compress well; real ones less, and 100,000 trials make about 12 MB of JSON for the
+page view, still under the 15 MiB a document may hold: a value over it is not kept,
+and is computed as before).
+
+**What is left.** The first read after each write still reads every record (a miss:
+2.3-11.5 s at 10,000 trials in these sittings), once per content version however many
+processes ask; a live experiment changes version with every import batch. Next step if
+that matters: keep the leaderboard's per-agent sums in the tally as status's are kept,
+so a miss of the leaderboard costs one document; or read only the changed records
+since the kept version (needs a per-record write sequence). On MongoDB, where the
+200 ms target applies (`--mongo-url`), the indexes above serve the records' read. The
+embedded ledger is for development and small teams.
 """,
     "dispatch": """
 **What it shows.** The runner's start path now (`now_*`: the coordinator's calls in
@@ -512,10 +542,11 @@ acknowledgement ("Orchestration cost" below).
 report cache of the ledger section: the first load after the API starts (`cold_*`)
 reads the 10,000 records from the ledger, validates them into TrialRecords and builds
 the page's view (the report: leaderboard, causes, pass@k, the task x agent matrix,
-cost; the progress counts; the first 500 rows of the trial table); every later load,
-and every live update, of an experiment whose records did not change is served from
-the cache: one read of its content version, then the templates (about 420 KiB of
-HTML: the 500 x 4 matrix and 500 trial rows). Same sitting, same load (2026-11-26
+cost; the progress counts; then the first 500 rows of the trial table, now all its
+rows, shown 100 a page); every later load, and every live update, of an experiment
+whose records did not change is served from the cache: one read of its content
+version, then the templates (about 420 KiB of HTML then: the 500 x 4 matrix and 500
+trial rows). Same sitting, same load (2026-11-26
 15:46-15:50, load average 7-9), the commit before the cache against this one: warm
 first paint 10,068 ms -> 856 ms, time to first byte 9,744 ms -> 276 ms; an earlier
 sitting of this commit at load average 5: 728 ms and 308 ms. The first load is not
@@ -527,10 +558,27 @@ HTML is byte for byte the size it was (418 KiB), and the JSON endpoints, the CLI
 the pages read through the same `queries.derived`, so their numbers still agree
 (tests/integration/test_dashboard_outcomes.py, test_http_api.py).
 
-**What is left:** the cold load (the API's first read of an experiment). Keeping the
-computed view in the ledger by content version would make it one document read for a
-new process; a live experiment changes version with every import batch, so its page
-is computed again after each batch (once, however many browsers watch it).
+**Applied: the page's view kept in the ledger, the trial table paged (issues 12 and
+13).** The view the page is built from is kept in the ledger by content version (the
+ledger section): a new API process (`restart_*`: the first load after a restart, its
+cache empty, the view kept by the process before) reads one document instead of
+10,000 records. The trial table shows 100 rows a page (`?page=N`, plain links, the
+live feed sends the page shown). Measured against the commit before, each side a
+fresh stack, on a machine shared with other engineers' tests (2026-11-26 16:14-16:32,
+load average 8-13, which moved by a factor of two between sittings): the first load
+of a new API process 9,472 and 14,908 ms before (two sittings) -> 1,744, 640 and
+912 ms (three sittings; time to first byte 962, 261 and 667 ms); the page's HTML
+442 -> 333 KiB (400 trial rows fewer); warm first paint 904 and 636 ms before ->
+588, 380 and 528 ms. The first read of an experiment nobody computed yet (`cold_*`)
+does what it did, plus packing and writing the value: 14.5, 4.0 and 3.9 s (before:
+9.5 and 14.9 s; the spread is the machine's load). Where the restart's time goes:
+the view's document (85 KiB compressed, 2 MB of JSON at 10,000 trials, most of it
+the 10,000 rows) decoded in Python, then the templates.
+
+**What is left:** the first read after each write still reads the records (a live
+experiment changes version with every import batch: its page is computed again after
+each batch, once, however many browsers or processes watch it). The restart's decode
+could shrink further by keeping only the visible page's rows decoded.
 """,
     "scheduling": """
 **Where the time goes.** B alone starts its trials in waves: every slot at once, then
@@ -606,21 +654,24 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
         "ledger reports at 100,000 records",
         "not measured",
         "experiment list 18.7 s -> 10 ms, status 6.3 s -> 20 ms (one busy sitting); "
-        "records of a 10,000-trial experiment 1.5-5.4 s, leaderboard/report 1.4-8 s on "
-        "SecantusDB (load-dependent); through the HTTP API's report cache, leaderboard "
-        "3.9 ms and report 1.4 ms once computed (uncached 2.0 s and 2.3 s in that "
-        "sitting, 2026-11-26 15:37, load average 5)",
+        "records of a 10,000-trial experiment 1.5-8.4 s on SecantusDB (load-dependent); "
+        "through the HTTP API's report cache, leaderboard 1-4 ms and report 1-3 ms once "
+        "computed; a new process (CLI, restarted API) with the value kept in the ledger: "
+        "leaderboard 2,309 -> 13.5 ms, report 3,183 -> 35.6 ms, page view 85 ms "
+        "(2026-11-26 16:33, load average 3-8; 12.9 / 49.5 / 271 ms at load average 15)",
         "list from the experiments collection (listing documents, one-time backfill); "
         "status from a tally kept at write time; two indexes added for MongoDB; a "
-        "report cache keyed by the experiment's content version",
+        "report cache keyed by the experiment's content version; its values kept in the "
+        "ledger under that version (`derived`)",
     ),
     (
         "dashboard experiment page, 10,000 trials",
         "first paint 9.1 s, time to first byte 8.6 s",
-        "warm: first paint 856 ms, first byte 276 ms (the commit before, same sitting: "
-        "10,068 / 9,744 ms; load average 7-9); cold (the API's first read): 9.0 s, "
-        "unchanged",
-        "the page's view from the report cache; a miss builds rows for the 500 trials shown only",
+        "warm: first paint 380-588 ms (the commit before the cache: 10,068 ms); a new API "
+        "process: 0.64-1.74 s (before: 9.5-14.9 s; load average 8-13); HTML 442 -> "
+        "333 KiB",
+        "the page's view from the report cache, and kept in the ledger for a new process; "
+        "the trial table paged (100 rows)",
     ),
     (
         "submit 10,000 trials",

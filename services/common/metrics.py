@@ -256,6 +256,14 @@ class MeteredLedger:
         """Delegated."""
         return await self._inner.experiment_version(experiment_id)
 
+    async def stored_derived(self, experiment_id: str, kind: str, version: str) -> bytes | None:
+        """Delegated."""
+        return await self._inner.stored_derived(experiment_id, kind, version)
+
+    async def keep_derived(self, experiment_id: str, kind: str, version: str, blob: bytes) -> None:
+        """Delegated."""
+        await self._inner.keep_derived(experiment_id, kind, version, blob)
+
     async def close(self) -> None:
         """Delegated."""
         await self._inner.close()

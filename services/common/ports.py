@@ -158,8 +158,28 @@ class Ledger(Protocol):
         experiment deleted and written again) never repeat.
         """
 
+    async def stored_derived(self, experiment_id: str, kind: str, version: str) -> bytes | None:
+        """The blob ``keep_derived`` kept for (experiment, ``kind``) under exactly
+        ``version``, or None (nothing kept, or kept under another version).
+
+        What the report cache computes, kept in the ledger so a new process and the
+        one-shot CLI read one document instead of every record (services/reports/stored.py
+        encodes and decodes; the ledger only keeps bytes). ``version`` includes
+        ``experiment_version``, so a value kept before a write is never found after it.
+        """
+
+    async def keep_derived(self, experiment_id: str, kind: str, version: str, blob: bytes) -> None:
+        """Keep ``blob`` as (experiment, ``kind``)'s value under ``version``, replacing
+        the value kept under any other version: one per (experiment, kind), so what is
+        kept stays bounded. A blob over ``MAX_DERIVED_BYTES`` raises ValueError."""
+
     async def close(self) -> None:
         """Release connections."""
+
+
+MAX_DERIVED_BYTES = 15 * 2**20
+"""Largest blob ``Ledger.keep_derived`` takes: MongoDB's documents stop at 16 MiB,
+and the key and bookkeeping share the document."""
 
 
 def record_content_hash(record: TrialRecord) -> str:

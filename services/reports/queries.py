@@ -22,6 +22,7 @@ from typing import Any
 from schemas.record import TrialRecord
 from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.ports import ExperimentInfo, Ledger
+from services.reports import stored
 from services.reports.budget import spent_line_of_tally
 from services.reports.compare import compare, pick_side, records_of
 from services.reports.leaderboard import counts_of_tally, leaderboard
@@ -33,7 +34,8 @@ from services.reports.progress import (
     recorded_of,
 )
 from services.reports.report import build_report
-from services.reports.report_cache import ReportCache, deep_size
+from services.reports.report_cache import ReportCache
+from services.reports.stored import Codec
 from services.reports.tally import count
 from services.submitter.api_tokens import owner_from_record
 
@@ -75,38 +77,43 @@ async def derived[T](
     *,
     cache: ReportCache | None = None,
     required: bool = True,
+    codec: Codec[T] | None = None,
 ) -> tuple[str, T]:
     """(experiment id, ``build`` of its metadata and records); None picks the latest.
 
-    With ``cache``, the value is kept under (``kind``, id, ``Ledger.experiment_version``)
-    and the records are read only when that changed. The version is read before the
-    records, so a kept value is never older than its key. Values may be shared
-    between callers: never mutate one. Raises as ``load_experiment``.
+    The value is looked up under (``kind``, id, ``Ledger.experiment_version``): first
+    in ``cache``, then (with ``codec``) in the ledger (services/reports/stored.py); the
+    records are read only when neither holds it, and what is computed then is kept in
+    both. The version is read before the records, so a kept value is never older than
+    its key. Values may be shared between callers: never mutate one. Raises as
+    ``load_experiment``.
     """
     exp_id = experiment_id if experiment_id is not None else await latest_experiment(ledger)
+    version = await ledger.experiment_version(exp_id)
+    sized = cache is not None
+
+    keeps = version is not None and codec is not None
 
     async def compute() -> tuple[T, int]:
+        if version is not None and codec is not None:
+            found = await stored.load(ledger, exp_id, kind, version, codec)
+            if found is not None:
+                return found
         _, info, records = await load_experiment(ledger, exp_id, required=required)
-        # Building (and sizing) costs CPU time: off the event loop (the HTTP API shares it).
-        return await asyncio.to_thread(_built, build, exp_id, info, records, cache is not None)
+        # Building (and sizing, and packing) costs CPU time: off the event loop (the
+        # HTTP API shares it).
+        value, size, blob = await asyncio.to_thread(
+            stored.built, build, exp_id, info, records, sized, codec if keeps else None, kind
+        )
+        if version is not None and blob is not None:
+            await stored.keep(ledger, exp_id, kind, version, blob)
+        return value, size
 
     if cache is None:
         return exp_id, (await compute())[0]
-    version = await ledger.experiment_version(exp_id)
     key = None if version is None else (kind, exp_id, version)
     value: T = await cache.get_or_build(key, compute)
     return exp_id, value
-
-
-def _built[T](
-    build: Derive[T],
-    experiment_id: str,
-    info: ExperimentInfo | None,
-    records: list[TrialRecord],
-    sized: bool,
-) -> tuple[T, int]:
-    value = build(experiment_id, info, records)
-    return value, deep_size(value) if sized else 0
 
 
 async def experiment_status(
@@ -208,7 +215,13 @@ async def experiment_progress(
     say is kept per content version (``progress_basis``).
     """
     exp_id, (info, recorded) = await derived(
-        ledger, experiment_id, "progress", progress_basis, cache=cache, required=required
+        ledger,
+        experiment_id,
+        "progress",
+        progress_basis,
+        cache=cache,
+        required=required,
+        codec=stored.PROGRESS_CODEC,
     )
     incomplete = len(recorded.trial_ids) < (info.n_trials if info else 0)
     started = await started_of(exp_id) if incomplete else ()
@@ -249,7 +262,13 @@ async def experiment_leaderboard(
 ) -> tuple[str, list[dict[str, Any]]]:
     """(experiment id, leaderboard rows as JSON); None picks the latest experiment."""
     return await derived(
-        ledger, experiment_id, "leaderboard", leaderboard_rows, cache=cache, required=required
+        ledger,
+        experiment_id,
+        "leaderboard",
+        leaderboard_rows,
+        cache=cache,
+        required=required,
+        codec=stored.LEADERBOARD_CODEC,
     )
 
 
@@ -269,7 +288,13 @@ async def experiment_report(
 ) -> dict[str, Any]:
     """The full report of one experiment (``services.reports.report.build_report``)."""
     _, report = await derived(
-        ledger, experiment_id, "report", report_value, cache=cache, required=required
+        ledger,
+        experiment_id,
+        "report",
+        report_value,
+        cache=cache,
+        required=required,
+        codec=stored.REPORT_CODEC,
     )
     return report
 

@@ -32,7 +32,7 @@ from schemas.record import TrialRecord
 from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.quotas import Quotas
 from services.common.settings import SubmitterSettings
-from services.reports import queries
+from services.reports import queries, stored
 from services.reports.progress import experiment_row_of
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_artifacts import (
@@ -188,6 +188,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
                 queries.progress_basis,
                 cache=ports(request).reports,
                 required=False,
+                codec=stored.PROGRESS_CODEC,
             )
             started: dict[str, Any] = {}
             paused = False
@@ -208,7 +209,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
         return render("experiments.html", request, title="Experiments", rows=rows, q=q)
 
     @router.get("/experiments/{experiment_id}")
-    async def experiment(request: Request, experiment_id: str) -> Response:
+    async def experiment(request: Request, experiment_id: str, page: int = 1) -> Response:
         ledger, live = ports(request).ledger, feeds(request)
         if not valid_experiment_id(experiment_id):
             return _not_found(request, f"{experiment_id!r} is not an experiment id.")
@@ -219,12 +220,14 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
         started = await live.started_trials(experiment_id)
         paused = await ports(request).coordinator.is_paused(experiment_id)
         row = page_row(experiment_id, view, started, paused=paused)
-        parts = view_sections(experiment_id, view, started)
+        parts = view_sections(experiment_id, view, started, page)
+        # The live feed sends the trial table's page shown here, not the whole table.
+        number = parts.context["pager"]["number"]
         return render(
             "experiment.html",
             request,
             title=row.name,
-            data={"events-url": f"{experiment_url(experiment_id)}/events"},
+            data={"events-url": f"{experiment_url(experiment_id)}/events?page={number}"},
             name=row.name,
             submitted_by=row.submitted_by,
             started=row.started,
@@ -235,7 +238,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
         )
 
     @router.get("/experiments/{experiment_id}/events")
-    async def experiment_events(request: Request, experiment_id: str) -> Response:
+    async def experiment_events(request: Request, experiment_id: str, page: int = 1) -> Response:
         if not valid_experiment_id(experiment_id):
             return _not_found(request, f"{experiment_id!r} is not an experiment id.")
         stream = experiment_stream(
@@ -244,6 +247,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
             experiment_id,
             ports(request).coordinator.is_paused,
             ports(request).reports,
+            page,
         )
         return _sse(stream)
 

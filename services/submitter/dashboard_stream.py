@@ -2,8 +2,9 @@
 
 - ``experiment_stream``: on connect, then at most once per ``UPDATE_INTERVAL_S`` after
   any event of the experiment, a ``progress`` event (counts, state, and the
-  leaderboard and trial tables rendered again from the ledger through the one read
-  path; of those, only what changed since the connection's last event: ``Shown``);
+  leaderboard and the trial table's page the browser shows, rendered again from the
+  ledger through the one read path; of those, only what changed since the
+  connection's last event: ``Shown``);
   each event of the experiment also as a short ``trial`` line. The
   subscription opens before the first snapshot, so no event between them is missed.
 - ``log_stream``: a trial's ``trial_log`` events (oldest the logs stream holds first),
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from schemas.events import (
@@ -33,16 +34,15 @@ from schemas.events import (
 )
 from schemas.record import TrialRecord
 from services.common.ports import ExperimentInfo, Ledger
-from services.reports import formatting, queries
+from services.reports import formatting, queries, stored
 from services.reports.progress import Recorded, experiment_row_of, recorded_of
 from services.reports.report_cache import ReportCache
+from services.reports.stored import Codec
 from services.submitter import dashboard_charts as charts
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_compare import experiment_compare_url
 from services.submitter.live_feeds import LiveFeeds
 
-TRIAL_ROWS_MAX = 500
-"""Trials listed on an experiment page (running ones first); the report lists all."""
 UPDATE_INTERVAL_S = 1.0
 KEEPALIVE_S = 15.0
 PARTS = ("leaderboard", "causes", "passk", "matrix", "usage", "trials")
@@ -117,26 +117,28 @@ async def sections(
     experiment_id: str,
     records: Sequence[TrialRecord],
     started: Mapping[str, TrialStarted],
+    page: int = 1,
 ) -> Sections:
     """The leaderboard with its error bars, the failure causes, pass@k, the task x
     agent matrix, cost and budget (``queries.experiment_report``, as the JSON API's
-    report) and the trials."""
+    report) and page ``page`` of the trials."""
     report = await queries.experiment_report(ledger, experiment_id, required=False)
-    return _sections(experiment_id, report, records, started)
+    running = views.running_rows(started, {r.trial_id for r in records})
+    table = views.trial_page(running, views.record_rows(records), page)
+    return _context(experiment_id, report, table)
 
 
 @dataclass(frozen=True, slots=True)
 class PageView:
     """What the experiment page shows that the records decide, computed once per
-    content version (``page_view``; kept in the submitter's ReportCache): the report,
-    the progress basis and the first ``TRIAL_ROWS_MAX`` rows of the trial table, not
-    the records."""
+    content version (``page_view``; kept in the submitter's ReportCache and in the
+    ledger): the report, the progress basis and every row of the trial table (each
+    page and live update shows ``PAGE_ROWS`` of them), not the records."""
 
     info: ExperimentInfo | None
     report: dict[str, Any]
     recorded: Recorded
     rows: tuple[views.TrialRow, ...]
-    n_records: int
 
 
 def page_view_of(
@@ -147,9 +149,28 @@ def page_view_of(
         info=info,
         report=queries.report_value(experiment_id, info, records),
         recorded=recorded_of(records, info),
-        rows=tuple(views.record_rows(records, TRIAL_ROWS_MAX)),
-        n_records=len(records),
+        rows=tuple(views.record_rows(records)),
     )
+
+
+_ROW_FIELDS = tuple(f.name for f in fields(views.TrialRow))
+
+PAGE_CODEC: Codec[PageView] = Codec(
+    lambda v: {
+        "info": stored.info_to_json(v.info),
+        "report": v.report,
+        "recorded": stored.recorded_to_json(v.recorded),
+        # Rows as lists (the field names once): ~40 % of the JSON at 10,000 trials.
+        "rows": [[getattr(r, f) for f in _ROW_FIELDS] for r in v.rows],
+    },
+    lambda d: PageView(
+        info=stored.info_of_json(d["info"]),
+        report=d["report"],
+        recorded=stored.recorded_of_json(d["recorded"]),
+        rows=tuple(views.TrialRow(*r) for r in d["rows"]),
+    ),
+)
+"""How a ``PageView`` is kept in the ledger (services/reports/stored.py)."""
 
 
 async def page_view(
@@ -157,7 +178,13 @@ async def page_view(
 ) -> PageView:
     """The experiment's ``PageView`` through the one read path (``queries.derived``)."""
     _, view = await queries.derived(
-        ledger, experiment_id, "page", page_view_of, cache=cache, required=required
+        ledger,
+        experiment_id,
+        "page",
+        page_view_of,
+        cache=cache,
+        required=required,
+        codec=PAGE_CODEC,
     )
     return view
 
@@ -173,29 +200,14 @@ def page_row(
 
 
 def view_sections(
-    experiment_id: str, view: PageView, started: Mapping[str, TrialStarted]
+    experiment_id: str, view: PageView, started: Mapping[str, TrialStarted], page: int = 1
 ) -> Sections:
-    """``sections`` of a ``PageView``: the running trials first, then its rows."""
+    """``sections`` of a ``PageView``: page ``page`` of the running trials, then its rows."""
     running = views.running_rows(started, view.recorded.trial_ids)
-    shown = (running + list(view.rows))[:TRIAL_ROWS_MAX]
-    hidden = len(running) + view.n_records - len(shown)
-    return _context(experiment_id, view.report, shown, hidden)
+    return _context(experiment_id, view.report, views.trial_page(running, view.rows, page))
 
 
-def _sections(
-    experiment_id: str,
-    report: dict[str, Any],
-    records: Sequence[TrialRecord],
-    started: Mapping[str, TrialStarted],
-) -> Sections:
-    rows = views.trial_rows(records, started)
-    shown = rows[:TRIAL_ROWS_MAX]
-    return _context(experiment_id, report, shown, len(rows) - len(shown))
-
-
-def _context(
-    experiment_id: str, report: dict[str, Any], shown: list[views.TrialRow], hidden: int
-) -> Sections:
+def _context(experiment_id: str, report: dict[str, Any], table: views.TrialPage) -> Sections:
     board = report["leaderboard"]
     scale = charts.mean_scale(board)
     return Sections(
@@ -213,8 +225,8 @@ def _context(
             "total_cost": formatting.total_cost(report) if formatting.shows_cost(board) else "",
             "budget": report["budget"],
             "meters": charts.budget_meters(report["budget"]),
-            "trials": [{**asdict(t), "url": views.trial_url(t.trial_id)} for t in shown],
-            "hidden": hidden,
+            "trials": [{**asdict(t), "url": views.trial_url(t.trial_id)} for t in table.rows],
+            "pager": table.pager(experiment_id),
             "experiment_id": experiment_id,
             "compare_url": experiment_compare_url(
                 experiment_id, [charts.agent_label(r) for r in board]
@@ -259,15 +271,16 @@ async def progress_event(
     paused_of: queries.PausedOf | None = None,
     shown: Shown | None = None,
     cache: ReportCache | None = None,
+    page: int = 1,
 ) -> str:
     """The ``progress`` event: counts and the tables, as the ledger holds them now
     (``paused_of``: the coordinator's pause flag, for the state; ``cache``: the
     submitter's, so an unchanged experiment is not read again); with ``shown``, what
     the page shows already, only what changed since (``Shown.changes``), else every
-    section."""
+    section; ``page``: the trial table's page the browser shows (only it is sent)."""
     view = await page_view(ledger, experiment_id, cache, required=False)
     started = await live.started_trials(experiment_id)
-    parts = view_sections(experiment_id, view, started)
+    parts = view_sections(experiment_id, view, started, page)
     paused = paused_of is not None and await paused_of(experiment_id)
     row = page_row(experiment_id, view, started, paused=paused)
     counts = {
@@ -285,11 +298,15 @@ async def experiment_stream(
     experiment_id: str,
     paused_of: queries.PausedOf | None = None,
     cache: ReportCache | None = None,
+    page: int = 1,
 ) -> AsyncIterator[str]:
-    """The experiment page's live feed (see the module doc)."""
+    """The experiment page's live feed (see the module doc), for the trial table's
+    page ``page``."""
     shown = Shown()  # this page's own: a reconnect starts afresh and gets everything
     async with live.experiment_events(experiment_id) as feed:
-        yield await progress_event(ledger, live, experiment_id, paused_of, shown=shown, cache=cache)
+        yield await progress_event(
+            ledger, live, experiment_id, paused_of, shown=shown, cache=cache, page=page
+        )
         dirty, last = False, time.monotonic()
         while True:
             since = time.monotonic() - last
@@ -300,7 +317,7 @@ async def experiment_stream(
                 dirty = True
             if dirty and time.monotonic() - last >= UPDATE_INTERVAL_S:
                 yield await progress_event(
-                    ledger, live, experiment_id, paused_of, shown=shown, cache=cache
+                    ledger, live, experiment_id, paused_of, shown=shown, cache=cache, page=page
                 )
                 dirty, last = False, time.monotonic()
             elif event is None and not dirty:

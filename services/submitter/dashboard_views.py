@@ -37,8 +37,10 @@ from services.reports.progress import (  # the dashboard's names for the shared 
 
 __all__ = [
     "PAGES",
+    "PAGE_ROWS",
     "ExperimentRow",
     "Progress",
+    "TrialPage",
     "TrialRow",
     "agent_label",
     "duration",
@@ -51,6 +53,7 @@ __all__ = [
     "running_rows",
     "span",
     "submitter_label",
+    "trial_page",
     "trial_rows",
     "trial_url",
     "when",
@@ -120,6 +123,62 @@ def record_rows(records: Sequence[TrialRecord], limit: int | None = None) -> lis
             )
         )
     return rows
+
+
+PAGE_ROWS = 100
+"""Rows of the experiment page's trial table per page (``trial_page``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrialPage:
+    """One page of an experiment's trial table, and where it sits among the others."""
+
+    rows: list[TrialRow]
+    number: int
+    """1-based, within 1..pages."""
+    pages: int
+    total: int
+    """Rows of the whole table (running trials and records)."""
+    first: int
+    """1-based position of the page's first row (0 when the table is empty)."""
+
+    def pager(self, experiment_id: str) -> dict[str, Any]:
+        """The pager's template context: positions, and links to the pages beside."""
+        base = experiment_url(experiment_id)
+
+        def link(n: int) -> str | None:
+            return f"{base}?page={n}#trials" if 1 <= n <= self.pages and n != self.number else None
+
+        return {
+            "number": self.number,
+            "pages": self.pages,
+            "total": self.total,
+            "first": self.first,
+            "last": self.first + len(self.rows) - 1 if self.rows else 0,
+            "prev_url": link(self.number - 1),
+            "next_url": link(self.number + 1),
+            "first_url": link(1),
+            "last_url": link(self.pages),
+        }
+
+
+def trial_page(
+    running: Sequence[TrialRow], recorded: Sequence[TrialRow], number: int, size: int = 0
+) -> TrialPage:
+    """Page ``number`` (clamped to the pages there are) of the table ``running`` rows
+    first, then ``recorded`` ones: what the page and its live updates show; ``size``
+    rows a page (0: ``PAGE_ROWS``)."""
+    size = size or PAGE_ROWS
+    total = len(running) + len(recorded)
+    pages = max(1, -(-total // size))
+    number = min(max(1, number), pages)
+    start = (number - 1) * size
+    end = start + size
+    rows = list(running[start:end])
+    if len(rows) < size:
+        skip = max(0, start - len(running))
+        rows += recorded[skip : skip + size - len(rows)]
+    return TrialPage(rows, number, pages, total, start + 1 if rows else 0)
 
 
 def agent_label(rec: TrialRecord) -> str:

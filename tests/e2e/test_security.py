@@ -25,6 +25,7 @@ import json
 import os
 import secrets
 import shutil
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -108,11 +109,23 @@ async def stored_messages(nats_url: str, streams: list[str]) -> list[bytes]:
 
 
 def ledger_documents(ledger_url: str, database: str) -> list[bytes]:
-    """Every document of ``database``, BSON-encoded (strings stay plain UTF-8)."""
+    """Every document of ``database`` but the kept report values, BSON-encoded
+    (strings stay plain UTF-8)."""
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(ledger_url)
     try:
         db = client[database]
-        return [bson.encode(doc) for name in db.list_collection_names() for doc in db[name].find()]
+        names = [n for n in db.list_collection_names() if n != "derived"]
+        return [bson.encode(doc) for name in names for doc in db[name].find()]
+    finally:
+        client.close()
+
+
+def kept_values(ledger_url: str, database: str) -> list[bytes]:
+    """The report values kept in ``database`` (services/reports/stored.py), unpacked:
+    zlib would hide a secret from a scan of the raw documents."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(ledger_url)
+    try:
+        return [zlib.decompress(doc["blob"]) for doc in client[database]["derived"].find()]
     finally:
         client.close()
 
@@ -194,6 +207,9 @@ async def test_positive_controls_find_a_planted_secret(
     try:
         client[f"{ledger_db}_control"]["trials"].insert_one({"env": {"k": secret}})
         assert occurrences(ledger_documents(ledger_url, f"{ledger_db}_control"), needle) == 1
+        packed = zlib.compress(json.dumps({"env": {"k": secret}}).encode())
+        client[f"{ledger_db}_control"]["derived"].insert_one({"_id": "x", "blob": packed})
+        assert occurrences(kept_values(ledger_url, f"{ledger_db}_control"), needle) == 1
     finally:
         client.drop_database(f"{ledger_db}_control")
         client.close()
@@ -263,5 +279,8 @@ async def test_secret_reaches_the_agent_and_nothing_else(
     assert occurrences(seen, needle) == 0
     assert occurrences(stored, needle) == 0
     assert occurrences(docs, needle) == 0
+    # `submit --wait` printed the leaderboard, whose value is kept (unless a write was
+    # in flight then): scanned unpacked.
+    assert occurrences(kept_values(ledger_url, ledger_db), needle) == 0
     # The name, by contrast, is recorded: that is how the runner finds the value.
     assert occurrences(docs, SECRET_ENV.encode()) > 0

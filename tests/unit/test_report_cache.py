@@ -13,7 +13,7 @@ from schemas.events import TrialStarted
 from services.common.adapters.memory import InMemoryLedger
 from services.common.ports import ExperimentInfo
 from services.reports.report_cache import ReportCache, deep_size
-from services.submitter import dashboard_stream
+from services.submitter import dashboard_views
 from services.submitter.dashboard_stream import page_row, page_view, sections, view_sections
 from services.submitter.dashboard_views import experiment_row
 from tests.support.records import report_record, single_reward
@@ -100,11 +100,11 @@ def started(trial_id: str) -> TrialStarted:
     )
 
 
-@pytest.mark.parametrize("rows_max", [3, 500])
+@pytest.mark.parametrize(("page_rows", "page"), [(3, 1), (3, 2), (3, 4), (3, 99), (100, 1)])
 async def test_the_page_from_a_cached_view_is_the_page_from_the_records(
-    rows_max: int, monkeypatch: pytest.MonkeyPatch
+    page_rows: int, page: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dashboard_stream, "TRIAL_ROWS_MAX", rows_max)
+    monkeypatch.setattr(dashboard_views, "PAGE_ROWS", page_rows)
     records = [
         report_record(single_reward(float(i % 2)), task=f"t{i % 3}", agent=a)
         for i in range(4)
@@ -116,9 +116,11 @@ async def test_the_page_from_a_cached_view_is_the_page_from_the_records(
     live = {"r1": started("r1"), "r2": started("r2"), records[0].trial_id: started("x")}
 
     view = await page_view(ledger, "exp", ReportCache())
-    expected = await sections(ledger, "exp", records, live)
-    assert view_sections("exp", view, live).html() == expected.html()
-    assert view_sections("exp", view, live).context["hidden"] == expected.context["hidden"]
+    expected = await sections(ledger, "exp", records, live, page)
+    assert view_sections("exp", view, live, page).html() == expected.html()
+    pager = view_sections("exp", view, live, page).context["pager"]
+    assert pager == expected.context["pager"]
+    assert pager["total"] == 10 and pager["pages"] == -(-10 // page_rows)
     info = await ledger.get_experiment("exp")
     row, from_records = page_row("exp", view, live), experiment_row("exp", info, records, live)
     assert (row.progress, row.started, row.name) == (
@@ -129,8 +131,8 @@ async def test_the_page_from_a_cached_view_is_the_page_from_the_records(
     assert row.progress.running == 2  # r1, r2; the third started trial has its record
     # Negative control: another trial running changes both the same way.
     more = {**live, "r3": started("r3")}
-    assert view_sections("exp", view, more).html() != expected.html()
+    assert view_sections("exp", view, more, page).html() != expected.html()
     assert (
-        view_sections("exp", view, more).html()
-        == (await sections(ledger, "exp", records, more)).html()
+        view_sections("exp", view, more, page).html()
+        == (await sections(ledger, "exp", records, more, page)).html()
     )

@@ -27,6 +27,7 @@ from schemas.subjects import Topology
 from services.common import quotas
 from services.common.fair_share import TeamShare
 from services.common.ports import (
+    MAX_DERIVED_BYTES,
     AttemptStart,
     ExperimentInfo,
     Lease,
@@ -61,6 +62,8 @@ class InMemoryLedger:
         # experiment; the nonce keeps two fakes' tokens apart in one process.
         self._versions: dict[str, int] = {}
         self._nonce = uuid.uuid4().hex
+        # (experiment, kind) -> (version, blob): keep_derived's values, one per key.
+        self._derived: dict[tuple[str, str], tuple[str, bytes]] = {}
         self.closed = False
 
     def _seen(self, experiment_id: str) -> None:
@@ -144,6 +147,17 @@ class InMemoryLedger:
         if experiment_id not in self._versions:
             return None
         return f"{self._nonce}.{self._versions[experiment_id]}"
+
+    async def stored_derived(self, experiment_id: str, kind: str, version: str) -> bytes | None:
+        """The blob kept for (experiment, kind) under exactly ``version``, or None."""
+        found = self._derived.get((experiment_id, kind))
+        return found[1] if found is not None and found[0] == version else None
+
+    async def keep_derived(self, experiment_id: str, kind: str, version: str, blob: bytes) -> None:
+        """Keep ``blob`` under ``version``, replacing any other version's (one per key)."""
+        if len(blob) > MAX_DERIVED_BYTES:
+            raise ValueError(f"derived value of {len(blob):,} bytes: over {MAX_DERIVED_BYTES:,}")
+        self._derived[(experiment_id, kind)] = (version, bytes(blob))
 
     async def close(self) -> None:
         """Mark closed (tests may assert it); the data stays readable."""

@@ -1,8 +1,9 @@
 """MongoLedger: the Ledger port over MongoDB (or SecantusDB) with PyMongo's async client.
 
-About 390 lines: one adapter for one port, each method a query and its error
+About 410 lines: one adapter for one port, each method a query and its error
 translation; splitting it would split the document shape and the write protocol
-described below (the experiments collection is mongo_experiments's).
+described below (the experiments collection is mongo_experiments's, the derived
+values' mongo_derived's).
 
 Document shape (collection ``trials``): the record's JSON-mode dump (datetimes as
 ISO-8601 strings, so a record reads back exactly as written, microseconds included;
@@ -48,6 +49,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, ConnectionFailure
 
 from schemas.record import TrialRecord
+from services.common.adapters.mongo_derived import DerivedStore
 from services.common.adapters.mongo_experiments import ExperimentStore
 from services.common.errors import LedgerUnavailable
 from services.common.ports import (
@@ -112,6 +114,7 @@ class MongoLedger:
         db = self._client[database]
         self._trials: AsyncCollection[Doc] = db["trials"]
         self._store = ExperimentStore(db["experiments"], db["ledger_meta"])
+        self._derived = DerivedStore(db["derived"])
 
     async def ensure_indexes(self) -> None:
         """Create the unique index on trial_id and the query indexes. Idempotent.
@@ -327,6 +330,16 @@ class MongoLedger:
         while a batch is writing its records, or for an experiment without a document."""
         async with _translate_errors("experiment_version"):
             return await self._store.version(experiment_id)
+
+    async def stored_derived(self, experiment_id: str, kind: str, version: str) -> bytes | None:
+        """The blob kept for (experiment, kind) under exactly ``version`` (mongo_derived)."""
+        async with _translate_errors("stored_derived"):
+            return await self._derived.get(experiment_id, kind, version)
+
+    async def keep_derived(self, experiment_id: str, kind: str, version: str, blob: bytes) -> None:
+        """Keep ``blob`` under ``version``, replacing any other version's (mongo_derived)."""
+        async with _translate_errors("keep_derived"):
+            await self._derived.keep(experiment_id, kind, version, blob)
 
     async def close(self) -> None:
         """Release connections."""
