@@ -13,6 +13,10 @@ a class is known to hold work, free slots are shared between the classes that do
 weighted deficit round robin (services.runner.selection), each fetched with a short
 pull of its share, so a burst is taken in batches and a lone trial never waits out a
 batch's fetch window. docs/scheduling.md gives the rule and what it costs.
+
+Longer than 350 lines because the fetch loop, slot accounting (free, reserved for a
+preempting class) and the settling of verdicts share one state (the slots and the
+messages in flight); split apart, each piece would reach into the others'.
 """
 
 from __future__ import annotations

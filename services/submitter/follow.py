@@ -6,6 +6,9 @@ shared with the dashboard); what only the bus knows (trials running now, live lo
 lines, the runner registry) through the submitter's NATS connection, with the rights
 the submitter role already has: following the events and logs streams (read only)
 and reading the runners bucket (infra/nats_permissions.py).
+
+A little over 350 lines because each live view is a few lines of reading over the same
+connections; split by view, each module would repeat the opening and closing.
 """
 
 from __future__ import annotations
