@@ -7,24 +7,32 @@ events' own timestamps (``occurred_at`` of ExperimentSubmitted, TrialStarted,
 TrialCompleted and ResultImported, read by a JetStream ordered consumer), never from
 polling:
 
-- **Priority.** Team B submits U urgent trials to the empty fleet (B alone); then team
-  A submits the issue's 10,000 batch trials (``compute.priority_class: batch``), and
-  once A fills the fleet in steady state, B submits U urgent trials again. B's
-  **first start** (its ExperimentSubmitted to its first TrialStarted) and
-  **completion** (to its last trial's first ResultImported) are compared with B alone
-  (the issue's target: within 10 %); B's last TrialCompleted (``finished``) is
-  compared too, which leaves out the importer's lag. A's start rate in the window where B waits for
-  slots, against the same length before B arrived, gives **A's throughput loss**; the
-  whole fleet's start rate in that window, the throughput the scheduling itself lost.
-  B's share of the starts while both wait is compared with what the runners'
-  weighted round robin promises (``weight_urgent / (weight_urgent + weight_batch)``).
+- **Priority**, twice: with team A's batch experiment ``compute.preemptible: true``
+  (the headline: how an operator runs a sweep that must yield) and without it
+  (figures ``nonpreempt_*``). Team B submits U urgent trials to the empty fleet (B
+  alone); then team A submits the issue's 10,000 batch trials
+  (``compute.priority_class: batch``), and once A fills the fleet in steady state, B
+  submits U urgent trials again. B's **first start** (its ExperimentSubmitted to its
+  first TrialStarted) and **completion** (to its last trial's first ResultImported)
+  are compared with B alone (the issue's target: within 10 %); B's last
+  TrialCompleted (``finished``) is compared too, which leaves out the importer's lag.
+  A's start rate in the window where B waits for slots, against the same length
+  before B arrived, gives **A's throughput loss**, and A's completions short of its
+  rate before (over B's run and a while after) the **trials A lost**. Every trial of
+  A handed back by a preemption (a non-final TrialFailed ``cancelled`` /
+  ``Preempted``) must start again at attempt 1 and be recorded once, scored, with
+  ``attempts`` 1 (benchmarks.scheduling_preemption); the non-preemptible variant
+  must show none. B's share of the starts while both wait is compared with what the
+  runners' weighted round robin promises (``weight_urgent / (weight_urgent +
+  weight_batch)``).
 - **Shares.** On another fresh stack, team A then team B each submit a batch
   experiment larger than a minute of the fleet's starts; over a minute that starts
   one trial length after B's submission, each team's share of the starts is
   compared with its configured share (the issue's target: within 5 points). The
   configured shares go to the quotas file (``TRIALBUS_QUOTAS_FILE``, field
-  ``SHARE_FIELD``) when the code has that field (fair share, docs/scheduling.md);
-  without it the benchmark measures the split as it is (FIFO) and says so.
+  ``SHARE_FIELD``, read by the submitter: fair share, docs/scheduling.md). The
+  slots each team keeps busy and the batch durable's deliveries a second (starts
+  plus fair share's hand-backs) say where the time goes.
 
 Quick mode (``make bench-quick``) uses smaller sizes; ``TRIALBUS_BENCH_SCHEDULING``
 overrides them as ``A:U:R:C:S:W`` (batch trials, urgent trials, runners, slots per
@@ -166,12 +174,12 @@ async def _shares(ctx: Context, z: Sizes, run_dir: Path) -> SharesOutcome:
         window = sm.Window(t0, t0 + z.window_s)
         await tap.wait(lambda: max(tap.latest(e) for e in exps) >= t0, deadline, "the window")
         # The durable's deliveries over the window: each start, and each hand-back.
-        sent0, again0 = await st.deliveries("batch")
+        sent0 = await st.deliveries("batch")
         w0 = time.time()
         await tap.wait(
             lambda: max(tap.latest(e) for e in exps) >= window.end, deadline, "the share window"
         )
-        sent1, again1 = await st.deliveries("batch")
+        sent1 = await st.deliveries("batch")
         wall = time.time() - w0
         starts = [(team, t) for e, team in exps.items() for t in tap.start_times(e)]
         if any(tap.started(e) >= st.published[e] for e in exps):
@@ -181,7 +189,6 @@ async def _shares(ctx: Context, z: Sizes, run_dir: Path) -> SharesOutcome:
             shares=sm.shares_in(starts, window),
             in_flight={team: sm.in_flight(tap.spans(e, now), window) for e, team in exps.items()},
             deliveries_per_s=(sent1 - sent0) / wall,
-            redeliveries_per_s=(again1 - again0) / wall,
             starts_per_s=sm.count_in((t for _, t in starts), window) / window.seconds,
             fair_share_on=quotas_file is not None,
         )

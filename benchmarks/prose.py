@@ -98,10 +98,11 @@ KEY_PEERS: dict[str, list[str]] = {
     "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
     "dashboard": ["ttfb_ms", "cold_fcp_ms", "cold_ttfb_ms", "html_kib"],
     "scheduling": [
-        "first_start_ratio",
-        "b_share_of_starts",
-        "a_loss_while_b_waits",
-        "fleet_loss_while_b_waits",
+        "finished_ratio",
+        "nonpreempt_completion_ratio",
+        "preempted_lost",
+        "preempted_counted",
+        "a_trials_wasted",
         "share_deviation",
     ],
 }
@@ -479,32 +480,48 @@ new process; a live experiment changes version with every import batch, so its p
 is computed again after each batch (once, however many browsers watch it).
 """,
     "scheduling": """
-**Where the time goes.** B alone starts its trials in waves: every slot at once, then
-each slot again as its trial ends. Behind A, two things add up, and the figures
-`b_first_start_added_s` and `b_completion_model_s` separate them. (1) **The first
-start waits for a slot to free**: nothing stops a running batch trial (preemption is
-not built), so B waits for the next A trial to end, plus up to 1 s during which a
-busy runner has not looked at its other classes again (`LOOK_AGAIN_S`,
-docs/scheduling.md). (2) **B then trickles in**: the slots free one by one as A's
-trials end, and the runners' weighted round robin gives urgent 8 of every 9 starts
-while both wait (`b_share_of_starts` against the rule's 0.889), never all of them,
-so batch is not starved. The model (`scheduling_math.trickle_s`) estimates (2) at
-U / (share x slots / S) + S when slots free evenly (A's trials started in waves, so
-slots that free together serve B a little faster); with every start (share 1) and no
-wait it is still U / slots x S + S, one trial length over the waves alone: **no weight
-meets 10 % without preemption** at these sizes (one trial length is 20 % of B's
-10 s). Preempting A's preemptible trials when B arrives (branch preempt) is what
-can give B the whole fleet at once. A's throughput is not lost but lent: while B
-waits A gets about 1 start in 9 (`a_loss_while_b_waits` near 0.89), the fleet's total
-rate stays near A's before (`fleet_loss_while_b_waits`: what scheduling itself
-wastes), and after B A's rate is back (`a_loss_after_b` about 0).
+**Two variants of the priority scenario.** The headline runs team A's 10,000-trial
+sweep as an operator would run one that must yield, `compute.preemptible: true`; the
+`nonpreempt_` figures are the same scenario with A not opted in. B alone starts its
+trials in waves: every slot at once, then each slot again as its trial ends.
 
-**Shares.** Without fair share (`fair_share` in the configuration) two batch teams
-are served first in, first out: the team that queued first takes every slot for
-the whole minute and the other gets none, a deviation of 0.75 from configured
-shares of 1:3. Once the quotas file has a per-team `share`
-(benchmarks/scheduling_run.py `SHARE_FIELD`), the same command writes it and
-measures the split it gives.
+**Behind a preemptible A** a full runner looks at the heavier classes' pending count
+once a second (each look 0.5-1.5 s, docs/scheduling.md "preemption"), stops one of A's
+trials per waiting urgent trial, and owes the freed slots to urgent: B gets the whole
+fleet within one look and then runs in waves as alone (`b_completion_model_s`: the
+wait plus the waves). What B still pays is `b_first_start_added_s`, the look and the
+stop. A's trials that are stopped go back to the queue at once and start again later:
+`preempted_trials` (and the hand-backs, a trial started by batch's 1-in-9 share while
+urgent still waits is preempted again), checked from the events and the ledger:
+every one recorded and scored (`preempted_lost` 0), every start at attempt 1, no
+failure but the non-final `cancelled` / `Preempted` hand-backs, records of 1 attempt
+(`preempted_counted` 0). What A loses is `a_trials_lost`: its completions short of its
+rate before, over B's run and a while after. B's own trials of the same length are the
+slot time A lends (`urgent_trials`); `a_trials_wasted` is the rest, the partial runs
+preemption throws away (about half a trial per preempted trial) plus slots left idle.
+
+**Behind a non-preemptible A**, two things add up. (1) **The first start waits for a
+slot to free**: nothing stops a running batch trial, so B waits for the next A trial
+to end, plus up to 1 s during which a busy runner has not looked at its other classes
+again (`LOOK_AGAIN_S`). (2) **B then trickles in**: the slots free one by one as A's
+trials end, and the runners' weighted round robin gives urgent 8 of every 9 starts
+(`nonpreempt_b_share_of_starts` against the rule's 0.889), so batch is not starved.
+The model (`scheduling_math.trickle_s`) estimates (2) at U / (share x slots / S) + S;
+with every start (share 1) and no wait it is still one trial length over the waves
+alone: **no weight meets 10 % without preemption** at these sizes. A's throughput
+is lent, not lost (`nonpreempt_a_trials_wasted` near 0).
+
+**Shares.** Two batch teams queue a deep sweep each, team-a (share 1) first, team-b
+(share 3) second; fair share (the quotas file's `share`) holds team-a back to its
+quarter. The cost is hand-backs: the work stream is first in, first out, so team-a's
+queued trials are delivered and handed back until their turn. With the original
+0.2-1 s hand-back a team with Q queued trials came back Q / 0.6 times a second: on one
+runner with 400 queued, 295 deliveries a second for 4.9 starts, every hand-back
+holding a slot while it was handled and team-b's new messages waiting behind the
+redeliveries: 5.1 of 8 slots busy and a split of 0.36 / 0.64. The hand-back span now
+widens with the team's queue so its trials come back about 50 a second
+(services/runner/fair_share.py `hand_back_span`): `share_deliveries_per_s` and
+`share_slots_busy` show what that leaves.
 """,
 }
 

@@ -287,16 +287,17 @@ class SchedulingStack:
         )
         await run_experiment(self.bench, manifest, timeout_s=300)
 
-    async def deliveries(self, priority_class: str) -> tuple[int, int]:
-        """The class durable's messages delivered so far and those redelivered (from
-        ``CONSUMER.INFO``): hand-backs make deliveries without starts."""
+    async def deliveries(self, priority_class: str) -> int:
+        """The class durable's deliveries so far (``CONSUMER.INFO``'s delivered consumer
+        sequence, which every delivery moves on): hand-backs make deliveries without
+        starts."""
         assert self._nc is not None, "use SchedulingStack as an async context manager"
         classes = PriorityClasses.parse(DEFAULT_CLASSES)
         durable = self.bench.topology.runner_durable_for(
             DEFAULT_POOL, classes.durable_class(priority_class)
         )
         info = await self._nc.jetstream().consumer_info(self.bench.topology.work_stream, durable)
-        return info.delivered.consumer_seq or 0, info.num_redelivered or 0
+        return info.delivered.consumer_seq or 0
 
     async def records(self, trial_ids: Iterable[str]) -> dict[str, Recorded | None]:
         """What the ledger records of each trial (None: no record)."""
