@@ -499,6 +499,14 @@ failure but the non-final `cancelled` / `Preempted` hand-backs, records of 1 att
 rate before, over B's run and a while after. B's own trials of the same length are the
 slot time A lends (`urgent_trials`); `a_trials_wasted` is the rest, the partial runs
 preemption throws away (about half a trial per preempted trial) plus slots left idle.
+**What still keeps B above 10 %**: slots freed by B's own trials go by weight, 1 in 9
+to batch while urgent waits, and batch's next message is a preempted trial (handed
+back with no delay, redelivered first): it starts and is preempted again at the next
+look, losing that slot for up to a look and pushing its later waves back (hand-backs
+above the preempted trials; B's last start later than alone by more than the first
+start's wait). A runner that does not start a preemptible trial while a heavier class
+waits (or owes every freed slot to the heavier class then) would remove it; that is
+services/runner's selection, not built.
 
 **Behind a non-preemptible A**, two things add up. (1) **The first start waits for a
 slot to free**: nothing stops a running batch trial, so B waits for the next A trial
@@ -513,15 +521,16 @@ is lent, not lost (`nonpreempt_a_trials_wasted` near 0).
 
 **Shares.** Two batch teams queue a deep sweep each, team-a (share 1) first, team-b
 (share 3) second; fair share (the quotas file's `share`) holds team-a back to its
-quarter. The cost is hand-backs: the work stream is first in, first out, so team-a's
-queued trials are delivered and handed back until their turn. With the original
-0.2-1 s hand-back a team with Q queued trials came back Q / 0.6 times a second: on one
-runner with 400 queued, 295 deliveries a second for 4.9 starts, every hand-back
-holding a slot while it was handled and team-b's new messages waiting behind the
-redeliveries: 5.1 of 8 slots busy and a split of 0.36 / 0.64. The hand-back span now
-widens with the team's queue so its trials come back about 50 a second
-(services/runner/fair_share.py `hand_back_span`): `share_deliveries_per_s` and
-`share_slots_busy` show what that leaves.
+quarter. The cost is hand-backs: the work stream is first in, first out, so a team
+over its share has its trials delivered and handed back until its turn, and a freed
+slot takes due redeliveries before new messages, each holding the slot while it is
+handed back (`share_deliveries_per_s` against `share_starts_per_s`: deliveries per
+start). With a 0.2-1 s hand-back alone, a loaded runner (quick mode, load average
+17) made 60 deliveries per start, kept 5.1 of 8 slots busy and gave team-a 0.36-0.46
+of the starts; at full size on a quieter machine (load 4-6) 10 per start, 19.4 of 20
+slots and 0.250. The hand-back span now widens with the team's queue so its trials
+come back about 50 a second (services/runner/fair_share.py `hand_back_span`):
+`share_slots_busy` and the deliveries show what that leaves.
 """,
 }
 
@@ -702,7 +711,7 @@ REPRODUCE = """
 ```
 make bench                       # every benchmark, 3 runs each (about an hour); writes this page
 make bench-quick                 # tiny sizes, 1 run (~1.5 min); writes .trialbus/bench-quick/
-make bench-scheduling            # issue 14's scheduling simulation, 1 run (~3 min), merged in
+make bench-scheduling            # issue 14's scheduling simulation, 1 run (~4-5 min), merged in
 .venv/bin/python -m benchmarks --only pipeline,latency --runs 5
 .venv/bin/python -m benchmarks --only import --mongo-url mongodb://host:27017
 .venv/bin/python -m benchmarks --only capacity,ledger --merge   # re-run two, keep the rest

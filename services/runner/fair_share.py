@@ -56,10 +56,11 @@ team may fall below its share, and a slot then idles until one of its trials ret
 RETURNS_PER_S = 50.0
 """About how many of a held-back team's queued trials come back a second, in a pool,
 however many it has queued: a team's Q queued trials handed back over a span of mean
-``Q / RETURNS_PER_S`` (never shorter than ``HAND_BACK_S``). With the short span alone a
-team over its share with Q queued trials came back Q / 0.6 times a second, each a
-delivery that holds a slot while it is handed back and keeps the other team's new
-messages waiting behind the redeliveries (the scheduling benchmark, docs/scheduling.md)."""
+``Q / RETURNS_PER_S`` (never shorter than ``HAND_BACK_S``). With the short span alone,
+Q held-back trials fell due again Q / 0.6 times a second; a freed slot takes due
+redeliveries before new messages, and each is a delivery that holds the slot while it
+is handed back, so on a loaded runner a start cost dozens of deliveries (the
+scheduling benchmark's quick mode: 60 per start, 3 of 8 slots idle; docs/scheduling.md)."""
 
 
 def hand_back_span(queued: int) -> tuple[float, float]:
