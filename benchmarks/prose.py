@@ -98,10 +98,11 @@ KEY_PEERS: dict[str, list[str]] = {
     "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
     "dashboard": ["ttfb_ms", "cold_fcp_ms", "cold_ttfb_ms", "html_kib"],
     "scheduling": [
-        "first_start_ratio",
-        "b_share_of_starts",
-        "a_loss_while_b_waits",
-        "fleet_loss_while_b_waits",
+        "finished_ratio",
+        "nonpreempt_completion_ratio",
+        "preempted_lost",
+        "preempted_counted",
+        "a_trials_wasted",
         "share_deviation",
     ],
 }
@@ -581,32 +582,57 @@ each batch, once, however many browsers or processes watch it). The restart's de
 could shrink further by keeping only the visible page's rows decoded.
 """,
     "scheduling": """
-**Where the time goes.** B alone starts its trials in waves: every slot at once, then
-each slot again as its trial ends. Behind A, two things add up, and the figures
-`b_first_start_added_s` and `b_completion_model_s` separate them. (1) **The first
-start waits for a slot to free**: nothing stops a running batch trial (preemption is
-not built), so B waits for the next A trial to end, plus up to 1 s during which a
-busy runner has not looked at its other classes again (`LOOK_AGAIN_S`,
-docs/scheduling.md). (2) **B then trickles in**: the slots free one by one as A's
-trials end, and the runners' weighted round robin gives urgent 8 of every 9 starts
-while both wait (`b_share_of_starts` against the rule's 0.889), never all of them,
-so batch is not starved. The model (`scheduling_math.trickle_s`) estimates (2) at
-U / (share x slots / S) + S when slots free evenly (A's trials started in waves, so
-slots that free together serve B a little faster); with every start (share 1) and no
-wait it is still U / slots x S + S, one trial length over the waves alone: **no weight
-meets 10 % without preemption** at these sizes (one trial length is 20 % of B's
-10 s). Preempting A's preemptible trials when B arrives (branch preempt) is what
-can give B the whole fleet at once. A's throughput is not lost but lent: while B
-waits A gets about 1 start in 9 (`a_loss_while_b_waits` near 0.89), the fleet's total
-rate stays near A's before (`fleet_loss_while_b_waits`: what scheduling itself
-wastes), and after B A's rate is back (`a_loss_after_b` about 0).
+**Two variants of the priority scenario.** The headline runs team A's 10,000-trial
+sweep as an operator would run one that must yield, `compute.preemptible: true`; the
+`nonpreempt_` figures are the same scenario with A not opted in. B alone starts its
+trials in waves: every slot at once, then each slot again as its trial ends.
 
-**Shares.** Without fair share (`fair_share` in the configuration) two batch teams
-are served first in, first out: the team that queued first takes every slot for
-the whole minute and the other gets none, a deviation of 0.75 from configured
-shares of 1:3. Once the quotas file has a per-team `share`
-(benchmarks/scheduling_run.py `SHARE_FIELD`), the same command writes it and
-measures the split it gives.
+**Behind a preemptible A** a full runner looks at the heavier classes' pending count
+once a second (each look 0.5-1.5 s, docs/scheduling.md "preemption"), stops one of A's
+trials per waiting urgent trial, and owes the freed slots to urgent: B gets the whole
+fleet within one look and then runs in waves as alone (`b_completion_model_s`: the
+wait plus the waves). What B still pays is `b_first_start_added_s`, the look and the
+stop. A's trials that are stopped go back to the queue at once and start again later:
+`preempted_trials` (and the hand-backs, a trial started by batch's 1-in-9 share while
+urgent still waits is preempted again), checked from the events and the ledger:
+every one recorded and scored (`preempted_lost` 0), every start at attempt 1, no
+failure but the non-final `cancelled` / `Preempted` hand-backs, records of 1 attempt
+(`preempted_counted` 0). What A loses is `a_trials_lost`: its completions short of its
+rate before, over B's run and a while after. B's own trials of the same length are the
+slot time A lends (`urgent_trials`); `a_trials_wasted` is the rest, the partial runs
+preemption throws away (about half a trial per preempted trial) plus slots left idle.
+**What still keeps B above 10 %**: slots freed by B's own trials go by weight, 1 in 9
+to batch while urgent waits, and batch's next message is a preempted trial (handed
+back with no delay, redelivered first): it starts and is preempted again at the next
+look, losing that slot for up to a look and pushing its later waves back (hand-backs
+above the preempted trials; B's last start later than alone by more than the first
+start's wait). A runner that does not start a preemptible trial while a heavier class
+waits (or owes every freed slot to the heavier class then) would remove it; that is
+services/runner's selection, not built.
+
+**Behind a non-preemptible A**, two things add up. (1) **The first start waits for a
+slot to free**: nothing stops a running batch trial, so B waits for the next A trial
+to end, plus up to 1 s during which a busy runner has not looked at its other classes
+again (`LOOK_AGAIN_S`). (2) **B then trickles in**: the slots free one by one as A's
+trials end, and the runners' weighted round robin gives urgent 8 of every 9 starts
+(`nonpreempt_b_share_of_starts` against the rule's 0.889), so batch is not starved.
+The model (`scheduling_math.trickle_s`) estimates (2) at U / (share x slots / S) + S;
+with every start (share 1) and no wait it is still one trial length over the waves
+alone: **no weight meets 10 % without preemption** at these sizes. A's throughput
+is lent, not lost (`nonpreempt_a_trials_wasted` near 0).
+
+**Shares.** Two batch teams queue a deep sweep each, team-a (share 1) first, team-b
+(share 3) second; fair share (the quotas file's `share`) holds team-a back to its
+quarter. The cost is hand-backs: the work stream is first in, first out, so a team
+over its share has its trials delivered and handed back until its turn, and a freed
+slot takes due redeliveries before new messages, each holding the slot while it is
+handed back (`share_deliveries_per_s` against `share_starts_per_s`: deliveries per
+start). With a 0.2-1 s hand-back alone, a loaded runner (quick mode, load average
+17) made 60 deliveries per start, kept 5.1 of 8 slots busy and gave team-a 0.36-0.46
+of the starts; at full size on a quieter machine (load 4-6) 10 per start, 19.4 of 20
+slots and 0.250. The hand-back span now widens with the team's queue so its trials
+come back about 50 a second (services/runner/fair_share.py `hand_back_span`):
+`share_slots_busy` and the deliveries show what that leaves.
 """,
 }
 
@@ -790,7 +816,7 @@ REPRODUCE = """
 ```
 make bench                       # every benchmark, 3 runs each (about an hour); writes this page
 make bench-quick                 # tiny sizes, 1 run (~1.5 min); writes .trialbus/bench-quick/
-make bench-scheduling            # issue 14's scheduling simulation, 1 run (~3 min), merged in
+make bench-scheduling            # issue 14's scheduling simulation, 1 run (~4-5 min), merged in
 .venv/bin/python -m benchmarks --only pipeline,latency --runs 5
 .venv/bin/python -m benchmarks --only import --mongo-url mongodb://host:27017
 .venv/bin/python -m benchmarks --only capacity,ledger --merge   # re-run two, keep the rest

@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass
 
 from benchmarks import scheduling_math as sm
-from benchmarks.harness import BenchResult, Figure, median
+from benchmarks.harness import BenchResult, Figure, TargetOp, median
+from benchmarks.scheduling_preemption import PreemptionCheck
 from services.common.priority import DEFAULT_CLASSES
 
 SHARES = {"team-a": 1, "team-b": 3}
@@ -52,7 +53,7 @@ class UrgentRun:
 
 @dataclass(frozen=True, slots=True)
 class PriorityOutcome:
-    """The priority scenario's measurements."""
+    """The priority scenario's measurements (one run of one variant)."""
 
     alone: UrgentRun
     contended: UrgentRun
@@ -62,6 +63,24 @@ class PriorityOutcome:
     a_after: float
     fleet_during: float
     window_s: float
+    a_trials_lost: float
+    """A's completions short of its rate before, from B's submission to a while after B."""
+    preemption: PreemptionCheck
+
+
+@dataclass(frozen=True, slots=True)
+class SharesOutcome:
+    """The shares scenario's measurements (one run)."""
+
+    shares: dict[str, float]
+    """Each team's fraction of the starts in the window."""
+    in_flight: dict[str, float]
+    """Each team's trials running at once, on average over the window."""
+    deliveries_per_s: float
+    """The batch durable's deliveries a second then (starts and hand-backs)."""
+    starts_per_s: float
+    """Both teams' starts a second in the window."""
+    fair_share_on: bool
 
 
 def added(p: PriorityOutcome) -> float:
@@ -69,141 +88,241 @@ def added(p: PriorityOutcome) -> float:
     return p.contended.first_start_s - p.alone.first_start_s
 
 
-def result(
-    z: Sizes,
-    prio: list[PriorityOutcome],
-    shares: list[dict[str, float]],
-    loads: list[float],
-    rule: float,
-    fair_share_on: bool,
-    runs: int,
-) -> BenchResult:
-    """The benchmark's result: B's completion ratio (median over runs) as the headline,
-    every other figure beside it, each with its per-run values where it has a target."""
+def _each(values: list[float], unit: str = "") -> str:
+    return "per run: " + ", ".join(f"{v:.3g}{unit}" for v in values)
+
+
+def priority_figures(
+    z: Sizes, prio: list[PriorityOutcome], rule: float, prefix: str, preemptible: bool
+) -> list[Figure]:
+    """The priority scenario's figures for one variant (A preemptible or not), each
+    name led by ``prefix``."""
     completion = [sm.latency_ratio(p.contended.completion_s, p.alone.completion_s) for p in prio]
     finished = [sm.latency_ratio(p.contended.finished_s, p.alone.finished_s) for p in prio]
     first = [sm.latency_ratio(p.contended.first_start_s, p.alone.first_start_s) for p in prio]
-    deviation = [sm.share_deviation(s, SHARES) for s in shares]
     alone_finished = median([p.alone.finished_s for p in prio])
     alone_last_start = median([p.alone.last_start_s for p in prio])
-    configured = sm.normalise(SHARES)
+    waves = sm.waves_s(z.urgent, z.fleet, z.trial_s)
+    if preemptible:
+        wait = "the next preemption look (0.5-1.5 s) and the victim's stop"
+        model = [added(p) + waves for p in prio]
+        model_what = (
+            f"the wait above, then the whole fleet in waves as alone ({waves:g} s): "
+            "A's preemptible trials are stopped for B's"
+        )
+    else:
+        wait = (
+            f"the wait for a slot to free (trials last {z.trial_s:g} s, not preemptible) plus "
+            "a busy runner's look at other classes (at most 1 s)"
+        )
+        model = [sm.trickle_s(z.urgent, z.fleet, z.trial_s, rule, added(p)) for p in prio]
+        model_what = (
+            f"the rule's estimate: the wait above, then {rule:.3f} of the starts as slots "
+            f"free evenly (alone: {waves:g} s in waves)"
+        )
+    check = [p.preemption for p in prio]
 
-    def med(values: list[float]) -> float:
-        return median(values)
+    def fig(
+        name: str,
+        values: list[float],
+        unit: str,
+        what: str,
+        target: float | None = None,
+        op: TargetOp | None = None,
+    ) -> Figure:
+        return Figure(prefix + name, median(values), unit, what, target, op)
 
-    def each(values: list[float], unit: str = "") -> str:
-        return "per run: " + ", ".join(f"{v:.3g}{unit}" for v in values)
-
-    peers = [
-        Figure("first_start_ratio", med(first), "ratio", each(first), 1.10, "<="),
-        Figure(
+    return [
+        fig("completion_ratio", completion, "ratio", _each(completion), 1.10, "<="),
+        fig("first_start_ratio", first, "ratio", _each(first), 1.10, "<="),
+        fig(
             "b_first_start_s",
-            med([p.contended.first_start_s for p in prio]),
+            [p.contended.first_start_s for p in prio],
             "s",
             "B's ExperimentSubmitted -> its first TrialStarted, behind A",
         ),
-        Figure(
-            "b_first_start_alone_s",
-            med([p.alone.first_start_s for p in prio]),
-            "s",
-            "the same on the empty fleet",
-        ),
-        Figure(
-            "b_first_start_added_s",
-            med([added(p) for p in prio]),
-            "s",
-            f"the wait for a slot to free (trials last {z.trial_s:g} s, no preemption) plus "
-            "a busy runner's look at other classes (at most 1 s)",
-        ),
-        Figure(
+        fig("b_first_start_alone_s", [p.alone.first_start_s for p in prio], "s", "the same alone"),
+        fig("b_first_start_added_s", [added(p) for p in prio], "s", wait),
+        fig(
             "b_completion_s",
-            med([p.contended.completion_s for p in prio]),
+            [p.contended.completion_s for p in prio],
             "s",
             "B's ExperimentSubmitted -> its last first ResultImported, behind A",
         ),
-        Figure(
-            "b_completion_alone_s",
-            med([p.alone.completion_s for p in prio]),
-            "s",
-            "the same on the empty fleet",
-        ),
-        Figure(
+        fig("b_completion_alone_s", [p.alone.completion_s for p in prio], "s", "the same alone"),
+        fig(
             "finished_ratio",
-            med(finished),
+            finished,
             "ratio",
-            "B's last TrialCompleted behind A over alone: the fleet's part of the headline, "
-            "without the importer's lag (" + each(finished) + ")",
+            "B's last TrialCompleted behind A over alone: the fleet's part of the ratio, "
+            "without the importer's lag (" + _each(finished) + ")",
             1.10,
             "<=",
         ),
-        Figure(
+        fig(
             "b_finished_s",
-            med([p.contended.finished_s for p in prio]),
+            [p.contended.finished_s for p in prio],
             "s",
             f"B's last TrialCompleted, behind A (alone {alone_finished:.1f} s)",
         ),
-        Figure(
+        fig(
             "b_last_start_s",
-            med([p.contended.last_start_s for p in prio]),
+            [p.contended.last_start_s for p in prio],
             "s",
             f"B's last TrialStarted, behind A (alone {alone_last_start:.1f} s)",
         ),
-        Figure(
-            "b_completion_model_s",
-            med([sm.trickle_s(z.urgent, z.fleet, z.trial_s, rule, added(p)) for p in prio]),
-            "s",
-            f"the rule's estimate behind A: the wait above, then {rule:.3f} of the starts "
-            f"as slots free evenly (alone: {sm.waves_s(z.urgent, z.fleet, z.trial_s):g} s "
-            "in waves)",
-        ),
-        Figure(
+        fig("b_completion_model_s", model, "s", model_what),
+        fig(
             "b_share_of_starts",
-            med([p.urgent_share for p in prio]),
+            [p.urgent_share for p in prio],
             "fraction",
-            f"while B waited for slots ({each([p.window_s for p in prio], ' s')}); "
-            f"the runners' rule gives {rule:.3f}",
+            f"while B waited for slots ({_each([p.window_s for p in prio], ' s')}); "
+            f"the runners' weighted rule alone gives {rule:.3f}",
         ),
-        Figure(
+        fig(
             "a_loss_while_b_waits",
-            med([sm.loss(p.a_before, p.a_during) for p in prio]),
+            [sm.loss(p.a_before, p.a_during) for p in prio],
             "fraction",
-            "A's start rate while B waits, against the same length before B",
+            "A's rate of new starts while B waits, against the same length before B",
         ),
-        Figure(
+        fig(
             "fleet_loss_while_b_waits",
-            med([sm.loss(p.a_before, p.fleet_during) for p in prio]),
+            [sm.loss(p.a_before, p.fleet_during) for p in prio],
             "fraction",
-            "A + B start rate then, against A's before: what scheduling itself lost",
+            "A + B new starts a second then, against A's before (a preempted trial's "
+            "restart is no new start)",
         ),
-        Figure(
+        fig(
             "a_loss_after_b",
-            med([sm.loss(p.a_before, p.a_after) for p in prio]),
+            [sm.loss(p.a_before, p.a_after) for p in prio],
             "fraction",
             "A's start rate after B's last import, against before",
         ),
-        Figure(
+        fig(
             "a_starts_per_s_before",
-            med([p.a_before for p in prio]),
+            [p.a_before for p in prio],
             "starts/s",
             f"the fleet's ideal is {z.fleet / z.trial_s:g}/s ({z.fleet} slots / {z.trial_s:g} s)",
         ),
-        Figure("share_deviation", med(deviation), "fraction", each(deviation), 0.05, "<="),
-        *(
+        fig(
+            "a_trials_lost",
+            [p.a_trials_lost for p in prio],
+            "trials",
+            "A's completions short of its rate before, from B's submission to one span after "
+            f"B: B's own {z.urgent} trials of the same length are the slot time A lent",
+        ),
+        fig(
+            "a_trials_wasted",
+            [p.a_trials_lost - z.urgent for p in prio],
+            "trials",
+            f"A's lost completions beyond B's {z.urgent}: work thrown away (preempted trials' "
+            "partial runs) and slots left idle",
+        ),
+        fig(
+            "preempted_trials",
+            [float(c.preempted) for c in check],
+            "trials",
+            f"A's trials handed back by a preemption (hand-backs: "
+            f"{_each([float(c.handbacks) for c in check])}; most per trial: "
+            f"{max(c.restarted_max for c in check)})"
+            + ("" if preemptible else "; none may be: A did not opt in"),
+            None if preemptible else 0.0,
+            None if preemptible else "<=",
+        ),
+        fig(
+            "preempted_lost",
+            [float(len(c.lost)) for c in check],
+            "trials",
+            "preempted trials of A with no scored record once A ran on (ledger)",
+            0.0,
+            "<=",
+        ),
+        fig(
+            "preempted_counted",
+            [float(len(c.counted) + c.other_failures) for c in check],
+            "trials",
+            "preempted trials counted as a failed attempt (an attempt above 1, a final or "
+            "other failure, a record of more than 1 attempt), plus A's other TrialFailed",
+            0.0,
+            "<=",
+        ),
+    ]
+
+
+def share_figures(z: Sizes, shares: list[SharesOutcome]) -> list[Figure]:
+    """The shares scenario's figures."""
+    deviation = [sm.share_deviation(s.shares, SHARES) for s in shares]
+    configured = sm.normalise(SHARES)
+    busy = [sum(s.in_flight.values()) for s in shares]
+    out = [Figure("share_deviation", median(deviation), "fraction", _each(deviation), 0.05, "<=")]
+    for team in SHARES:
+        out.append(
             Figure(
                 f"share_{team}",
-                med([s.get(team, 0.0) for s in shares]),
+                median([s.shares.get(team, 0.0) for s in shares]),
                 "fraction",
                 f"configured {configured[team]:.3f}",
             )
-            for team in SHARES
+        )
+        out.append(
+            Figure(
+                f"in_flight_{team}",
+                median([s.in_flight.get(team, 0.0) for s in shares]),
+                "trials",
+                f"running at once on average (the rule settles at "
+                f"{z.fleet * configured[team]:.3g} of {z.fleet})",
+            )
+        )
+    out += [
+        Figure(
+            "share_slots_busy",
+            median(busy),
+            "slots",
+            f"both teams' trials running at once, of {z.fleet} ({_each(busy)})",
         ),
+        Figure(
+            "share_starts_per_s",
+            median([s.starts_per_s for s in shares]),
+            "starts/s",
+            f"the fleet's ideal is {z.fleet / z.trial_s:g}/s",
+        ),
+        Figure(
+            "share_deliveries_per_s",
+            median([s.deliveries_per_s for s in shares]),
+            "msgs/s",
+            "the batch durable's deliveries a second (CONSUMER.INFO's delivered sequence): "
+            "starts plus fair share's hand-backs",
+        ),
+    ]
+    return out
+
+
+def result(
+    z: Sizes,
+    prio: list[PriorityOutcome],
+    fifo: list[PriorityOutcome],
+    shares: list[SharesOutcome],
+    loads: list[float],
+    rule: float,
+    runs: int,
+) -> BenchResult:
+    """The benchmark's result: B's completion ratio behind a preemptible A (median over
+    runs) as the headline, every other figure beside it (the same behind a
+    non-preemptible A under ``nonpreempt_``), each with its per-run values where it
+    has a target."""
+    completion = [sm.latency_ratio(p.contended.completion_s, p.alone.completion_s) for p in prio]
+    fair_share_on = all(s.fair_share_on for s in shares)
+    peers = [
+        *priority_figures(z, prio, rule, "", preemptible=True)[1:],
+        *priority_figures(z, fifo, rule, "nonpreempt_", preemptible=False),
+        *share_figures(z, shares),
         Figure("load_average_during", max(loads), "load", "1-minute, highest after a scenario"),
     ]
     return BenchResult(
         name="scheduling",
-        title=f"Scheduling: {z.urgent} urgent trials behind {z.batch:,} batch ones, "
+        title=f"Scheduling: {z.urgent} urgent trials behind {z.batch:,} preemptible batch ones, "
         "B's completion against B alone",
-        value=med(completion),
+        value=median(completion),
         unit="ratio",
         target=1.10,
         target_op="<=",
@@ -222,6 +341,7 @@ def result(
             if fair_share_on
             else "not in this code: FIFO measured",
             "priority_classes": os.environ.get("TRIALBUS_PRIORITY_CLASSES", DEFAULT_CLASSES),
+            "batch_variants": "preemptible (headline), non-preemptible (nonpreempt_)",
             "runs": runs,
         },
     )

@@ -118,3 +118,10 @@ def trickle_s(n: int, slots: int, trial_s: float, share: float, wait_s: float) -
     if not 0 < share <= 1:
         raise ValueError(f"share must be in (0, 1], got {share}")
     return wait_s + n / (share * slots / trial_s) + trial_s
+
+
+def in_flight(spans: Iterable[tuple[float, float]], window: Window) -> float:
+    """How many of the ``(start, end)`` spans ran at once on average over ``window``
+    (their overlap with it over its length): a team's slots in use."""
+    busy = sum(max(0.0, min(end, window.end) - max(start, window.start)) for start, end in spans)
+    return busy / window.seconds

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -27,13 +27,15 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from benchmarks.scheduling_preemption import Attempt, Recorded
 from benchmarks.stack import INSTANT_EXECUTOR, BenchStack, run_experiment
 from benchmarks.workload import many_trials
-from schemas.subjects import Topology
+from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import BucketSettings, NatsObjectStore
+from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 from services.common.quotas import Quotas, TeamQuota, load_quotas
 from services.submitter import handlers
 from services.submitter.manifest_io import load_manifest
@@ -44,7 +46,13 @@ SHARE_FIELD = "share"
 scenario writes it only when ``TeamQuota`` has it: a quotas file with an unknown field
 is refused, so on code without fair share the scenario measures FIFO instead."""
 
-KINDS = ("experiment_submitted", "trial_started", "trial_completed", "result_imported")
+KINDS = (
+    "experiment_submitted",
+    "trial_started",
+    "trial_completed",
+    "trial_failed",
+    "result_imported",
+)
 
 
 def share_quotas(shares: dict[str, int], path: Path) -> Path | None:
@@ -57,13 +65,18 @@ def share_quotas(shares: dict[str, int], path: Path) -> Path | None:
     return path
 
 
-def classed_manifest(folder: Path, name: str, n: int, cls: str, in_flight: int) -> Path:
-    """A manifest of ``n`` instant trials in priority class ``cls`` (``many_trials``)."""
+def classed_manifest(
+    folder: Path, name: str, n: int, cls: str, in_flight: int, *, preemptible: bool = False
+) -> Path:
+    """A manifest of ``n`` instant trials in priority class ``cls`` (``many_trials``),
+    ``compute.preemptible`` when asked (a sweep that must yield to heavier classes)."""
     path = many_trials(n, name=f"sched-{name}").trialbus_manifest(
         folder / f"{name}.yaml", max_in_flight=in_flight
     )
     data = yaml.safe_load(path.read_text())
     data["compute"]["priority_class"] = cls
+    if preemptible:
+        data["compute"]["preemptible"] = True
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -83,6 +96,8 @@ class Tap:
         self._starts: dict[str, dict[str, float]] = {}
         self._completions: dict[str, dict[str, float]] = {}
         self._imports: dict[str, dict[str, float]] = {}
+        # Every start and failure per trial (a preempted trial starts more than once).
+        self._history: dict[str, dict[str, list[Attempt]]] = {}
         self._changed = asyncio.Event()
 
     async def open(self, js: JetStreamContext, topo: Topology) -> None:
@@ -102,7 +117,15 @@ class Tap:
             self._submitted.setdefault(exp, _at(event))
         elif kind == "trial_started":
             self._starts.setdefault(exp, {}).setdefault(event["trial_id"], _at(event))
-        elif kind == "trial_completed":
+        if kind in ("trial_started", "trial_failed"):
+            failure = ""
+            if kind == "trial_failed":
+                failure = f"{event['failure_class']}/{event['error_type']}"
+                failure += "/final" if event["final"] else ""
+            self._history.setdefault(exp, {}).setdefault(event["trial_id"], []).append(
+                Attempt(kind, event["attempt"], event.get("handed_back", 0), failure)
+            )
+        if kind == "trial_completed":
             self._completions.setdefault(exp, {}).setdefault(event["trial_id"], _at(event))
         elif kind == "result_imported":
             self._imports.setdefault(exp, {}).setdefault(event["trial_id"], _at(event))
@@ -160,6 +183,31 @@ class Tap:
     def last_completion(self, exp: str) -> float:
         """When ``exp``'s last trial ended on its runner (its TrialCompleted)."""
         return max(self._completions[exp].values())
+
+    def latest_completion(self, exp: str) -> float:
+        """The latest TrialCompleted of ``exp`` so far (0 before any)."""
+        return max(self._completions.get(exp, {}).values(), default=0.0)
+
+    def completion_times(self, exp: str) -> list[float]:
+        """Each completed trial's first TrialCompleted time."""
+        return list(self._completions.get(exp, {}).values())
+
+    def completed(self, exp: str, trial_id: str) -> bool:
+        """Whether the trial has a TrialCompleted."""
+        return trial_id in self._completions.get(exp, {})
+
+    def is_imported(self, exp: str, trial_id: str) -> bool:
+        """Whether the trial has a ResultImported."""
+        return trial_id in self._imports.get(exp, {})
+
+    def history(self, exp: str) -> dict[str, list[Attempt]]:
+        """Every TrialStarted and TrialFailed of ``exp``'s trials, in arrival order."""
+        return self._history.get(exp, {})
+
+    def spans(self, exp: str, now: float) -> list[tuple[float, float]]:
+        """Each started trial's first start and its completion (``now`` while it runs)."""
+        done = self._completions.get(exp, {})
+        return [(t0, done.get(t, now)) for t, t0 in self._starts.get(exp, {}).items()]
 
     def last_import(self, exp: str) -> float:
         """When ``exp``'s last trial was first recorded."""
@@ -238,6 +286,28 @@ class SchedulingStack:
             folder / "warmup.yaml", max_in_flight=slots
         )
         await run_experiment(self.bench, manifest, timeout_s=300)
+
+    async def deliveries(self, priority_class: str) -> int:
+        """The class durable's deliveries so far (``CONSUMER.INFO``'s delivered consumer
+        sequence, which every delivery moves on): hand-backs make deliveries without
+        starts."""
+        assert self._nc is not None, "use SchedulingStack as an async context manager"
+        classes = PriorityClasses.parse(DEFAULT_CLASSES)
+        durable = self.bench.topology.runner_durable_for(
+            DEFAULT_POOL, classes.durable_class(priority_class)
+        )
+        info = await self._nc.jetstream().consumer_info(self.bench.topology.work_stream, durable)
+        return info.delivered.consumer_seq or 0
+
+    async def records(self, trial_ids: Iterable[str]) -> dict[str, Recorded | None]:
+        """What the ledger records of each trial (None: no record)."""
+        assert self._ledger is not None, "use SchedulingStack as an async context manager"
+        ids = list(trial_ids)
+        found = await asyncio.gather(*(self._ledger.get_record(t) for t in ids))
+        return {
+            t: None if r is None else Recorded(r.attempts, r.scored)
+            for t, r in zip(ids, found, strict=True)
+        }
 
     async def submit(self, manifest: Path, team: str | None = None) -> str:
         """Submit as the submitter service does, for ``team``; returns the experiment id."""

@@ -50,6 +50,26 @@ READS_AT_ONCE = 16
 CONFIRM_S = 0.1
 """How old it may be to hand a trial back: a hand-back judged on an older view reads it
 again first (a trial another runner ended since makes a team look over its share)."""
+HAND_BACK_S = (0.2, 1.0)
+"""The shortest span a held-back trial's delay is drawn from. Short: while it is away its
+team may fall below its share, and a slot then idles until one of its trials returns."""
+RETURNS_PER_S = 50.0
+"""About how many of a held-back team's queued trials come back a second, in a pool,
+however many it has queued: a team's Q queued trials handed back over a span of mean
+``Q / RETURNS_PER_S`` (never shorter than ``HAND_BACK_S``). With the short span alone,
+Q held-back trials fell due again Q / 0.6 times a second; a freed slot takes due
+redeliveries before new messages, and each is a delivery that holds the slot while it
+is handed back, so on a loaded runner a start cost dozens of deliveries (the
+scheduling benchmark's quick mode: 60 per start, 3 of 8 slots idle; docs/scheduling.md)."""
+
+
+def hand_back_span(queued: int) -> tuple[float, float]:
+    """The span a held-back trial's delay is drawn from when its team has ``queued``
+    trials waiting in the pool and class: ``HAND_BACK_S``, widened so the team's trials
+    come back about ``RETURNS_PER_S`` a second (a uniform draw over [lo, hi] returns Q
+    trials at Q / ((lo + hi) / 2) a second)."""
+    lo, hi = HAND_BACK_S
+    return lo, max(hi, 2 * queued / RETURNS_PER_S - lo)
 
 
 class PoolLoad(Protocol):
@@ -65,9 +85,11 @@ class PoolLoad(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class HeldBack:
-    """A trial over its team's share while another team waits: why, in words."""
+    """A trial over its team's share while another team waits: why, in words, and the
+    span its hand-back delay is drawn from (``hand_back_span``)."""
 
     reason: str
+    wait_s: tuple[float, float] = HAND_BACK_S
 
 
 @dataclass
@@ -126,12 +148,12 @@ class FairShare:
             return None
         cls = self._classes.resolve(request.compute.priority_class)
         view = await self._current(self._look_s)
-        reason = self._judge(view, cls, team) if view is not None else None
-        if reason is not None and view is not None and self._clock() - view.at >= self._confirm_s:
+        held = self._judge(view, cls, team) if view is not None else None
+        if held is not None and view is not None and self._clock() - view.at >= self._confirm_s:
             view = await self._current(self._confirm_s)
-            reason = self._judge(view, cls, team) if view is not None else None
-        if reason is not None:
-            return HeldBack(reason)
+            held = self._judge(view, cls, team) if view is not None else None
+        if held is not None:
+            return held
         key = mark_key(self._pool, cls, team.team, _run_key(request))
         slot = (cls, team_key(team.team))
         self._mine[key] = slot
@@ -144,7 +166,7 @@ class FairShare:
         if slot is not None:
             self._delta[slot] = self._delta.get(slot, 0) - 1
 
-    def _judge(self, view: _View, cls: str, team: TeamShare) -> str | None:
+    def _judge(self, view: _View, cls: str, team: TeamShare) -> HeldBack | None:
         msgs = view.messages.get(cls, {})
         names = {team.team, *msgs}
         running = {
@@ -155,7 +177,11 @@ class FairShare:
             for n in names
         }
         rivals = waiting(msgs, running)
-        return held_back(team.team, team.share, running, {t: view.shares[t] for t in rivals})
+        reason = held_back(team.team, team.share, running, {t: view.shares[t] for t in rivals})
+        if reason is None:
+            return None
+        queued = msgs.get(team.team, 0) - running[team.team]
+        return HeldBack(reason, hand_back_span(queued))
 
     async def _current(self, max_age_s: float) -> _View | None:
         view = self._view

@@ -96,9 +96,6 @@ SLOT_WAIT_S = (0.5, 2.0)
 # A paused experiment's work is handed back for a few seconds, spread out: after a
 # resume (the flag is cached for up to a second) its trials start within seconds.
 PAUSE_WAIT_S = (2.0, 5.0)
-# A trial over its team's fair share comes back sooner: while it is away its team may
-# fall below its share, and a slot then idles until some held-back trial returns.
-FAIR_SHARE_WAIT_S = (0.2, 1.0)
 
 
 def parse_work(data: bytes) -> TrialRequested:
@@ -289,7 +286,7 @@ class TrialHandler:
             # Over its team's fair share while another team waits: back in the queue,
             # no attempt counted, like a full experiment lease.
             bound.debug("over fair share: trial handed back", reason=mark.reason)
-            return nak(self._rng.uniform(*FAIR_SHARE_WAIT_S), "handback")
+            return nak(self._rng.uniform(*mark.wait_s), "handback")
         # The one read every delivery pays for "a run ends once", and the slots (with
         # a teamed trial's share mark), together.
         ended, lease, marked = await asyncio.gather(

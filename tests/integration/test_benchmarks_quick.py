@@ -84,6 +84,11 @@ def test_quick_benchmarks_write_every_result(tmp_path: Path) -> None:
     scheduling = {f["name"]: f["value"] for f in by_name["scheduling"]["peers"]}
     assert 0 < scheduling["b_share_of_starts"] <= 1, scheduling
     assert scheduling["share_team-a"] + scheduling["share_team-b"] == pytest.approx(1.0)
+    # A preemptible A was preempted for B, and nothing it handed back was lost or
+    # counted as a failed attempt; a non-preemptible A (the control) was never preempted.
+    assert scheduling["preempted_trials"] > 0, scheduling
+    assert scheduling["preempted_lost"] == 0 and scheduling["preempted_counted"] == 0
+    assert scheduling["nonpreempt_preempted_trials"] == 0, scheduling
     # Raw ceilings are measured beside the pipeline in the same run.
     ceilings = {f["name"] for f in by_name["pipeline"]["peers"]}
     assert {"jetstream_publish_ceiling", "ledger_bulk_upsert_ceiling"} <= ceilings

@@ -118,3 +118,13 @@ def test_the_model_separates_waves_alone_from_a_trickle_behind_a_full_fleet() ->
     assert sm.latency_ratio(sm.trickle_s(100, 20, 2.0, share=1.0, wait_s=0.0), alone) > 1.10
     with pytest.raises(ValueError, match="share must be"):
         sm.trickle_s(100, 20, 2.0, share=0.0, wait_s=0.0)
+
+
+def test_in_flight_counts_each_spans_overlap_with_the_window() -> None:
+    window = sm.Window(10.0, 20.0)
+    # Two trials running the whole window, one half of it, one before, one after.
+    spans = [(0.0, 30.0), (5.0, 25.0), (15.0, 40.0), (0.0, 10.0), (20.0, 22.0)]
+    assert sm.in_flight(spans, window) == pytest.approx(2.5)
+    # Negative control: a span ending inside the window counts less than a whole slot.
+    assert sm.in_flight([(0.0, 12.0)], window) == pytest.approx(0.2)
+    assert sm.in_flight([], window) == 0.0

@@ -25,8 +25,14 @@ from services.common.fair_share import (
 from services.common.ports import Lease
 from services.common.priority import PriorityClasses
 from services.common.quotas import QuotaConfigError, parse_quotas
-from services.runner.fair_share import FairShare, HeldBack
-from services.runner.handlers import FAIR_SHARE_WAIT_S, TrialHandler
+from services.runner.fair_share import (
+    HAND_BACK_S,
+    RETURNS_PER_S,
+    FairShare,
+    HeldBack,
+    hand_back_span,
+)
+from services.runner.handlers import TrialHandler
 from tests.support.work_requests import hello_file_request
 from tests.unit.runner_support import ScriptedExecutor, completed, make_request
 from tests.unit.test_runner_handlers import World, kinds
@@ -252,7 +258,7 @@ async def test_the_handler_hands_back_a_trial_over_share_uncounted(tmp_path: Pat
     for _ in range(2):  # red runs 4 while blue waits with none: back, as often as it comes
         verdict = await world.handle(red)
         assert verdict.action == "nak" and verdict.reason == "handback"
-        assert FAIR_SHARE_WAIT_S[0] <= verdict.delay_s <= FAIR_SHARE_WAIT_S[1]
+        assert HAND_BACK_S[0] <= verdict.delay_s <= HAND_BACK_S[1]  # red has 6 queued
     assert world.bus.published == [] and world.executor.calls == []
     # Blue starts, holding its mark while it runs, released at its end.
     assert await world.handle(make_request("blue__0001", experiment_id="exp-blue")) == ACK
@@ -265,3 +271,34 @@ async def test_the_handler_hands_back_a_trial_over_share_uncounted(tmp_path: Pat
     await world.coord.mark_running(mark_key("default", "normal", "blue", "y0"), "r2")
     assert await world.handle(red) == ACK
     assert [e.attempt for e in world.bus.of_type(TrialStarted) if e.trial_id == red.trial_id] == [1]
+
+
+def test_a_deep_queue_comes_back_at_a_bounded_rate_not_all_at_once() -> None:
+    # Q queued trials drawn uniformly over [lo, hi] return Q / mean a second.
+    def returns_per_s(queued: int) -> float:
+        lo, hi = hand_back_span(queued)
+        return queued / ((lo + hi) / 2)
+
+    for queued in (1_000, 10_000):
+        assert returns_per_s(queued) == pytest.approx(RETURNS_PER_S)
+    # A short queue keeps the short span: its team must not idle a freed slot for long.
+    assert hand_back_span(6) == HAND_BACK_S
+    assert hand_back_span(0) == HAND_BACK_S and hand_back_span(-3) == HAND_BACK_S
+    # Negative control: the short span alone returns 10,000 trials 16,667 times a second.
+    assert 10_000 / (sum(HAND_BACK_S) / 2) > 300 * RETURNS_PER_S
+
+
+async def test_the_runner_widens_the_hand_back_of_a_team_with_a_deep_queue() -> None:
+    coord, load, fair = await _setup()
+    load.work[TOPO.work_subject("exp-red", "default", "batch")] = 2_000
+    for n in range(3):
+        await _start(coord, fair, "exp-red", n)
+    load.work[BLUE] = 10
+    held = await fair.admit(_request("exp-red", 3))
+    # Red runs 3 of its 2,000 messages: 1,997 queued come back over about 80 s.
+    assert isinstance(held, HeldBack) and held.wait_s == hand_back_span(1_997)
+    assert held.wait_s[1] > 70
+    # Control: with 6 messages (3 running, 3 queued) the span stays short.
+    load.work[TOPO.work_subject("exp-red", "default", "batch")] = 6
+    held = await fair.admit(_request("exp-red", 4))
+    assert isinstance(held, HeldBack) and held.wait_s == HAND_BACK_S
