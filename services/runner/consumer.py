@@ -40,7 +40,7 @@ from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 from services.runner.attempt import KeepAlive
 from services.runner.durables import ensure_runner_durables
 from services.runner.handlers import TRANSIENT_RETRY_DELAY_S
-from services.runner.selection import plan
+from services.runner.selection import plan, yielded
 
 log = get_logger(__name__)
 
@@ -144,6 +144,7 @@ class WorkConsumer:
         self._slots = asyncio.Semaphore(concurrency)
         self._stopping = asyncio.Event()
         self._reserved: dict[str, int] = {}  # slots owed to a class (preemption made room)
+        self._yielding: set[str] = set()  # classes preempted here for a heavier class
         self.in_flight: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -185,6 +186,8 @@ class WorkConsumer:
                 waiting = {
                     c: q.pending for c, q in self._queues.items() if q.pending and q.poll is None
                 }
+                # A class preempted here waits while a heavier class is known to wait.
+                waiting, self._yielding = yielded(self._weights, waiting, self._yielding)
                 if waiting:
                     taken = await self._fetch_planned(waiting, free)
                     for _ in range(free - taken):
@@ -307,9 +310,13 @@ class WorkConsumer:
             queue.pending, queue.seen_at = n, now
         return found
 
-    def reserve(self, name: str) -> None:
-        """Owe class ``name`` the next free slot (a trial is being preempted for it)."""
+    def reserve(self, name: str, instead_of: str | None = None) -> None:
+        """Owe class ``name`` the next free slot (a trial of class ``instead_of`` is
+        being preempted for it); ``instead_of`` then yields free slots to heavier
+        waiting classes (services.runner.selection ``yielded``)."""
         self._reserved[name] = self._reserved.get(name, 0) + 1
+        if instead_of is not None:
+            self._yielding.add(instead_of)
 
     async def _poll(self, name: str) -> None:
         """One long poll of class ``name``: its message takes a free slot, or goes back

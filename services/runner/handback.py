@@ -55,8 +55,8 @@ class Slots(Protocol):
     async def pending_of(self, names: Sequence[str]) -> dict[str, int]:
         """Messages waiting in each class of ``names``."""
 
-    def reserve(self, name: str) -> None:
-        """Owe class ``name`` the next free slot."""
+    def reserve(self, name: str, instead_of: str | None = None) -> None:
+        """Owe class ``name`` the next free slot, taken from class ``instead_of``."""
 
     def stop(self) -> None:
         """Stop fetching."""
@@ -83,7 +83,7 @@ async def watch_preemption(
         waiting = await slots.pending_of(heavier)
         for trial, for_class in victims(snapshot, waiting, weights, slots.free_slots):
             if trial.hand_back("preempted"):
-                slots.reserve(for_class)
+                slots.reserve(for_class, trial.priority_class)
                 log.info(
                     "preempting a trial",
                     run_id=trial.run_id,

@@ -17,7 +17,7 @@ deterministic (tests/unit/test_runner_selection.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 
 
 def pick(
@@ -57,3 +57,25 @@ def plan(
         counts[chosen] = counts.get(chosen, 0) + 1
         left[chosen] -= 1
     return list(counts.items()), current
+
+
+def yielded(
+    weights: Mapping[str, int], waiting: Mapping[str, int], yielding: Set[str]
+) -> tuple[dict[str, int], set[str]]:
+    """The classes to share free slots between, and the yielding classes still yielding.
+
+    ``yielding`` holds the classes this runner preempted trials of (for a heavier
+    class). While a class heavier than such a class is known to wait, that class gets
+    no free slot: its next message is most likely the trial just handed back, which the
+    next look would preempt again (work lost twice, a heavier start delayed). Once no
+    heavier class waits, it stops yielding and the weighted share applies again; a
+    runner that preempted nothing (no preemptible work) shares by weight as always, so
+    a lower class is still never starved by heavier classes it cannot be preempted for.
+    The heaviest waiting class never yields, so some class is always left to fetch.
+    """
+    still = {
+        c
+        for c in yielding
+        if any(n > 0 and weights.get(h, 0) > weights.get(c, 0) for h, n in waiting.items())
+    }
+    return {c: n for c, n in waiting.items() if c not in still}, still

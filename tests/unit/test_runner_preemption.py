@@ -244,6 +244,7 @@ class FakeSlots:
         self.looks = 0
         self.reads = 0
         self.reserved: list[str] = []
+        self.instead_of: list[str | None] = []
         self.looked = asyncio.Event()
         self._stopping = False
 
@@ -261,8 +262,9 @@ class FakeSlots:
         self.reads += 1
         return {n: self.waiting.get(n, 0) for n in names}
 
-    def reserve(self, name: str) -> None:
+    def reserve(self, name: str, instead_of: str | None = None) -> None:
         self.reserved.append(name)
+        self.instead_of.append(instead_of)
 
     def stop(self) -> None:
         self._stopping = True
@@ -307,6 +309,7 @@ async def test_the_watch_preempts_for_waiting_heavier_work_and_owes_it_the_slot(
     await asyncio.wait_for(stopped.wait(), 5)
     assert victim.reason == "preempted" and fixed.reason is None
     assert slots.reserved == ["urgent"]
+    assert slots.instead_of == [victim.priority_class]  # that class yields from now on
     slots.stop()
     await asyncio.wait_for(watch, 5)
     fixed.hand_back("stop_notice")  # ends the fake attempt

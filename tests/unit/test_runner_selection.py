@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from services.common.priority import PriorityClasses
-from services.runner.selection import pick, plan
+from services.runner.selection import pick, plan, yielded
 
 W = {"urgent": 8, "normal": 3, "batch": 1}
 
@@ -110,3 +110,46 @@ def test_priority_class_settings() -> None:
     ):
         with pytest.raises(ValueError, match=problem):
             PriorityClasses.parse(spec)
+
+
+# -- a class preempted here yields free slots to the heavier class it was preempted for --
+
+
+def test_a_preempted_class_yields_while_a_heavier_class_waits() -> None:
+    waiting = {"urgent": 5, "batch": 900}
+    shared, still = yielded(W, waiting, {"batch"})
+    assert shared == {"urgent": 5} and still == {"batch"}
+    # Every free slot goes to urgent then, not one in 9 to batch (whose next message is
+    # the trial just handed back, preempted again at the next look).
+    order = picks(W, shared, 9)
+    assert order == ["urgent"] * 5
+    # Negative control: the same queues, nothing preempted here: the weighted share.
+    shared, still = yielded(W, waiting, set())
+    assert shared == waiting and still == set()
+    assert "batch" in picks(W, shared, 9)
+
+
+def test_a_yielding_class_is_served_again_once_no_heavier_class_waits() -> None:
+    # urgent served (its count read 0, or not known to wait): batch stops yielding for
+    # good, until the next preemption marks it again.
+    shared, still = yielded(W, {"batch": 900}, {"batch"})
+    assert shared == {"batch": 900} and still == set()
+    shared, still = yielded(W, {"urgent": 0, "batch": 900}, {"batch"})
+    assert shared == {"urgent": 0, "batch": 900} and still == set()
+    # Only heavier classes hold it back: a lighter or equal class waiting does not.
+    shared, still = yielded(W, {"normal": 4, "batch": 3}, {"normal"})
+    assert shared == {"normal": 4, "batch": 3} and still == set()
+    assert yielded({"a": 2, "b": 2}, {"a": 1, "b": 1}, {"a"}) == ({"a": 1, "b": 1}, set())
+
+
+def test_the_heaviest_waiting_class_never_yields() -> None:
+    # normal was preempted for urgent, batch for normal: with all three waiting only
+    # urgent is shared; with urgent gone, normal takes the slots and batch still yields.
+    all3 = {"urgent": 2, "normal": 2, "batch": 2}
+    assert yielded(W, all3, {"normal", "batch"}) == ({"urgent": 2}, {"normal", "batch"})
+    rest = {"normal": 2, "batch": 2}
+    assert yielded(W, rest, {"normal", "batch"}) == ({"normal": 2}, {"batch"})
+    # Whatever yields, something is left to fetch while anything waits.
+    for marks in ({"urgent"}, {"urgent", "normal", "batch"}):
+        shared, _ = yielded(W, all3, marks)
+        assert shared
