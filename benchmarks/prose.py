@@ -593,22 +593,22 @@ trials per waiting urgent trial, and owes the freed slots to urgent: B gets the 
 fleet within one look and then runs in waves as alone (`b_completion_model_s`: the
 wait plus the waves). What B still pays is `b_first_start_added_s`, the look and the
 stop. A's trials that are stopped go back to the queue at once and start again later:
-`preempted_trials` (and the hand-backs, a trial started by batch's 1-in-9 share while
-urgent still waits is preempted again), checked from the events and the ledger:
+`preempted_trials` (and the hand-backs: one per preempted trial, since a class a
+runner preempted yields its free slots while a heavier class waits; before that rule
+a trial started by batch's 1-in-9 share was preempted again, 28 hand-backs for 20
+trials), checked from the events and the ledger:
 every one recorded and scored (`preempted_lost` 0), every start at attempt 1, no
 failure but the non-final `cancelled` / `Preempted` hand-backs, records of 1 attempt
 (`preempted_counted` 0). What A loses is `a_trials_lost`: its completions short of its
 rate before, over B's run and a while after. B's own trials of the same length are the
 slot time A lends (`urgent_trials`); `a_trials_wasted` is the rest, the partial runs
 preemption throws away (about half a trial per preempted trial) plus slots left idle.
-**What still keeps B above 10 %**: slots freed by B's own trials go by weight, 1 in 9
-to batch while urgent waits, and batch's next message is a preempted trial (handed
-back with no delay, redelivered first): it starts and is preempted again at the next
-look, losing that slot for up to a look and pushing its later waves back (hand-backs
-above the preempted trials; B's last start later than alone by more than the first
-start's wait). A runner that does not start a preemptible trial while a heavier class
-waits (or owes every freed slot to the heavier class then) would remove it; that is
-services/runner's selection, not built.
+**What still keeps B above 10 %**: the first start waits for the next preemption
+look (0.5-1.5 s, a random phase per runner), and the two runners preempt at different
+looks, so one runner's first wave is up to a look behind the other's; one trial
+length is 20 % of B's 10 s, so that lag shows in B's last wave. Slots freed by B's own
+trials no longer go 1 in 9 to batch: a class a runner preempted yields them while a
+heavier class waits (docs/scheduling.md "preemption"), so `b_share_of_starts` is 1.
 
 **Behind a non-preemptible A**, two things add up. (1) **The first start waits for a
 slot to free**: nothing stops a running batch trial, so B waits for the next A trial
