@@ -8,7 +8,10 @@ call order, never the clock:
   starved, and a class alone is taken to the end;
 - an urgent message handed back (nak with a delay, as a full experiment lease or a
   retry's backoff do) is taken again while batch work still waits: a hand-back sits
-  among the unacknowledged messages, which a class's "pending" count leaves out.
+  among the unacknowledged messages, which a class's "pending" count leaves out;
+- a class this runner preempted (``reserve(urgent, instead_of=batch)``) yields: no
+  batch start while urgent work waits, then batch again (control: no preemption, the
+  weighted share gives batch its pick among the urgent ones).
 """
 
 from __future__ import annotations
@@ -51,11 +54,17 @@ class Recorder:
 
 
 async def _run_until(
-    nc: NatsClient, topo: Topology, recorder: Recorder, done: Callable[[], bool]
+    nc: NatsClient,
+    topo: Topology,
+    recorder: Recorder,
+    done: Callable[[], bool],
+    preempted: str | None = None,
 ) -> None:
     consumer = WorkConsumer(
         nc.jetstream(), topo, recorder, concurrency=1, pool=DEFAULT_POOL, classes=CLASSES
     )
+    if preempted is not None:  # as the preemption watch does for a batch victim
+        consumer.reserve("urgent", instead_of=preempted)
     loop = asyncio.create_task(consumer.run())
     try:
         async with asyncio.timeout(WAIT_S):
@@ -121,3 +130,24 @@ async def test_a_handed_back_urgent_message_comes_back_while_batch_waits(
     # Back after its 0.3 s delay plus at most one look (1 s) of 20 ms batch trials,
     # far from the 200 a loop blind to hand-backs would run first.
     assert between < 150, between
+
+
+@pytest.mark.parametrize("preempted", ["batch", None])
+async def test_a_preempted_class_yields_while_urgent_waits(
+    nc: NatsClient, topology: Topology, preempted: str | None
+) -> None:
+    js = nc.jetstream()
+    await ensure_streams(js, topology)
+    await ensure_runner_consumers(js, topology, 30, DEFAULT_POOL, CLASSES)
+    await _queue(nc, topology, "batch", 6, "b")
+    await _queue(nc, topology, "urgent", 12, "u")
+    recorder = Recorder(lambda *_: ACK, hold_s=0.0)
+    await _run_until(nc, topology, recorder, lambda: len(recorder.calls) == 18, preempted)
+    order = "".join(c[0][0].upper() for c in recorder.calls)
+    print(f"classes: preempted={preempted} order={order}")
+    if preempted:
+        # Every urgent message first, then batch: it stopped yielding once none waited.
+        assert order == "U" * 12 + "B" * 6, order
+    else:
+        # Negative control: nothing preempted, the weighted share (1 batch pick in 9).
+        assert "B" in order[: order.rindex("U")], order
