@@ -132,13 +132,17 @@ log publishing costs nothing measurable (same throughput with
 two cores with nats-server, the importer, the watcher and the ledger, which widens
 the gap further.
 
-**What would fix it:** one KV operation per trial for lease and attempt (or lease keys
-that are never purged and re-created), starting Harbor's trial before the
-TrialStarted publish is acknowledged, and keeping the runner's event loop free of
-Harbor's synchronous work (task hashing, file filters, sandbox removal run on the
-loop or contend for its GIL); alternatively several runner processes per machine with
-fewer slots each. Harbor's telemetry, left on, would cost bare Harbor more than all
-of this (figure `harbor_process_wall_telemetry_on`).
+**Done since this was written** (issue 12, see "dispatch"): one KV write per lease and
+first attempt, the ending check beside the lease, TrialStarted published beside the
+executor, and trials in their own processes. **Added since**, on every trial: its
+folder packed, stored, fetched and unpacked through the object store, and the start
+path's team limits, share marks and preemption registry. One quiet run at the end of
+2026-11-26 measured +60.6 % (the paragraph above describes the earlier profile), so
+the gap needs a fresh profile on a quiet machine with `--runs 3` before the next fix:
+keeping the runner's event loop free of Harbor's synchronous work, and several runner
+processes per machine with fewer slots each, are the candidates. Harbor's telemetry,
+left on, would cost bare Harbor more than the gap measured when this was first
+written (figure `harbor_process_wall_telemetry_on`).
 """,
     "capacity": """
 **Where the time goes.** A waiting trial costs no CPU, so this measures the runner's
