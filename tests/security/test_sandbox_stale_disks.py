@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,9 +66,23 @@ def _mountinfo_points() -> set[Path]:
     return {Path(line.split(" ")[4].replace("\\040", " ")) for line in lines}
 
 
+LOOP_CLEAR_S = 30.0
+"""How long a released loop device may take to leave `losetup -a`."""
+
+
 def _loop_devices_of(image: Path) -> list[str]:
     out = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout
     return [line for line in out.splitlines() if f"({image}" in line]
+
+
+def _loop_devices_left(image: Path, timeout_s: float = LOOP_CLEAR_S) -> list[str]:
+    """The loop devices still bound under ``image`` once they had ``timeout_s`` to go:
+    the kernel detaches an autoclear device after its last user closes it, not at once
+    when the file system on it is unmounted."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _loop_devices_of(image)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def _disk_of(root: Path, *, live: bool) -> subprocess.Popen[str]:
@@ -102,7 +117,7 @@ def controls(tmp_path: Path) -> Iterator[dict[str, Path]]:
         logger = logging.getLogger("test")
         for folder in ("sandboxes", "other-sandboxes", "sandboxes/inner-runner"):
             sweep_stale(tmp_path / folder, logger)
-        left = _loop_devices_of(tmp_path)
+        left = _loop_devices_left(tmp_path)
         assert left == [], f"loop devices left behind: {left}"
 
 
@@ -165,7 +180,7 @@ async def test_a_restarted_runner_releases_the_disks_a_killed_one_left(
         log = second.log_path.read_text()
         assert str(mount_point.parent) in log  # named in the runner's log
         assert mount_point not in _mountinfo_points()
-        assert _loop_devices_of(image) == []
+        assert _loop_devices_left(image) == []
         assert not image.exists()
         # Negative controls: not this folder's dead trials, so untouched.
         points = _mountinfo_points()
@@ -190,4 +205,4 @@ def test_images_left_unmounted_are_deleted_unless_kept(tmp_path: Path) -> None:
     assert not (rebooted / IMAGE_NAME).exists()
     # Negative control: the image kept on purpose stays.
     assert (kept / IMAGE_NAME).exists()
-    assert _loop_devices_of(tmp_path) == []
+    assert _loop_devices_left(tmp_path) == []
