@@ -18,11 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
+from schemas.record import PhaseTiming, Provenance, TrialRecord
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.ports import ExperimentInfo
 from tests.support.dashboard_site import served_api, site_settings
+from tests.support.records import single_reward
 
 pytestmark = pytest.mark.integration
 
@@ -47,13 +48,7 @@ def _record(i: int) -> TrialRecord:
         status="complete",
         provenance=Provenance(task_name=f"task-{i % 25:02d}", agent_name=("a", "b")[i % 2]),
         timing=PhaseTiming(started_at=start, finished_at=start + timedelta(seconds=5)),
-        evaluation=Evaluation(
-            rewards={} if reward is None else {"reward": reward},
-            main_reward_key=None if reward is None else "reward",
-            main_reward=reward,
-            reward_valid=reward is not None,
-            failure_class="none" if reward is not None else "verifier",
-        ),
+        evaluation=single_reward(reward, "none" if reward is not None else "verifier"),
     )
 
 
