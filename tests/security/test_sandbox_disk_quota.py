@@ -37,9 +37,16 @@ def _allocated(path: Path) -> int:
     return path.stat().st_blocks * 512
 
 
-def _loop_devices_of(image: Path) -> str:
-    out = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
-    return "\n".join(line for line in out.stdout.splitlines() if str(image) in line)
+def _loop_devices_of(image: Path, timeout_s: float = 30.0) -> str:
+    """The loop devices still bound to ``image`` once they had ``timeout_s`` to go (the
+    kernel detaches an autoclear device after its last close, not at the unmount)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
+        left = "\n".join(line for line in out.stdout.splitlines() if str(image) in line)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 async def test_a_write_past_the_quota_is_refused_and_ends_the_trial(
