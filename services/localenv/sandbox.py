@@ -67,6 +67,7 @@ from services.localenv.procs import (
     exit_code,
     kill_group,
     read_until,
+    spawn,
 )
 from services.localenv.seccomp import installer, program_memfd
 from services.localenv.shift import SHIFT_COUNT, STAGING, Staging, shift_owner
@@ -153,7 +154,7 @@ class Sandbox:
                 os.fchown(fd, spec.userns_base, spec.userns_base)
         try:
             with log_path.open("ab") as log:
-                self._proc = await asyncio.create_subprocess_exec(
+                self._proc = await spawn(
                     *self._launch_argv(pipes, mounts, seccomp_fd),
                     env=dict(HELPER_ENV),
                     stdin=asyncio.subprocess.DEVNULL,
@@ -309,7 +310,7 @@ class Sandbox:
         ready_r, ready_w = os.pipe()
         exit_r, exit_w = os.pipe()
         try:
-            self._slirp = await asyncio.create_subprocess_exec(
+            self._slirp = await spawn(
                 host_tool(SLIRP4NETNS),
                 "--configure",
                 "--mtu=65520",
@@ -381,7 +382,7 @@ class Sandbox:
         """Run ``argv`` in the sandbox; on timeout kill its process group and raise."""
         env_fd = env_memfd(env)
         try:
-            proc = await asyncio.create_subprocess_exec(
+            proc = await spawn(
                 *self.exec_argv(argv, cwd=cwd, uid=uid, gid=gid, env_fd=env_fd),
                 env=dict(HELPER_ENV),
                 stdin=asyncio.subprocess.DEVNULL,
