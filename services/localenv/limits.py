@@ -33,6 +33,23 @@ _SELF_CGROUP = Path("/proc/self/cgroup")
 _CFS_PERIOD_US = 100_000
 
 
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """One trial's cgroup request: where it goes, its name and its limits (None = none)."""
+
+    root: Path
+    membership: str
+    name: str
+    cpus: float | None
+    memory_mb: int | None
+    pids: int | None
+
+    def v1_dir(self, controller: str) -> Path:
+        """The trial's folder in one v1 hierarchy, under this process's own cgroup there."""
+        own = _own_path(self.membership, controller).lstrip("/")
+        return self.root / controller / own / f"trialbus-{self.name}"
+
+
 @dataclass(slots=True)
 class TrialCgroup:
     """The cgroup folder(s) of one trial (one on v2, one per controller on v1)."""
@@ -60,9 +77,10 @@ class TrialCgroup:
             return None
         try:
             own = membership if membership is not None else _SELF_CGROUP.read_text()
+            spec = _Spec(root, own, name, cpus, memory_mb, pids)
             if (root / "cgroup.controllers").is_file():
-                return _create_v2(root, own, name, cpus, memory_mb, pids)
-            return _create_v1(root, own, name, cpus, memory_mb, pids)
+                return _create_v2(spec)
+            return _create_v1(spec)
         except OSError as exc:
             logger.warning(
                 "local environment: no cgroup for %s (%s); CPU not limited, memory "
@@ -110,69 +128,55 @@ def _own_path(membership: str, controller: str) -> str:
     raise OSError(f"no {controller or 'cgroup v2'} hierarchy in /proc/self/cgroup")
 
 
-def _create_v2(
-    root: Path,
-    membership: str,
-    name: str,
-    cpus: float | None,
-    memory_mb: int | None,
-    pids: int | None,
-) -> TrialCgroup:
-    own = root / _own_path(membership, "").lstrip("/")
+def _create_v2(s: _Spec) -> TrialCgroup:
+    own = s.root / _own_path(s.membership, "").lstrip("/")
     parent = own / "trialbus"
     parent.mkdir(exist_ok=True)
-    wanted = [c for c, v in (("memory", memory_mb), ("cpu", cpus)) if v is not None]
+    wanted = [c for c, v in (("memory", s.memory_mb), ("cpu", s.cpus)) if v is not None]
     # Controllers this process's cgroup hands down to its children (delegation).
     available = set((parent / "cgroup.controllers").read_text().split())
     missing = [c for c in wanted if c not in available]
     if missing:
         raise OSError(f"cgroup v2 controllers not delegated here: {', '.join(missing)}")
-    if pids is not None and "pids" in available:
+    if s.pids is not None and "pids" in available:
         wanted.append("pids")
     enabled = set((parent / "cgroup.subtree_control").read_text().split())
     for c in wanted:
         if c not in enabled:
             (parent / "cgroup.subtree_control").write_text(f"+{c}")
-    d = parent / name
+    d = parent / s.name
     d.mkdir()
-    if memory_mb is not None:
-        (d / "memory.max").write_text(str(memory_mb * 1024 * 1024))
+    if s.memory_mb is not None:
+        (d / "memory.max").write_text(str(s.memory_mb * 1024 * 1024))
         with contextlib.suppress(OSError):
             (d / "memory.swap.max").write_text("0")
-    if cpus is not None:
-        (d / "cpu.max").write_text(f"{int(cpus * _CFS_PERIOD_US)} {_CFS_PERIOD_US}")
+    if s.cpus is not None:
+        (d / "cpu.max").write_text(f"{int(s.cpus * _CFS_PERIOD_US)} {_CFS_PERIOD_US}")
     if "pids" in wanted:
-        (d / "pids.max").write_text(str(pids))
+        (d / "pids.max").write_text(str(s.pids))
     return TrialCgroup([d], pids_limited="pids" in wanted)
 
 
-def _create_v1(
-    root: Path,
-    membership: str,
-    name: str,
-    cpus: float | None,
-    memory_mb: int | None,
-    pids: int | None,
-) -> TrialCgroup:
+def _create_v1(s: _Spec) -> TrialCgroup:
     dirs: list[Path] = []
     pids_limited = False
     try:
-        if memory_mb is not None:
-            d = root / "memory" / _own_path(membership, "memory").lstrip("/") / f"trialbus-{name}"
+        if s.memory_mb is not None:
+            d = s.v1_dir("memory")
             d.mkdir()
             dirs.append(d)
-            limit = str(memory_mb * 1024 * 1024)
+            limit = str(s.memory_mb * 1024 * 1024)
             (d / "memory.limit_in_bytes").write_text(limit)
             with contextlib.suppress(OSError):
                 (d / "memory.memsw.limit_in_bytes").write_text(limit)
-        if cpus is not None:
-            d = root / "cpu" / _own_path(membership, "cpu").lstrip("/") / f"trialbus-{name}"
+        if s.cpus is not None:
+            d = s.v1_dir("cpu")
             d.mkdir()
             dirs.append(d)
             (d / "cpu.cfs_period_us").write_text(str(_CFS_PERIOD_US))
-            (d / "cpu.cfs_quota_us").write_text(str(int(cpus * _CFS_PERIOD_US)))
-        if pids is not None and (root / "pids").is_dir():
-            pids_limited = _pids_v1(root, membership, name, pids, dirs)
+            (d / "cpu.cfs_quota_us").write_text(str(int(s.cpus * _CFS_PERIOD_US)))
+        if s.pids is not None and (s.root / "pids").is_dir():
+            pids_limited = _pids_v1(s, s.pids, dirs)
     except OSError:
         TrialCgroup(dirs).remove(0)
         raise
@@ -181,10 +185,10 @@ def _create_v1(
     return TrialCgroup(dirs, pids_limited=pids_limited)
 
 
-def _pids_v1(root: Path, membership: str, name: str, pids: int, dirs: list[Path]) -> bool:
+def _pids_v1(s: _Spec, pids: int, dirs: list[Path]) -> bool:
     """Add a v1 pids cgroup to ``dirs``; False (and nothing added) when it cannot be made."""
     try:
-        d = root / "pids" / _own_path(membership, "pids").lstrip("/") / f"trialbus-{name}"
+        d = s.v1_dir("pids")
         d.mkdir()
     except OSError:
         return False

@@ -11,15 +11,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any, Final
 
-from services.reports.formatting import (
-    cost,
-    num,
-    shows_cost,
-    too_few,
-    total_cost,
-    unscored,
-    with_ci,
-)
+from services.reports import formatting as fmt
 
 _CSS: Final = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;
@@ -59,7 +51,7 @@ def _e(value: object) -> str:
 
 
 def _too_few(row: dict[str, Any]) -> str:
-    return f'<span class="few">{_e(too_few(row, "too few scored"))}</span>'
+    return f'<span class="few">{_e(fmt.too_few(row, "too few scored"))}</span>'
 
 
 def heat_colour(rate: float) -> tuple[str, str]:
@@ -81,7 +73,7 @@ def interval_svg(
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" '
-        f'role="img" aria-label="{_e(with_ci(value, ci))}">',
+        f'role="img" aria-label="{_e(fmt.with_ci(value, ci))}">',
         f'<line x1="{pad}" x2="{width - pad}" y1="{h - 4}" y2="{h - 4}" stroke="#d0d7de"/>',
     ]
     for tick in (lo, (lo + hi) / 2, hi):
@@ -140,20 +132,20 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
         '<div class="wide"><table><tr><th>#</th><th>agent</th><th>scored / total</th>'
         "<th>trials</th>"
         "<th>unscored (cause)</th><th>mean reward [95% CI]</th>"
-        f"<th>interval ({num(scale[0])} to {num(scale[1])})</th>"
+        f"<th>interval ({fmt.num(scale[0])} to {fmt.num(scale[1])})</th>"
         "<th>pass rate [95% CI]</th><th>pass@k</th>"
     ]
-    with_cost = shows_cost(rows)
+    with_cost = fmt.shows_cost(rows)
     out.append("<th>cost (per scored trial)</th></tr>" if with_cost else "</tr>")
     for i, r in enumerate(rows, 1):
-        causes = unscored(r, _e)
+        causes = fmt.unscored(r, _e)
         if r["mean_reward"] is None:
             mean_cell = rate_cell = _too_few(r)
             bar = ""
         else:
-            mean_cell = with_ci(r["mean_reward"], r.get("mean_reward_ci"))
+            mean_cell = fmt.with_ci(r["mean_reward"], r.get("mean_reward_ci"))
             bar = interval_svg(r["mean_reward"], r.get("mean_reward_ci"), scale)
-            rate_cell = with_ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True)
+            rate_cell = fmt.with_ci(r["pass_rate"], r.get("pass_rate_ci"), pct=True)
             if r["too_few"]:  # shown, greyed, with why: never hidden
                 mean_cell = f'<span class="few">{mean_cell}</span><br>{_too_few(r)}'
                 rate_cell = f'<span class="few">{rate_cell}</span><br>{_too_few(r)}'
@@ -166,7 +158,7 @@ def leaderboard_html(rows: Sequence[dict[str, Any]]) -> str:
             f"<td class=n>{r['n_scored']} / {r['n_trials']}</td>"
             f"<td>{outcome_svg(r, n_max)}</td><td>{causes}</td><td class=est>{mean_cell}</td>"
             f"<td>{bar}</td><td class=est>{rate_cell}</td><td>{pak_cell}</td>"
-            + (f"<td class=est>{cost(r)}</td></tr>" if with_cost else "</tr>")
+            + (f"<td class=est>{fmt.cost(r)}</td></tr>" if with_cost else "</tr>")
         )
     out.append("</table></div>")
     legend = [(_PASSED, "passed"), (_FAILED, "scored, not passed")]
@@ -246,8 +238,8 @@ def render_html(report: dict[str, Any]) -> str:
         f"{s['scored']} scored of {s['total']} trials; {s['unscored']} unscored "
         f"(never counted as zeros), {s['pending']} pending."
     )
-    if shows_cost(report["leaderboard"]):
-        summary += f" Cost: {total_cost(report)}."
+    if fmt.shows_cost(report["leaderboard"]):
+        summary += f" Cost: {fmt.total_cost(report)}."
     rules_text = (
         f"Scored trials only: a valid reward (including the agent's own timeouts and "
         f"refusals); infrastructure, verifier and cancelled trials are unscored. Pass: main "

@@ -30,7 +30,7 @@ Why an experiment's queued trials wait, the first that holds:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -107,16 +107,8 @@ class QueueGroup:
     by_reason: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
-            "pool": self.pool,
-            "priority_class": self.priority_class,
-            "team": self.team,
-            "queued": self.queued,
-            "running": self.running,
-            "experiments": self.experiments,
-            "by_reason": dict(self.by_reason),
-        }
+        """JSON form: the fields as they are (``by_reason`` copied)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

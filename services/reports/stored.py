@@ -135,6 +135,11 @@ def built[T](
     return value, deep_size(value) if sized else 0, None
 
 
+def _warn(event: str, kind: str, experiment_id: str, error: str) -> None:
+    # One shape for every best-effort step that failed: the caller computes or answers anyway.
+    log.warning(event, kind=kind, experiment_id=experiment_id, error=error)
+
+
 async def load[T](
     ledger: Ledger, experiment_id: str, kind: str, version: str, codec: Codec[T]
 ) -> tuple[T, int] | None:
@@ -147,24 +152,14 @@ async def load[T](
     try:
         blob = await ledger.stored_derived(experiment_id, kind, token(version))
     except Exception as exc:  # noqa: BLE001 - best effort: the records' read reports an outage
-        log.warning(
-            "stored report value unreadable",
-            kind=kind,
-            experiment_id=experiment_id,
-            error=type(exc).__name__,
-        )
+        _warn("stored report value unreadable", kind, experiment_id, type(exc).__name__)
         return None
     if blob is None:
         return None
     try:
         return await asyncio.to_thread(_decode_sized, blob, codec)
     except Exception as exc:  # noqa: BLE001 - damaged or foreign: computed again, never served
-        log.warning(
-            "stored report value undecodable",
-            kind=kind,
-            experiment_id=experiment_id,
-            error=type(exc).__name__,
-        )
+        _warn("stored report value undecodable", kind, experiment_id, type(exc).__name__)
         return None
 
 
@@ -175,12 +170,7 @@ def packed[T](value: T, codec: Codec[T], kind: str, experiment_id: str) -> tuple
     try:
         text = json.dumps(codec.encode(value), separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:  # not JSON (a manifest with odd values)
-        log.warning(
-            "report value not kept: does not encode",
-            kind=kind,
-            experiment_id=experiment_id,
-            error=str(exc)[:200],
-        )
+        _warn("report value not kept: does not encode", kind, experiment_id, str(exc)[:200])
         return None
     raw = text.encode()
     return zlib.compress(raw, 6), BYTES_PER_JSON_BYTE * len(raw)
@@ -206,12 +196,7 @@ async def keep(ledger: Ledger, experiment_id: str, kind: str, version: str, blob
             ledger.keep_derived(experiment_id, kind, token(version), blob), KEEP_TIMEOUT_S
         )
     except Exception as exc:  # noqa: BLE001 - best effort: a read-only ledger user, an outage
-        log.warning(
-            "report value not kept: ledger write failed",
-            kind=kind,
-            experiment_id=experiment_id,
-            error=type(exc).__name__,
-        )
+        _warn("report value not kept: ledger write failed", kind, experiment_id, type(exc).__name__)
         return False
     return True
 

@@ -7,7 +7,8 @@ orphans. ``Host.spawn`` enters those namespaces with ``nsenter``, so every proce
 a host sees the same private disk, and SIGKILL to pid 1 ends them all (the kernel
 kills a pid namespace with its init): that is ``Host.kill``, "the host dies".
 
-The network side (bridge, veths, addresses, cleanup) is in tests/support/netns.py.
+The network side (bridge, veths, addresses, cleanup) is in tests/support/netns.py,
+which re-exports this module's public names: its ``__all__`` is the one list of them.
 """
 
 from __future__ import annotations
@@ -24,16 +25,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from infra.managed_process import die_with_parent_hook
-
-__all__ = [
-    "HOST_DATA_DIR",
-    "PRIVATE_DIRS",
-    "REPO",
-    "Host",
-    "HostDownError",
-    "HostError",
-    "HostProcess",
-]
 
 HOST_DATA_DIR = "/srv/trialbus-host"
 """A data folder at the same path on every host, different contents on each."""

@@ -10,24 +10,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas.events import (
-    Envelope,
-    ExperimentCompleted,
-    ExperimentSubmitted,
-    ResultImported,
-    TaskRef,
-    TeamRef,
-    TrialCompleted,
-    TrialFailed,
-    TrialLog,
-    TrialRequested,
-    TrialStarted,
-)
+from schemas import events
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
 from schemas.objects import ObjectRef
 
 WHEN = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
-TASK = TaskRef(name="hello-file", checksum="ab" * 32)
+TASK = events.TaskRef(name="hello-file", checksum="ab" * 32)
 RESULT = ObjectRef(
     bucket="TRIALBUS_RESULTS", name="exp-1/t1:resume:2/3.tar.gz", size=2048, sha256="cd" * 32
 )
@@ -62,17 +50,17 @@ def minimal_request() -> dict[str, Any]:
     }
 
 
-def instances() -> dict[str, Envelope]:
+def instances() -> dict[str, events.Envelope]:
     """Every event type; run events both with and without a resume run_id."""
     return {
-        "experiment_submitted": ExperimentSubmitted(
+        "experiment_submitted": events.ExperimentSubmitted(
             **env(1),
             name="demo",
             n_trials=6,
             n_published=4,
             manifest={"name": "demo", "repetitions": 3},
         ),
-        "trial_requested": TrialRequested(
+        "trial_requested": events.TrialRequested(
             **env(2),
             trial_id="hello-file__0123456789abcdef",
             task=TASK,
@@ -84,28 +72,30 @@ def instances() -> dict[str, Envelope]:
             retry=RetrySpec(max_attempts=5),
             experiment_trials=12,
         ),
-        "trial_requested_resumed": TrialRequested(
+        "trial_requested_resumed": events.TrialRequested(
             **env(3),
             **minimal_request(),
             agent=AgentSpec(import_path="pkg.mod:Agent"),
             run_id="t1:resume:2",
         ),
-        "trial_requested_team": TrialRequested(
+        "trial_requested_team": events.TrialRequested(
             **env(15),
             **minimal_request(),
             agent=AgentSpec(name="oracle"),
-            team=TeamRef(name="red.team", max_concurrent_trials=4, max_spend_usd_per_day=25.0),
+            team=events.TeamRef(
+                name="red.team", max_concurrent_trials=4, max_spend_usd_per_day=25.0
+            ),
         ),
-        "trial_started": TrialStarted(
+        "trial_started": events.TrialStarted(
             **env(4), trial_id="t1", runner_id="r-1", host="node-a", attempt=2
         ),
-        "trial_started_resumed": TrialStarted(
+        "trial_started_resumed": events.TrialStarted(
             **env(5), trial_id="t1", runner_id="r-1", host="node-a", attempt=1, run_id="t1:resume:2"
         ),
-        "trial_log": TrialLog(
+        "trial_log": events.TrialLog(
             **env(6), trial_id="t1", phase="agent", stream="stderr", text='h\u00e9llo "q"\n'
         ),
-        "trial_completed": TrialCompleted(
+        "trial_completed": events.TrialCompleted(
             **env(7),
             trial_id="t1",
             result=RESULT,
@@ -119,10 +109,10 @@ def instances() -> dict[str, Envelope]:
             repetition=1,
             run_id="t1:resume:2",
         ),
-        "trial_completed_defaults": TrialCompleted(
+        "trial_completed_defaults": events.TrialCompleted(
             **env(8), trial_id="t1", result=RESULT, trial_name="t1"
         ),
-        "trial_failed": TrialFailed(
+        "trial_failed": events.TrialFailed(
             **env(9),
             trial_id="t1",
             failure_class="infrastructure",
@@ -137,7 +127,7 @@ def instances() -> dict[str, Envelope]:
             runner_host="node-b",
             run_id="t1:resume:2",
         ),
-        "trial_failed_retry": TrialFailed(
+        "trial_failed_retry": events.TrialFailed(
             **env(10),
             trial_id="t1",
             failure_class="agent",
@@ -146,10 +136,10 @@ def instances() -> dict[str, Envelope]:
             attempt=2,
             final=False,
         ),
-        "result_imported": ResultImported(
+        "result_imported": events.ResultImported(
             **env(11), trial_id="t1", status="complete", scored=True, main_reward=0.75, changed=True
         ),
-        "result_imported_partial": ResultImported(
+        "result_imported_partial": events.ResultImported(
             **env(12),
             trial_id="t1",
             status="partial",
@@ -157,5 +147,7 @@ def instances() -> dict[str, Envelope]:
             main_reward=None,
             changed=False,
         ),
-        "experiment_completed": ExperimentCompleted(**env(13), n_trials=6, n_scored=5, n_partial=1),
+        "experiment_completed": events.ExperimentCompleted(
+            **env(13), n_trials=6, n_scored=5, n_partial=1
+        ),
     }

@@ -47,6 +47,14 @@ E = TypeVar("E", bound=Envelope)
 MAX_PROBES = 64
 
 
+def _put_or_purge[K, V](values: dict[K, V], key: K, value: V | None) -> None:
+    """As a KV put of ``value``, or with None a purge of ``key``."""
+    if value is None:
+        values.pop(key, None)
+    else:
+        values[key] = value
+
+
 class InMemoryLedger:
     """A Ledger held in dictionaries; stores JSON-mode dumps like the Mongo adapter."""
 
@@ -399,10 +407,7 @@ class InMemoryCoordinator:
 
     async def set_budget(self, experiment_id: str, budget: bytes | None) -> None:
         """Store (or with None remove) the experiment's budget."""
-        if budget is None:
-            self._budgets.pop(experiment_id, None)
-        else:
-            self._budgets[experiment_id] = budget
+        _put_or_purge(self._budgets, experiment_id, budget)
 
     async def budget(self, experiment_id: str, *, fresh: bool = False) -> bytes | None:
         """The experiment's stored budget (always fresh here)."""
@@ -420,10 +425,7 @@ class InMemoryCoordinator:
 
     async def set_share(self, experiment_id: str, share: TeamShare | None) -> None:
         """Store (or with None remove) the experiment's team and share."""
-        if share is None:
-            self._shares.pop(experiment_id, None)
-        else:
-            self._shares[experiment_id] = share
+        _put_or_purge(self._shares, experiment_id, share)
 
     async def share_of(self, experiment_id: str, *, fresh: bool = False) -> TeamShare | None:
         """The experiment's team and share (always fresh here)."""

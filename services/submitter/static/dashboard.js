@@ -10,10 +10,17 @@
   const MAX_EVENTS = 50;
   const MAX_LOG_CHARS = 200000;
 
-  function followExperiment(url) {
+  // Every live page's stream: the status line says whether it is connected (EventSource
+  // reconnects by itself after an error).
+  function openStream(url) {
     const source = new EventSource(url);
     source.onopen = () => setStatus("live");
     source.onerror = () => setStatus("reconnecting");
+    return source;
+  }
+
+  function followExperiment(url) {
+    const source = openStream(url);
     source.addEventListener("progress", (e) => {
       const data = JSON.parse(e.data);
       for (const [key, value] of Object.entries(data.progress)) {
@@ -50,9 +57,7 @@
 
   function followLog(url) {
     const pre = document.getElementById("log");
-    const source = new EventSource(url);
-    source.onopen = () => setStatus("live");
-    source.onerror = () => setStatus("reconnecting");
+    const source = openStream(url);
     source.addEventListener("log", (e) => {
       const d = JSON.parse(e.data);
       pre.append(document.createTextNode(d.text));
@@ -65,9 +70,7 @@
   // The fleet and queue pages: the server re-reads them and pushes the part that
   // changed ({target, html}: an element id and its autoescaped fragment).
   function followPage(url) {
-    const source = new EventSource(url);
-    source.onopen = () => setStatus("live");
-    source.onerror = () => setStatus("reconnecting");
+    const source = openStream(url);
     source.addEventListener("page", (e) => {
       const d = JSON.parse(e.data);
       const el = document.getElementById(d.target);
