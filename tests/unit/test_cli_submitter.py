@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from schemas.manifest import ExperimentManifest
 from services.common.ports import ExperimentInfo
 from services.reports.progress import team_of
+from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.commands import cli_submitter
 from services.submitter.submit import PreparedExperiment, experiment_submitted, prepare
 
@@ -39,6 +40,12 @@ def test_the_cli_team_is_recorded_as_the_submitter() -> None:
     assert stored["submitted_by"] == {"team": "red"}
     info = ExperimentInfo(prepared.experiment_id, "cli-team", 1, stored)
     assert team_of(info) == "red"
+    # An owner over HTTP as a team-only token's submission is: that team's team-only
+    # tokens may change it; a user's token of the team, or another team's, may not.
+    owner = owner_from_record(stored["submitted_by"])
+    assert Identity(team="red").may_change(owner)
+    assert not Identity(user="rita", team="red").may_change(owner)
+    assert not Identity(team="blue").may_change(owner)
 
 
 def test_without_the_variable_nobody_is_recorded() -> None:
