@@ -19,7 +19,10 @@ Where the counts come from (services/runner/fair_share.py): running(T) is the nu
 of share marks ``_share.<pool>.<class>.<team key>.<run key>`` in the leases bucket (a
 running trial of a team holds one, renewed and released like its experiment's lease);
 who waits comes from the work stream's messages per subject and the key
-``share.<experiment>`` the submitter writes (the experiment's team and share).
+``share.<experiment>`` the submitter writes (the experiment's team, and its share as
+it was at submit). The share judged is the one the submitter **last published** with
+the team limits (``quota.limits``, ``current_share``), so a changed share reaches
+queued work; the experiment's own is the fallback when none is published.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.common.quotas import team_key
+from services.common.quotas import Quotas, team_key
 
 DEFAULT_SHARE = 1.0
 """A team's share when the quotas file gives none: equal shares."""
@@ -64,6 +67,17 @@ class TeamShare:
         if not isinstance(team, str) or not team or not math.isfinite(share) or share <= 0:
             return None
         return cls(team, share)
+
+
+def current_share(team: TeamShare, limits: Quotas | None) -> TeamShare:
+    """``team`` with the share the published limits (``quota.limits``) give it now, by
+    the rule of submit (``Quotas.share_of``: its entry's, a team not listed the
+    default's, none given: 1). With none published (or unreadable: None), the share
+    stored at submit. Unchanged: the same object (no copy per delivery)."""
+    if limits is None:
+        return team
+    share = limits.share_of(team.team)
+    return team if share == team.share else TeamShare(team.team, share)
 
 
 def share_key(experiment_id: str) -> str:

@@ -306,8 +306,9 @@ class SubmitterSettings(CommonSettings):
     cli_team: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$",
-        description="The team whose quotas `trialbus submit` counts against (the CLI "
-        "has no API token to name one). Unset: CLI submissions have no team and no quota.",
+        description="The team whose quotas `trialbus submit` counts against, recorded as "
+        "the experiment's submitter (`submitted_by`) as an API token's team is (the CLI has "
+        "no token to name one). Unset: CLI submissions have no team and no quota.",
     )
     report_cache_mib: int = Field(
         default=256,

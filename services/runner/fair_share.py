@@ -9,7 +9,11 @@ per ``LOOK_S`` by whichever trial needs it first and shared by the others:
 - the share marks of the pool in the leases bucket (one more ``STREAM.INFO``): the
   trials running per (class, team), every runner's;
 - per experiment with messages, its team and share (``share.<experiment>``) and its
-  pause flag: the coordinator's cached reads (a paused experiment waits for nothing).
+  pause flag: the coordinator's cached reads (a paused experiment waits for nothing);
+- the team limits last published (``quota.limits``, one cached read per look): the
+  share each team has **now** (``current_share``), so an operator's change of the
+  quotas file's ``share``, once published (``trialbus quotas``), reaches queued work;
+  the experiment's share from submit when none is published or it cannot be read.
 
 A trial is handed back only on a view at most ``CONFIRM_S`` old (an older one is read
 again first): a trial another runner ended since the last look would otherwise make
@@ -35,11 +39,18 @@ from typing import Protocol
 
 from schemas.events import TrialRequested
 from schemas.subjects import Topology
-from services.common.fair_share import TeamShare, held_back, mark_key, marks_by_class, waiting
+from services.common.fair_share import (
+    TeamShare,
+    current_share,
+    held_back,
+    mark_key,
+    marks_by_class,
+    waiting,
+)
 from services.common.logging import get_logger
 from services.common.ports import Coordinator
 from services.common.priority import PriorityClasses
-from services.common.quotas import team_key
+from services.common.quotas import Quotas, team_key
 
 log = get_logger(__name__)
 
@@ -101,6 +112,8 @@ class _View:
     """team -> share, of the teams with messages."""
     running: dict[tuple[str, str], int] = field(default_factory=dict)
     """(class, team key) -> share marks."""
+    limits: Quotas | None = None
+    """The team limits (shares included) last published; None: none, or unreadable."""
 
 
 def _run_key(request: TrialRequested) -> str:
@@ -166,7 +179,8 @@ class FairShare:
         if slot is not None:
             self._delta[slot] = self._delta.get(slot, 0) - 1
 
-    def _judge(self, view: _View, cls: str, team: TeamShare) -> HeldBack | None:
+    def _judge(self, view: _View, cls: str, stored: TeamShare) -> HeldBack | None:
+        team = current_share(stored, view.limits)
         msgs = view.messages.get(cls, {})
         names = {team.team, *msgs}
         running = {
@@ -204,10 +218,12 @@ class FairShare:
         at = self._clock()
         # The look counts this runner's marks itself: what it adds from here on is new.
         self._delta = {}
-        work, marks = await asyncio.gather(
-            self._load.work_counts(self._pool), self._load.share_marks(self._pool)
+        work, marks, limits = await asyncio.gather(
+            self._load.work_counts(self._pool),
+            self._load.share_marks(self._pool),
+            self._published_limits(),
         )
-        view = _View(at=at, running=marks_by_class(marks, self._pool))
+        view = _View(at=at, running=marks_by_class(marks, self._pool), limits=limits)
         queued: list[tuple[str, str, int]] = []  # (class, experiment, messages)
         for subject, n in work.items():
             parsed = self._topology.parse_work_subject(subject)
@@ -227,5 +243,12 @@ class FairShare:
                 continue  # no team, or paused: waits for nothing here
             per_team = view.messages.setdefault(cls, {})
             per_team[team.team] = per_team.get(team.team, 0) + n
-            view.shares[team.team] = team.share
+            view.shares[team.team] = current_share(team, limits).share
         return view
+
+    async def _published_limits(self) -> Quotas | None:
+        try:
+            return await self._coord.team_limits()
+        except Exception as exc:  # noqa: BLE001 - fail open to the shares stored at submit
+            log.warning("fair share: team limits unreadable", error=type(exc).__name__)
+            return None

@@ -17,11 +17,12 @@ from typing import Any, Concatenate
 
 from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import ManifestError
-from services.common.ports import Ledger
+from services.common.ports import ExperimentInfo, Ledger
 from services.common.quotas import QuotaConfigError, encode_limits, load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.importer.export import export_experiment
 from services.submitter import handlers, trial_pause
+from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.connections import open_ledger, open_nats, try_open_nats
 from services.submitter.handlers import EventFeed, Printer, SubmitOutcome
 from services.submitter.manifest_io import load_manifest
@@ -40,6 +41,24 @@ def prepare_file(manifest_path: Path, tasks_root: Path | None) -> PreparedExperi
         raise ManifestError(f"{manifest_path}: {exc}") from None
 
 
+def cli_submitter(
+    prepared: PreparedExperiment, info: ExperimentInfo | None, cli_team: str | None
+) -> PreparedExperiment:
+    """``prepared`` as the CLI submits it: recorded (``submitted_by``) and held to its
+    quotas exactly as an API token's team would be.
+
+    The CLI has no token: its identity is the operator's ``TRIALBUS_CLI_TEAM`` (unset:
+    nobody, no team), never the manifest. Whoever runs it holds the submitter's bus
+    credentials, so it acts as an admin token does: resubmitting an experiment whose
+    ledger copy (``info``) names an owner keeps that owner and its team, so ownership
+    and quotas do not move with whoever resubmits.
+    """
+    owner = owner_from_record(info.manifest.get("submitted_by")) if info else None
+    by = (owner or Identity(team=cli_team)).record()
+    team = by.get("team") if by else None
+    return dataclasses.replace(prepared, submitted_by=by, team=team)
+
+
 async def submit_and_wait(
     settings: SubmitterSettings,
     manifest_path: Path,
@@ -54,10 +73,11 @@ async def submit_and_wait(
         handlers.check_priority_class(prepared, settings.classes)
     except ManifestError as exc:
         raise ManifestError(f"{manifest_path}: {exc}") from None
-    # The CLI has no token to name a team: the operator's TRIALBUS_CLI_TEAM, if set.
     quotas = load_quotas(settings.quotas_file) if settings.quotas_file is not None else None
-    prepared = dataclasses.replace(prepared, team=settings.cli_team)
+    prepared = cli_submitter(prepared, None, settings.cli_team)
     async with open_nats(settings, "trialbus-submit") as nats, open_ledger(settings) as ledger:
+        info = await ledger.get_experiment(prepared.experiment_id)
+        prepared = cli_submitter(prepared, info, settings.cli_team)
         coordinator = await nats.coordinator()
         if quotas is not None:  # the file's limits reach the queued work too
             await coordinator.set_team_limits(quotas)

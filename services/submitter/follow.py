@@ -23,7 +23,7 @@ from infra.nats_permissions import kv_stream
 from schemas.events import TrialLog
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import UserInputError
-from services.common.fair_share import SHARE_MARK, TeamShare
+from services.common.fair_share import SHARE_MARK, TeamShare, current_share
 from services.common.ports import Coordinator, ExperimentInfo, Ledger
 from services.common.quotas import Quotas, load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
@@ -284,7 +284,8 @@ async def read_queue(nats: NatsSide, ledger: Ledger, quotas: Quotas | None = Non
     Two stream infos with a subject filter (the work stream's messages per subject,
     the leases bucket's keys, share marks included), then per experiment with queued
     work one ledger read, its pause flags (and a record read per trial paused one by
-    one) and its team and share (fair share's ``over_share``), the runner registry
+    one) and its team and share (fair share's ``over_share``: by the shares last
+    published, as runners judge; ``current_share``), the runner registry
     once, and with ``quotas`` (the submitter's quotas file) the spend tally of each
     waiting team with a spend cap once: the cost grows with the
     experiments that wait, not with their trials. The subject details of one stream
@@ -322,7 +323,11 @@ async def read_queue(nats: NatsSide, ledger: Ledger, quotas: Quotas | None = Non
     head = f"$KV.{topology.leases_bucket}."
     lease_keys = leases.state.subjects or {}
     marks = {s[len(head) :]: n for s, n in lease_keys.items() if s.startswith(head + SHARE_MARK)}
-    shares = {exp: f[3] for exp, f in found.items()}
+    # Judged by the shares runners use: those last published (quota.limits), if any.
+    limits = await coordinator.team_limits()
+    shares = {
+        exp: None if t is None else current_share(t, limits) for exp, (*_, t) in found.items()
+    }
     judge = share_judge(topology, nats.settings.classes, counts, shares, paused, marks)
     runners = await (await nats.registry()).live_runners()
     capped: dict[str, str] = {}

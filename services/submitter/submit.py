@@ -118,12 +118,13 @@ class PreparedExperiment:
     trials: list[TrialRequested]
     correlation_id: str
     submitted_by: dict[str, str] | None = None
-    """Who submitted it over the HTTP API (``api_tokens.Identity.record``); stored in
+    """Who submitted it (``api_tokens.Identity.record``): the API token's identity, or
+    for the CLI ``{"team": TRIALBUS_CLI_TEAM}`` (commands.cli_submitter); stored in
     the ledger's copy of the manifest under the reserved key ``submitted_by``, which
     no manifest can carry itself (unknown fields are refused). None: not recorded."""
     team: str | None = None
-    """The team whose quotas apply: the submitter's identity's (HTTP), or the CLI's
-    ``TRIALBUS_CLI_TEAM``; never read from the manifest. None: no team, no quota."""
+    """The team whose quotas apply: ``submitted_by``'s team (the token's, or the CLI's
+    ``TRIALBUS_CLI_TEAM``); never read from the manifest. None: no team, no quota."""
 
 
 def prepare(
