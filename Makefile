@@ -27,10 +27,11 @@ demo: setup  ## run examples/experiment.yaml end to end on the embedded stack
 # computes: 9.5 min instead of 17 serial on this 2-core machine). Module-scoped servers
 # stay on one worker (--dist loadgroup, tests/conftest.py); the short basetemp keeps
 # the runners' unix sockets under the 108-byte limit. TEST_WORKERS=0 runs serially.
+# The 25 slowest tests are listed at the end: where the suite's 15 minutes go.
 TEST_WORKERS ?= 2
 test: setup  ## the whole test suite (unit, integration, end to end)
 	tmp=$$(mktemp -d /tmp/tb-test.XXXXXX) && \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --basetemp=$$tmp; \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25 --basetemp=$$tmp; \
 	  rc=$$?; rm -rf $$tmp; exit $$rc
 
 test-fast: setup  ## unit tests only
