@@ -9,7 +9,7 @@ to the executor, replayed on a fresh nats-server without the rest of the runner:
   updates, three round trips), the attempt counter (KV get, then create), and the
   TrialStarted publish, awaited before the trial starts;
 - **now** (trialbus's own ``NatsCoordinator``, in the order of
-  services/runner/handlers.py): the ending check and the lease together
+  services/runner/admission.py): the ending check and the lease together
   (``asyncio.gather``); a lease taken by one conditional write per probed slot and
   released by a stream purge of its subject (no marker left behind); the attempt
   counted by a conditional write first; the trial starts while TrialStarted's publish

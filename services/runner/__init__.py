@@ -3,8 +3,11 @@
     app.py              composition root: connect, JetStreamBus, NatsCoordinator, the
                         executor named by settings, the handler and the pull loop
     handlers.py         the decisions, against the EventBus, Coordinator and Executor
-                        ports: slot lease, attempt count, TrialStarted, heartbeat and
-                        cancellation, then publish and return one verdict per message
+                        ports: run the admitted attempt (heartbeat, cancellation, hand
+                        back), then publish and return one verdict per message
+    admission.py        the start path: admission, flags, guards, fair share, "run
+                        already ended", slot leases, attempt count, TrialStarted
+    endings.py          a run ends once: an ending stored, then published
     policy.py           pure: outcome + attempt + retry policy -> events and verdict
     consumer.py         nats-py adapter: the slot-bound pull loop, in_progress()
                         keep-alive, verdicts applied, hand back on drain

@@ -1,10 +1,10 @@
 """One attempt while it runs: the executor, its heartbeat, and its TrialStarted beside it.
 
-The handler (services.runner.handlers) decides whether and when an attempt starts and
-what its outcome means; this module only keeps a started attempt company: every
-``heartbeat_s`` it tells JetStream the message is still being worked on, renews the
-experiment's (and team's) concurrency leases, and reads the cancellation flag fresh,
-stopping the run when the experiment was cancelled.
+The handler decides whether and when an attempt starts (services.runner.admission)
+and what its outcome means (services.runner.handlers); this module only keeps a
+started attempt company: every ``heartbeat_s`` it tells JetStream the message is still
+being worked on, renews the experiment's (and team's) concurrency leases, and reads
+the cancellation flag fresh, stopping the run when the experiment was cancelled.
 """
 
 from __future__ import annotations

@@ -245,10 +245,12 @@ async def scenario(
         if runs and await endings_stored(stack, topology, list(runs)) < len(runs):
             break
         await asyncio.to_thread(signal_host, h0, signal.SIGCONT)
-        seen = len(stored)
-        await tap.eventually(
-            lambda events, seen=seen: len(events) > seen, "more events after a thaw", DEADLINE_S
-        )
+
+        # The count is bound as a default: a loop's closure would read a later value.
+        def more_events(events: Sequence[Event], seen: int = len(stored)) -> bool:
+            return len(events) > seen
+
+        await tap.eventually(more_events, "more events after a thaw", DEADLINE_S)
     await asyncio.to_thread(h0.kill)
     killed_at = time.monotonic() - t0
     assert not h0.alive and runners[0].poll() is not None
@@ -284,8 +286,8 @@ async def scenario(
     # 4. Every trial's result.json reached the hub's job folder through the bucket.
     jobs = stack.jobs_dir / exp
     assert all((jobs / t / "result.json").is_file() for t in records)
-    stored = [r.artifacts.archive for r in records.values()]
-    assert all(a is not None and a.bucket == topology.results_bucket for a in stored)
+    result_refs = [r.artifacts.archive for r in records.values()]
+    assert all(a is not None and a.bucket == topology.results_bucket for a in result_refs)
     assert all(Path(r.artifacts.trial_dir or "/").is_relative_to(jobs) for r in records.values())
     # Runners wrote only to their own disks: none of it is on the hub (where the data
     # folder is only the hosts' empty mount point) ...
@@ -301,7 +303,7 @@ async def scenario(
     assert h1.run(["test", "-e", str(manifest.parent / "tasks")]).returncode == 1
     assert (manifest.parent / "tasks").is_dir() and any(REPO_TASKS.iterdir())
 
-    results_bytes = sum(a.size for a in stored if a is not None)
+    results_bytes = sum(a.size for a in result_refs if a is not None)
     print(
         f"multi-host: trials={len(records)} hosts=2 by_host={json.dumps(by_host)} "
         f"killed={h0.name} at_s={killed_at:.1f} interrupted={len(interrupted)} "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.handlers import PAUSE_WAIT_S
+from services.runner.admission import PAUSE_WAIT_S
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of
 from tests.e2e.conftest import Stacks

@@ -49,7 +49,8 @@ from services.common.settings import ImporterSettings
 from services.importer import event_records
 from services.importer.app import create_app
 from services.importer.event_records import BUG_MAX_DELIVERIES
-from services.importer.records import RecordContext
+from services.importer.records import RecordContext, build_record
+from services.importer.trial_files import TrialFiles
 from tests import harbor_fixtures
 from tests.bad_inputs.corpus import Case, cases, event_bytes, materialize_result
 from tests.harbor_fixtures import HarborTrials
@@ -222,13 +223,12 @@ async def test_an_importer_bug_is_redelivered_then_recorded_and_never_holds_its_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     attempts: list[str] = []
-    real_build = event_records.build_record
 
-    def build(trial_dir: Path, context: RecordContext) -> TrialRecord:
+    def build(trial: Path | TrialFiles, context: RecordContext) -> TrialRecord:
         attempts.append(context.trial_id)
         if context.trial_id == "bug-1":
             raise KeyError("planted importer bug")
-        return real_build(trial_dir, context)
+        return build_record(trial, context)
 
     monkeypatch.setattr(event_records, "build_record", build)
     # The bug delay shortened (10 s in production): the same five deliveries, in ~5 s.

@@ -24,9 +24,9 @@ from services.common.adapters.memory_registry import MemoryRunnerRegistry
 from services.common.adapters.nats_registry import (
     HEARTBEATS_PER_TTL,
     NatsRunnerRegistry,
-    RunnerRegistry,
     heartbeat,
 )
+from services.common.ports import RunnerRegistry
 from tests.support.bus_roles import require_nats_server
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from services.common.quotas import (
     encode_limits,
     parse_quotas,
 )
-from services.runner.handlers import PAUSE_WAIT_S, SLOT_WAIT_S
+from services.runner.admission import PAUSE_WAIT_S, SLOT_WAIT_S
 from tests.unit.runner_support import ScriptedExecutor, held_completion
 from tests.unit.test_quotas import teamed
 from tests.unit.test_runner_guards import outcome

@@ -29,7 +29,7 @@ from services.common.quotas import (
     window_add,
     window_total,
 )
-from services.runner.handlers import PAUSE_WAIT_S, SLOT_WAIT_S
+from services.runner.admission import PAUSE_WAIT_S, SLOT_WAIT_S
 from services.submitter.quota_gate import QuotaGate
 from services.submitter.retry import retry_trial
 from tests.unit.runner_support import ScriptedExecutor, held_completion, make_request

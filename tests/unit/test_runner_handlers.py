@@ -31,7 +31,8 @@ from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.errors import ACK, TERM, Settle, TransientError
 from services.common.ports import AttemptStart, ExecutionOutcome, LogSink
 from services.common.unpack import unpack_trial
-from services.runner.handlers import SLOT_WAIT_S, TrialHandler
+from services.runner.admission import SLOT_WAIT_S
+from services.runner.handlers import TrialHandler
 from tests.unit.runner_support import (
     ScriptedExecutor,
     completed,
@@ -84,6 +85,7 @@ class World:
         bus: RecordingBus | None = None,
         runner_id: str = "runner-1",
         admission: int = 32,
+        offers: frozenset[str] | None = None,
     ) -> None:
         self.clock = Clock()
         self.bus = bus or RecordingBus()
@@ -100,6 +102,7 @@ class World:
             host="node-a",
             heartbeat_s=heartbeat_s,
             admission=admission,
+            offers=offers,
             log_sinks=self._sink_for,
             rng=random.Random(7),
         )
@@ -485,8 +488,7 @@ async def test_a_runner_without_the_trials_environment_ends_it_naming_what_is_mi
     tmp_path: Path,
 ) -> None:
     executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id))
-    world = World(executor)
-    world.handler._offers = frozenset({"local"})  # make_request asks for docker
+    world = World(executor, offers=frozenset({"local"}))  # make_request asks for docker
     req = make_request()
 
     assert await world.handle(req) == ACK
@@ -496,8 +498,10 @@ async def test_a_runner_without_the_trials_environment_ends_it_naming_what_is_mi
     assert (failed_event.error_type, failed_event.final) == ("RunnerLacksCapability", True)
     assert "does not offer 'docker'" in failed_event.message
     # Negative control: a runner that offers docker runs it.
-    able = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
-    able.handler._offers = frozenset({"local", "docker"})
+    able = World(
+        ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
+        offers=frozenset({"local", "docker"}),
+    )
     assert await able.handle(req) == ACK and len(able.executor.calls) == 1
 
 

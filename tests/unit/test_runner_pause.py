@@ -12,7 +12,7 @@ from pathlib import Path
 
 from schemas.events import TrialFailed, TrialStarted
 from services.common.errors import ACK
-from services.runner.handlers import PAUSE_WAIT_S
+from services.runner.admission import PAUSE_WAIT_S
 from tests.unit.runner_support import (
     ScriptedExecutor,
     completed,

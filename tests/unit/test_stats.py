@@ -52,7 +52,7 @@ def test_wilson_by_hand_one_trial() -> None:
     zero = stats.wilson_interval(0, 1)
     assert one is not None and zero is not None
     assert one.low == pytest.approx(1 / (1 + z * z)) and one.high == 1.0
-    assert (zero.low, zero.high) == (0.0, pytest.approx(1 - 1 / (1 + z * z)))
+    assert zero.low == 0.0 and zero.high == pytest.approx(1 - 1 / (1 + z * z))
 
 
 def test_wilson_edges_zero_of_n_and_n_of_n_keep_exact_bounds() -> None:

@@ -132,6 +132,7 @@ async def test_submit_lifts_an_earlier_cancellation_and_publishes_every_trial(
     assert not await coordinator.is_cancelled(prepared.experiment_id)
     # Every task's archive is stored, named by its checksum, before its trials go out.
     [task] = prepared.tasks
+    assert task.folder is not None  # prepared from a folder on disk
     stored = await tasks.info(task.ref.checksum)
     assert stored is not None
     # It unpacks (verified against the checksum) into the task a runner would run.

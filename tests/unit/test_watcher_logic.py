@@ -54,7 +54,7 @@ def test_tally_bounds_the_records_from_the_last_count_and_the_imports_since() ->
     tally.since.add("c")
     assert tally.may_be_complete(10)
     tally.since.add("c")  # the same trial imported twice counts once
-    assert tally.counted + len(tally.since) == 10
+    assert tally.counted == 7 and len(tally.since) == 3
 
 
 def test_tally_reset_starts_from_the_exact_count() -> None:
