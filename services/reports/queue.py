@@ -5,7 +5,7 @@ The counts are the work stream's messages per subject and the leases bucket's ke
 per experiment, never one read per queued trial. A work-queue stream keeps a message
 until a runner acknowledges it, so a subject's count is the experiment's trials queued
 plus those running; every running trial holds one lease of its experiment
-(services/runner/handlers.py), so queued = messages - leases.
+(services/runner/admission.py), so queued = messages - leases.
 
 Why an experiment's queued trials wait, the first that holds:
 

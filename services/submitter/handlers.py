@@ -243,7 +243,7 @@ async def pause(ledger: Ledger, coordinator: Coordinator, experiment_id: str) ->
 
 async def resume(ledger: Ledger, coordinator: Coordinator, experiment_id: str) -> dict[str, Any]:
     """Lift a pause: the queued trials start within seconds (each waits out the hand-back
-    delay it was given, at most services.runner.handlers.PAUSE_WAIT_S)."""
+    delay it was given, at most services.runner.admission.PAUSE_WAIT_S)."""
     info = await ledger.get_experiment(experiment_id)
     was_paused = await coordinator.is_paused(experiment_id, fresh=True)
     await coordinator.resume(experiment_id)
