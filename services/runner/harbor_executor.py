@@ -65,6 +65,9 @@ def task_time_bound(task_dir: Path, multiplier: float) -> float | None:
     return float(phases * multiplier + SETUP_ALLOWANCE_S)
 
 
+BOUNDS_KEPT = 4096
+"""Task time bounds a runner keeps (by task checksum and multiplier) before it starts over."""
+
 MESSAGE_CUT_CHARS = 2000
 """Length services.runner.trial_process cuts exception messages to."""
 
@@ -105,6 +108,18 @@ class HarborExecutor:
         # Per running attempt (run id): the most it may take, from its executor start
         # (None: unknown). Read by a stop notice (services.runner.preemption).
         self._limits: dict[str, float | None] = {}
+        # task_time_bound by (task checksum, multiplier): a task's content never changes
+        # under its checksum, so its task.toml is parsed once per runner, not on the
+        # event loop at every trial's start.
+        self._bounds: dict[tuple[str, float], float | None] = {}
+
+    def _task_bound(self, checksum: str, task_dir: Path, multiplier: float) -> float | None:
+        key = (checksum, multiplier)
+        if key not in self._bounds:
+            if len(self._bounds) >= BOUNDS_KEPT:
+                self._bounds.clear()
+            self._bounds[key] = task_time_bound(task_dir, multiplier)
+        return self._bounds[key]
 
     def time_limit_s(self, request: TrialRequested) -> float | None:
         """The most the running attempt of ``request`` may take from its start: the
@@ -124,7 +139,9 @@ class HarborExecutor:
         began = time.monotonic()
         try:
             async with self._tasks.use(task.checksum, task.name) as task_dir:
-                bound = task_time_bound(task_dir, request.compute.timeout_multiplier)
+                bound = self._task_bound(
+                    task.checksum, task_dir, request.compute.timeout_multiplier
+                )
                 self._limits[request.dedup_id()] = (
                     None if bound is None else time.monotonic() - began + bound
                 )
