@@ -137,12 +137,44 @@ first attempt, the ending check beside the lease, TrialStarted published beside 
 executor, and trials in their own processes. **Added since**, on every trial: its
 folder packed, stored, fetched and unpacked through the object store, and the start
 path's team limits, share marks and preemption registry. One quiet run at the end of
-2026-11-26 measured +60.6 % (the paragraph above describes the earlier profile), so
-the gap needs a fresh profile on a quiet machine with `--runs 3` before the next fix:
-keeping the runner's event loop free of Harbor's synchronous work, and several runner
-processes per machine with fewer slots each, are the candidates. Harbor's telemetry,
-left on, would cost bare Harbor more than the gap measured when this was first
-written (figure `harbor_process_wall_telemetry_on`).
+2026-11-26 measured +60.6 % (the paragraph above describes the earlier profile).
+
+**Profile of 2026-11-26, evening (load 5-20, so CPU per trial and per-trial phase
+times, not rates).** Per-trial timestamps (TrialStarted, Harbor's own started_at /
+finished_at, TrialCompleted, ResultImported) and py-spy on the runner showed the
+runner's loop is not the bottleneck (its own CPU: ~14 ms per trial; it keeps 7.4-7.7
+of 8 slots taken). The cost was in the trial processes: each is forked from the
+runner's forkserver, and everything a trial imports or builds on first use was paid
+again in every one of them: 32 modules (dirhash and scantree for Harbor's task hash
+alone ~250 ms of import time, pyseccomp, Harbor's single-step trial, its built-in
+agents) and the sandbox's seccomp filter. A trial's process, with its bwrap and
+shell children, took 320-354 ms of CPU against ~150 ms for a later trial in one
+long-lived process (Harbor's case). The forkserver now does that once
+(services.runner.forkserver_preload ``TRIAL_FIRST_USE``): 168-206 ms per trial
+process, and 200 trials at concurrency 8 in 37.5-56.9 s against 65.1-73.5 s before,
+same sitting, load ~10 (runs alternated; a later one at load 3-8: 29.0 s). A
+`--runs 1` overhead run right after, load 4.6 -> 7.4, measured -31 % (Harbor 54.7 s,
+trialbus 37.6 s): under heavy load a single `harbor run` process shares one core's
+worth of Python between its eight trials, while trialbus's trial processes are
+scheduled on their own. The next one, load 5.9 -> 9.0, measured **+39.0 %** (Harbor
+22.5 s with 7.55 of 8 slots busy, trialbus 31.3 s; no importer stall in it). A trial
+profiled at that load: Harbor's own 0.87 s, plus 170 ms from TrialStarted to Harbor's
+start (the fork, the child's set-up, Harbor's Trial.create), 55 ms from Harbor's end
+to TrialCompleted and 45 ms until the slot's next trial starts: ~0.27 s a trial
+during which the slot runs no Harbor work. Forking the next trial's process while the
+slot's current trial still runs would overlap most of the first of these.
+
+**Left, seen in the same profile.** The importer sometimes imports a trial exactly
+its ack_wait (10 s) late while the trials around it pass in ~0.15 s: TrialCompleted
+is published, the importer's batch pull (FastStream's) does not hand that message
+over, and it comes 10 s later (4 of 5 profiled runs, one or two trials each; the
+importer app's comment records the same under CPU load). A redelivery after ack_wait
+fits, though not proven: the importer's consumer showed nothing pending afterwards.
+When it hits one of the last trials it adds ~10 s to this benchmark's wall time, as
+large as the whole gap measured at +60.6 %, so the overhead figure swings between
+runs until the importer's pull is fixed (a pull loop of our own, as the runner's
+consumer, is the candidate). Harbor's telemetry, left on, still costs bare Harbor
+more than the gap (figure `harbor_process_wall_telemetry_on`).
 """,
     "capacity": """
 **Where the time goes.** A waiting trial costs no CPU, so this measures the runner's
