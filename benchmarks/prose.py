@@ -177,8 +177,9 @@ consumer, is the candidate). The 3-run sitting after the forkserver change
 (2026-11-26 19:43, load 1.7 -> 4.4) shows exactly that spread: +57.9 %, +47.1 % and
 **+3.8 %**; the two slow runs are 10-12 s longer than the third, the size of one
 ack_wait (not proven per run: the stall was not traced in this sitting). Without it
-trialbus is within the target; the importer's pull is the next fix. Harbor's telemetry, left on, still costs bare Harbor
-more than the gap (figure `harbor_process_wall_telemetry_on`).
+trialbus is within the target; the importer's pull is the next fix. Harbor's
+telemetry, left on, still costs bare Harbor more than the gap (figure
+`harbor_process_wall_telemetry_on`).
 """,
     "capacity": """
 **Where the time goes.** A waiting trial costs no CPU, so this measures the runner's
