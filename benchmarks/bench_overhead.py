@@ -102,6 +102,12 @@ def run(ctx: Context) -> BenchResult:
             "`harbor run` start to exit",
         ),
         Figure("trialbus_stack_start", median(starts), "s", "embedded stack start-up"),
+        Figure(
+            "importer_redeliveries",
+            max(t.importer_redeliveries for t in tb_runs),
+            "messages",
+            "worst run; events the importer got again (each waits its ack_wait, 10 s)",
+        ),
     ]
     if not ctx.quick:
         ctx.log("overhead: one harbor run with Harbor's default telemetry on")

@@ -98,6 +98,7 @@ def run(ctx: Context) -> BenchResult:
     by_process: list[dict[str, float]] = []
     submit_s: list[float] = []
     ceils: list[dict[str, float]] = []
+    redelivered: list[int] = []
     for i in range(ctx.runs):
         ctx.log(f"pipeline run {i + 1}/{ctx.runs}: {workload.n_trials} instant trials")
         run_dir = ctx.path(f"pipeline-{i}")
@@ -113,6 +114,7 @@ def run(ctx: Context) -> BenchResult:
         cpu_ms.append(result.cpu_ms_per_trial)
         by_process.append({k: 1000 * v / result.n_trials for k, v in result.cpu_by_process.items()})
         submit_s.append(result.submit_s)
+        redelivered.append(result.importer_redeliveries)
         ctx.log(f"pipeline run {i + 1}/{ctx.runs}: raw ceilings")
         ceils.append(run_ceilings(ctx, f"ceilings-{i}", payloads, record))
     rate = median(rates)
@@ -147,6 +149,12 @@ def run(ctx: Context) -> BenchResult:
             ),
             Figure("cpu_ms_per_trial", median(cpu_ms), "ms", "all stack processes"),
             Figure("submit_s", median(submit_s), "s", "validate, expand, publish (in the window)"),
+            Figure(
+                "importer_redeliveries",
+                max(redelivered),
+                "messages",
+                "worst run; events the importer got again (each waits its ack_wait)",
+            ),
             *(
                 Figure(
                     f"cpu_ms_per_trial_{name}",

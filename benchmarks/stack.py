@@ -23,7 +23,9 @@ from pathlib import Path
 
 import nats
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from benchmarks.harness import CpuMeter, fresh_dir, pin_process
 from benchmarks.instant_executor import EXECUTOR_SPEC
@@ -165,6 +167,8 @@ class ExperimentRun:
     cpu_by_process: dict[str, float]
     reward_sum: float = 0.0
     runners: Counter[str] = field(default_factory=Counter)
+    importer_redeliveries: int = 0
+    """Events the importer's durable delivered more than once during the run."""
 
     @property
     def cpu_s(self) -> float:
@@ -222,6 +226,7 @@ async def run_experiment(
             )
             for kind, cb in (("result_imported", on_imported), ("trial_started", on_started))
         ]
+        redelivered_before = await _importer_redelivered(js, topo)
         meter = stack.cpu_meter()
         meter.start()
         t0 = time.perf_counter()
@@ -240,6 +245,7 @@ async def run_experiment(
                 f"after {timeout_s:.0f}s; see the service logs in {stack.data_dir}/stack/logs"
             ) from None
         cpu = meter.stop()
+        redelivered = await _importer_redelivered(js, topo) - redelivered_before
         for sub in subs:
             await sub.unsubscribe()
     finally:
@@ -253,7 +259,17 @@ async def run_experiment(
         cpu_by_process=cpu,
         reward_sum=sum(rewards.values()),
         runners=runners,
+        importer_redeliveries=redelivered,
     )
+
+
+async def _importer_redelivered(js: JetStreamContext, topo: Topology) -> int:
+    """The importer durable's count of redelivered messages (0 before it exists)."""
+    try:
+        info = await js.consumer_info(topo.events_stream, topo.importer_durable)
+    except NotFoundError:
+        return 0
+    return info.num_redelivered or 0
 
 
 async def warm_up(stack: BenchStack, workload: Workload, work_dir: Path, tries: int = 3) -> None:

@@ -23,6 +23,7 @@ from faststream.middlewares import AckPolicy
 from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
 from infra.nats_auth import BrokerAuth, broker_auth
@@ -39,6 +40,7 @@ __all__ = [
     "BatchHandler",
     "EventsConsumer",
     "app_closing_ledger",
+    "keep_batches_on_timeout",
     "make_broker",
     "run_app",
     "start_broker",
@@ -168,7 +170,7 @@ def subscribe_batches(
     handler comes back within seconds, not minutes.
     """
 
-    @broker.subscriber(
+    subscriber = broker.subscriber(
         subject,
         stream=JStream(stream, declare=False),
         durable=durable,
@@ -179,11 +181,63 @@ def subscribe_batches(
         decoder=raw_body,  # parse_event decodes; FastStream must not (poison stalls)
         config=ConsumerConfig(ack_wait=ack_wait_s, max_deliver=-1, max_ack_pending=max_ack_pending),
     )
+    keep_batches_on_timeout(subscriber)
+
+    @subscriber
     async def on_batch(msg: NatsMessage) -> None:
         raws: list[Msg] = list(msg.raw_message)  # type: ignore[call-overload]  # a batch
         async with keep_in_progress(raws, ack_wait_s / 3):
             settles = await handle(raws)
         await asyncio.gather(*(apply_settle(r, s) for r, s in zip(raws, settles, strict=True)))
+
+
+def keep_batches_on_timeout(subscriber: Any) -> None:
+    """Make FastStream's batched pull subscriber keep a batch when a fetch times out.
+
+    FastStream 0.7.8's batch loop (``BatchPullStreamSubscriber._consume_pull``) fills a
+    batch with several fetches until its window ends, and stops at
+    ``nats.errors.TimeoutError`` only. nats-py 2.16's fetch raises the builtin
+    ``TimeoutError`` instead when the window runs out before its lingering pull is
+    sent (``_fetch_n``): the exception escapes the loop, the messages already fetched
+    for the batch are dropped unhandled, and FastStream restarts the loop silently.
+    They come back only after ack_wait: the importer recorded such trials 10 s late,
+    0-20 times per 200-trial run (docs/performance.md, overhead). Here every fetch
+    timeout reaches the loop as the error it stops at, so the batch is handled.
+
+    Wraps the subscription when FastStream creates it, before its loop first runs.
+    Fails at start-up if FastStream's subscriber no longer has that seam (then check
+    whether the loop still needs this; tests/integration/test_batch_timeouts.py).
+    """
+    create = subscriber._create_subscription
+
+    async def create_keeping_batches() -> None:
+        await create()
+        # No await between the loop's creation (inside ``create``) and this line: the
+        # loop's first fetch already goes through the wrapper.
+        if not isinstance(subscriber.subscription, _TimeoutsAsNats):
+            subscriber.subscription = _TimeoutsAsNats(subscriber.subscription)
+
+    subscriber._create_subscription = create_keeping_batches
+
+
+class _TimeoutsAsNats:
+    """A nats-py pull subscription whose ``fetch`` raises every timeout as
+    ``nats.errors.TimeoutError``; everything else is the subscription's own."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> list[Msg]:
+        try:
+            fetched: list[Msg] = await self._inner.fetch(*args, **kwargs)
+        except NatsTimeoutError:
+            raise
+        except TimeoutError as exc:  # the builtin one, from nats-py's deadline checks
+            raise NatsTimeoutError from exc
+        return fetched
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 async def raw_body(msg: StreamMessage[Any]) -> Any:
