@@ -226,7 +226,7 @@ async def run_experiment(
             )
             for kind, cb in (("result_imported", on_imported), ("trial_started", on_started))
         ]
-        redelivered_before = await _importer_redelivered(js, topo)
+        delivered_before = await _importer_delivered(js, topo)
         meter = stack.cpu_meter()
         meter.start()
         t0 = time.perf_counter()
@@ -245,7 +245,10 @@ async def run_experiment(
                 f"after {timeout_s:.0f}s; see the service logs in {stack.data_dir}/stack/logs"
             ) from None
         cpu = meter.stop()
-        redelivered = await _importer_redelivered(js, topo) - redelivered_before
+        delivered = await _importer_delivered(js, topo)
+        # Deliveries beyond the new messages delivered: the events stream holds only
+        # what the importer's filter takes, so its stream sequence counts messages.
+        redelivered = (delivered[0] - delivered_before[0]) - (delivered[1] - delivered_before[1])
         for sub in subs:
             await sub.unsubscribe()
     finally:
@@ -263,13 +266,15 @@ async def run_experiment(
     )
 
 
-async def _importer_redelivered(js: JetStreamContext, topo: Topology) -> int:
-    """The importer durable's count of redelivered messages (0 before it exists)."""
+async def _importer_delivered(js: JetStreamContext, topo: Topology) -> tuple[int, int]:
+    """The importer durable's deliveries and the last stream sequence it delivered
+    ((0, 0) before it exists). nats-server's ``num_redelivered`` is no count: it
+    holds only redelivered messages not yet acknowledged."""
     try:
         info = await js.consumer_info(topo.events_stream, topo.importer_durable)
     except NotFoundError:
-        return 0
-    return info.num_redelivered or 0
+        return 0, 0
+    return info.delivered.consumer_seq or 0, info.delivered.stream_seq or 0
 
 
 async def warm_up(stack: BenchStack, workload: Workload, work_dir: Path, tries: int = 3) -> None:
