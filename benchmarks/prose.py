@@ -97,6 +97,13 @@ KEY_PEERS: dict[str, list[str]] = {
     ],
     "dispatch": ["before_busy_p50", "now_busy_p50", "idle_ratio"],
     "dashboard": ["ttfb_ms", "cold_fcp_ms", "cold_ttfb_ms", "html_kib"],
+    "fleet": [
+        "observed_p99_1000c",
+        "dispatch_p50_1000c",
+        "observed_p50_1c",
+        "idle_msgs_per_s_1000c",
+        "fetch_failures_1000c",
+    ],
     "scheduling": [
         "finished_ratio",
         "nonpreempt_completion_ratio",
@@ -682,6 +689,36 @@ of the starts; at full size on a quieter machine (load 4-6) 10 per start, 19.4 o
 slots and 0.250. The hand-back span now widens with the team's queue so its trials
 come back about 50 a second (services/runner/fair_share.py `hand_back_span`):
 `share_slots_busy` and the deliveries show what that leaves.
+""",
+    "fleet": """
+**Fixed while measuring (issue 12): a fleet past 512 idle runners spun.** Every idle
+runner keeps one pull request open on each class durable of its pool, and nats-server
+holds at most 512 of them per consumer by default. With 1,000 runner connections the
+default class's durable held 512 (``num_waiting`` 512 of ``max_waiting`` 512, read
+from the server during the run); the server answered every other request with 409,
+which nats-py's single-message fetch reads as "no message", at once, so those runners
+polled again at once, in a loop, without a log line. The runners' durables are now
+made with room for 16,384 waiting requests (services/runner/durables.py
+``MAX_WAITING``; tests/integration/test_runner_durable_waiting.py holds 600 pullers,
+its control made as before holds 512). nats-server refuses to change the limit of an
+existing durable, so a durable made before this version keeps 512: a runner or
+`trialbus provision` logs a warning naming it, and the fix (delete it while nothing
+of the pool is queued or running; the next start makes it anew). Same busy sitting
+(load average 7-14, 1,000 connections): p50 24.0 -> 15.7 ms, p99 2,420 -> 857 ms.
+
+**Where the rest goes.** An idle runner renews each class's pull request once a
+second (``IDLE_FETCH_TIMEOUT_S``), so 1,000 idle runners with three classes send the
+server about 3,000 requests a second doing nothing (figure `idle_msgs_per_s_1000c`,
+lower when the simulated runners' loops lag) and spend a few tenths of a core on it,
+beside the server's own share: on two shared cores that is what stretches the tail.
+A trial a runner takes is started as fast as with one connection once its message
+reaches a loop that is free. Tried in the same sitting: a 5 s renewal window cut the
+idle requests to 600 a second and the fleet's idle CPU about four times (0.4 -> 0.1
+cores), p50 5.8 ms and p99 460 ms; not adopted yet, because a stopping runner waits
+out its polls in flight (up to the window) before it hands their messages back.
+**Next step:** a longer idle window with polls ended by the runner's drain, and one
+pull request per runner for all classes of a pool (a multi-filter consumer per runner
+would lose the shared durable's queue order).
 """,
 }
 

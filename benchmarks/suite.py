@@ -13,6 +13,7 @@ from benchmarks import (
     bench_capacity,
     bench_dashboard,
     bench_dispatch,
+    bench_fleet,
     bench_import,
     bench_latency,
     bench_ledger,
@@ -44,6 +45,7 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "dispatch": bench_dispatch.run,
     "dashboard": bench_dashboard.run,
     "scheduling": bench_scheduling.run,
+    "fleet": bench_fleet.run,
 }
 """Name -> benchmark, in the order of the issue that asked for them."""
 

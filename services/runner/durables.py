@@ -10,6 +10,7 @@ class's durable takes ``work.<pool>.<class>.*``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from nats.js import JetStreamContext
@@ -21,6 +22,13 @@ from services.common.logging import get_logger
 from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 
 log = get_logger(__name__)
+
+MAX_WAITING = 16_384
+"""Pull requests one class durable holds at once: every idle runner of the pool keeps
+one open per class. nats-server's default (512) answers the rest with 409, which
+nats-py's fetch reads as "no message" at once: past 512 idle runners in a pool, the
+others' polls would spin (benchmarks/bench_fleet.py). Fixed when a durable is created:
+nats-server refuses to change it later."""
 
 
 def runner_durable_config(
@@ -45,6 +53,7 @@ def runner_durable_config(
         ack_wait=ack_wait_s,
         max_deliver=-1,  # attempts are counted (KV) and bounded by the runner
         max_ack_pending=100_000,
+        max_waiting=MAX_WAITING,
     )
 
 
@@ -82,9 +91,23 @@ async def ensure_runner_durables(
                 await js.add_consumer(topology.work_stream, config)
                 log.info("consumer created", durable=config.durable_name, pool=pool, cls=name)
                 continue
+            held = info.config.max_waiting or 0
+            if held < MAX_WAITING:
+                log.warning(
+                    "runner durable holds fewer waiting pulls than trialbus asks",
+                    durable=config.durable_name,
+                    max_waiting=held,
+                    wanted=MAX_WAITING,
+                    effect=f"past {held} idle runners in the pool, the rest poll in a loop",
+                    fix="delete the durable while no trial of the pool is queued or "
+                    "running; the next `trialbus provision` or runner start makes it anew",
+                )
             if refilter and _filters(info) != sorted(config.filter_subjects):
-                # An update keeps the durable's delivery state (queued work stays).
-                await js.add_consumer(topology.work_stream, config)
+                # An update keeps the durable's delivery state (queued work stays); its
+                # waiting-pull limit cannot change, so the update keeps the one it has.
+                await js.add_consumer(
+                    topology.work_stream, dataclasses.replace(config, max_waiting=held or None)
+                )
                 log.warning(
                     "runner durable re-filtered",
                     durable=config.durable_name,

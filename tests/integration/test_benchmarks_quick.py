@@ -29,6 +29,7 @@ NAMES = [
     "dispatch",
     "dashboard",
     "scheduling",
+    "fleet",
 ]
 
 
@@ -89,6 +90,11 @@ def test_quick_benchmarks_write_every_result(tmp_path: Path) -> None:
     assert scheduling["preempted_trials"] > 0, scheduling
     assert scheduling["preempted_lost"] == 0 and scheduling["preempted_counted"] == 0
     assert scheduling["nonpreempt_preempted_trials"] == 0, scheduling
+    # The simulated fleet took the work through the runners' own pull loop, without
+    # a refused pull.
+    fleet = {f["name"]: f["value"] for f in by_name["fleet"]["peers"]}
+    assert fleet["runners_used_8c"] >= 1 and fleet["fetch_failures_8c"] == 0, fleet
+    assert fleet["pulls_held_8c"] > 0, fleet
     # Raw ceilings are measured beside the pipeline in the same run.
     ceilings = {f["name"] for f in by_name["pipeline"]["peers"]}
     assert {"jetstream_publish_ceiling", "ledger_bulk_upsert_ceiling"} <= ceilings
