@@ -216,6 +216,34 @@ importer recorded the last trial 0.1 s after it ended).
 first attempt, no lease where the limit cannot bind, and TrialStarted beside the
 executor ("Orchestration cost" below has the change and the before/after figures):
 no redelivery remains at any runner count.
+
+**Second pass (issue 12): a timeline of each trial.** When each trial's TrialStarted,
+TrialCompleted and ResultImported happened (their ``occurred_at``), one run per size:
+
+- 8 runners, 62.3 s: 1,999 trials started within 1.5 s, one at 32.1 s. Its work
+  message had reached a runner whose 250 slots were full, into the subscription's
+  buffer, after the fetch that asked for it had given up (nats-py's fetch stops at
+  its 50 ms window; under load the server's replies to a batch pull come later). The
+  runner fetches for free slots only, so the message waited for that runner's first
+  trial to end, and the experiment for its 30 s. The runner now sweeps that buffer
+  four times a second: such a message takes a free slot, or goes back to the stream
+  at once (a nak: it counts in ``redeliveries_*``, never as an attempt). In one later
+  8-runner run at load 15, one runner handed 34 of them back, each a 30 s stall before.
+- 1 runner, 47.7 s: the trials ended between 30.2 and 32.8 s, and every TrialCompleted
+  went out between 37.2 and 37.6 s. The 2,000 endings (pack, object put, stored
+  ending, TrialCompleted, ack) advanced in lockstep on the runner's loop, each round
+  trip queued behind all the others', so the importer got the whole burst at its end
+  (last ResultImported at 47.7 s). Endings now take turns, as many at once as
+  admission lets start (32): TrialCompleted goes out from the first trial's end on,
+  and the importer records beside the runner.
+
+What is left is CPU on two cores. The whole stack spends 7.5-8.5 ms of CPU per trial
+here (runners 3-4, importer 1.6-2.7, nats-server 1.1-1.3, ledger 0.6), most of it
+after the trials end: the importer and the ledger alone, 4.5-6.5 s for 2,000 trials,
+before the runners' endings. With two cores that is several seconds after S however
+the work is ordered: wall about S + 5-6 s on a quiet machine, efficiency about 0.85,
+where 2 and 4 runners were. 0.95 needs the CPU per ending (runner, importer, ledger)
+cut to about a third, or more cores than the stack's own two.
 """,
     "objects": """
 **Where the time goes.** Packing is a deterministic tar + gzip in the runner

@@ -128,7 +128,8 @@ class RunnerSettings(CommonSettings):
         le=4096,
         description="Trials at once between 'message taken' and 'executor started' (the "
         "lease and attempt round trips); a burst beyond it waits with its message kept "
-        "alive instead of in requests that time out.",
+        "alive instead of in requests that time out. As many trials at once settle "
+        "(folder stored, ending published): a burst of endings goes out in turn.",
     )
     runner_id: str | None = Field(default=None, description="Default: host-pid.")
     stop_notice_s: float | None = Field(

@@ -14,6 +14,14 @@ weighted deficit round robin (services.runner.selection), each fetched with a sh
 pull of its share, so a burst is taken in batches and a lone trial never waits out a
 batch's fetch window. docs/scheduling.md gives the rule and what it costs.
 
+A fetch gives up at its window, but the server may still be sending what it asked
+for (under load, the replies of a batch pull come after the window): those messages
+land in the subscription's buffer, delivered to this runner and not acknowledged.
+Left there, one waits until this runner's next fetch, which a runner with every slot
+busy does not make for as long as its trials run (30 s in the capacity benchmark,
+docs/performance.md). A sweep takes them a few times a second: onto a free slot, or
+back to the stream (nak, no delay) for another runner.
+
 Longer than 350 lines because the fetch loop, slot accounting (free, reserved for a
 preempting class) and the settling of verdicts share one state (the slots and the
 messages in flight); split apart, each piece would reach into the others'.
@@ -64,6 +72,9 @@ BUSY_FETCH_TIMEOUT_S = 0.05
 """A multi-message pull after the previous one found work: it returns when the batch
 is full or after this window, so a trial that is delivered into a batch that never
 fills waits at most this long (it waited the whole idle window before)."""
+LATE_SWEEP_S = 0.25
+"""How often the buffer of a class not being fetched from is looked at for messages
+that arrived after their fetch gave up: the most such a message waits."""
 
 
 async def ensure_runner_consumers(
@@ -103,6 +114,7 @@ class _ClassQueue:
     pending: int = 1  # messages believed waiting; 1 at start: look before assuming none
     seen_at: float = 0.0  # when ``pending`` was last learnt (monotonic)
     poll: asyncio.Task[None] | None = None  # an idle long poll in flight
+    fetching: bool = False  # a fetch is reading the subscription's buffer
 
 
 def _pending_after(msgs: list[Msg], asked: int) -> int:
@@ -114,6 +126,24 @@ def _pending_after(msgs: list[Msg], asked: int) -> int:
         return int(msgs[-1].metadata.num_pending)
     except Exception:  # noqa: BLE001 - not a JetStream reply: assume more, look again
         return 1
+
+
+def buffered(psub: JetStreamContext.PullSubscription) -> list[Msg]:
+    """The work messages waiting in ``psub``'s buffer, taken out without a request to
+    the server; the status replies among them (a pull's end) are dropped.
+
+    What nats-py's own fetch does with the buffer before it pulls; done here without
+    the pull, which on a runner with no free slot would only bring more work to hand
+    back. nats-py keeps the buffer private (``pending_msgs`` is its public size).
+    """
+    sub = psub._sub  # private: see above
+    found: list[Msg] = []
+    while psub.pending_msgs:
+        msg = sub._pending_queue.get_nowait()
+        sub._pending_size -= len(msg.data)
+        if not JetStreamContext.is_status_msg(msg):
+            found.append(msg)
+    return found
 
 
 class WorkConsumer:
@@ -169,6 +199,7 @@ class WorkConsumer:
             classes=dict(classes.weights),
         )
         stopped = asyncio.create_task(self._stopping.wait())
+        sweep = asyncio.create_task(self._sweep_late())
         try:
             while not self._stopping.is_set():
                 await self._slots.acquire()
@@ -204,6 +235,7 @@ class WorkConsumer:
                 await asyncio.wait({*polls, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
+            await sweep
             # A poll in flight ends within its window; what it brings is handed back.
             await asyncio.gather(
                 *(q.poll for q in self._queues.values() if q.poll is not None),
@@ -247,10 +279,10 @@ class WorkConsumer:
         picks, self._credit = plan(self._weights, self._credit, waiting, free)
         if len(picks) == 1:  # the usual case, one class with work: no task per fetch
             ((name, n),) = picks
-            fetched = [await self._fetch(self._queues[name].psub, n, BUSY_FETCH_TIMEOUT_S)]
+            fetched = [await self._fetch(self._queues[name], n, BUSY_FETCH_TIMEOUT_S)]
         else:
             fetched = await asyncio.gather(
-                *(self._fetch(self._queues[c].psub, n, BUSY_FETCH_TIMEOUT_S) for c, n in picks)
+                *(self._fetch(self._queues[c], n, BUSY_FETCH_TIMEOUT_S) for c, n in picks)
             )
         taken = 0
         for (name, asked), msgs in zip(picks, fetched, strict=True):
@@ -273,7 +305,7 @@ class WorkConsumer:
             queue = self._queues[name]
             if queue.poll is not None:
                 continue  # its long poll brings the message and takes the freed slot
-            msgs = await self._fetch(queue.psub, want, BUSY_FETCH_TIMEOUT_S)
+            msgs = await self._fetch(queue, want, BUSY_FETCH_TIMEOUT_S)
             queue.pending, queue.seen_at = _pending_after(msgs, want), time.monotonic()
             for msg in msgs:
                 self._start(msg)
@@ -323,7 +355,7 @@ class WorkConsumer:
         at once (no delay, no attempt) when the slots filled meanwhile."""
         queue = self._queues[name]
         try:
-            msgs = await self._fetch(queue.psub, 1, IDLE_FETCH_TIMEOUT_S, stopping_ok=True)
+            msgs = await self._fetch(queue, 1, IDLE_FETCH_TIMEOUT_S, stopping_ok=True)
             handed_back = False
             for msg in msgs:
                 if self._stopping.is_set() or self._slots.locked():
@@ -345,23 +377,52 @@ class WorkConsumer:
         task.add_done_callback(self._done)
 
     async def _fetch(
-        self,
-        psub: JetStreamContext.PullSubscription,
-        n: int,
-        window_s: float,
-        *,
-        stopping_ok: bool = False,
+        self, queue: _ClassQueue, n: int, window_s: float, *, stopping_ok: bool = False
     ) -> list[Msg]:
+        """At most ``n`` messages of ``queue``'s class (the slots held for them)."""
         if self._stopping.is_set() and not stopping_ok:
             return []
+        queue.fetching = True
         try:
-            return await psub.fetch(batch=n, timeout=window_s)
+            msgs = await queue.psub.fetch(batch=n, timeout=window_s)
         except (NatsTimeoutError, TimeoutError):
             return []
         except Exception as exc:  # noqa: BLE001 - reconnecting; keep the loop alive
             log.warning("fetch failed; retrying", error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(1.0)
             return []
+        finally:
+            queue.fetching = False
+        # nats-py returns its whole buffer first (late arrivals of earlier fetches),
+        # whatever the batch: more than ``n`` would run more trials than slots.
+        for extra in msgs[n:]:
+            await self._hand_back(extra)
+        return msgs[:n]
+
+    async def _sweep_late(self) -> None:
+        """Take messages that reached a subscription's buffer after their fetch gave up
+        (see the module's docstring), until ``stop()``; then hand any back."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), LATE_SWEEP_S)
+            for queue in self._queues.values():
+                if queue.fetching or queue.poll is not None:
+                    continue  # a fetch or poll in flight reads the buffer itself
+                for msg in buffered(queue.psub):
+                    if self._stopping.is_set() or self._slots.locked():
+                        await self._hand_back(msg)
+                        queue.pending = max(queue.pending, 1)
+                    else:
+                        await self._slots.acquire()  # free: returns at once
+                        self._start(msg)
+            if self._stopping.is_set():
+                return
+
+    async def _hand_back(self, msg: Msg) -> None:
+        """Give a message this runner has no slot for back to the stream at once."""
+        log.info("work message handed back: no free slot", subject=msg.subject)
+        with contextlib.suppress(Exception):
+            await msg.nak()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)

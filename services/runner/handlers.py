@@ -16,7 +16,12 @@ two halves around the executor run (services.runner.attempt):
   (``TrialFolders``: no disk is shared with the importer), what ``policy.decide``
   says is published, the local folder deleted, and the verdict returned. An ending
   is stored with the coordinator first, then published, then acknowledged, so a run
-  ends once (services.runner.endings).
+  ends once (services.runner.endings). At most ``endings`` trials (by default as many
+  as admission lets start at once) are on this path together: thousands of trials
+  ending at once would otherwise advance in lockstep on the loop, each round trip
+  queued behind all the others', and every ending would go out at the end of the
+  burst; bounded, they go out in order, and the importer records the first while
+  the last are still being packed (docs/performance.md, capacity).
 
 A running trial is listed (``running``, services.runner.preemption) so the runner may
 hand it back: preempted for a waiting higher class, or by a stop notice. Its attempt
@@ -31,9 +36,10 @@ terminated, a transient error and a bug are nak'ed (a bug later), never acknowle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from schemas.events import EventDecodeError, TrialRequested, parse_event
@@ -80,6 +86,7 @@ class TrialHandler:
         host: str,
         heartbeat_s: float,
         admission: int = 32,
+        endings: int | None = None,
         offers: frozenset[str] | None = None,
         log_sinks: LogSinks | None = None,
         rng: random.Random | None = None,
@@ -105,6 +112,7 @@ class TrialHandler:
             rng=rng or random.Random(),
             fair_share=fair_share,
         )
+        self._endings = asyncio.Semaphore(endings or admission)  # module docstring
         self._log_sinks = log_sinks
         # Where running trials are listed for preemption and stop notices (None: the
         # runner never hands a running trial back; services.runner.preemption).
@@ -167,14 +175,16 @@ class TrialHandler:
                 verdict = await self._publish(request, decision, bound)
                 bound.info("trial cancelled")
                 return verdict
-            await guards.account(self._coord, request, outcome, bound)  # spend; agent stops
-            result = None
-            if outcome.trial_dir is not None and not policy.should_retry(request, attempt, outcome):
-                result = await self._folders.upload(request, attempt, outcome.trial_dir)
-            decision = policy.decide(
-                request, attempt, outcome, self._who, result, handed_back=start.handed_back
-            )
-            verdict = await self._publish(request, decision, bound)
+            async with self._ending_turn(keep_alive):
+                await guards.account(self._coord, request, outcome, bound)  # spend; agent stops
+                result = None
+                retry = policy.should_retry(request, attempt, outcome)
+                if outcome.trial_dir is not None and not retry:
+                    result = await self._folders.upload(request, attempt, outcome.trial_dir)
+                decision = policy.decide(
+                    request, attempt, outcome, self._who, result, handed_back=start.handed_back
+                )
+                verdict = await self._publish(request, decision, bound)
             if outcome.trial_dir is not None:
                 await self._folders.discard(outcome.trial_dir)
             bound.info("trial settled", outcome=outcome.kind, exception=outcome.exception_type)
@@ -185,6 +195,21 @@ class TrialHandler:
             elif not announced.cancelled():
                 announced.exception()  # retrieved: its error, if any, is the verdict's
             await self._admission.give_back(lease)
+
+    @contextlib.asynccontextmanager
+    async def _ending_turn(self, keep_alive: KeepAlive) -> AsyncIterator[None]:
+        """A place among the ``endings`` trials settling at once; the message is kept
+        alive while the trial waits for it."""
+        while True:
+            try:
+                await asyncio.wait_for(self._endings.acquire(), self._heartbeat_s)
+                break
+            except TimeoutError:
+                await keep_alive()
+        try:
+            yield
+        finally:
+            self._endings.release()
 
     def _track(self, request: TrialRequested) -> RunningTrial | None:
         """List the trial as running, for preemption and stop notices (None: not listed)."""
