@@ -719,20 +719,24 @@ come back about 50 a second (services/runner/fair_share.py `hand_back_span`):
 `share_slots_busy` and the deliveries show what that leaves.
 """,
     "fleet": """
-**Fixed while measuring (issue 12): a fleet past 512 idle runners spun.** Every idle
-runner keeps one pull request open on each class durable of its pool, and nats-server
-holds at most 512 of them per consumer by default. With 1,000 runner connections the
-default class's durable held 512 (``num_waiting`` 512 of ``max_waiting`` 512, read
-from the server during the run); the server answered every other request with 409,
-which nats-py's single-message fetch reads as "no message", at once, so those runners
-polled again at once, in a loop, without a log line. The runners' durables are now
+**Fixed while measuring (issue 12): past 512 idle runners, the rest were refused.**
+Every idle runner keeps one pull request open on each class durable of its pool, and
+nats-server holds at most 512 of them per consumer by default. With 1,000 runner
+connections the default class's durable held 512 (``num_waiting`` 512 of
+``max_waiting`` 512, read from the server during the run); the server answered every
+other request with 409, and nats-py's single-message fetch then waits out its window
+with no request at the server: those runners could take no work, without a log line
+(a test that planted a limit of 1 saw a refused runner poll about once a second per
+class, no faster). The runners' durables are now
 made with room for 16,384 waiting requests (services/runner/durables.py
 ``MAX_WAITING``; tests/integration/test_runner_durable_waiting.py holds 600 pullers,
 its control made as before holds 512). nats-server refuses to change the limit of an
 existing durable, so a durable made before this version keeps 512: a runner or
 `trialbus provision` logs a warning naming it, and the fix (delete it while nothing
-of the pool is queued or running; the next start makes it anew). Same busy sitting
-(load average 7-14, 1,000 connections): p50 24.0 -> 15.7 ms, p99 2,420 -> 857 ms.
+of the pool is queued or running; the next start makes it anew). Two runs in one busy
+sitting (load average 7-14, 1,000 connections), before and after: p50 24.0 -> 15.7
+ms, p99 2,420 -> 857 ms; the load moved between them, so this is no measure of the
+change's own effect on latency.
 
 **Where the rest goes.** An idle runner renews each class's pull request once a
 second (``IDLE_FETCH_TIMEOUT_S``), so 1,000 idle runners with three classes send the

@@ -25,10 +25,11 @@ log = get_logger(__name__)
 
 MAX_WAITING = 16_384
 """Pull requests one class durable holds at once: every idle runner of the pool keeps
-one open per class. nats-server's default (512) answers the rest with 409, which
-nats-py's fetch reads as "no message" at once: past 512 idle runners in a pool, the
-others' polls would spin (benchmarks/bench_fleet.py). Fixed when a durable is created:
-nats-server refuses to change it later."""
+one open per class. nats-server's default (512) refuses the rest (409), and nats-py's
+fetch then waits out its window with no request at the server: past 512 idle runners
+in a pool, the others could take no work, each refusal a reply to send and read
+(benchmarks/bench_fleet.py). Fixed when a durable is created: nats-server refuses to
+change it later."""
 
 
 def runner_durable_config(
@@ -98,7 +99,7 @@ async def ensure_runner_durables(
                     durable=config.durable_name,
                     max_waiting=held,
                     wanted=MAX_WAITING,
-                    effect=f"past {held} idle runners in the pool, the rest poll in a loop",
+                    effect=f"past {held} idle runners in the pool, the rest are refused work",
                     fix="delete the durable while no trial of the pool is queued or "
                     "running; the next `trialbus provision` or runner start makes it anew",
                 )

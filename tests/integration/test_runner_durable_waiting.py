@@ -2,7 +2,7 @@
 
 Each idle runner keeps one pull request open per class durable. nats-server's default
 limit of waiting pull requests (512) answers the rest with 409, which nats-py's fetch
-reads as an empty fetch at once, so those runners' polls spin. Measured with 600
+reads as "no message" after waiting out its window: those runners take no work. With 600
 pullers against a real nats-server: the runners' durables hold all of them; a durable
 made as before (the server's default, the control) holds 512 and refuses the rest. A
 durable made before keeps its limit (the server refuses to change it), and re-filtering
