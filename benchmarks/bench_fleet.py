@@ -15,8 +15,8 @@ the runners' durables:
   observed = publish -> TrialStarted received here; dispatch = publish -> its
   ``occurred_at`` (the simulated runner's clock, same machine);
 - **pulls held**: the waiting pull requests each class durable holds while the fleet
-  is idle (one per runner; a request the server refuses, past the durable's limit,
-  reaches nats-py's fetch as an empty answer and is sent again at once);
+  is idle (one per runner; a runner whose request the server refuses, past the
+  durable's limit, can take no work until its next poll);
 - **fetch failures**: the runners' "fetch failed" log lines;
 - the connections that took work, and the simulated runners' RSS per connection.
 
