@@ -8,6 +8,7 @@ the successful answers through the OpenAI SDK (what litellm uses) as well.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -63,8 +64,32 @@ def test_error_scripts_answer_openai_errors(
     assert response.json()["error"]["code"] == code
     if status == 429:
         assert response.headers["retry-after"] == "7"
+        assert response.headers["retry-after-ms"] == "7000"
     else:
+        # The control for the test below: unless asked, a 500 names no delay.
         assert "retry-after" not in response.headers
+        assert "retry-after-ms" not in response.headers
+
+
+def test_a_short_retry_after_is_honoured_by_the_openai_sdk() -> None:
+    # The end-to-end provider-failure test keeps every layer's retries but shortens the
+    # SDK's waits this way: a 429 and a 500 each say 50 ms, and the SDK's 3 tries of
+    # each take well under the 1 s that a whole-second Retry-After would cost.
+    with ModelStub(retry_after_s=0.05, server_retry_after_s=0.05) as stub:
+        for model in ("ratelimit", "server-error"):
+            response = _post(stub, model)
+            assert response.headers["retry-after-ms"] == "50", model
+            assert response.headers["retry-after"] == "1", model  # HTTP's whole seconds
+        client = openai.OpenAI(base_url=stub.base_url, api_key="stub-key", max_retries=2)
+        for model, error in (
+            ("ratelimit", openai.RateLimitError),
+            ("server-error", openai.InternalServerError),
+        ):
+            before, t0 = stub.count(model), time.monotonic()
+            with pytest.raises(error):
+                client.chat.completions.create(model=model, messages=[])
+            assert stub.count(model) - before == 3, model  # the SDK still retried twice
+            assert time.monotonic() - t0 < 0.9, model
 
 
 def test_malformed_body_is_not_json(stub: ModelStub) -> None:
