@@ -22,7 +22,7 @@ loads). Then a new API process serves one load (``restart_fcp``, ``restart_ttfb`
 its cache is empty, and the page's view is read from the ledger, where the first
 process kept it (services/reports/stored.py), instead of 10,000 records. The
 page is checked to show N trials done, so a page that failed to render is not timed.
-Quick mode (``make bench-quick``, the suite's smoke test) uses 1,000 trials and fewer
+Quick mode (``make bench-quick``, the suite's smoke test) uses 200 trials and fewer
 loads; ``TRIALBUS_BENCH_DASHBOARD=10000 python -m benchmarks --quick --only dashboard``
 gives the issue's figure in about a minute.
 """
@@ -49,7 +49,7 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.ports import ExperimentInfo
 
 FULL = 10_000
-QUICK = 1_000
+QUICK = 200
 ENV = "TRIALBUS_BENCH_DASHBOARD"
 """Override the number of trials (e.g. ``100000``)."""
 LOADS_FULL, LOADS_QUICK = 7, 3

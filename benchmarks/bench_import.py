@@ -39,7 +39,8 @@ BATCH = 500  # import_job_dir's default batch size
 def make_job_dir(ctx: Context, n: int) -> Path:
     """A Harbor job folder of ``n`` trials replicated from real Harbor trials."""
     seed_dir = ctx.path("import-seed")
-    run_harbor(quick_trials(repetitions=2), seed_dir)
+    # Every task x agent once is seed enough for the quick mode's smoke test.
+    run_harbor(quick_trials(repetitions=1 if ctx.quick else 2), seed_dir)
     source = seed_dir / "jobs" / "bench-harbor"
     seeds = sorted(p for p in source.iterdir() if (p / "result.json").is_file())
     job = fresh_dir(ctx.path("import-job", "bench-import-job"))
@@ -125,7 +126,7 @@ def measure_ledger(url: str, job: Path, n: int, tag: str) -> dict[str, float]:
 
 
 def run(ctx: Context) -> BenchResult:
-    n = 200 if ctx.quick else 10_000
+    n = 100 if ctx.quick else 10_000
     ctx.log(f"import: making a Harbor job folder of {n} trials")
     job = make_job_dir(ctx, n)
     embedded: list[dict[str, float]] = []

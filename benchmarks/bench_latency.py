@@ -95,7 +95,7 @@ async def measure(stack: BenchStack, n: int) -> tuple[list[float], list[float]]:
 
 
 def run(ctx: Context) -> BenchResult:
-    n = 20 if ctx.quick else 300
+    n = 8 if ctx.quick else 300
     run_dir = ctx.path("latency")
     ctx.log(f"latency: {n} trials one at a time")
     with BenchStack(

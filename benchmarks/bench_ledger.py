@@ -65,7 +65,7 @@ from services.reports.report_cache import ReportCache
 from services.submitter.dashboard_stream import page_view
 
 FULL = (10, 10_000)
-QUICK = (3, 200)
+QUICK = (2, 100)
 ENV = "TRIALBUS_BENCH_LEDGER"
 """Override as ``EXPERIMENTS:TRIALS`` (e.g. ``100:10000`` for a million records)."""
 LOAD_BATCH = 1000

@@ -178,7 +178,7 @@ async def measure_shape(nats_url: str, folder: Path, jobs: Path, n: int) -> dict
 
 
 def run(ctx: Context) -> BenchResult:
-    n = 20 if ctx.quick else 200
+    n = 8 if ctx.quick else 200
     per_run: list[dict[str, dict[str, float]]] = []
     for r in range(ctx.runs):
         ctx.log(f"objects run {r + 1}/{ctx.runs}: {n} trial folders per shape")

@@ -24,8 +24,8 @@ CONCURRENCY = 8
 
 
 def workload_for(ctx: Context) -> Workload:
-    """200 trials (50 repetitions) in full mode, 8 in quick mode."""
-    return quick_trials(repetitions=2 if ctx.quick else 50, concurrency=CONCURRENCY)
+    """200 trials (50 repetitions) in full mode, 4 in quick mode."""
+    return quick_trials(repetitions=1 if ctx.quick else 50, concurrency=CONCURRENCY)
 
 
 def run_trialbus(

@@ -89,7 +89,7 @@ def run_ceilings(
 
 
 def run(ctx: Context) -> BenchResult:
-    n = 200 if ctx.quick else 10_000
+    n = 100 if ctx.quick else 10_000
     workload = many_trials(n)
     with tempfile.TemporaryDirectory(dir=ctx.work_dir) as tmp:
         payloads, record = sample_inputs(workload, Path(tmp))

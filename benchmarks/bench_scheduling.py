@@ -67,7 +67,7 @@ from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 
 ENV = "TRIALBUS_BENCH_SCHEDULING"
 FULL = Sizes(batch=10_000, urgent=100, runners=2, slots=10, trial_s=2.0, window_s=60.0)
-QUICK = Sizes(batch=800, urgent=20, runners=1, slots=8, trial_s=1.0, window_s=15.0)
+QUICK = Sizes(batch=400, urgent=8, runners=1, slots=8, trial_s=1.0, window_s=5.0)
 
 
 def sizes(quick: bool) -> Sizes:

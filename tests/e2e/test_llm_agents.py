@@ -62,8 +62,14 @@ def _needs_tmux() -> None:
 
 @pytest.fixture
 def stub() -> Iterator[ModelStub]:
-    """The model stub; ``slow`` answers after 120 s (an agent timeout comes first)."""
-    with ModelStub(slow_s=120.0, retry_after_s=1) as s:
+    """The model stub; ``slow`` answers after 120 s (an agent timeout comes first).
+
+    Its 429s and 500s ask the OpenAI SDK to wait 50 ms (``retry-after-ms``): the SDK
+    still makes its 3 tries per call, but the 18 waits of one failing attempt cost
+    about a second instead of 15-20 s. Harbor's own waits (``LiteLLM.call``'s tenacity
+    backoff, at least 4 s, 6 per attempt) have no setting in Harbor 0.25 and stay.
+    """
+    with ModelStub(slow_s=120.0, retry_after_s=0.05, server_retry_after_s=0.05) as s:
         yield s
 
 
@@ -200,8 +206,9 @@ async def test_provider_failures_are_classified(
     stacks: Stacks, stub: ModelStub, tmp_path: Path
 ) -> None:
     stack, tap, cli = await stacks.started(concurrency=8, runner_env=runner_env(tmp_path))
-    # A failing provider costs an attempt ~40-60 s of retries inside the agent (see
-    # PROVIDER_FAILURES); past the agent's timeout it would be recorded as the agent's
+    # A failing provider costs an attempt ~25 s of retries inside the agent (Harbor's
+    # backoffs; 40-60 s with a provider's whole-second Retry-After, see the stub
+    # fixture); past the agent's timeout it would be recorded as the agent's
     # timeout instead, so those trials get a long one, and the hung model a shorter one:
     # 60 s, so a loaded machine's agent still reaches its first request (at 15 s one
     # timed out before asking), and half the stub's 120 s answer delay.
@@ -211,7 +218,7 @@ async def test_provider_failures_are_classified(
         write_manifest(tmp_path, "provider-failures", failing, tasks=[long], max_attempts=2),
         write_manifest(tmp_path, "model-timeout", [terminus(stub, "slow")], tasks=[short]),
     ]
-    # Both at once: the retried failures take ~40 s per attempt (Harbor's backoffs).
+    # Both at once: the retried failures take ~25 s per attempt (Harbor's backoffs).
     ids = await asyncio.gather(*(submit_wait(cli, m, limit_s=600) for m in manifests))
     records: dict[str, Any] = {}
     for exp in ids:
@@ -250,6 +257,12 @@ async def test_provider_failures_are_classified(
     for model, status in expected_status.items():
         assert stub.count(model, status) > 0, (model, table[model])
     assert stub.received["slow"] > 0  # asked, never answered in time
+    # Every layer still retried each attempt (docs/scoring.md's requests per attempt:
+    # SDK 3 x LiteLLM.call 3 x terminus-2 3; the SDK does not retry a 200 it cannot
+    # read), however short the stub's Retry-After.
+    per_attempt = {"ratelimit": 27, "server-error": 27, "malformed": 9}
+    for model, n in per_attempt.items():
+        assert stub.count(model) == n * table[model]["attempts"], (model, table[model])
     # Negative control: a failure that is not retryable costs only the agent's own
     # retries of one attempt, far fewer requests than one retried by every layer.
     assert stub.count("unauthorized") < stub.count("server-error")

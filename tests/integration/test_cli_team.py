@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 
 from infra.service_process import ServiceProcess
-from schemas.runners import RunnerInfo
 from services.common.adapters.nats_kv import NatsCoordinator
-from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from tests.support import importer_process
 from tests.support.importer_process import until
+from tests.support.live_runner import announce_live_runner
 from tests.support.manifests import nop_manifest
 from tests.support.servers import Servers
 
@@ -80,10 +79,7 @@ async def test_the_cli_team_is_recorded_and_shown_where_it_waits(
     try:
         js = nc.jetstream()
         # A live runner of the pool, so what is not held by its team waits for `priority`.
-        registry = await NatsRunnerRegistry.open(js, servers.topology)
-        await registry.announce(
-            RunnerInfo(runner_id="r-1", host="h", capabilities=["local"], concurrency=2)
-        )
+        await announce_live_runner(js, servers.topology, concurrency=2)
         # Red's spend as runners tally it: at its cap (after submitting: at its cap red
         # could not have submitted).
         coordinator = await NatsCoordinator.open(js, servers.topology, lease_ttl_s=60.0)

@@ -21,14 +21,13 @@ from typing import Any
 import pytest
 
 from schemas.manifest import AgentSpec, ComputeSpec
-from schemas.runners import RunnerInfo
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_pool_load import NatsPoolLoad
-from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.fair_share import mark_key
 from services.common.priority import PriorityClasses
 from services.runner.fair_share import FairShare, HeldBack
 from tests.e2e.cli import Cli
+from tests.support.live_runner import announce_live_runner
 from tests.support.manifests import nop_manifest
 from tests.support.servers import Servers
 from tests.support.work_requests import hello_file_request
@@ -85,10 +84,7 @@ async def test_a_published_share_change_reaches_queued_work(
     nc = await servers.connect()
     try:
         js = nc.jetstream()
-        registry = await NatsRunnerRegistry.open(js, servers.topology)
-        await registry.announce(
-            RunnerInfo(runner_id="r-1", host="h", capabilities=["local"], concurrency=4)
-        )
+        await announce_live_runner(js, servers.topology, concurrency=4)
         coord = await NatsCoordinator.open(js, servers.topology, lease_ttl_s=60.0)
         for team, run in (("red", "a"), ("red", "b"), ("blue", "a")):
             await coord.mark_running(mark_key("default", "normal", team, run), "r-1")

@@ -61,6 +61,10 @@ DENIAL_WAIT_S = 20.0
 generous for a loaded machine: only a failing test waits it out)."""
 JS_TIMEOUT_S = 10.0
 """JetStream API requests of the allowed operations (2 s timed out on a loaded machine)."""
+REFUSED_PUT_TIMEOUT_S = 4.0
+"""The JetStream timeout of an object store put the server refuses: a refused publish
+gets no acknowledgement, so the adapter waits this out twice (the chunk, then the purge
+of what it wrote) before it reads the refusal; with JS_TIMEOUT_S, 40 s of the test."""
 
 
 @pytest.fixture(scope="module")
@@ -602,7 +606,8 @@ async def test_task_archives_and_results(roles: dict[str, Role]) -> None:
     # A missing right is named, not retried as a timeout forever: the adapter sees the
     # server's refusal and raises ObjectAccessDenied (a runner's trial then fails with
     # that message). Control: the same put as a role with the right stored above.
-    importer_results = await NatsObjectStore.open(importer.js, TOPO.results_bucket)
+    refused_js = importer.nc.jetstream(timeout=REFUSED_PUT_TIMEOUT_S)
+    importer_results = await NatsObjectStore.open(refused_js, TOPO.results_bucket)
     with pytest.raises(ObjectAccessDenied, match=f"right on bucket {TOPO.results_bucket}"):
         await importer_results.put(f"forged-{name}", b"forged")
     while not importer.errors.empty():  # the refusal, seen by the error callback too
@@ -611,8 +616,10 @@ async def test_task_archives_and_results(roles: dict[str, Role]) -> None:
     # write one (control: the runner's put above had the right).
     submitter_results = await NatsObjectStore.open(submitter.js, TOPO.results_bucket)
     assert await submitter_results.get(stored) == b"result two"
+    refused_js = submitter.nc.jetstream(timeout=REFUSED_PUT_TIMEOUT_S)
+    submitter_refused = await NatsObjectStore.open(refused_js, TOPO.results_bucket)
     with pytest.raises(ObjectAccessDenied, match=f"right on bucket {TOPO.results_bucket}"):
-        await submitter_results.put(f"forged-{name}", b"forged")
+        await submitter_refused.put(f"forged-{name}", b"forged")
     while not submitter.errors.empty():
         submitter.errors.get_nowait()
     # A subscriber reads neither.

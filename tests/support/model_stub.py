@@ -12,9 +12,11 @@ model                  answer
 solve                  terminus-2 JSON that writes ``/app/hello.txt`` (hello-file) and
                        marks the task complete (terminus-2 asks twice; same answer)
 fail                   valid terminus-2 JSON that writes the wrong file content
-ratelimit              HTTP 429 with ``Retry-After`` and OpenAI's rate-limit error body
+ratelimit              HTTP 429 with ``Retry-After`` and ``retry-after-ms`` (which the
+                       OpenAI SDK prefers) and OpenAI's rate-limit error body
 ratelimit-then-solve   429 for the first ``flaky_n`` requests, then as ``solve``
-server-error           HTTP 500
+server-error           HTTP 500 (with the same two headers when ``server_retry_after_s``
+                       is set)
 unauthorized           HTTP 401 ``invalid_api_key``
 context-length         HTTP 400 ``context_length_exceeded``
 malformed              HTTP 200 whose body is not JSON
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import socket
 import threading
 import time
@@ -95,6 +98,11 @@ def _error(status: int, message: str, kind: str, code: str, **headers: str) -> J
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _retry_after(seconds: float) -> dict[str, str]:
+    """``Retry-After`` in whole seconds (HTTP's form) and ``retry-after-ms`` exactly."""
+    return {"Retry-After": str(math.ceil(seconds)), "retry-after-ms": str(round(seconds * 1000))}
+
+
 @dataclass(frozen=True)
 class Call:
     """One request the stub answered."""
@@ -111,7 +119,13 @@ class ModelStub:
     """The server (``start``/``stop`` or a ``with`` block); ``base_url`` is for api_base."""
 
     slow_s: float = 30.0
-    retry_after_s: int = 1
+    retry_after_s: float = 1.0
+    """What a 429 asks the client to wait. The OpenAI SDK prefers ``retry-after-ms`` to
+    ``Retry-After`` (whole seconds), so a fraction of a second shortens every SDK retry
+    while the SDK still honours the server's delay."""
+    server_retry_after_s: float | None = None
+    """When set, a 500 says when to come back too (as overloaded providers do); unset, it
+    says nothing and the SDK backs off on its own (0.5-8 s)."""
     flaky_n: int = 1
     calls: list[Call] = field(default_factory=list)
     received: Counter[str] = field(default_factory=Counter)
@@ -184,7 +198,12 @@ class ModelStub:
         if model == "ratelimit":
             return self._rate_limited()
         if model == "server-error":
-            return _error(500, "The server had an error", "server_error", "internal_error")
+            headers = (
+                {} if self.server_retry_after_s is None else _retry_after(self.server_retry_after_s)
+            )
+            return _error(
+                500, "The server had an error", "server_error", "internal_error", **headers
+            )
         if model == "unauthorized":
             return _error(
                 401, "Incorrect API key provided", "invalid_request_error", "invalid_api_key"
@@ -218,7 +237,7 @@ class ModelStub:
             "Rate limit reached for requests",
             "requests",
             "rate_limit_exceeded",
-            **{"Retry-After": str(self.retry_after_s)},
+            **_retry_after(self.retry_after_s),
         )
 
     def _completion(self, model: str, body: dict[str, Any], content: str) -> JSONResponse:

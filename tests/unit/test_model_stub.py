@@ -63,8 +63,34 @@ def test_error_scripts_answer_openai_errors(
     assert response.json()["error"]["code"] == code
     if status == 429:
         assert response.headers["retry-after"] == "7"
+        assert response.headers["retry-after-ms"] == "7000"
     else:
+        # The control for the test below: unless asked, a 500 names no delay.
         assert "retry-after" not in response.headers
+        assert "retry-after-ms" not in response.headers
+
+
+def test_a_short_retry_after_is_honoured_by_the_openai_sdk() -> None:
+    # The end-to-end provider-failure test keeps every layer's retries but shortens the
+    # SDK's waits this way: a 429 and a 500 each say 50 ms, and the SDK's 3 tries of
+    # each take well under the 1 s that a whole-second Retry-After would cost.
+    with ModelStub(retry_after_s=0.05, server_retry_after_s=0.05) as stub:
+        for model in ("ratelimit", "server-error"):
+            response = _post(stub, model)
+            assert response.headers["retry-after-ms"] == "50", model
+            assert response.headers["retry-after"] == "1", model  # HTTP's whole seconds
+        client = openai.OpenAI(base_url=stub.base_url, api_key="stub-key", max_retries=2)
+        for model, error in (
+            ("ratelimit", openai.RateLimitError),
+            ("server-error", openai.InternalServerError),
+        ):
+            before = len(stub.calls)
+            with pytest.raises(error):
+                client.chat.completions.create(model=model, messages=[])
+            tries = [c.at for c in stub.calls[before:]]
+            assert len(tries) == 3, model  # the SDK still retried twice
+            # Its own backoff would wait at least 0.375 s + 0.75 s between the three.
+            assert tries[-1] - tries[0] < 1.0, (model, tries)
 
 
 def test_malformed_body_is_not_json(stub: ModelStub) -> None:
