@@ -320,9 +320,9 @@ leaderboard and report 1-29 ms. The per-experiment reads that fetch an experimen
 at 100,000 records in a quieter sitting (2.3-3.2 s): they touch one experiment
 through its index, whatever the ledger's size. The headline, the kept experiment page
 read by a new process, measured 257 ms here (166-297 ms) against 85 ms at 100,000
-records: it reads one ``derived`` document of 85 KiB, and the difference is the load
-on the machine in this sitting, not the ledger's size (the same read is one indexed
-lookup either way); a quiet re-run would tell. The writes with today's indexes
+records: it reads one ``derived`` document of 85 KiB by an indexed lookup, which
+should not grow with the ledger, so the load of this sitting is the likely cause;
+not proven (a quiet re-run of this size would tell, and did not fit this session). The writes with today's indexes
 (`load_rate_after`, 381 records/s against 1,137 before them) are the price named
 above, larger at this size.
 
