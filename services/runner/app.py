@@ -190,6 +190,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
                     await consumer.run()
             log.info("runner draining", in_flight=len(consumer.in_flight))
             await notice.finish(drain_grace_s)
+            await handler.discarded()  # settled trials' local folders, deleted off the slot
     finally:
         await nc.drain()
 
