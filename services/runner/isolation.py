@@ -14,9 +14,21 @@ runner's own process never imports them, so its event loop is never blocked by
 Harbor's synchronous start-up; starting the forkserver (which waits for the preload)
 and each child happen in a worker thread.
 
+A slot should not wait for what no trial decides. So one process is kept forked
+ahead (a spare): it is forked while the runner's trials run, right after the previous
+spare was taken, and waits on a pipe for its ``TrialJob``; the next trial sends its
+job there instead of paying the fork (with a thread hop and the forkserver's round
+trip, tens of ms a trial on a loaded 2-core machine). A spare knows nothing of its
+trial until then: the trial's own set-up (its environment cut down, its policy
+checked) happens after the job arrives, as in a process forked for it. A spare
+exits when its job pipe closes (``close``, at the latest at the runner's exit).
+
 The child reports over a one-way pipe: ("log", phase, stream, text) as output comes,
-then ("outcome", fields) or ("cancelled", None). A reader thread per trial hands the
-messages to the event loop; when the pipe ends, a sink that asks for it
+then ("outcome", fields) or ("cancelled", None), its last message, sent before its
+event loop's teardown and its interpreter's exit. A reader thread per trial hands the
+messages to the event loop; ``run`` returns on the last message (the trial folder is
+complete by then) and the process is reaped in the background, killed if it has not
+exited ``REAP_GRACE_S`` later. When output ends, a sink that asks for it
 (live_logs.ClosableLogSink) is closed, so it can release what redaction kept back and
 report what its cap dropped. Cancelling ``run`` sends SIGUSR1 (the child cancels the
 trial, so Harbor stops its environment), waits ``cancel_grace_s``, then SIGKILLs.
@@ -35,15 +47,18 @@ of it), in the forkserver, while the first trial waits for it in a thread.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import multiprocessing
 import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from services.common.logging import get_logger
 from services.runner.live_logs import ClosableLogSink
 from services.runner.trial_process import Outcome, TrialJob, child_main, failed
 
@@ -53,6 +68,10 @@ PRELOAD = ("services.runner.forkserver_preload",)
 # multiprocessing skips a preload module it cannot import.
 LLM_PRELOAD = ("litellm", "harbor.agents.terminus_2")
 CANCEL_GRACE_S = 20.0
+REAP_GRACE_S = 30.0
+"""How long a trial's process may take to exit after reporting its ending."""
+
+log = get_logger(__name__)
 
 OnLog = Callable[[str, str, str], Awaitable[None]]
 
@@ -72,13 +91,29 @@ def _pump(conn: Connection, loop: asyncio.AbstractEventLoop, queue: asyncio.Queu
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
 
+@dataclass
+class _Started:
+    """A trial process started from the forkserver, waiting for its job on ``jobs``."""
+
+    proc: Any
+    jobs: Connection
+    results: Connection
+
+
 class TrialProcesses:
     """Starts trial processes from one forkserver per runner (see the module docstring)."""
 
-    def __init__(self, cancel_grace_s: float = CANCEL_GRACE_S) -> None:
+    def __init__(self, cancel_grace_s: float = CANCEL_GRACE_S, *, spare: bool = True) -> None:
+        """``spare``: keep one process forked ahead for the next trial (False: fork
+        each when its trial starts)."""
         self._ctx = multiprocessing.get_context("forkserver")
         self._cancel_grace_s = cancel_grace_s
         self._preload_chosen = False
+        self._keep_spare = spare
+        self._spare: _Started | None = None
+        self._forking: asyncio.Task[None] | None = None
+        self._reaping: set[asyncio.Task[None]] = set()
+        self._exit_hook = False
 
     def _choose_preload(self, llm: bool) -> None:
         # Decided by the first trial, before the forkserver starts: a runner whose
@@ -89,40 +124,115 @@ class TrialProcesses:
             self._ctx.set_forkserver_preload([*PRELOAD, *(LLM_PRELOAD if llm else ())])
             self._preload_chosen = True
 
+    def _fork(self) -> _Started:
+        """Start a trial process that waits for its job (blocking: run in a thread)."""
+        jobs_recv, jobs_send = self._ctx.Pipe(duplex=False)
+        recv_conn, send_conn = self._ctx.Pipe(duplex=False)
+        proc = self._ctx.Process(
+            target=child_main, args=(jobs_recv, send_conn), name="trialbus-trial", daemon=False
+        )
+        try:
+            proc.start()  # the first start waits for the forkserver's preload
+        except BaseException:
+            for conn in (jobs_send, recv_conn):
+                conn.close()
+            raise
+        finally:
+            # The child holds its own copies: EOF then means it is gone (or, on the job
+            # pipe, that the runner is).
+            send_conn.close()
+            jobs_recv.close()
+        return _Started(proc, jobs_send, recv_conn)
+
+    async def _fork_spare(self) -> None:
+        try:
+            started = await asyncio.to_thread(self._fork)
+        except Exception as exc:  # noqa: BLE001 - the next trial forks its own
+            log.warning("could not fork a spare trial process", error=str(exc))
+            return
+        if self._spare is not None or not self._keep_spare:
+            self._discard(started)
+        else:
+            self._spare = started
+        if not self._exit_hook:
+            # multiprocessing joins its non-daemon children at exit: a spare exits when
+            # its job pipe closes, which must happen first (atexit runs hooks LIFO).
+            atexit.register(self.close)
+            self._exit_hook = True
+
+    def _discard(self, started: _Started) -> None:
+        started.jobs.close()  # the child sees EOF and exits
+        started.results.close()
+
+    def close(self) -> None:
+        """Let the spare process (if any) exit; later trials fork their own."""
+        self._keep_spare = False
+        if self._spare is not None:
+            self._discard(self._spare)
+            self._spare = None
+
+    async def prepared(self) -> int | None:
+        """The process id of the spare the next trial will run in, once its fork (if
+        one is under way) is done; None when there is none."""
+        if self._forking is not None:
+            await asyncio.gather(self._forking, return_exceptions=True)
+        spare = self._spare
+        return spare.proc.pid if spare is not None else None
+
+    async def _take(self) -> _Started:
+        """The spare process if one is ready, else one forked now; a new spare is
+        forked in the background, while this trial runs."""
+        started, self._spare = self._spare, None
+        if started is None or started.proc.exitcode is not None:
+            if started is not None:
+                self._discard(started)
+            started = await asyncio.to_thread(self._fork)
+        if self._keep_spare and (self._forking is None or self._forking.done()):
+            self._forking = asyncio.create_task(self._fork_spare())
+        return started
+
     async def run(self, job: TrialJob, on_log: OnLog | None, *, llm: bool = False) -> Outcome:
         """Run ``job`` in a new process to its outcome (cancellation stops the process).
 
         ``llm``: the trial's agent talks to a model (chooses the preload, first time only).
         """
         self._choose_preload(llm)
-        recv_conn, send_conn = self._ctx.Pipe(duplex=False)
-        proc = self._ctx.Process(
-            target=child_main, args=(job, send_conn), name="trialbus-trial", daemon=False
-        )
+        started = await self._take()
+        proc, recv_conn = started.proc, started.results
         try:
-            # Blocking: the first start waits for the forkserver's preload.
-            await asyncio.to_thread(proc.start)
+            started.jobs.send(job)
+        except OSError:
+            # The spare died (killed from outside): this trial's ending says so below.
+            pass
         finally:
-            send_conn.close()  # the child holds its own copy; EOF then means it is gone
+            started.jobs.close()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         threading.Thread(
             target=_pump, args=(recv_conn, loop, queue), name="trial-pipe", daemon=True
         ).start()
         outcome: Outcome | None = None
+        ended = False
         try:
             while (message := await queue.get()) is not None:
                 kind = message[0]
                 if kind == "log" and on_log is not None:
                     await on_log(message[1], message[2], message[3])
-                elif kind == "outcome":
-                    outcome = message[1]
-            await asyncio.to_thread(proc.join)
+                elif kind in ("outcome", "cancelled"):
+                    # The child's last message: the trial is over, its folder written.
+                    # Its process's exit (event-loop teardown, interpreter exit) is
+                    # not the slot's business: it is reaped in the background.
+                    outcome, ended = message[1], True
+                    break
+            if not ended:
+                await asyncio.to_thread(proc.join)
         except asyncio.CancelledError:
             await self._stop(proc)
             raise
         finally:
-            if proc.exitcode is None:  # an error above: never leave a trial running
+            if ended:
+                self._reap_later(proc)
+            elif proc.exitcode is None:  # an error above: never leave a trial running
                 proc.kill()
             if isinstance(on_log, ClosableLogSink):
                 # The output has ended (or will never come): the sink publishes what
@@ -130,11 +240,23 @@ class TrialProcesses:
                 with contextlib.suppress(Exception):
                     await on_log.close()
         if outcome is None:
-            return failed(
-                "TrialProcessDied",
-                f"the trial's process exited with status {proc.exitcode} before reporting",
-            )
+            status = "was stopped" if ended else f"exited with status {proc.exitcode}"
+            return failed("TrialProcessDied", f"the trial's process {status} before reporting")
         return outcome
+
+    def _reap_later(self, proc: Any) -> None:
+        task = asyncio.create_task(self._reap(proc))
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+
+    async def _reap(self, proc: Any) -> None:
+        """Wait for a process that reported its ending to exit; kill it after
+        ``REAP_GRACE_S`` (a hung teardown must not outlive its trial)."""
+        if not await _exited(proc, REAP_GRACE_S):
+            log.warning("trial process did not exit after its ending; killed", pid=proc.pid)
+            proc.kill()
+            await _exited(proc, 5.0)
+        proc.join(0)  # collect its status (it has exited: does not block)
 
     async def _stop(self, proc: Any) -> None:
         """Ask the child to cancel its trial; SIGKILL it after the grace period."""
@@ -146,3 +268,26 @@ class TrialProcesses:
             if proc.exitcode is None:
                 proc.kill()
                 await asyncio.to_thread(proc.join, 5.0)
+
+
+async def _exited(proc: Any, timeout_s: float) -> bool:
+    """Whether ``proc`` exits within ``timeout_s``, waited for on the event loop (its
+    sentinel becomes readable), without holding a worker thread."""
+    if proc.exitcode is not None:
+        return True
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    sentinel = proc.sentinel
+
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(sentinel, readable)
+    try:
+        await asyncio.wait_for(exited, timeout_s)
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(sentinel)
+    return True
