@@ -43,6 +43,17 @@ DISCARDING_PREFIX = ".discarding-"
 """Name prefix of a stored trial folder set aside for deletion (``set_aside``)."""
 
 
+def sweep_set_aside(jobs_root: Path) -> int:
+    """Delete the folders a runner set aside (``TrialFolders.set_aside``) but did not
+    get to delete before it stopped; each was stored, and its ending published, before
+    it was set aside. Returns how many were deleted."""
+    swept = 0
+    for aside in jobs_root.glob(f"*/{DISCARDING_PREFIX}*"):
+        shutil.rmtree(aside, ignore_errors=True)
+        swept += 1
+    return swept
+
+
 def result_object_name(request: TrialRequested, attempt: int) -> str:
     """Object name of one attempt's trial folder: keyed by experiment, run and attempt."""
     return f"{request.experiment_id}/{request.dedup_id()}/{attempt}.tar.gz"

@@ -30,7 +30,7 @@ from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
 from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.errors import ACK, TERM, Settle, TransientError
 from services.common.ports import AttemptStart, ExecutionOutcome, LogSink
-from services.common.trial_folders import DISCARDING_PREFIX, TrialFolders
+from services.common.trial_folders import DISCARDING_PREFIX, TrialFolders, sweep_set_aside
 from services.common.unpack import unpack_trial
 from services.runner.admission import SLOT_WAIT_S
 from services.runner.handlers import TrialHandler
@@ -640,3 +640,21 @@ async def test_a_start_that_cannot_be_announced_stops_the_run_at_once(tmp_path: 
     assert executor.was_cancelled
     assert world.bus.published == []
     assert world.coord.holders(req.experiment_id) == []
+
+
+def test_folders_set_aside_by_a_stopped_runner_are_swept_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    folders = trial_folders()
+    job = tmp_path / "exp-1"
+    for name in ("t1", "t2"):
+        (job / name).mkdir(parents=True)
+        (job / name / "result.json").write_text("{}")
+    aside = folders.set_aside(job / "t1")  # the runner stopped before deleting it
+    assert aside is not None and aside.parent == job and not (job / "t1").exists()
+    assert sweep_set_aside(tmp_path) == 1
+    # Negative control: the trial folder never set aside is kept.
+    assert [p.name for p in job.iterdir()] == ["t2"]
+    # Kept by setting: nothing is set aside.
+    assert replace(folders, keep_local=True).set_aside(job / "t2") is None
+    assert (job / "t2" / "result.json").is_file()
