@@ -14,15 +14,6 @@ runner's own process never imports them, so its event loop is never blocked by
 Harbor's synchronous start-up; starting the forkserver (which waits for the preload)
 and each child happen in a worker thread.
 
-A slot should not wait for what no trial decides. So one process is kept forked
-ahead (a spare): it is forked while the runner's trials run, right after the previous
-spare was taken, and waits on a pipe for its ``TrialJob``; the next trial sends its
-job there instead of paying the fork (with a thread hop and the forkserver's round
-trip, tens of ms a trial on a loaded 2-core machine). A spare knows nothing of its
-trial until then: the trial's own set-up (its environment cut down, its policy
-checked) happens after the job arrives, as in a process forked for it. A spare
-exits when its job pipe closes (``close``, at the latest at the runner's exit).
-
 The child reports over a one-way pipe: ("log", phase, stream, text) as output comes,
 then ("outcome", fields) or ("cancelled", None), its last message, sent before its
 event loop's teardown and its interpreter's exit. A reader thread per trial hands the
@@ -47,14 +38,12 @@ of it), in the forkserver, while the first trial waits for it in a thread.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import multiprocessing
 import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -91,29 +80,14 @@ def _pump(conn: Connection, loop: asyncio.AbstractEventLoop, queue: asyncio.Queu
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
 
-@dataclass
-class _Started:
-    """A trial process started from the forkserver, waiting for its job on ``jobs``."""
-
-    proc: Any
-    jobs: Connection
-    results: Connection
-
-
 class TrialProcesses:
     """Starts trial processes from one forkserver per runner (see the module docstring)."""
 
-    def __init__(self, cancel_grace_s: float = CANCEL_GRACE_S, *, spare: bool = True) -> None:
-        """``spare``: keep one process forked ahead for the next trial (False: fork
-        each when its trial starts)."""
+    def __init__(self, cancel_grace_s: float = CANCEL_GRACE_S) -> None:
         self._ctx = multiprocessing.get_context("forkserver")
         self._cancel_grace_s = cancel_grace_s
         self._preload_chosen = False
-        self._keep_spare = spare
-        self._spare: _Started | None = None
-        self._forking: asyncio.Task[None] | None = None
         self._reaping: set[asyncio.Task[None]] = set()
-        self._exit_hook = False
 
     def _choose_preload(self, llm: bool) -> None:
         # Decided by the first trial, before the forkserver starts: a runner whose
@@ -124,88 +98,21 @@ class TrialProcesses:
             self._ctx.set_forkserver_preload([*PRELOAD, *(LLM_PRELOAD if llm else ())])
             self._preload_chosen = True
 
-    def _fork(self) -> _Started:
-        """Start a trial process that waits for its job (blocking: run in a thread)."""
-        jobs_recv, jobs_send = self._ctx.Pipe(duplex=False)
-        recv_conn, send_conn = self._ctx.Pipe(duplex=False)
-        proc = self._ctx.Process(
-            target=child_main, args=(jobs_recv, send_conn), name="trialbus-trial", daemon=False
-        )
-        try:
-            proc.start()  # the first start waits for the forkserver's preload
-        except BaseException:
-            for conn in (jobs_send, recv_conn):
-                conn.close()
-            raise
-        finally:
-            # The child holds its own copies: EOF then means it is gone (or, on the job
-            # pipe, that the runner is).
-            send_conn.close()
-            jobs_recv.close()
-        return _Started(proc, jobs_send, recv_conn)
-
-    async def _fork_spare(self) -> None:
-        try:
-            started = await asyncio.to_thread(self._fork)
-        except Exception as exc:  # noqa: BLE001 - the next trial forks its own
-            log.warning("could not fork a spare trial process", error=str(exc))
-            return
-        if self._spare is not None or not self._keep_spare:
-            self._discard(started)
-        else:
-            self._spare = started
-        if not self._exit_hook:
-            # multiprocessing joins its non-daemon children at exit: a spare exits when
-            # its job pipe closes, which must happen first (atexit runs hooks LIFO).
-            atexit.register(self.close)
-            self._exit_hook = True
-
-    def _discard(self, started: _Started) -> None:
-        started.jobs.close()  # the child sees EOF and exits
-        started.results.close()
-
-    def close(self) -> None:
-        """Let the spare process (if any) exit; later trials fork their own."""
-        self._keep_spare = False
-        if self._spare is not None:
-            self._discard(self._spare)
-            self._spare = None
-
-    async def prepared(self) -> int | None:
-        """The process id of the spare the next trial will run in, once its fork (if
-        one is under way) is done; None when there is none."""
-        if self._forking is not None:
-            await asyncio.gather(self._forking, return_exceptions=True)
-        spare = self._spare
-        return spare.proc.pid if spare is not None else None
-
-    async def _take(self) -> _Started:
-        """The spare process if one is ready, else one forked now; a new spare is
-        forked in the background, while this trial runs."""
-        started, self._spare = self._spare, None
-        if started is None or started.proc.exitcode is not None:
-            if started is not None:
-                self._discard(started)
-            started = await asyncio.to_thread(self._fork)
-        if self._keep_spare and (self._forking is None or self._forking.done()):
-            self._forking = asyncio.create_task(self._fork_spare())
-        return started
-
     async def run(self, job: TrialJob, on_log: OnLog | None, *, llm: bool = False) -> Outcome:
         """Run ``job`` in a new process to its outcome (cancellation stops the process).
 
         ``llm``: the trial's agent talks to a model (chooses the preload, first time only).
         """
         self._choose_preload(llm)
-        started = await self._take()
-        proc, recv_conn = started.proc, started.results
+        recv_conn, send_conn = self._ctx.Pipe(duplex=False)
+        proc = self._ctx.Process(
+            target=child_main, args=(job, send_conn), name="trialbus-trial", daemon=False
+        )
         try:
-            started.jobs.send(job)
-        except OSError:
-            # The spare died (killed from outside): this trial's ending says so below.
-            pass
+            # Blocking: the first start waits for the forkserver's preload.
+            await asyncio.to_thread(proc.start)
         finally:
-            started.jobs.close()
+            send_conn.close()  # the child holds its own copy; EOF then means it is gone
         queue: asyncio.Queue[Any] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         threading.Thread(

@@ -262,24 +262,13 @@ async def _main(job: TrialJob, conn: Connection) -> None:
     conn.send(("outcome", outcome))
 
 
-def child_main(jobs: Connection, conn: Connection) -> None:
-    """Entry point of the trial's process (a fork of the runner's forkserver).
-
-    The process is forked before its trial is known (a spare, services.runner.isolation)
-    and does here what no trial decides; then it waits for its ``TrialJob`` on ``jobs``.
-    The end of that pipe without a job means the runner no longer needs it: it exits."""
+def child_main(job: TrialJob, conn: Connection) -> None:
+    """Entry point of the trial's process (a fork of the runner's forkserver)."""
     # Killed with the forkserver, which lives exactly as long as the runner.
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        job: TrialJob = jobs.recv()
-    except (EOFError, OSError):
-        conn.close()
-        return
-    finally:
-        jobs.close()
     try:
         asyncio.run(_main(job, conn))
     except BaseException as exc:  # noqa: BLE001 - reported to the runner, then exit

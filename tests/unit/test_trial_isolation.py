@@ -141,25 +141,6 @@ async def test_cancelling_a_run_stops_its_process(tmp_path: Path) -> None:
         os.kill(pid, 0)
 
 
-async def test_the_next_trial_runs_in_the_process_forked_while_the_last_one_ran(
-    tmp_path: Path,
-) -> None:
-    processes = TrialProcesses()
-    executor, task = await probe_executor(tmp_path, processes)
-    first = await run_probe(executor, task, "spare-1")
-    spare = await processes.prepared()  # forked while spare-1 ran, before spare-2 exists
-    assert spare is not None and spare != first["pid"]
-    second = await run_probe(executor, task, "spare-2")
-    assert second["pid"] == spare
-    # Forked before its trial was known, it still starts from the forkserver's state.
-    assert second["before"] == first["before"]
-    # Negative control: without a spare, nothing is forked ahead.
-    bare = TrialProcesses(spare=False)
-    executor, task = await probe_executor(tmp_path / "bare", bare)
-    await run_probe(executor, task, "bare-1")
-    assert await bare.prepared() is None
-
-
 async def test_a_run_returns_its_ending_without_waiting_for_its_process_to_exit(
     tmp_path: Path,
 ) -> None:
