@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,21 @@ log = get_logger(__name__)
 # A put that is not confirmed is tried again after these pauses before the trial's
 # message is handed back (which would run the whole trial again).
 UPLOAD_RETRY_DELAYS_S = (1.0, 3.0, 10.0)
+
+
+DISCARDING_PREFIX = ".discarding-"
+"""Name prefix of a stored trial folder set aside for deletion (``set_aside``)."""
+
+
+def sweep_set_aside(jobs_root: Path) -> int:
+    """Delete the folders a runner set aside (``TrialFolders.set_aside``) but did not
+    get to delete before it stopped; each was stored, and its ending published, before
+    it was set aside. Returns how many were deleted."""
+    swept = 0
+    for aside in jobs_root.glob(f"*/{DISCARDING_PREFIX}*"):
+        shutil.rmtree(aside, ignore_errors=True)
+        swept += 1
+    return swept
 
 
 def result_object_name(request: TrialRequested, attempt: int) -> str:
@@ -81,6 +97,19 @@ class TrialFolders:
                 log.warning("trial folder upload failed; retrying", error=str(exc), delay_s=delay)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    def set_aside(self, folder: Path) -> Path | None:
+        """Move an uploaded trial folder out of its trial's path, for ``discard`` later:
+        one rename in the same folder (a hidden name), so a next attempt of the trial
+        finds its path free at once. None: kept by setting, or not there."""
+        if self.keep_local:
+            return None
+        aside = folder.parent / f"{DISCARDING_PREFIX}{folder.name}.{uuid.uuid4().hex[:12]}"
+        try:
+            folder.rename(aside)
+        except FileNotFoundError:
+            return None
+        return aside
 
     async def discard(self, folder: Path) -> None:
         """Delete the local copy of an uploaded trial folder (unless kept by setting)."""

@@ -28,7 +28,7 @@ from services.common.runner_policy import PolicyFileError, load_policy
 from services.common.service import install_stop_signals, load_factory, running_beside
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
-from services.common.trial_folders import TrialFolders
+from services.common.trial_folders import TrialFolders, sweep_set_aside
 from services.localenv.stale import LAYERS_NAME, default_scratch, sweep_stale
 from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
@@ -94,6 +94,8 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
     # A runner killed outright (SIGKILL) left its trials' disks mounted: release them
     # before taking work, not only when the next local trial starts.
     await asyncio.to_thread(release_stale_disks, settings)
+    # Stored trial folders a stopped runner had set aside but not yet deleted.
+    await asyncio.to_thread(sweep_set_aside, trial_folders_root(settings))
     nc = await connect(
         settings.nats_servers,
         name="trialbus-runner",
@@ -190,6 +192,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
                     await consumer.run()
             log.info("runner draining", in_flight=len(consumer.in_flight))
             await notice.finish(drain_grace_s)
+            await handler.discarded()  # settled trials' local folders, deleted off the slot
     finally:
         await nc.drain()
 

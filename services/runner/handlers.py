@@ -14,7 +14,8 @@ two halves around the executor run (services.runner.attempt):
   message and the lease alive and stops the run when the experiment is cancelled.
   The trial folder of an attempt that ends the run is stored in the results bucket
   (``TrialFolders``: no disk is shared with the importer), what ``policy.decide``
-  says is published, the local folder deleted, and the verdict returned. An ending
+  says is published, and the verdict returned; the local folder is deleted beside
+  (``discarded`` waits for it), so the slot is not held while it is. An ending
   is stored with the coordinator first, then published, then acknowledged, so a run
   ends once (services.runner.endings). At most ``endings`` trials (by default as many
   as admission lets start at once) are on this path together: thousands of trials
@@ -40,6 +41,7 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from schemas.events import EventDecodeError, TrialRequested, parse_event
@@ -118,6 +120,7 @@ class TrialHandler:
         # runner never hands a running trial back; services.runner.preemption).
         self._running = running
         self._classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
+        self._discarding: set[asyncio.Task[None]] = set()
 
     async def handle(self, data: bytes, keep_alive: KeepAlive, *, subject: str = "") -> Settle:
         """The verdict on one work message (``subject`` is only logged)."""
@@ -186,7 +189,7 @@ class TrialHandler:
                 )
                 verdict = await self._publish(request, decision, bound)
             if outcome.trial_dir is not None:
-                await self._folders.discard(outcome.trial_dir)
+                self._discard_later(outcome.trial_dir)
             bound.info("trial settled", outcome=outcome.kind, exception=outcome.exception_type)
             return verdict
         finally:
@@ -210,6 +213,34 @@ class TrialHandler:
             yield
         finally:
             self._endings.release()
+
+    def _discard_later(self, folder: Path) -> None:
+        """Delete a settled trial's local folder off the slot's path: the slot is freed
+        (the message acknowledged, the next trial fetched) while it is deleted. Called
+        once the ending is published, so the folder is stored by then (or was never to
+        be); a runner that dies before the deletion leaves the folder on disk, as a
+        crash between publish and deletion always did."""
+        # Renamed first, on the slot's path (one rename): a next attempt of the same
+        # trial on this runner never meets a folder that is being deleted.
+        aside = self._folders.set_aside(folder)
+        if aside is None:
+            return
+        task = asyncio.create_task(self._discard(aside))
+        self._discarding.add(task)
+        task.add_done_callback(self._discarding.discard)
+
+    async def _discard(self, folder: Path) -> None:
+        try:
+            await self._folders.discard(folder)
+        except Exception as exc:  # noqa: BLE001 - a cache left on disk loses nothing
+            log.warning(
+                "could not delete a trial's local folder", folder=str(folder), error=str(exc)
+            )
+
+    async def discarded(self) -> None:
+        """Wait until the local folders of settled trials are deleted (a drain's last step)."""
+        while self._discarding:
+            await asyncio.gather(*self._discarding, return_exceptions=True)
 
     def _track(self, request: TrialRequested) -> RunningTrial | None:
         """List the trial as running, for preemption and stop notices (None: not listed)."""

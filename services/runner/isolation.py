@@ -15,8 +15,11 @@ Harbor's synchronous start-up; starting the forkserver (which waits for the prel
 and each child happen in a worker thread.
 
 The child reports over a one-way pipe: ("log", phase, stream, text) as output comes,
-then ("outcome", fields) or ("cancelled", None). A reader thread per trial hands the
-messages to the event loop; when the pipe ends, a sink that asks for it
+then ("outcome", fields) or ("cancelled", None), its last message, sent before its
+event loop's teardown and its interpreter's exit. A reader thread per trial hands the
+messages to the event loop; ``run`` returns on the last message (the trial folder is
+complete by then) and the process is reaped in the background, killed if it has not
+exited ``REAP_GRACE_S`` later. When output ends, a sink that asks for it
 (live_logs.ClosableLogSink) is closed, so it can release what redaction kept back and
 report what its cap dropped. Cancelling ``run`` sends SIGUSR1 (the child cancels the
 trial, so Harbor stops its environment), waits ``cancel_grace_s``, then SIGKILLs.
@@ -44,6 +47,7 @@ from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from services.common.logging import get_logger
 from services.runner.live_logs import ClosableLogSink
 from services.runner.trial_process import Outcome, TrialJob, child_main, failed
 
@@ -53,6 +57,10 @@ PRELOAD = ("services.runner.forkserver_preload",)
 # multiprocessing skips a preload module it cannot import.
 LLM_PRELOAD = ("litellm", "harbor.agents.terminus_2")
 CANCEL_GRACE_S = 20.0
+REAP_GRACE_S = 30.0
+"""How long a trial's process may take to exit after reporting its ending."""
+
+log = get_logger(__name__)
 
 OnLog = Callable[[str, str, str], Awaitable[None]]
 
@@ -79,6 +87,7 @@ class TrialProcesses:
         self._ctx = multiprocessing.get_context("forkserver")
         self._cancel_grace_s = cancel_grace_s
         self._preload_chosen = False
+        self._reaping: set[asyncio.Task[None]] = set()
 
     def _choose_preload(self, llm: bool) -> None:
         # Decided by the first trial, before the forkserver starts: a runner whose
@@ -110,19 +119,27 @@ class TrialProcesses:
             target=_pump, args=(recv_conn, loop, queue), name="trial-pipe", daemon=True
         ).start()
         outcome: Outcome | None = None
+        ended = False
         try:
             while (message := await queue.get()) is not None:
                 kind = message[0]
                 if kind == "log" and on_log is not None:
                     await on_log(message[1], message[2], message[3])
-                elif kind == "outcome":
-                    outcome = message[1]
-            await asyncio.to_thread(proc.join)
+                elif kind in ("outcome", "cancelled"):
+                    # The child's last message: the trial is over, its folder written.
+                    # Its process's exit (event-loop teardown, interpreter exit) is
+                    # not the slot's business: it is reaped in the background.
+                    outcome, ended = message[1], True
+                    break
+            if not ended:
+                await asyncio.to_thread(proc.join)
         except asyncio.CancelledError:
             await self._stop(proc)
             raise
         finally:
-            if proc.exitcode is None:  # an error above: never leave a trial running
+            if ended:
+                self._reap_later(proc)
+            elif proc.exitcode is None:  # an error above: never leave a trial running
                 proc.kill()
             if isinstance(on_log, ClosableLogSink):
                 # The output has ended (or will never come): the sink publishes what
@@ -130,11 +147,23 @@ class TrialProcesses:
                 with contextlib.suppress(Exception):
                     await on_log.close()
         if outcome is None:
-            return failed(
-                "TrialProcessDied",
-                f"the trial's process exited with status {proc.exitcode} before reporting",
-            )
+            status = "was stopped" if ended else f"exited with status {proc.exitcode}"
+            return failed("TrialProcessDied", f"the trial's process {status} before reporting")
         return outcome
+
+    def _reap_later(self, proc: Any) -> None:
+        task = asyncio.create_task(self._reap(proc))
+        self._reaping.add(task)
+        task.add_done_callback(self._reaping.discard)
+
+    async def _reap(self, proc: Any) -> None:
+        """Wait for a process that reported its ending to exit; kill it after
+        ``REAP_GRACE_S`` (a hung teardown must not outlive its trial)."""
+        if not await _exited(proc, REAP_GRACE_S):
+            log.warning("trial process did not exit after its ending; killed", pid=proc.pid)
+            proc.kill()
+            await _exited(proc, 5.0)
+        proc.join(0)  # collect its status (it has exited: does not block)
 
     async def _stop(self, proc: Any) -> None:
         """Ask the child to cancel its trial; SIGKILL it after the grace period."""
@@ -146,3 +175,26 @@ class TrialProcesses:
             if proc.exitcode is None:
                 proc.kill()
                 await asyncio.to_thread(proc.join, 5.0)
+
+
+async def _exited(proc: Any, timeout_s: float) -> bool:
+    """Whether ``proc`` exits within ``timeout_s``, waited for on the event loop (its
+    sentinel becomes readable), without holding a worker thread."""
+    if proc.exitcode is not None:
+        return True
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    sentinel = proc.sentinel
+
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(sentinel, readable)
+    try:
+        await asyncio.wait_for(exited, timeout_s)
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(sentinel)
+    return True

@@ -248,14 +248,18 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
     }
 
 
-async def _main(job: TrialJob, conn: Connection) -> Outcome | None:
-    """The trial, stopped by SIGUSR1 (None then: the runner asked for it)."""
+async def _main(job: TrialJob, conn: Connection) -> None:
+    """The trial, stopped by SIGUSR1; its ending is sent from here, before the event
+    loop's teardown (tasks cancelled, thread pool joined), which the runner need not
+    wait for: it reaps the process in the background (services.runner.isolation)."""
     task = asyncio.create_task(run_trial(job, conn))
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, task.cancel)
     try:
-        return await task
+        outcome = await task
     except asyncio.CancelledError:
-        return None
+        conn.send(("cancelled", None))  # the runner asked for it
+        return
+    conn.send(("outcome", outcome))
 
 
 def child_main(job: TrialJob, conn: Connection) -> None:
@@ -266,9 +270,11 @@ def child_main(job: TrialJob, conn: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        outcome = asyncio.run(_main(job, conn))
-        conn.send(("cancelled", None) if outcome is None else ("outcome", outcome))
+        asyncio.run(_main(job, conn))
     except BaseException as exc:  # noqa: BLE001 - reported to the runner, then exit
-        conn.send(("outcome", failed(type(exc).__name__, str(exc)[:2000] or type(exc).__name__)))
+        # Ignored by the runner if the ending was sent already (it reads the first).
+        with contextlib.suppress(OSError):
+            message = str(exc)[:2000] or type(exc).__name__
+            conn.send(("outcome", failed(type(exc).__name__, message)))
     finally:
         conn.close()

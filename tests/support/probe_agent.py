@@ -20,6 +20,8 @@ import asyncio
 import json
 import logging
 import os
+import threading
+import time
 from typing import Any
 
 from harbor.environments.base import BaseEnvironment
@@ -83,3 +85,28 @@ class SleepyAgent(ProbeAgent):
         """Announce the start with a file, then never finish."""
         (self.logs_dir / "started").write_text(str(os.getpid()))
         await asyncio.Event().wait()
+
+
+LINGER_CAP_S = 30.0
+
+
+class LingeringAgent(ProbeAgent):
+    """Finishes at once but leaves a thread that keeps its process from exiting until
+    ``release`` appears in its log folder (at most ``LINGER_CAP_S``): a trial whose
+    process outlives its ending."""
+
+    agent_name = "lingering-probe"
+
+    async def run(
+        self, instruction: str, environment: BaseEnvironment, context: AgentContext
+    ) -> None:
+        """Write ``pid``, start the lingering (non-daemon) thread, return."""
+        release = self.logs_dir / "release"
+
+        def linger() -> None:
+            deadline = time.monotonic() + LINGER_CAP_S
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+        (self.logs_dir / "pid").write_text(str(os.getpid()))
+        threading.Thread(target=linger, name="lingering", daemon=False).start()

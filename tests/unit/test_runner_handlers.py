@@ -30,6 +30,7 @@ from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
 from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.errors import ACK, TERM, Settle, TransientError
 from services.common.ports import AttemptStart, ExecutionOutcome, LogSink
+from services.common.trial_folders import DISCARDING_PREFIX, TrialFolders, sweep_set_aside
 from services.common.unpack import unpack_trial
 from services.runner.admission import SLOT_WAIT_S
 from services.runner.handlers import TrialHandler
@@ -459,7 +460,54 @@ async def test_a_completed_trial_points_at_its_stored_folder_and_the_local_copy_
     unpacked = unpack_trial(data, tmp_path / "unpacked")
     assert json.loads((unpacked / "result.json").read_text()) == {"trial_name": req.trial_id}
     # The runner's folder is a cache: gone once the ending is published.
+    await world.handler.discarded()
     assert not (tmp_path / "job" / req.trial_id).exists()
+
+
+class GatedFolders(TrialFolders):
+    """Trial folders whose local deletion waits for ``gate``; records, at each
+    deletion, whether the ending pointing at the stored folder was out."""
+
+    gate: asyncio.Event
+    stored_first: list[bool]
+    bus: RecordingBus
+
+    def __init__(self, folders: TrialFolders, bus: RecordingBus) -> None:
+        super().__init__(folders.store, folders.cap_bytes, retry_delays_s=())
+        object.__setattr__(self, "gate", asyncio.Event())
+        object.__setattr__(self, "stored_first", [])
+        object.__setattr__(self, "bus", bus)
+
+    async def discard(self, folder: Path) -> None:
+        events = self.bus.of_type(TrialCompleted)
+        self.stored_first.append(
+            [await self.store.get(e.result) is not None for e in events] == [True]
+        )
+        await self.gate.wait()
+        await super().discard(folder)
+
+
+async def test_the_verdict_does_not_wait_for_the_local_folder_to_be_deleted(
+    tmp_path: Path,
+) -> None:
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    gated = GatedFolders(world.folders, world.bus)
+    world.handler._folders = gated
+    req = make_request()
+    folder = tmp_path / "job" / req.trial_id
+    # Before: the deletion ran before the verdict, so the slot (and the ack) waited
+    # for it; a held deletion then held the verdict too and this timed out.
+    assert await asyncio.wait_for(world.handle(req), 10) == ACK
+    # The trial's path is free at once (a next attempt may use it); its content is
+    # set aside beside it, its deletion held.
+    assert not folder.exists()
+    [aside] = folder.parent.glob(f"{DISCARDING_PREFIX}{req.trial_id}.*")
+    assert (aside / "result.json").is_file()
+    gated.gate.set()
+    await world.handler.discarded()
+    assert list(folder.parent.iterdir()) == []
+    # Deleted only once stored and the ending pointing at it published.
+    assert gated.stored_first == [True]
 
 
 async def test_kept_trial_folders_stay(tmp_path: Path) -> None:
@@ -592,3 +640,21 @@ async def test_a_start_that_cannot_be_announced_stops_the_run_at_once(tmp_path: 
     assert executor.was_cancelled
     assert world.bus.published == []
     assert world.coord.holders(req.experiment_id) == []
+
+
+def test_folders_set_aside_by_a_stopped_runner_are_swept_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    folders = trial_folders()
+    job = tmp_path / "exp-1"
+    for name in ("t1", "t2"):
+        (job / name).mkdir(parents=True)
+        (job / name / "result.json").write_text("{}")
+    aside = folders.set_aside(job / "t1")  # the runner stopped before deleting it
+    assert aside is not None and aside.parent == job and not (job / "t1").exists()
+    assert sweep_set_aside(tmp_path) == 1
+    # Negative control: the trial folder never set aside is kept.
+    assert [p.name for p in job.iterdir()] == ["t2"]
+    # Kept by setting: nothing is set aside.
+    assert replace(folders, keep_local=True).set_aside(job / "t2") is None
+    assert (job / "t2" / "result.json").is_file()

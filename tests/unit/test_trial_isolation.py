@@ -25,6 +25,7 @@ from schemas.events import TaskRef, TrialRequested
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
 from schemas.runners import RunnerPolicy
 from services.runner.harbor_executor import HarborExecutor
+from services.runner.isolation import TrialProcesses
 from tests.e2e.cli import ROOT
 from tests.support.tasks import stored_task
 
@@ -60,14 +61,22 @@ def runner_state() -> dict[str, Any]:
     }
 
 
-async def probe_executor(tmp_path: Path) -> tuple[HarborExecutor, TaskRef]:
+async def probe_executor(
+    tmp_path: Path, processes: TrialProcesses | None = None
+) -> tuple[HarborExecutor, TaskRef]:
     """A HarborExecutor whose task cache holds hello-file, and the task's ref."""
     task, cache = await stored_task(HELLO_FILE, tmp_path / "task-cache")
     # The runner imports only the agent import paths its policy lists.
     policy = RunnerPolicy(
-        agent_import_paths=[f"tests.support.probe_agent:{a}" for a in ("ProbeAgent", "SleepyAgent")]
+        agent_import_paths=[
+            f"tests.support.probe_agent:{a}"
+            for a in ("ProbeAgent", "SleepyAgent", "LingeringAgent")
+        ]
     )
-    return HarborExecutor(tmp_path / "jobs", cache, tmp_path / "sandboxes", policy=policy), task
+    executor = HarborExecutor(
+        tmp_path / "jobs", cache, tmp_path / "sandboxes", processes=processes, policy=policy
+    )
+    return executor, task
 
 
 async def run_probe(executor: HarborExecutor, task: TaskRef, trial_id: str) -> dict[str, Any]:
@@ -130,3 +139,29 @@ async def test_cancelling_a_run_stops_its_process(tmp_path: Path) -> None:
         await run
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+async def test_a_run_returns_its_ending_without_waiting_for_its_process_to_exit(
+    tmp_path: Path,
+) -> None:
+    executor, task = await probe_executor(tmp_path)
+    request = probe_request("linger-1", task, agent="LingeringAgent")
+    began = time.monotonic()
+    outcome = await executor.run(request, 1, None)
+    returned_s = time.monotonic() - began
+    assert outcome.kind == "completed", outcome
+    agent_dir = executor.trial_dir_for(request) / "agent"
+    pid = int((agent_dir / "pid").read_text())
+    # The process is still there (its lingering thread holds its exit): before, the run
+    # waited for its exit, so it could not return while the process lived.
+    os.kill(pid, 0)
+    assert returned_s < 25.0  # the linger's cap is 30 s
+    (agent_dir / "release").write_text("")
+    deadline = time.monotonic() + 60
+    while True:  # reaped in the background once it exits
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the trial's process was never reaped"
+        await asyncio.sleep(0.05)
