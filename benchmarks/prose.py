@@ -171,22 +171,42 @@ to TrialCompleted and 45 ms until the slot's next trial starts: ~0.27 s a trial
 during which the slot runs no Harbor work. Forking the next trial's process while the
 slot's current trial still runs would overlap most of the first of these.
 
-**Left, seen in the same profile.** The importer sometimes imports a trial exactly
-its ack_wait (10 s) late while the trials around it pass in ~0.15 s: TrialCompleted
-is published, the importer's batch pull (FastStream's) does not hand that message
-over, and it comes 10 s later (4 of 5 profiled runs, one or two trials each; the
-importer app's comment records the same under CPU load). A redelivery after ack_wait
-fits, though not proven: the importer's consumer showed nothing pending afterwards.
-When it hits one of the last trials it adds ~10 s to this benchmark's wall time, as
-large as the whole gap measured at +60.6 %, so the overhead figure swings between
-runs until the importer's pull is fixed (a pull loop of our own, as the runner's
-consumer, is the candidate). The 3-run sitting after the forkserver change
-(2026-11-26 19:43, load 1.7 -> 4.4) shows exactly that spread: +57.9 %, +47.1 % and
-**+3.8 %**; the two slow runs are 10-12 s longer than the third, the size of one
-ack_wait (not proven per run: the stall was not traced in this sitting). Without it
-trialbus is within the target; the importer's pull is the next fix. Harbor's
-telemetry, left on, still costs bare Harbor more than the gap (figure
-`harbor_process_wall_telemetry_on`).
+**Fixed: the importer's 10 s stalls (issue 12).** The importer sometimes recorded a
+trial exactly its ack_wait (10 s) late while the trials around it passed in ~0.15 s,
+in 4 of 5 profiled runs; when it hit one of the last trials it added ~10 s to this
+benchmark's wall time, and the 3-run sitting of 19:43 (+57.9 %, +47.1 %, +3.8 %)
+swung by exactly that. The cause was FastStream 0.7.8's batched pull: it fills a batch
+with several fetches and stops only at ``nats.errors.TimeoutError``, while nats-py
+2.16 raises the builtin ``TimeoutError`` when a fetch's window ends before its
+lingering pull; the exception left the loop, the messages already fetched for the
+batch were dropped, FastStream restarted the loop silently, and they came back one
+ack_wait later. The importer's and watcher's subscriptions are now wrapped so every
+fetch timeout reaches the loop as the error it expects
+(``faststream_consumer.keep_batches_on_timeout``; tests/integration/
+test_batch_timeouts.py plants the builtin timeout on a real nats-server, and FastStream's
+own subscriber, the control, loses the batch). Figure `importer_redeliveries`
+(deliveries minus messages on the importer's durable) counts them: in one busy sitting
+(load 8-14) the wrap on, off, on, off gave 0, 25, 0 and 4; in this page's three runs, 0.
+
+**Also applied since the evening profile.** A trial's process sends its ending before
+its event loop's teardown, and the runner returns on it and reaps the process in the
+background: Harbor's end to the slot's release went from 41-46 ms to 9-13 ms (p50, per
+trial, alternated at load 2-8). The trial's local folder is set aside by one rename
+and deleted off the slot, so the verdict and the ack no longer wait for a worker
+thread's ``rmtree`` (17-32 ms p50 under load, the rename 0.09 ms). **Tried, not
+kept:** forking the next trial's process while the slot's current trial runs (the idea
+above): it saved the fork (92 -> 14 ms) but not the time to Harbor's start (284 vs 285
+ms median, 7 alternated pairs at load 8-11): on two busy cores it moved CPU work, it
+removed none.
+
+**What is left** (this page's sitting, 2026-11-26 21:31, load 1.2 -> 2.0): +12.6 %,
++23.6 % and +3.0 %, no importer redelivery in any, so the stall no longer explains the
+spread; the gap is now the slots' own dead time and the stack's CPU beside Harbor's
+on two cores (trialbus's services take about 33 ms of CPU per trial, on the cores
+Harbor's trials use). Not profiled again after these changes in this session: the next
+step is a per-trial timeline of the three runs (TrialStarted, Harbor's own start and
+end, TrialCompleted) to see which of those remains. Harbor's telemetry, left on,
+still costs bare Harbor more than the gap (figure `harbor_process_wall_telemetry_on`).
 """,
     "capacity": """
 **Where the time goes.** A waiting trial costs no CPU, so this measures the runner's
@@ -322,9 +342,9 @@ through its index, whatever the ledger's size. The headline, the kept experiment
 read by a new process, measured 257 ms here (166-297 ms) against 85 ms at 100,000
 records: it reads one ``derived`` document of 85 KiB by an indexed lookup, which
 should not grow with the ledger, so the load of this sitting is the likely cause;
-not proven (a quiet re-run of this size would tell, and did not fit this session). The writes with today's indexes
-(`load_rate_after`, 381 records/s against 1,137 before them) are the price named
-above, larger at this size.
+not proven (a quiet re-run of this size would tell, and did not fit this session).
+The writes with today's indexes (`load_rate_after`, 381 records/s against 1,137
+before them) are the price named above, larger at this size.
 
 **Applied: a report cache (issues 12 and 13).** The HTTP API (and the dashboard it
 serves) keeps what it computes from an experiment's records, never the records: the
