@@ -776,14 +776,17 @@ sitting (load average 7-14, 1,000 connections), before and after: p50 24.0 -> 15
 ms, p99 2,420 -> 857 ms; the load moved between them, so this is no measure of the
 change's own effect on latency.
 
-**Where the rest goes.** An idle runner renews each class's pull request once a
+**Where the rest goes.** In this page's sitting (quiet, load 1-2) the median met the
+idle target with 1,000 connections (4.7 ms, 2.3 ms with one), and the p99 did not
+(374 ms, 5.1 ms with one). An idle runner renews each class's pull request once a
 second (``IDLE_FETCH_TIMEOUT_S``), so 1,000 idle runners with three classes send the
-server about 3,000 requests a second doing nothing (figure `idle_msgs_per_s_1000c`,
-lower when the simulated runners' loops lag) and spend a few tenths of a core on it,
-beside the server's own share: on two shared cores that is what stretches the tail.
-A trial a runner takes is started as fast as with one connection once its message
-reaches a loop that is free. Tried in the same sitting: a 5 s renewal window cut the
-idle requests to 600 a second and the fleet's idle CPU about four times (0.4 -> 0.1
+server about 3,000 requests a second doing nothing (figure `idle_msgs_per_s_1000c`:
+2,796) and that costs, idle, 0.4 of a core in nats-server and 0.8 in the four
+processes of simulated runners: on two shared cores, a trial whose message reaches a
+loop busy renewing polls waits its turn, which is the tail. (Spread over real runner
+machines the runners' share leaves this machine; the server's stays.) Tried in a
+busy sitting (load 6-11), against the 1 s window's run just before: a 5 s renewal
+window cut the idle requests to 600 a second and the fleet's idle CPU about four times (0.4 -> 0.1
 cores), p50 5.8 ms and p99 460 ms; not adopted yet, because a stopping runner waits
 out its polls in flight (up to the window) before it hands their messages back.
 **Next step:** a longer idle window with polls ended by the runner's drain, and one
