@@ -813,16 +813,19 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
     (
         "waiting trials in flight",
         "10,000 on 4 runners: efficiency ~0.09, trials started up to 7 times",
-        "2,000 on 1/2/4/8 runners: efficiency 0.67/0.75/0.76/0.52 (quiet), **no "
-        "redelivery, no trial started twice**; before the handler change 0.47/0.49/0.49/"
-        "0.45 with 22-379 redeliveries (one sitting)",
-        "admission bound, no lease where the limit cannot bind, fewer round trips; "
-        "10,000 is `make bench-scale` (not run)",
+        "2,000 on 1/2/4/8 runners: efficiency 0.81/0.87/0.85/0.84 (2026-11-26 21:36, "
+        "load 1-3; no trial started twice, 0-3 hand-backs), 0.70/0.85/0.84/0.51 the "
+        "sitting before; before the handler change 0.47/0.49/0.49/0.45 with 22-379 "
+        "redeliveries (one sitting)",
+        "admission bound, no lease where the limit cannot bind, fewer round trips; then "
+        "the late-delivery sweep (a full runner held a message 30 s) and endings bounded "
+        "like admission; 10,000 is `make bench-scale` (not run)",
     ),
     (
         "pipeline, instant trials",
         "793 trials/s, ~3.5 ms CPU per trial",
-        "227 trials/s, 7.8 ms CPU per trial (quiet sitting); 50-109 trials/s in busy ones",
+        "301 trials/s (2026-11-26 21:39, load 1-3), 227-281 in earlier quiet sittings; "
+        "50-191 trials/s in busy ones; about 7-8 ms of stack CPU per trial",
         "the object store is in the path (pack/put/get/unpack): runner 2.8-3.1 ms and "
         "importer 2.1-2.4 ms CPU per trial; one lookup per put, direct-get reads, one "
         "resolution per job folder and a read by size in packing took its path from "
@@ -836,14 +839,16 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
         "new objects benchmark",
     ),
     (
-        "ledger reports at 100,000 records",
+        "ledger reports at 100,000 and 1,000,000 records",
         "not measured",
         "experiment list 18.7 s -> 10 ms, status 6.3 s -> 20 ms (one busy sitting); "
         "records of a 10,000-trial experiment 1.5-8.4 s on SecantusDB (load-dependent); "
         "through the HTTP API's report cache, leaderboard 1-4 ms and report 1-3 ms once "
         "computed; a new process (CLI, restarted API) with the value kept in the ledger: "
         "leaderboard 2,309 -> 13.5 ms, report 3,183 -> 35.6 ms, page view 85 ms "
-        "(2026-11-26 16:33, load average 3-8; 12.9 / 49.5 / 271 ms at load average 15)",
+        "(2026-11-26 16:33, load average 3-8; 12.9 / 49.5 / 271 ms at load average 15); "
+        "at 1,000,000 records (load 5-16): list 12 ms, status 6 ms, kept leaderboard "
+        "13 ms, report 29 ms, page 257 ms; load 879 s, 2,545 MiB",
         "list from the experiments collection (listing documents, one-time backfill); "
         "status from a tally kept at write time; two indexes added for MongoDB; a "
         "report cache keyed by the experiment's content version; its values kept in the "
@@ -868,9 +873,21 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
     ),
     (
         "overhead vs bare Harbor",
-        "+15.6 % (full mode, 200 trials)",
-        "quick mode only (8 trials; not comparable)",
-        "not re-measured in full this sitting",
+        "+15.6 % median (+29.1, +4.7, +15.6; full mode, 200 trials)",
+        "+21.7 % median (+12.6, +23.6, +3.0; 2026-11-26 21:31, load 1-2), no importer "
+        "redelivery; the sitting before +51.3 % (+57.9, +47.1, +3.8) with the importer's "
+        "10 s stalls",
+        "the importer's batches kept on nats-py's builtin timeout (FastStream's loop "
+        "dropped them: 10 s stalls); a slot freed on its trial's ending; folders deleted "
+        "off the slot; the forkserver's warm state (CPU per trial process 335 -> 205 ms)",
+    ),
+    (
+        "1,000 runner connections (simulated, the runner's own pull loop)",
+        "not measured",
+        "dispatch p50 4.7 ms, p99 374 ms (one connection: 2.3 / 5.1 ms); idle, "
+        "2,796 requests/s and 0.4 core of nats-server (2026-11-26 21:35, load 1-2)",
+        "runner durables hold 16,384 waiting pulls (nats-server's default 512 refused "
+        "the others); new fleet benchmark",
     ),
 ]
 """Issue 12's before/after table (benchmark, before, now, what changed)."""
