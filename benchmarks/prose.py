@@ -203,9 +203,18 @@ removed none.
 +23.6 % and +3.0 %, no importer redelivery in any, so the stall no longer explains the
 spread; the gap is now the slots' own dead time and the stack's CPU beside Harbor's
 on two cores (trialbus's services take about 33 ms of CPU per trial, on the cores
-Harbor's trials use). Not profiled again after these changes in this session: the next
-step is a per-trial timeline of the three runs (TrialStarted, Harbor's own start and
-end, TrialCompleted) to see which of those remains. Harbor's telemetry, left on,
+Harbor's trials use). A per-trial timeline taken after this sitting (same code, load
+0-3, 200 trials; two runs measured +1.4 % and -11.4 % against bare Harbor, whose own
+job time moved 19-27 s between sittings) shows where a slot's time goes: of 8 slots
+held, 6.1 run Harbor's trials (0.72-0.80 s each, in their own processes). Per trial,
+TrialStarted to Harbor's start is 123-133 ms (p50): the fork 27 ms and 14 ms until the
+child runs, the child's environment and policy 9 ms, and Harbor's ``Trial.create``
+59 ms, most of it Harbor's own per-trial work (the task's content hash for the trial
+lock, the task's load and its path checks; 3.5 ms of it, models pydantic built on
+first use, the forkserver now builds once); Harbor's end to TrialCompleted 35-41 ms;
+TrialCompleted to the slot's next start 30-39 ms. **Next step:** the content hash
+Harbor computes per trial is the same for every trial of a task, which trialbus
+already names by checksum; Harbor has no way to be handed it. Harbor's telemetry, left on,
 still costs bare Harbor more than the gap (figure `harbor_process_wall_telemetry_on`).
 """,
     "capacity": """

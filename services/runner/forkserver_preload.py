@@ -32,6 +32,7 @@ import importlib
 import os
 import signal
 
+from services.runner.isolation import incomplete_harbor_models
 from services.runner.trial_env import hide_exec_environment
 
 PRELOADED = (
@@ -62,8 +63,9 @@ reports its own error, as without the preload)."""
 
 
 def warm_trial_state() -> None:
-    """Import ``TRIAL_FIRST_USE`` and build the sandbox's seccomp filter (cached per
-    process), so that forked trials inherit them."""
+    """Import ``TRIAL_FIRST_USE``, build the sandbox's seccomp filter (cached per
+    process) and Harbor's models left unbuilt at import, so that forked trials
+    inherit them."""
     for name in TRIAL_FIRST_USE:
         # OSError, RuntimeError: pyseccomp without libseccomp.so.2 (seccomp.py says so).
         with contextlib.suppress(ImportError, OSError, RuntimeError):
@@ -74,6 +76,10 @@ def warm_trial_state() -> None:
     # No libseccomp here: each trial reports it, naming the fix, as before.
     with contextlib.suppress(LocalEnvironmentError):
         filter_program()
+    for model in incomplete_harbor_models():
+        # One whose references still do not resolve stays as it was: built on use.
+        with contextlib.suppress(Exception):
+            model.model_rebuild()
 
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

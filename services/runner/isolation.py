@@ -198,3 +198,20 @@ async def _exited(proc: Any, timeout_s: float) -> bool:
     finally:
         loop.remove_reader(sentinel)
     return True
+
+
+def incomplete_harbor_models() -> list[type[Any]]:
+    """Harbor's pydantic models not yet built. Pydantic builds a model whose forward
+    references did not resolve at import on its first use, which in a forked trial
+    means in every trial (TrialLock, EnvironmentConfig, VerifierConfig: Trial.create
+    uses them); the forkserver builds them once (services.runner.forkserver_preload)."""
+    from pydantic import BaseModel
+
+    found: dict[type[Any], None] = {}
+    stack: list[type[Any]] = [BaseModel]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            stack.append(sub)
+            if sub.__module__.startswith("harbor.") and not sub.__pydantic_complete__:
+                found[sub] = None
+    return list(found)

@@ -5,7 +5,8 @@ what a trial imports or builds on first use is paid again in every such process.
 forkserver's preload (services.runner.forkserver_preload) does it once: a real local
 trial forked from it imports no module and compiles no seccomp filter. The control
 forks the same trial from a parent that only imported the trial machinery: there the
-trial imports dirhash (Harbor's task hash) and compiles the filter itself.
+trial imports dirhash (Harbor's task hash), compiles the filter and builds Harbor's
+models left unbuilt at import (TrialLock among them) itself.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ def test_a_trial_forked_from_the_forkserver_imports_and_compiles_nothing(tmp_pat
         report["new"]
     )
     assert report["seccomp_compiled_in_trial"] == 0
+    assert report["models_built_in_trial"] == [], report["models_built_in_trial"]
 
 
 def test_control_a_bare_parent_leaves_first_use_to_every_trial(tmp_path: Path) -> None:
     report = forked_trial("bare", tmp_path)
     assert "dirhash" in report["new"]
     assert report["seccomp_compiled_in_trial"] == 1
+    assert "TrialLock" in report["models_built_in_trial"], report["models_built_in_trial"]

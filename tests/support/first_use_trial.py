@@ -1,6 +1,7 @@
 """One real local-environment trial in a process forked from a prepared parent; prints
-(JSON) the modules the trial's process imported that its parent had not, and whether
-it compiled the sandbox's seccomp filter itself.
+(JSON) the modules the trial's process imported that its parent had not, whether it
+compiled the sandbox's seccomp filter itself, and which of Harbor's pydantic models it
+had to build.
 
 ``python -m tests.support.first_use_trial MODE WORK_DIR``. MODE ``forkserver``: the
 parent is set up as the runner's trial forkserver is (services.runner.forkserver_preload);
@@ -43,8 +44,10 @@ def prepare(mode: str) -> None:
 def child(work: Path) -> None:
     """Run the trial, write the new modules and the outcome kind; never return."""
     from services.localenv.seccomp import filter_program
+    from services.runner.isolation import incomplete_harbor_models
     from services.runner.trial_process import TrialJob, run_trial
 
+    unbuilt = {m.__qualname__ for m in incomplete_harbor_models()}
     before = set(sys.modules)
     compiled = filter_program.cache_info().misses
     request = hello_file_request(
@@ -70,6 +73,9 @@ def child(work: Path) -> None:
         "kind": outcome["kind"],
         "new": new,
         "seccomp_compiled_in_trial": filter_program.cache_info().misses - compiled,
+        "models_built_in_trial": sorted(
+            unbuilt - {m.__qualname__ for m in incomplete_harbor_models()}
+        ),
     }
     (work / "report.json").write_text(json.dumps(report))
     os._exit(0)
