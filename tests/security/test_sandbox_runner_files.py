@@ -22,6 +22,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -175,7 +176,7 @@ async def test_host_processes_are_invisible_and_the_trials_own_are_visible(
     token = f"host-proc-{secrets.token_hex(8)}"
     host = await _host_process(token)
     try:
-        assert host_processes(token)  # the host's own /proc shows it
+        await _shown_on_the_host(token)  # the host's own /proc shows it
         trial = make_env()
         async with running(trial):
             await sh(trial, f"(env TRIAL_MARK={token}-own sleep 300 >/dev/null 2>&1 &)")
@@ -196,6 +197,19 @@ async def test_host_processes_are_invisible_and_the_trials_own_are_visible(
     # the host's hundreds; the host pids named directly do not exist inside.
     assert len(pids) < 20, pids
     assert direct.return_code != 0 and token not in (direct.stdout or "")
+
+
+async def _shown_on_the_host(token: str, within_s: float = 30.0) -> None:
+    """Wait until the host's /proc shows a command line with ``token``. A process
+    started by vfork (as subprocess does) is running before its command line is: the
+    parent resumes once the child's new memory exists, before the loader fills in its
+    arguments, so an early read can miss it: 29 of 1,500 asyncio starts here read it
+    without its arguments right after the start; one such read failed this test in CI's
+    fresh-clone run)."""
+    deadline = time.monotonic() + within_s
+    while not host_processes(token):
+        assert time.monotonic() < deadline, f"no host process shows {token!r} in /proc"
+        await asyncio.sleep(0.05)
 
 
 async def _host_process(token: str) -> asyncio.subprocess.Process:
