@@ -42,7 +42,7 @@ from nats.js.api import DeliverPolicy
 
 from benchmarks import ceilings
 from benchmarks.bench_pipeline import IMPORTER_BATCH, instant_record
-from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, median
+from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, median, rss_kib
 from benchmarks.stack import INSTANT_EXECUTOR, BenchStack, run_experiment, throwaway_servers
 from benchmarks.workload import many_trials
 from services.submitter.manifest_io import load_manifest
@@ -63,17 +63,6 @@ def sizes(quick: bool) -> tuple[int, float, tuple[int, ...]]:
     return int(n), float(s), tuple(int(r) for r in rs.split(","))
 
 
-def _rss_kib(pid: int, field_name: str = "VmRSS") -> int:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return 0
-
-
 @dataclass
 class Sampler:
     """Samples nats-server's connections and the runners' RSS twice a second."""
@@ -90,7 +79,7 @@ class Sampler:
         return {"connections": data["connections"], "total": data["total_connections"]}
 
     def runner_rss_kib(self) -> int:
-        return sum(_rss_kib(p) for p in self.runner_pids)
+        return sum(rss_kib(p) for p in self.runner_pids)
 
     def _loop(self) -> None:
         while not self.stop.wait(0.5):
@@ -216,7 +205,7 @@ def measure(ctx: Context, runners: int, n: int, delay_s: float, name: str) -> Ca
         with sampler.running():
             out = asyncio.run(_measure(stack, manifest, n, delay_s))
         opened = sampler.varz()["total"] - opened_before
-        hwm = [_rss_kib(p, "VmHWM") for p in stack.runner_pids()]
+        hwm = [rss_kib(p, "VmHWM") for p in stack.runner_pids()]
         runs, errors = scan_runner_logs(run_dir / "data" / "stack" / "logs")
     trial = prepare(load_manifest(manifest), manifest.parent).trials[0]
     record = instant_record(trial, run_dir / "ceiling-jobs")

@@ -48,6 +48,7 @@ from benchmarks.harness import (
     fresh_dir,
     percentile,
     process_cpu_s,
+    rss_kib,
 )
 from benchmarks.workload import many_trials
 from infra.embedded import NatsServer
@@ -89,14 +90,6 @@ def _varz(server: NatsServer) -> dict[str, int]:
     with urllib.request.urlopen(f"{server.monitor_url}/varz", timeout=5) as resp:
         data = json.loads(resp.read())
     return {"in_msgs": int(data["in_msgs"]), "connections": int(data["connections"])}
-
-
-def _rss_kib(pid: int) -> int:
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 async def _declare(url: str, topo: Topology) -> None:
@@ -228,7 +221,7 @@ def measure_fleet(ctx: Context, n: int) -> FleetRun:
             time.sleep(idle_s)
             elapsed = time.perf_counter() - t0
             after = (process_cpu_s(server_pid), sum(process_cpu_s(p) for p in pids), _varz(server))
-            rss = sum(_rss_kib(p) for p in pids)
+            rss = sum(rss_kib(p) for p in pids)
             held = asyncio.run(_pulls_held(server.url, topo))
             observed, dispatch, used = asyncio.run(_dispatch(server.url, topo, samples, run_dir))
         finally:

@@ -134,6 +134,19 @@ def process_cpu_s(pid: int) -> float:
     return (utime + stime + cutime + cstime) / CLOCK_TICKS
 
 
+def rss_kib(pid: int, field_name: str = "VmRSS") -> int:
+    """A memory figure of ``pid`` from /proc/<pid>/status in KiB (``VmHWM``: its peak);
+    0 once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
 def own_cpu_s() -> float:
     """User + system CPU seconds of this process (all threads, not its children)."""
     t = os.times()

@@ -204,7 +204,7 @@ async def _shown_on_the_host(token: str, within_s: float = 30.0) -> None:
     started by vfork (as subprocess does) is running before its command line is: the
     parent resumes once the child's new memory exists, before the loader fills in its
     arguments, so an early read can miss it: 29 of 1,500 asyncio starts here read it
-    without its arguments right after the start; one such read failed this test in CI's
+    without its arguments right after the start; one such read failed this test in a
     fresh-clone run)."""
     deadline = time.monotonic() + within_s
     while not host_processes(token):
