@@ -20,12 +20,14 @@ checks the ledger (tests/e2e/ledger_check.py): every trial ran once and is recor
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from schemas.events import Event, TrialStarted
+from services.runner.consumer import LOOK_AGAIN_S
 from tests.e2e.conftest import Stacks
 from tests.e2e.faultkit import instant_runner_env, judge, submit
 from tests.support.manifests import nop_manifest
@@ -83,6 +85,10 @@ async def test_urgent_work_overtakes_queued_batch_work_without_starving_it(
     await tap.eventually(lambda ev: started(ev), "the first batch start", 60)
     urgent = await submit(cli, classed_manifest(tmp_path, "urgent", N_URGENT, "urgent"))
     assert len(started(tap.events)) == 1, "a second trial started while the slot was held"
+    # A class last seen empty is looked at again after LOOK_AGAIN_S (docs/scheduling.md):
+    # released sooner, the slot would go to batch until that look, and the verdict would
+    # judge how lately the urgent class's idle poll came back empty, not the weights.
+    await asyncio.sleep(LOOK_AGAIN_S * 1.5)
     hold.touch()
     await tap.all_imported(urgent.experiment_id, set(urgent.trial_ids), 120)
     await tap.all_imported(batch.experiment_id, set(batch.trial_ids), 120)

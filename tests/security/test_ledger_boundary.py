@@ -174,10 +174,19 @@ async def test_the_importer_refuses_a_forged_event_for_another_experiments_trial
         assert await ledger.get_record("victim-trial") == stored
         assert [r.trial_id for r in await ledger.records_for("forger")] == ["forger-trial"]
         assert [r.trial_id for r in await ledger.records_for("victim")] == ["victim-trial"]
+
+        def refusals() -> list[str]:
+            lines = importer.log_path.read_text().splitlines()
+            return [line for line in lines if "belongs to another experiment" in line]
+
+        async def refusal_logged() -> bool:
+            return bool(refusals())
+
+        # The refusal is logged just after the batch's write, which the control's record
+        # shows: a read right after the record can come before the line.
+        await until("the refusal in the importer's log", refusal_logged, importer, 30)
     finally:
         await ledger.close()
         await nc.close()
-    log = importer.log_path.read_text()
-    refusal = [line for line in log.splitlines() if "belongs to another experiment" in line]
-    assert refusal, log[-3000:]
+    refusal = refusals()
     assert "victim" in refusal[0] and "forger" in refusal[0]

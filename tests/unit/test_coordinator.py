@@ -107,12 +107,16 @@ class CoordinatorContract:
         again = await world.b.begin_attempt(run)
         assert (again.attempt, again.handed_back) == (1, 1)
         # Racing starts and take-backs are each counted once (one key, compare-and-set).
+        # Two more starts first: a take-back never counts below zero, so racing from 1
+        # the two take-backs could land first and the second would be clamped.
+        for _ in range(2):
+            await world.b.begin_attempt(run)
         await asyncio.gather(
             *(c.begin_attempt(run) for c in [world.a, world.b] * 2),
             *(c.take_back_attempt(run) for c in [world.a, world.b]),
         )
         after = await world.a.begin_attempt(run)
-        assert (after.attempt, after.handed_back) == (1 + 4 - 2 + 1, 3)
+        assert (after.attempt, after.handed_back) == (3 + 4 - 2 + 1, 3)
         # Negative control: without a take-back, the next start counts (attempt 2).
         assert (await world.b.begin_attempt("t9")).attempt == 1
         assert await world.a.next_attempt("t9") == 2
