@@ -32,9 +32,9 @@ from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_TASKS = REPO / "examples" / "tasks"
 JOB_ID = "0b7d4a6e-3c1f-4d38-9f6a-2f2a5f0d9c11"
+"""Harbor job id written into every session trial's config (as `harbor run` does)."""
 JOB_FOLDER = "2026-01-02__03-04-05"
 """Name of the fixture job folder (Harbor's timestamp form)."""
-"""Harbor job id written into every session trial's config (as `harbor run` does)."""
 
 
 @dataclass(frozen=True, slots=True)
