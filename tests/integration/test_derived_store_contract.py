@@ -15,9 +15,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
-from pymongo import AsyncMongoClient
 
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.errors import LedgerUnavailable
 from services.common.ports import MAX_DERIVED_BYTES, ExperimentInfo, Ledger
 from services.reports import queries, stored
@@ -29,6 +27,7 @@ from tests.integration.test_ledger_contract import (  # noqa: F401 (fixtures)
     make_record,
 )
 from tests.integration.test_report_cache_contract import PinnedVersion
+from tests.support.ledger_documents import ledger_and_documents
 
 pytestmark = pytest.mark.integration
 
@@ -194,19 +193,13 @@ async def test_a_value_over_the_limit_is_refused_and_not_kept(
 async def test_mongo_the_derived_collection_holds_one_document_per_kind(
     ledger_url: str, ledger_db: str
 ) -> None:
-    mongo = MongoLedger(ledger_url, ledger_db)
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
-    try:
-        await mongo.ensure_indexes()
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
         for n in range(3):  # three versions of each kind
             await mongo.upsert_records([make_record(f"t{n}")])
             await queries.experiment_report(mongo, "exp-a")
             await queries.experiment_leaderboard(mongo, "exp-a")
-        docs = await client[ledger_db]["derived"].find({}, {"blob": 0}).to_list()
+        docs = await db["derived"].find({}, {"blob": 0}).to_list()
         assert sorted(d["_id"]["kind"] for d in docs) == ["leaderboard", "report"]
         version = await mongo.experiment_version("exp-a")
         assert version is not None
         assert {d["version"] for d in docs} == {stored.token(version)}
-    finally:
-        await client.close()
-        await mongo.close()

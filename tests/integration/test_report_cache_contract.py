@@ -16,10 +16,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
-from pymongo import AsyncMongoClient
 
 from services.common.adapters.mongo_experiments import STALE_PENDING, ExperimentStore
-from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import queries
 from services.reports.report_cache import ReportCache
@@ -29,6 +27,7 @@ from tests.integration.test_ledger_contract import (  # noqa: F401 (fixtures)
     ledger_factory,
     make_record,
 )
+from tests.support.ledger_documents import ledger_and_documents
 
 pytestmark = pytest.mark.integration
 
@@ -135,11 +134,8 @@ async def test_negative_control_a_version_that_does_not_move_serves_a_stale_repo
 async def test_mongo_nothing_is_kept_while_a_write_batch_is_in_flight(
     ledger_url: str, ledger_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mongo = MongoLedger(ledger_url, ledger_db)
-    await mongo.ensure_indexes()
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
-    experiments = client[ledger_db]["experiments"]
-    try:
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
+        experiments = db["experiments"]
         await mongo.upsert_records([make_record("t1")])
         settled = await mongo.experiment_version("exp-a")
         assert settled is not None  # negative control for the None below
@@ -166,19 +162,12 @@ async def test_mongo_nothing_is_kept_while_a_write_batch_is_in_flight(
         stale = {f"tally_pending.{batch}": old for batch in doc["tally_pending"]}
         await experiments.update_one({"experiment_id": "exp-a"}, {"$set": stale})
         assert await mongo.experiment_version("exp-a") not in (None, settled)
-    finally:
-        await client.close()
-        await mongo.close()
 
 
 async def test_mongo_an_experiment_written_again_never_repeats_a_version(
     ledger_url: str, ledger_db: str
 ) -> None:
-    mongo = MongoLedger(ledger_url, ledger_db)
-    await mongo.ensure_indexes()
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
-    db = client[ledger_db]
-    try:
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
         await mongo.upsert_records([make_record("t1", reward=1.0)])
         before = await mongo.experiment_version("exp-a")
         cache = ReportCache()
@@ -195,6 +184,3 @@ async def test_mongo_an_experiment_written_again_never_repeats_a_version(
         assert before.split(".")[1] == after.split(".")[1] and before != after
         report = await queries.experiment_report(mongo, "exp-a", cache=cache)
         assert report["leaderboard"][0]["mean_reward"] == 0.0
-    finally:
-        await client.close()
-        await mongo.close()
