@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from schemas.record import TrialRecord
-from services.common.adapters.mongo_experiments import BACKFILL_ID, STALE_PENDING, ExperimentStore
+from services.common.adapters.mongo_experiments import BACKFILL_ID
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import queries
 from services.reports.budget import spent_line
@@ -28,7 +28,11 @@ from tests.integration.test_ledger_contract import (  # noqa: F401 (fixtures)
     ledger_factory,
     make_record,
 )
-from tests.support.ledger_documents import ledger_and_documents
+from tests.support.ledger_documents import (
+    age_pending_marks,
+    ledger_and_documents,
+    write_then_die,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -186,34 +190,21 @@ async def test_mongo_backfill_lists_experiments_written_before_the_listing(
 
 
 async def test_mongo_a_writer_that_died_mid_batch_leaves_a_tally_that_is_rebuilt(
-    ledger_url: str, ledger_db: str, monkeypatch: pytest.MonkeyPatch
+    ledger_url: str, ledger_db: str
 ) -> None:
     async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
-        experiments = db["experiments"]
         await mongo.upsert_records([make_record("t1")])
-
-        async def die(*_args: object, **_kwargs: object) -> None:
-            raise ConnectionError("process killed between the records and the tally")
-
-        monkeypatch.setattr(ExperimentStore, "commit", die)
-        with pytest.raises(ConnectionError):
-            await mongo.upsert_records([make_record("t2"), make_record("t1", reward=0.0)])
-        monkeypatch.undo()
+        await write_then_die(mongo, [make_record("t2"), make_record("t1", reward=0.0)])
         # The redelivered batch changes no record, so it adds nothing either.
         assert (await mongo.upsert_records([make_record("t2")])).unchanged == ["t2"]
         # While the dead batch's mark is fresh the kept tally is read (it may be a
         # live writer): one record short. Negative control for the rebuild below.
         assert (await mongo.experiment_tally("exp-a"))["recorded"] == 1
 
-        old = datetime.now(UTC) - STALE_PENDING - timedelta(seconds=1)
-        doc = await experiments.find_one({"experiment_id": "exp-a"})
-        assert doc is not None
-        stale = {f"tally_pending.{batch}": old for batch in doc["tally_pending"]}
-        await experiments.update_one({"experiment_id": "exp-a"}, {"$set": stale})
-
+        await age_pending_marks(db, "exp-a")
         await assert_tally_is_the_records(mongo)
         assert (await mongo.experiment_tally("exp-a"))["recorded"] == 2
-        doc = await experiments.find_one({"experiment_id": "exp-a"})
+        doc = await db["experiments"].find_one({"experiment_id": "exp-a"})
         assert doc is not None and not doc["tally_pending"]  # stored: no rebuild next time
 
 

@@ -12,12 +12,11 @@ kept then) and never repeats for an experiment written again from scratch.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
 
-from services.common.adapters.mongo_experiments import STALE_PENDING, ExperimentStore
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import queries
 from services.reports.report_cache import ReportCache
@@ -27,7 +26,11 @@ from tests.integration.test_ledger_contract import (  # noqa: F401 (fixtures)
     ledger_factory,
     make_record,
 )
-from tests.support.ledger_documents import ledger_and_documents
+from tests.support.ledger_documents import (
+    age_pending_marks,
+    ledger_and_documents,
+    write_then_die,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -132,22 +135,14 @@ async def test_negative_control_a_version_that_does_not_move_serves_a_stale_repo
 
 
 async def test_mongo_nothing_is_kept_while_a_write_batch_is_in_flight(
-    ledger_url: str, ledger_db: str, monkeypatch: pytest.MonkeyPatch
+    ledger_url: str, ledger_db: str
 ) -> None:
     async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
-        experiments = db["experiments"]
         await mongo.upsert_records([make_record("t1")])
         settled = await mongo.experiment_version("exp-a")
         assert settled is not None  # negative control for the None below
-
-        async def die(*_args: object, **_kwargs: object) -> None:
-            raise ConnectionError("the writer stopped between its records and its commit")
-
         # The records are written, the batch's mark is still on: a live writer.
-        monkeypatch.setattr(ExperimentStore, "commit", die)
-        with pytest.raises(ConnectionError):
-            await mongo.upsert_records([make_record("t2")])
-        monkeypatch.undo()
+        await write_then_die(mongo, [make_record("t2")])
         assert await mongo.experiment_version("exp-a") is None
         cache = ReportCache()
         for _ in range(2):
@@ -156,11 +151,7 @@ async def test_mongo_nothing_is_kept_while_a_write_batch_is_in_flight(
         assert cache.stats().entries == 0 and cache.stats().uncached == 2
 
         # A mark older than STALE_PENDING is a dead writer: its records are settled.
-        old = datetime.now(UTC) - STALE_PENDING - timedelta(seconds=1)
-        doc = await experiments.find_one({"experiment_id": "exp-a"})
-        assert doc is not None
-        stale = {f"tally_pending.{batch}": old for batch in doc["tally_pending"]}
-        await experiments.update_one({"experiment_id": "exp-a"}, {"$set": stale})
+        await age_pending_marks(db, "exp-a")
         assert await mongo.experiment_version("exp-a") not in (None, settled)
 
 
