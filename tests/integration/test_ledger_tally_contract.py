@@ -28,11 +28,7 @@ from tests.integration.test_ledger_contract import (  # noqa: F401 (fixtures)
     ledger_factory,
     make_record,
 )
-from tests.support.ledger_documents import (
-    age_pending_marks,
-    ledger_and_documents,
-    write_then_die,
-)
+from tests.support.ledger_documents import age_pending_marks, ledger_and_documents, write_then_die
 
 pytestmark = pytest.mark.integration
 
