@@ -54,8 +54,8 @@ from typing import Any
 
 from pymongo import ASCENDING, AsyncMongoClient
 
-from benchmarks.counting_ledger import counting_reads
 from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, median
+from benchmarks.wrapped_ledger import counting_reads
 from infra.embedded import LedgerServer
 from schemas.record import TrialRecord
 from services.common.adapters.mongo_experiments import BACKFILL_ID, ExperimentStore

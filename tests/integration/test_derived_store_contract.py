@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from benchmarks.counting_ledger import counting_reads
+from benchmarks.wrapped_ledger import WrappedLedger, counting_reads
 from services.common.errors import LedgerUnavailable
 from services.common.ports import MAX_DERIVED_BYTES, ExperimentInfo, Ledger
 from services.reports import queries, stored
@@ -33,14 +33,8 @@ from tests.support.ledger_documents import ledger_and_documents
 pytestmark = pytest.mark.integration
 
 
-class Refusing:
+class Refusing(WrappedLedger):
     """A ledger whose derived reads and writes fail (an outage, a read-only user)."""
-
-    def __init__(self, inner: Ledger) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     async def stored_derived(self, *_args: object) -> bytes | None:
         """Fails."""

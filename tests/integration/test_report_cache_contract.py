@@ -13,10 +13,11 @@ kept then) and never repeats for an experiment written again from scratch.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
+from benchmarks.wrapped_ledger import WrappedLedger
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import queries
 from services.reports.report_cache import ReportCache
@@ -31,14 +32,8 @@ from tests.support.ledger_documents import age_pending_marks, ledger_and_documen
 pytestmark = pytest.mark.integration
 
 
-class PinnedVersion:
+class PinnedVersion(WrappedLedger):
     """A ledger whose content version never moves (the negative control)."""
-
-    def __init__(self, inner: Ledger) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     async def experiment_version(self, experiment_id: str) -> str | None:
         """Always the same token: what a version not bumped by a write would do."""

@@ -1,6 +1,8 @@
-"""A ledger that counts its reads of records: what a kept (derived) value saves, and
-the proof that a read served from it read none. The ledger benchmark times stored reads
-behind it; the derived-store contract test counts with it."""
+"""A ledger in front of another: every call goes through, except those the wrapper
+answers itself. The counting one shows what a kept (derived) value saves, and that a
+read served from it read no record: the ledger benchmark times stored reads behind it,
+the derived-store contract test counts with it; those tests' pinned-version and
+failing wrappers (their negative controls) build on the same base."""
 
 from __future__ import annotations
 
@@ -10,15 +12,22 @@ from schemas.record import TrialRecord
 from services.common.ports import Ledger
 
 
-class RecordReads:
-    """Delegates every call to ``inner`` and counts those to ``records_for``."""
+class WrappedLedger:
+    """Delegates every call to ``inner``; a subclass overrides the ones it changes."""
 
     def __init__(self, inner: Ledger) -> None:
         self._inner = inner
-        self.record_reads = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+class RecordReads(WrappedLedger):
+    """Counts the calls to ``records_for``."""
+
+    def __init__(self, inner: Ledger) -> None:
+        super().__init__(inner)
+        self.record_reads = 0
 
     async def records_for(self, experiment_id: str) -> list[TrialRecord]:
         """Counted, then delegated."""
