@@ -52,9 +52,9 @@ from benchmarks.harness import (
 )
 from benchmarks.workload import many_trials
 from infra.embedded import NatsServer
-from schemas.subjects import DEFAULT_POOL, Topology
+from infra.nats_permissions import runner_durables
+from schemas.subjects import Topology
 from services.common.adapters.jetstream import JetStreamBus, ensure_streams
-from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 from services.runner.consumer import ensure_runner_consumers
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import prepare
@@ -109,9 +109,7 @@ async def _pulls_held(url: str, topo: Topology) -> int:
     try:
         js = nc.jetstream()
         held = []
-        classes = PriorityClasses.parse(DEFAULT_CLASSES)
-        for cls in classes.names:
-            durable = topo.runner_durable_for(DEFAULT_POOL, classes.durable_class(cls))
+        for durable in runner_durables(topo):
             held.append((await js.consumer_info(topo.work_stream, durable)).num_waiting or 0)
         return min(held)
     finally:

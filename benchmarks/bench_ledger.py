@@ -50,11 +50,12 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pymongo import ASCENDING, AsyncMongoClient
 
 from benchmarks.harness import BenchResult, Context, Figure, fresh_dir, median
+from benchmarks.wrapped_ledger import counting_reads
 from infra.embedded import LedgerServer
 from schemas.record import TrialRecord
 from services.common.adapters.mongo_experiments import BACKFILL_ID, ExperimentStore
@@ -271,8 +272,8 @@ async def _stored_ms(url: str, ledger: MongoLedger, exp: str) -> dict[str, list[
     async def fresh(read: Callable[[MongoLedger], Awaitable[object]]) -> None:
         new = MongoLedger(url, DB)
         try:
-            counted = _CountingReads(new)
-            await read(cast(MongoLedger, counted))
+            reader, counted = counting_reads(new)
+            await read(reader)
             if counted.record_reads:
                 raise AssertionError("a stored read read the records: nothing was kept")
         finally:
@@ -285,21 +286,6 @@ async def _stored_ms(url: str, ledger: MongoLedger, exp: str) -> dict[str, list[
         "report_stored": await _ms(lambda: fresh(lambda led: queries.experiment_report(led, exp))),
         "page_stored": await _ms(lambda: fresh(lambda led: page_view(led, exp, None))),
     }
-
-
-class _CountingReads:
-    """A ledger that counts its records' reads (a stored read must make none)."""
-
-    def __init__(self, inner: MongoLedger) -> None:
-        self._inner = inner
-        self.record_reads = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def records_for(self, experiment_id: str) -> list[TrialRecord]:
-        self.record_reads += 1
-        return await self._inner.records_for(experiment_id)
 
 
 async def stored_sizes(url: str) -> dict[str, float]:

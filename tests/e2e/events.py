@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Self, TypeVar
 
 import nats
@@ -24,7 +24,14 @@ from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from infra.nats_auth import RoleCredentials, connect_as
-from schemas.events import Event, ResultImported, TrialStarted, parse_event
+from schemas.events import (
+    Event,
+    ResultImported,
+    TrialCompleted,
+    TrialFailed,
+    TrialStarted,
+    parse_event,
+)
 from schemas.subjects import Topology
 
 T = TypeVar("T")
@@ -45,6 +52,28 @@ def starts_of(
         and (experiment_id is None or e.experiment_id == experiment_id)
         and (trial_id is None or e.trial_id == trial_id)
     ]
+
+
+def in_flight_counts(events: Sequence[Event], experiments: Collection[str]) -> list[int]:
+    """How many trials of ``experiments`` are started and not yet ended (completed, or
+    failed for good), after each start or ending along ``events`` (stream order).
+
+    A trial is counted by its id, so one started again after a retry is in flight once,
+    and an ending whose start came before ``events`` takes nothing away.
+    """
+    running: set[str] = set()
+    counts: list[int] = []
+    for e in events:
+        if e.experiment_id not in experiments:
+            continue
+        if isinstance(e, TrialStarted):
+            running.add(e.trial_id)
+        elif isinstance(e, TrialCompleted) or (isinstance(e, TrialFailed) and e.final):
+            running.discard(e.trial_id)
+        else:
+            continue
+        counts.append(len(running))
+    return counts
 
 
 async def stream_payloads(js: JetStreamContext, stream: str) -> list[bytes]:

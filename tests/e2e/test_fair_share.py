@@ -23,6 +23,7 @@ import pytest
 from schemas.events import Event, ExperimentSubmitted, TrialCompleted, TrialFailed, TrialStarted
 from tests.e2e.cli import Cli
 from tests.e2e.conftest import Stacks
+from tests.e2e.events import in_flight_counts
 from tests.e2e.faultkit import Submitted, instant_runner_env, judge, submit
 from tests.support.manifests import nop_manifest
 
@@ -88,19 +89,6 @@ def both_waiting_split(events: Sequence[Event], subs: dict[str, Submitted]) -> S
     )
 
 
-def red_in_flight(events: Sequence[Event], red: str) -> int:
-    """Red's trials started and not ended, along the stream so far."""
-    n = 0
-    for e in events:
-        if e.experiment_id != red:
-            continue
-        if isinstance(e, TrialStarted):
-            n += 1
-        elif isinstance(e, TrialCompleted) or (isinstance(e, TrialFailed) and e.final):
-            n -= 1
-    return n
-
-
 @pytest.mark.parametrize("fair", [True, False], ids=["shares-3-1", "control-fair-share-off"])
 async def test_two_teams_share_one_pool_by_their_shares(
     stacks: Stacks, tmp_path: Path, fair: bool
@@ -123,9 +111,11 @@ async def test_two_teams_share_one_pool_by_their_shares(
         cli_of("red"),
         nop_manifest(tmp_path, "red-sweep", agents=1, repetitions=RED_TRIALS, concurrency=1000),
     )
-    # A team alone uses the whole pool.
+    # A team alone uses the whole pool (red's count after the latest start or ending).
     await tap.eventually(
-        lambda ev: red_in_flight(ev, red.experiment_id) == SLOTS, "red alone on 4 slots", 120
+        lambda ev: in_flight_counts(ev, {red.experiment_id})[-1:] == [SLOTS],
+        "red alone on 4 slots",
+        120,
     )
     blue = await submit(
         cli_of("blue"),

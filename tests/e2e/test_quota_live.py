@@ -20,18 +20,18 @@ Judged from the events stream and the ledger, never the clock.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 import pytest
 
 from infra.stack import EmbeddedStack
-from schemas.events import Event, TrialCompleted, TrialFailed, TrialStarted
+from schemas.events import TrialFailed
 from schemas.subjects import Topology
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of
 from tests.e2e.conftest import Stacks
+from tests.e2e.events import in_flight_counts, starts_of
 from tests.e2e.faultkit import (
     Submitted,
     expected_trial_ids,
@@ -90,26 +90,6 @@ async def http_submit(
     return Submitted(exp, expected_trial_ids(path, exp), reps)
 
 
-def started(events: Sequence[Event], experiment_id: str) -> list[TrialStarted]:
-    return [e for e in events if isinstance(e, TrialStarted) and e.experiment_id == experiment_id]
-
-
-def most_in_flight(events: Sequence[Event], experiment_id: str) -> int:
-    """The most trials of the experiment started and not yet ended, along ``events``
-    (only trials started within them)."""
-    running: set[str] = set()
-    most = 0
-    for e in events:
-        if e.experiment_id != experiment_id:
-            continue
-        if isinstance(e, TrialStarted):
-            running.add(e.trial_id)
-            most = max(most, len(running))
-        elif isinstance(e, TrialCompleted) or (isinstance(e, TrialFailed) and e.final):
-            running.discard(e.trial_id)
-    return most
-
-
 @pytest.mark.parametrize("capped", [True, False], ids=["spend-cap", "control-no-cap"])
 async def test_a_team_at_its_spend_cap_waits_visibly_and_loses_nothing(
     stacks: Stacks, tmp_path: Path, capped: bool
@@ -136,7 +116,7 @@ async def test_a_team_at_its_spend_cap_waits_visibly_and_loses_nothing(
     await tap.all_imported(blue_sub.experiment_id, set(blue_sub.trial_ids), 180)
     if not capped:
         await tap.all_imported(red_exp, set(red_sub.trial_ids), 120)
-        assert len(started(tap.events, red_exp)) == N_RED
+        assert len(starts_of(tap.events, experiment_id=red_exp)) == N_RED
         said = await red.ajson("status", red_exp)
         assert "team_spend_capped" not in said, said
         check = await judge("no spend cap", stack, red_sub)
@@ -144,7 +124,7 @@ async def test_a_team_at_its_spend_cap_waits_visibly_and_loses_nothing(
         return
 
     # Capped: exactly the trials that reached the cap started; none failed.
-    n_started = len(started(tap.events, red_exp))
+    n_started = len(starts_of(tap.events, experiment_id=red_exp))
     assert n_started == 3, n_started
     failed = [e for e in tap.events if isinstance(e, TrialFailed) and e.experiment_id == red_exp]
     assert failed == [], failed
@@ -163,7 +143,7 @@ async def test_a_team_at_its_spend_cap_waits_visibly_and_loses_nothing(
     published = await red.ajson("quotas")
     assert published["limits"]["teams"]["red"] == {"max_spend_usd_per_day": 100.0}, published
     await tap.all_imported(red_exp, set(red_sub.trial_ids), 120)
-    starts = started(tap.events, red_exp)
+    starts = starts_of(tap.events, experiment_id=red_exp)
     assert sorted(s.trial_id for s in starts) == sorted(red_sub.trial_ids)  # each once
     assert {s.attempt for s in starts} == {1}
     for sub in (red_sub, blue_sub):
@@ -201,12 +181,12 @@ async def test_a_lowered_concurrency_quota_reaches_queued_work(
     mark = tap.mark()
     await red.ajson("resume", exp)
     await tap.all_imported(exp, set(sub.trial_ids), 180)
-    most = most_in_flight(tap.since(mark), exp)
+    most = max(in_flight_counts(tap.since(mark), {exp}), default=0)
     print(f"lowered quota: published={publish} most_in_flight={most}")
     if publish:
         assert most == 1, most
     else:
         assert most > 1, most  # the messages' own 3 still apply
-    assert {s.attempt for s in started(tap.events, exp)} == {1}
+    assert {s.attempt for s in starts_of(tap.events, experiment_id=exp)} == {1}
     check = await judge("lowered quota", stack, sub)
     assert check.ok and check.reruns == 0, check.explain()

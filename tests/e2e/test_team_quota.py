@@ -14,13 +14,13 @@ once, none re-run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from schemas.events import Event, TrialCompleted, TrialFailed, TrialStarted
+from schemas.events import TrialStarted
 from tests.e2e.conftest import Stacks
+from tests.e2e.events import in_flight_counts
 from tests.e2e.faultkit import instant_runner_env, judge, submit
 from tests.support.manifests import nop_manifest
 
@@ -29,20 +29,6 @@ pytestmark = pytest.mark.e2e
 TEAM_LIMIT = 2
 N_TRIALS = 6
 TRIAL_S = 0.3
-
-
-def most_in_flight(events: Sequence[Event], experiments: set[str]) -> int:
-    """The most trials of ``experiments`` started and not yet ended, along the stream."""
-    running, most = 0, 0
-    for e in events:
-        if e.experiment_id not in experiments:
-            continue
-        if isinstance(e, TrialStarted):
-            running += 1
-            most = max(most, running)
-        elif isinstance(e, TrialCompleted) or (isinstance(e, TrialFailed) and e.final):
-            running -= 1
-    return most
 
 
 @pytest.mark.parametrize("team", ["red", None], ids=["quota", "control-no-team"])
@@ -67,7 +53,7 @@ async def test_a_team_runs_at_most_its_quota_on_a_real_fleet(
     ]
     for sub in subs:
         await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 180)
-    most = most_in_flight(tap.events, {s.experiment_id for s in subs})
+    most = max(in_flight_counts(tap.events, {s.experiment_id for s in subs}), default=0)
     print(f"team quota: team={team} limit={TEAM_LIMIT} most_in_flight={most}")
     if team is not None:
         assert most <= TEAM_LIMIT, most

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
-from pymongo import AsyncMongoClient
 
-from services.common.adapters.mongo_ledger import MongoLedger
+from benchmarks.wrapped_ledger import WrappedLedger, counting_reads
 from services.common.errors import LedgerUnavailable
 from services.common.ports import MAX_DERIVED_BYTES, ExperimentInfo, Ledger
 from services.reports import queries, stored
@@ -29,34 +28,13 @@ from tests.integration.test_ledger_contract import (  # noqa: F401 (fixtures)
     make_record,
 )
 from tests.integration.test_report_cache_contract import PinnedVersion
+from tests.support.ledger_documents import ledger_and_documents
 
 pytestmark = pytest.mark.integration
 
 
-class Counting:
-    """A ledger that counts its reads of records (what a kept value saves)."""
-
-    def __init__(self, inner: Ledger) -> None:
-        self._inner = inner
-        self.record_reads = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def records_for(self, experiment_id: str) -> Any:
-        """Counted, then delegated."""
-        self.record_reads += 1
-        return await self._inner.records_for(experiment_id)
-
-
-class Refusing:
+class Refusing(WrappedLedger):
     """A ledger whose derived reads and writes fail (an outage, a read-only user)."""
-
-    def __init__(self, inner: Ledger) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     async def stored_derived(self, *_args: object) -> bytes | None:
         """Fails."""
@@ -65,11 +43,6 @@ class Refusing:
     async def keep_derived(self, *_args: object) -> None:
         """Fails."""
         raise LedgerUnavailable("ledger unreachable during keep_derived: test")
-
-
-def counting(inner: Ledger) -> tuple[Ledger, Counting]:
-    wrapper = Counting(inner)
-    return cast(Ledger, wrapper), wrapper
 
 
 async def _seed(into: Ledger) -> None:
@@ -84,7 +57,7 @@ async def test_a_new_process_reads_the_kept_value_and_no_record(
     await first.ensure_indexes()
     await _seed(first)
     # Negative control: nothing kept yet, so the first read reads the records.
-    reader, count = counting(first)
+    reader, count = counting_reads(first)
     report = await queries.experiment_report(reader, "exp-a")
     _, board = await queries.experiment_leaderboard(reader, "exp-a")
     view = await page_view(reader, "exp-a", None)
@@ -92,7 +65,7 @@ async def test_a_new_process_reads_the_kept_value_and_no_record(
 
     # A new process: another adapter (connection), no cache, then a fresh cache.
     for cache in (None, ReportCache()):
-        again, count = counting(ledger_factory())
+        again, count = counting_reads(ledger_factory())
         assert await queries.experiment_report(again, "exp-a", cache=cache) == report
         assert (await queries.experiment_leaderboard(again, "exp-a", cache=cache))[1] == board
         assert await page_view(again, "exp-a", cache) == view
@@ -110,14 +83,14 @@ async def test_a_write_makes_the_next_read_compute_again(ledger: Ledger) -> None
     await _seed(ledger)
     await queries.experiment_report(ledger, "exp-a")  # computed and kept
     await ledger.upsert_records([make_record("t3", reward=1.0)])
-    reader, count = counting(ledger)
+    reader, count = counting_reads(ledger)
     after = await queries.experiment_report(reader, "exp-a")
     assert count.record_reads == 1 and after["status"]["recorded"] == 3
     await ledger.upsert_experiment(ExperimentInfo("exp-a", "renamed", 4, {}))  # metadata
     renamed = await page_view(reader, "exp-a", ReportCache())
     assert renamed.report["name"] == "renamed" and count.record_reads == 2
     # And kept again: the next new reader reads no record.
-    fresh, count = counting(ledger)
+    fresh, count = counting_reads(ledger)
     assert (await page_view(fresh, "exp-a", None)).report["name"] == "renamed"
     assert count.record_reads == 0
 
@@ -163,7 +136,7 @@ async def test_a_failing_or_damaged_store_never_costs_the_answer(
     version = await ledger.experiment_version("exp-a")
     assert version is not None
     await ledger.keep_derived("exp-a", "report", stored.token(version), b"not zlib")
-    reader, count = counting(ledger)
+    reader, count = counting_reads(ledger)
     assert await queries.experiment_report(reader, "exp-a") == expected
     assert count.record_reads == 1  # damaged: computed again, never served
     # ... and kept again, decodable this time.
@@ -194,19 +167,13 @@ async def test_a_value_over_the_limit_is_refused_and_not_kept(
 async def test_mongo_the_derived_collection_holds_one_document_per_kind(
     ledger_url: str, ledger_db: str
 ) -> None:
-    mongo = MongoLedger(ledger_url, ledger_db)
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
-    try:
-        await mongo.ensure_indexes()
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
         for n in range(3):  # three versions of each kind
             await mongo.upsert_records([make_record(f"t{n}")])
             await queries.experiment_report(mongo, "exp-a")
             await queries.experiment_leaderboard(mongo, "exp-a")
-        docs = await client[ledger_db]["derived"].find({}, {"blob": 0}).to_list()
+        docs = await db["derived"].find({}, {"blob": 0}).to_list()
         assert sorted(d["_id"]["kind"] for d in docs) == ["leaderboard", "report"]
         version = await mongo.experiment_version("exp-a")
         assert version is not None
         assert {d["version"] for d in docs} == {stored.token(version)}
-    finally:
-        await client.close()
-        await mongo.close()

@@ -21,15 +21,14 @@ import nats
 import pytest
 
 from schemas.record import Evaluation, Provenance, TrialRecord
-from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 from services.common.adapters.nats_kv import NatsCoordinator
-from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.common.task_identity import task_checksum
 from services.submitter.api_tokens import token_digest
 from tests.bad_inputs.corpus import TASKS_ROOT, Case, cases, manifest_file
 from tests.e2e.cli import run_module
+from tests.support.live_runner import announce_live_runner
 from tests.support.records import single_reward
 from tests.support.servers import Servers
 
@@ -337,10 +336,7 @@ async def test_a_manifest_no_live_runner_can_run_is_a_422_until_one_is_live(
         # a runner process does) lets the same manifest through.
         nc = await nats.connect(nats_url)
         try:
-            registry = await NatsRunnerRegistry.open(nc.jetstream(), topology)
-            await registry.announce(
-                RunnerInfo(runner_id="r-1", host="h", capabilities=["local"], concurrency=1)
-            )
+            await announce_live_runner(nc.jetstream(), topology, concurrency=1)
         finally:
             await nc.close()
         accepted = await _post_yaml(api, manifest)

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient
 
 from infra.embedded import free_port
 from schemas.record import Evaluation, PhaseTiming, Provenance, RecordStatus, TrialRecord
@@ -22,6 +21,7 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.errors import LedgerUnavailable
 from services.common.ports import ExperimentInfo, Ledger, UpsertOutcome, record_content_hash
 from services.reports.tally import tally_of
+from tests.support.ledger_documents import ledger_and_documents
 
 pytestmark = pytest.mark.integration
 
@@ -413,17 +413,11 @@ async def test_concurrent_writers_each_trial_ends_with_one_of_their_versions(
 
 
 async def test_mongo_document_carries_hash_and_import_time(ledger_url: str, ledger_db: str) -> None:
-    ledger = MongoLedger(ledger_url, ledger_db)
-    await ledger.ensure_indexes()
     record = make_record("t1")
-    await ledger.upsert_records([record])
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
-    try:
-        doc = await client[ledger_db]["trials"].find_one({"trial_id": "t1"})
-        indexes = await client[ledger_db]["trials"].index_information()
-    finally:
-        await client.close()
-        await ledger.close()
+    async with ledger_and_documents(ledger_url, ledger_db) as (ledger, db):
+        await ledger.upsert_records([record])
+        doc = await db["trials"].find_one({"trial_id": "t1"})
+        indexes = await db["trials"].index_information()
     assert doc is not None
     assert doc["content_hash"] == record_content_hash(record)
     assert doc["order_key"] == "1|2026-01-02T03:04:06.654321|0000000001"
@@ -487,13 +481,10 @@ async def test_mongo_a_document_without_order_key_ranks_by_status(
 ) -> None:
     # Documents written before order keys existed: a partial still never replaces a
     # complete one, and any complete record replaces them (they carry no rank).
-    ledger = MongoLedger(ledger_url, ledger_db)
-    await ledger.ensure_indexes()
     stored = make_record("t1", attempts=5, finished_at=FINISHED + SECOND)
-    await ledger.upsert_records([stored])
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
-    try:
-        trials = client[ledger_db]["trials"]
+    async with ledger_and_documents(ledger_url, ledger_db) as (ledger, db):
+        await ledger.upsert_records([stored])
+        trials = db["trials"]
         await trials.update_one({"trial_id": "t1"}, {"$unset": {"order_key": ""}})
         partial = make_record("t1", status="partial", reward=None, attempts=9)
         assert (await ledger.upsert_records([partial])).unchanged == ["t1"]
@@ -504,6 +495,3 @@ async def test_mongo_a_document_without_order_key_ranks_by_status(
         assert await ledger.get_record("t1") == older
         doc = await trials.find_one({"trial_id": "t1"})
         assert doc is not None and doc["order_key"].startswith("1|")
-    finally:
-        await client.close()
-        await ledger.close()

@@ -13,14 +13,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient
 
 from schemas.record import TrialRecord
-from services.common.adapters.mongo_experiments import BACKFILL_ID, STALE_PENDING, ExperimentStore
-from services.common.adapters.mongo_ledger import MongoLedger
+from services.common.adapters.mongo_experiments import BACKFILL_ID
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import queries
 from services.reports.budget import spent_line
@@ -31,6 +28,7 @@ from tests.integration.test_ledger_contract import (  # noqa: F401 (fixtures)
     ledger_factory,
     make_record,
 )
+from tests.support.ledger_documents import age_pending_marks, ledger_and_documents, write_then_die
 
 pytestmark = pytest.mark.integration
 
@@ -140,40 +138,28 @@ async def test_an_experiment_known_only_by_records_is_listed_without_metadata(
 # -- MongoLedger only ----------------------------------------------------------------
 
 
-async def _mongo(url: str, db: str) -> tuple[MongoLedger, AsyncMongoClient[dict[str, Any]]]:
-    mongo = MongoLedger(url, db)
-    await mongo.ensure_indexes()
-    return mongo, AsyncMongoClient(url, tz_aware=True)
-
-
 async def test_mongo_list_is_newest_first_from_the_experiments_collection(
     ledger_url: str, ledger_db: str
 ) -> None:
-    mongo, client = await _mongo(ledger_url, ledger_db)
-    try:
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
         await mongo.upsert_records([make_record("r1", experiment_id="exp-b")])
         await mongo.upsert_experiment(ExperimentInfo("exp-c", "c", 1, {}))
         await mongo.upsert_records([make_record("r2", experiment_id="exp-a")])
         base = datetime(2026, 1, 1, tzinfo=UTC)
         for i, exp in enumerate(["exp-b", "exp-c", "exp-a"]):
-            await client[ledger_db]["experiments"].update_one(
+            await db["experiments"].update_one(
                 {"experiment_id": exp}, {"$set": {"created_at": base + timedelta(hours=i)}}
             )
         assert await mongo.experiment_ids() == ["exp-a", "exp-c", "exp-b"]
         # Same instant: ties break by id.
-        await client[ledger_db]["experiments"].update_many({}, {"$set": {"created_at": base}})
+        await db["experiments"].update_many({}, {"$set": {"created_at": base}})
         assert await mongo.experiment_ids() == ["exp-a", "exp-b", "exp-c"]
-    finally:
-        await client.close()
-        await mongo.close()
 
 
 async def test_mongo_backfill_lists_experiments_written_before_the_listing(
     ledger_url: str, ledger_db: str
 ) -> None:
-    mongo, client = await _mongo(ledger_url, ledger_db)
-    db = client[ledger_db]
-    try:
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
         await mongo.upsert_records([make_record("r1", experiment_id="exp-old")])
         await mongo.upsert_experiment(ExperimentInfo("exp-new", "n", 1, {}))
         # A mongo of before: records, no listing document, backfill never run.
@@ -197,53 +183,32 @@ async def test_mongo_backfill_lists_experiments_written_before_the_listing(
         await db["experiments"].delete_one({"experiment_id": "exp-old"})
         await mongo.ensure_indexes()
         assert await mongo.experiment_ids() == ["exp-new"]
-    finally:
-        await client.close()
-        await mongo.close()
 
 
 async def test_mongo_a_writer_that_died_mid_batch_leaves_a_tally_that_is_rebuilt(
-    ledger_url: str, ledger_db: str, monkeypatch: pytest.MonkeyPatch
+    ledger_url: str, ledger_db: str
 ) -> None:
-    mongo, client = await _mongo(ledger_url, ledger_db)
-    experiments = client[ledger_db]["experiments"]
-    try:
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
         await mongo.upsert_records([make_record("t1")])
-
-        async def die(*_args: object, **_kwargs: object) -> None:
-            raise ConnectionError("process killed between the records and the tally")
-
-        monkeypatch.setattr(ExperimentStore, "commit", die)
-        with pytest.raises(ConnectionError):
-            await mongo.upsert_records([make_record("t2"), make_record("t1", reward=0.0)])
-        monkeypatch.undo()
+        await write_then_die(mongo, [make_record("t2"), make_record("t1", reward=0.0)])
         # The redelivered batch changes no record, so it adds nothing either.
         assert (await mongo.upsert_records([make_record("t2")])).unchanged == ["t2"]
         # While the dead batch's mark is fresh the kept tally is read (it may be a
         # live writer): one record short. Negative control for the rebuild below.
         assert (await mongo.experiment_tally("exp-a"))["recorded"] == 1
 
-        old = datetime.now(UTC) - STALE_PENDING - timedelta(seconds=1)
-        doc = await experiments.find_one({"experiment_id": "exp-a"})
-        assert doc is not None
-        stale = {f"tally_pending.{batch}": old for batch in doc["tally_pending"]}
-        await experiments.update_one({"experiment_id": "exp-a"}, {"$set": stale})
-
+        await age_pending_marks(db, "exp-a")
         await assert_tally_is_the_records(mongo)
         assert (await mongo.experiment_tally("exp-a"))["recorded"] == 2
-        doc = await experiments.find_one({"experiment_id": "exp-a"})
+        doc = await db["experiments"].find_one({"experiment_id": "exp-a"})
         assert doc is not None and not doc["tally_pending"]  # stored: no rebuild next time
-    finally:
-        await client.close()
-        await mongo.close()
 
 
 async def test_mongo_a_rebuild_is_not_stored_over_a_live_write(
     ledger_url: str, ledger_db: str
 ) -> None:
-    mongo, client = await _mongo(ledger_url, ledger_db)
-    experiments = client[ledger_db]["experiments"]
-    try:
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
+        experiments = db["experiments"]
         await mongo.upsert_records([make_record("t1")])
         # A mongo of before (no kept tally) while a writer has a batch in flight.
         await experiments.update_one(
@@ -254,6 +219,3 @@ async def test_mongo_a_rebuild_is_not_stored_over_a_live_write(
         doc = await experiments.find_one({"experiment_id": "exp-a"})
         # Not stored: the live writer's commit would then count its records twice.
         assert doc is not None and "tally_ok" not in doc
-    finally:
-        await client.close()
-        await mongo.close()

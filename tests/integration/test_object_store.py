@@ -161,18 +161,14 @@ class TestNatsObjectStore(ObjectStoreContract):
             await nc.close()
 
     async def test_bucket_is_created_with_its_settings(
-        self, world: World, nats_url: str, topology: Topology
+        self, world: World, nc: NatsClient, topology: Topology
     ) -> None:
         await world.open(1_000_000)
-        nc = await nats.connect(nats_url)
-        try:
-            status = await (await nc.jetstream().object_store(topology.tasks_bucket)).status()
-            assert status.ttl == 3600 and status.stream_info.config.max_bytes == 1_000_000
-        finally:
-            await nc.close()
+        status = await (await nc.jetstream().object_store(topology.tasks_bucket)).status()
+        assert status.ttl == 3600 and status.stream_info.config.max_bytes == 1_000_000
 
     async def test_reads_leave_no_consumers(
-        self, world: World, nats_url: str, topology: Topology
+        self, world: World, nc: NatsClient, topology: Topology
     ) -> None:
         # nats-py's own get leaves an ordered consumer per read; about 1000 of them in
         # their inactivity window and every further read fails. The adapter's reads
@@ -181,18 +177,14 @@ class TestNatsObjectStore(ObjectStoreContract):
         ref = await store.put("often-read", os.urandom(200_000))
         for _ in range(20):
             assert await store.get(ref) == await store.get(ref)
-        nc = await nats.connect(nats_url)
-        try:
-            js = nc.jetstream()
-            stream = f"OBJ_{topology.tasks_bucket}"
-            assert (await js.stream_info(stream)).state.consumer_count == 0
-            await (await js.object_store(topology.tasks_bucket)).get("often-read")
-            assert (await js.stream_info(stream)).state.consumer_count == 1  # the control
-        finally:
-            await nc.close()
+        js = nc.jetstream()
+        stream = f"OBJ_{topology.tasks_bucket}"
+        assert (await js.stream_info(stream)).state.consumer_count == 0
+        await (await js.object_store(topology.tasks_bucket)).get("often-read")
+        assert (await js.stream_info(stream)).state.consumer_count == 1  # the control
 
     async def test_put_and_get_round_trips_and_nats_py_format(
-        self, world: World, nats_url: str, topology: Topology
+        self, world: World, nc: NatsClient, topology: Topology
     ) -> None:
         # Every trial's folder is a put by the runner and a get by the importer: each
         # JetStream API request is a round trip per trial (docs/performance.md). A put
@@ -200,7 +192,6 @@ class TestNatsObjectStore(ObjectStoreContract):
         # through STREAM.MSG.GET); what they store stays readable by nats-py's own client.
         store = await world.open(None)
         bucket = topology.tasks_bucket
-        nc = await nats.connect(nats_url)
         seen: list[str] = []
 
         async def count(msg: Msg) -> None:
@@ -220,53 +211,42 @@ class TestNatsObjectStore(ObjectStoreContract):
             kinds |= {f"$O.{bucket}.C": "C", f"$O.{bucket}.M": "M"}
             return [next((k for p, k in kinds.items() if s.startswith(p)), s) for s in seen]
 
-        try:
-            data = os.urandom(300_000)  # three chunks
-            put = await traffic(store.put("counted", data))
-            assert put.count("MSG.GET") == 1, put  # STREAM.MSG.GET of the meta
-            assert put.count("C") == 3 and put.count("M") == 1 and len(put) == 5, put
-            ref = await store.info("counted")
-            assert ref is not None
-            got = await traffic(store.get(ref))
-            assert got.count("MSG.GET") == 0 and got.count("DIRECT.GET") == 4, got
-            js = nc.jetstream()
-            assert (await (await js.object_store(bucket)).get("counted")).data == data
-            # Control, the adapter's put before: its own lookup, then nats-py's put,
-            # which looks again (the count tells them apart).
-            their_store = await js.object_store(bucket)
+        data = os.urandom(300_000)  # three chunks
+        put = await traffic(store.put("counted", data))
+        assert put.count("MSG.GET") == 1, put  # STREAM.MSG.GET of the meta
+        assert put.count("C") == 3 and put.count("M") == 1 and len(put) == 5, put
+        ref = await store.info("counted")
+        assert ref is not None
+        got = await traffic(store.get(ref))
+        assert got.count("MSG.GET") == 0 and got.count("DIRECT.GET") == 4, got
+        js = nc.jetstream()
+        assert (await (await js.object_store(bucket)).get("counted")).data == data
+        # Control, the adapter's put before: its own lookup, then nats-py's put,
+        # which looks again (the count tells them apart).
+        their_store = await js.object_store(bucket)
 
-            async def before() -> None:
-                await store.info("theirs")
-                await their_store.put("theirs", b"x")
+        async def before() -> None:
+            await store.info("theirs")
+            await their_store.put("theirs", b"x")
 
-            assert (await traffic(before())).count("MSG.GET") == 2
-            assert (await store.get(await store.put("theirs", b"x"))) == b"x"
-        finally:
-            await nc.close()
+        assert (await traffic(before())).count("MSG.GET") == 2
+        assert (await store.get(await store.put("theirs", b"x"))) == b"x"
 
     async def test_replacing_put_purges_the_old_chunks(
-        self, world: World, nats_url: str, topology: Topology
+        self, world: World, nc: NatsClient, topology: Topology
     ) -> None:
         store = await world.open(None)
         bucket = topology.tasks_bucket
-        nc = await nats.connect(nats_url)
-        try:
-            js = nc.jetstream()
-            await store.put("replaced", b"first")
-            old = await (await js.object_store(bucket)).get_info("replaced")
-            chunks = f"$O.{bucket}.C.{old.nuid}"
-            await js.get_msg(f"OBJ_{bucket}", seq=1, subject=chunks, next=True)  # control
-            new = await store.put("replaced", b"second")
-            assert await store.get(new) == b"second"
-            with pytest.raises(NotFoundError):
-                await js.get_msg(f"OBJ_{bucket}", seq=1, subject=chunks, next=True)
-        finally:
-            await nc.close()
+        js = nc.jetstream()
+        await store.put("replaced", b"first")
+        old = await (await js.object_store(bucket)).get_info("replaced")
+        chunks = f"$O.{bucket}.C.{old.nuid}"
+        await js.get_msg(f"OBJ_{bucket}", seq=1, subject=chunks, next=True)  # control
+        new = await store.put("replaced", b"second")
+        assert await store.get(new) == b"second"
+        with pytest.raises(NotFoundError):
+            await js.get_msg(f"OBJ_{bucket}", seq=1, subject=chunks, next=True)
 
-    async def test_missing_bucket_without_settings_is_transient(self, nats_url: str) -> None:
-        nc = await nats.connect(nats_url)
-        try:
-            with pytest.raises(TransientError, match="does not exist"):
-                await NatsObjectStore.open(nc.jetstream(), "NO_SUCH_BUCKET_" + os.urandom(4).hex())
-        finally:
-            await nc.close()
+    async def test_missing_bucket_without_settings_is_transient(self, nc: NatsClient) -> None:
+        with pytest.raises(TransientError, match="does not exist"):
+            await NatsObjectStore.open(nc.jetstream(), "NO_SUCH_BUCKET_" + os.urandom(4).hex())

@@ -27,15 +27,14 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from schemas.events import ExperimentSubmitted, parse_event
-from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
-from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from services.submitter.http_security import SESSION_COOKIE
 from tests.e2e.cli import run_module
 from tests.security.http_api_support import api_as_users
+from tests.support.live_runner import announce_live_runner
 from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
@@ -109,7 +108,6 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
     nc = await servers.connect()
     js = nc.jetstream()
     ledger = servers.ledger()
-    registry = await NatsRunnerRegistry.open(js, topology)
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text(QUOTAS)
@@ -131,9 +129,7 @@ async def test_queue_shows_what_waits_and_why_in_every_view(
             await record_submissions(nc, topology, ledger)
             # One live runner in the default pool, none in gpu; red-paused paused; one
             # trial of blue-batch running (its only slot held, as a runner holds it).
-            await registry.announce(
-                RunnerInfo(runner_id="r-1", host="h", capabilities=["local"], concurrency=2)
-            )
+            await announce_live_runner(js, topology, concurrency=2)
             paused = await api.post(f"/experiments/{ids['red-paused']}/pause", headers=as_("red"))
             assert paused.status_code == 200, paused.text
             lease = await coordinator.acquire(ids["blue-batch"], 1, "r-1")

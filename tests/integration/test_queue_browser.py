@@ -12,13 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
 from services.common.adapters.nats_kv import NatsCoordinator
-from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
 from tests.e2e.cli import ROOT
 from tests.support.dashboard_site import chromium_path, logged_in_page, served_api
+from tests.support.live_runner import announce_live_runner
 from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
@@ -38,10 +37,7 @@ async def test_queue_page_in_a_browser(
     js = nc.jetstream()
     ledger = servers.ledger()
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
-    registry = await NatsRunnerRegistry.open(js, topology)
-    await registry.announce(
-        RunnerInfo(runner_id="r-1", host="h", capabilities=["local"], concurrency=1)
-    )
+    await announce_live_runner(js, topology, concurrency=1)
     experiments = {
         "held-sweep": ("blue", "batch", 3),
         "release-check": ("red", "urgent", 2),

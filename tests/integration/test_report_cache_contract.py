@@ -12,14 +12,12 @@ kept then) and never repeats for an experiment written again from scratch.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from datetime import UTC, datetime
+from typing import cast
 
 import pytest
-from pymongo import AsyncMongoClient
 
-from services.common.adapters.mongo_experiments import STALE_PENDING, ExperimentStore
-from services.common.adapters.mongo_ledger import MongoLedger
+from benchmarks.wrapped_ledger import WrappedLedger
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import queries
 from services.reports.report_cache import ReportCache
@@ -29,18 +27,13 @@ from tests.integration.test_ledger_contract import (  # noqa: F401 (fixtures)
     ledger_factory,
     make_record,
 )
+from tests.support.ledger_documents import age_pending_marks, ledger_and_documents, write_then_die
 
 pytestmark = pytest.mark.integration
 
 
-class PinnedVersion:
+class PinnedVersion(WrappedLedger):
     """A ledger whose content version never moves (the negative control)."""
-
-    def __init__(self, inner: Ledger) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     async def experiment_version(self, experiment_id: str) -> str | None:
         """Always the same token: what a version not bumped by a write would do."""
@@ -133,25 +126,14 @@ async def test_negative_control_a_version_that_does_not_move_serves_a_stale_repo
 
 
 async def test_mongo_nothing_is_kept_while_a_write_batch_is_in_flight(
-    ledger_url: str, ledger_db: str, monkeypatch: pytest.MonkeyPatch
+    ledger_url: str, ledger_db: str
 ) -> None:
-    mongo = MongoLedger(ledger_url, ledger_db)
-    await mongo.ensure_indexes()
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
-    experiments = client[ledger_db]["experiments"]
-    try:
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
         await mongo.upsert_records([make_record("t1")])
         settled = await mongo.experiment_version("exp-a")
         assert settled is not None  # negative control for the None below
-
-        async def die(*_args: object, **_kwargs: object) -> None:
-            raise ConnectionError("the writer stopped between its records and its commit")
-
         # The records are written, the batch's mark is still on: a live writer.
-        monkeypatch.setattr(ExperimentStore, "commit", die)
-        with pytest.raises(ConnectionError):
-            await mongo.upsert_records([make_record("t2")])
-        monkeypatch.undo()
+        await write_then_die(mongo, [make_record("t2")])
         assert await mongo.experiment_version("exp-a") is None
         cache = ReportCache()
         for _ in range(2):
@@ -160,25 +142,14 @@ async def test_mongo_nothing_is_kept_while_a_write_batch_is_in_flight(
         assert cache.stats().entries == 0 and cache.stats().uncached == 2
 
         # A mark older than STALE_PENDING is a dead writer: its records are settled.
-        old = datetime.now(UTC) - STALE_PENDING - timedelta(seconds=1)
-        doc = await experiments.find_one({"experiment_id": "exp-a"})
-        assert doc is not None
-        stale = {f"tally_pending.{batch}": old for batch in doc["tally_pending"]}
-        await experiments.update_one({"experiment_id": "exp-a"}, {"$set": stale})
+        await age_pending_marks(db, "exp-a")
         assert await mongo.experiment_version("exp-a") not in (None, settled)
-    finally:
-        await client.close()
-        await mongo.close()
 
 
 async def test_mongo_an_experiment_written_again_never_repeats_a_version(
     ledger_url: str, ledger_db: str
 ) -> None:
-    mongo = MongoLedger(ledger_url, ledger_db)
-    await mongo.ensure_indexes()
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
-    db = client[ledger_db]
-    try:
+    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
         await mongo.upsert_records([make_record("t1", reward=1.0)])
         before = await mongo.experiment_version("exp-a")
         cache = ReportCache()
@@ -195,6 +166,3 @@ async def test_mongo_an_experiment_written_again_never_repeats_a_version(
         assert before.split(".")[1] == after.split(".")[1] and before != after
         report = await queries.experiment_report(mongo, "exp-a", cache=cache)
         assert report["leaderboard"][0]["mean_reward"] == 0.0
-    finally:
-        await client.close()
-        await mongo.close()

@@ -29,10 +29,19 @@ from services.common.priority import PriorityClasses
 from services.runner.attempt import KeepAlive
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("class_consumers")]
 
 CLASSES = PriorityClasses.parse("urgent=8,normal=3,batch=1")
 WAIT_S = 60.0
+
+
+@pytest.fixture
+async def class_consumers(nc: NatsClient, topology: Topology) -> None:
+    """The work streams and the default pool's consumer per class, as a runner makes
+    them at start: every test here queues work into them before the loop runs."""
+    js = nc.jetstream()
+    await ensure_streams(js, topology)
+    await ensure_runner_consumers(js, topology, 30, DEFAULT_POOL, CLASSES)
 
 
 class Recorder:
@@ -84,9 +93,6 @@ async def _queue(nc: NatsClient, topo: Topology, cls: str | None, n: int, tag: s
 
 
 async def test_queued_classes_are_taken_by_weight(nc: NatsClient, topology: Topology) -> None:
-    js = nc.jetstream()
-    await ensure_streams(js, topology)
-    await ensure_runner_consumers(js, topology, 30, DEFAULT_POOL, CLASSES)
     await _queue(nc, topology, "batch", 20, "b")
     await _queue(nc, topology, "urgent", 12, "u")
     await _queue(nc, topology, None, 2, "n")  # unclassed: the default class
@@ -106,9 +112,6 @@ async def test_queued_classes_are_taken_by_weight(nc: NatsClient, topology: Topo
 async def test_a_handed_back_urgent_message_comes_back_while_batch_waits(
     nc: NatsClient, topology: Topology
 ) -> None:
-    js = nc.jetstream()
-    await ensure_streams(js, topology)
-    await ensure_runner_consumers(js, topology, 30, DEFAULT_POOL, CLASSES)
     await _queue(nc, topology, "batch", 200, "b")
     await _queue(nc, topology, "urgent", 1, "u")
 
@@ -136,9 +139,6 @@ async def test_a_handed_back_urgent_message_comes_back_while_batch_waits(
 async def test_a_preempted_class_yields_while_urgent_waits(
     nc: NatsClient, topology: Topology, preempted: str | None
 ) -> None:
-    js = nc.jetstream()
-    await ensure_streams(js, topology)
-    await ensure_runner_consumers(js, topology, 30, DEFAULT_POOL, CLASSES)
     await _queue(nc, topology, "batch", 6, "b")
     await _queue(nc, topology, "urgent", 12, "u")
     recorder = Recorder(lambda *_: ACK, hold_s=0.0)
