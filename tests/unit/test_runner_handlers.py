@@ -248,7 +248,12 @@ class ForgetfulCoordinator(InMemoryCoordinator):
         return event
 
 
-async def test_a_run_that_ended_is_not_run_again_when_redelivered(tmp_path: Path) -> None:
+# None: the experiment's limit binds (a slot is taken beside the ending's read); 1: it
+# cannot bind (one trial, limit 2), so the ending is read alone.
+@pytest.mark.parametrize("experiment_trials", [None, 1])
+async def test_a_run_that_ended_is_not_run_again_when_redelivered(
+    tmp_path: Path, experiment_trials: int | None
+) -> None:
     async def redelivered(coord: InMemoryCoordinator) -> tuple[World, World]:
         # runner-1 ran the trial and published its completion, then died before the
         # ack: JetStream hands the same message to runner-2.
@@ -259,7 +264,7 @@ async def test_a_run_that_ended_is_not_run_again_when_redelivered(tmp_path: Path
             bus=first.bus,
             runner_id="runner-2",
         )
-        req = make_request()
+        req = make_request(experiment_trials=experiment_trials)
         assert await first.handle(req) == ACK
         assert await second.handle(req) == ACK
         return first, second
