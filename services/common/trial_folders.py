@@ -113,5 +113,14 @@ class TrialFolders:
 
     async def discard(self, folder: Path) -> None:
         """Delete the local copy of an uploaded trial folder (unless kept by setting)."""
-        if not self.keep_local:
-            await asyncio.to_thread(shutil.rmtree, folder, True)
+        await self.discard_all([folder])
+
+    async def discard_all(self, folders: list[Path]) -> None:
+        """Delete the local copies of uploaded trial folders, in one worker thread."""
+        if not self.keep_local and folders:
+            await asyncio.to_thread(_remove_all, folders)
+
+
+def _remove_all(folders: list[Path]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)

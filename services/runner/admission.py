@@ -155,12 +155,19 @@ class Admission:
             return nak(self._rng.uniform(*mark.wait_s), "handback")
         # The one read every delivery pays for "a run ends once", and the slots (with
         # a teamed trial's share mark), together.
-        ended, lease, marked = await asyncio.gather(
-            coord.ending(request.dedup_id()),
-            self._lease(request),
-            self._mark(mark),
-            return_exceptions=True,
-        )
+        ended: bytes | None | BaseException
+        lease: list[Lease] | bool | BaseException
+        marked: Lease | None | BaseException
+        if mark is None and not _needs_slot(request):
+            # Nothing to take beside the read: no gather (a task per awaitable) for it.
+            ended, lease, marked = await coord.ending(request.dedup_id()), True, None
+        else:
+            ended, lease, marked = await asyncio.gather(
+                coord.ending(request.dedup_id()),
+                self._lease(request),
+                self._mark(mark),
+                return_exceptions=True,
+            )
         held = [*(lease if isinstance(lease, list) else [])]
         held += [marked] if isinstance(marked, Lease) else []
         failed = next((r for r in (ended, lease, marked) if isinstance(r, BaseException)), None)
@@ -263,3 +270,10 @@ class Admission:
         self, request: TrialRequested, decision: policy.Decision, bound: Any
     ) -> Settle:
         return await publish_decision(self._bus, self._coord, request, decision, bound)
+
+
+def _needs_slot(request: TrialRequested) -> bool:
+    """Whether ``Admission._lease`` takes a slot for ``request`` (the experiment's limit
+    binds, or its team has a concurrency quota); when not, it returns True at once."""
+    team = request.team
+    return request.limit_binds() or (team is not None and team.max_concurrent_trials is not None)

@@ -133,6 +133,9 @@ class TestInMemoryObjectStore(ObjectStoreContract):
 class TestNatsObjectStore(ObjectStoreContract):
     """The contract against a JetStream object store bucket on a real nats-server."""
 
+    new_names = False
+    """Open the stores as the results bucket is opened (``NatsObjectStore.new_names``)."""
+
     @pytest.fixture
     async def world(self, nats_url: str, topology: Topology) -> AsyncIterator[World]:
         clients: list[NatsClient] = []
@@ -142,7 +145,10 @@ class TestNatsObjectStore(ObjectStoreContract):
             nc = await nats.connect(nats_url)
             clients.append(nc)
             return await NatsObjectStore.open(
-                nc.jetstream(), bucket, create=BucketSettings(max_bytes=max_bytes, ttl_s=3600)
+                nc.jetstream(),
+                bucket,
+                create=BucketSettings(max_bytes=max_bytes, ttl_s=3600),
+                new_names=self.new_names,
             )
 
         async def tamper(name: str) -> None:
@@ -213,8 +219,9 @@ class TestNatsObjectStore(ObjectStoreContract):
 
         data = os.urandom(300_000)  # three chunks
         put = await traffic(store.put("counted", data))
-        assert put.count("MSG.GET") == 1, put  # STREAM.MSG.GET of the meta
-        assert put.count("C") == 3 and put.count("M") == 1 and len(put) == 5, put
+        lookups = 0 if self.new_names else 1  # STREAM.MSG.GET of the meta
+        assert put.count("MSG.GET") == lookups, put
+        assert put.count("C") == 3 and put.count("M") == 1 and len(put) == 4 + lookups, put
         ref = await store.info("counted")
         assert ref is not None
         got = await traffic(store.get(ref))
@@ -250,3 +257,37 @@ class TestNatsObjectStore(ObjectStoreContract):
     async def test_missing_bucket_without_settings_is_transient(self, nc: NatsClient) -> None:
         with pytest.raises(TransientError, match="does not exist"):
             await NatsObjectStore.open(nc.jetstream(), "NO_SUCH_BUCKET_" + os.urandom(4).hex())
+
+
+class TestNatsObjectStoreNewNames(TestNatsObjectStore):
+    """The contract again for a bucket of new names (the results bucket: trial folders,
+    one name per run and attempt): a put writes without a lookup, and one that finds
+    its name taken must end as a looked-up put does."""
+
+    new_names = True
+
+    async def test_taken_name_is_looked_up_and_leaves_no_chunks(
+        self, world: World, nc: NatsClient, topology: Topology
+    ) -> None:
+        store = await world.open(None)
+        stream = f"OBJ_{topology.tasks_bucket}"
+        js = nc.jetstream()
+
+        async def messages() -> int:
+            return (await js.stream_info(stream)).state.messages
+
+        first = await store.put("taken", b"same bytes")
+        before = await messages()
+        # The same bytes again (an upload retried after an unconfirmed put): the
+        # conditional meta entry is refused, the stored object is the answer, and
+        # the chunks just written are purged.
+        assert await store.put("taken", b"same bytes") == first
+        assert await messages() == before
+        # Other bytes: replaced, the old chunks purged (one meta, one chunk kept).
+        second = await store.put("taken", b"other bytes")
+        assert await store.get(second) == b"other bytes" and await messages() == before
+        with pytest.raises(ObjectCorrupt):
+            await store.get(first)
+        # Control: a new name adds its chunk and its meta entry.
+        await store.put("fresh", b"x")
+        assert await messages() == before + 2

@@ -248,7 +248,12 @@ class ForgetfulCoordinator(InMemoryCoordinator):
         return event
 
 
-async def test_a_run_that_ended_is_not_run_again_when_redelivered(tmp_path: Path) -> None:
+# None: the experiment's limit binds (a slot is taken beside the ending's read); 1: it
+# cannot bind (one trial, limit 2), so the ending is read alone.
+@pytest.mark.parametrize("experiment_trials", [None, 1])
+async def test_a_run_that_ended_is_not_run_again_when_redelivered(
+    tmp_path: Path, experiment_trials: int | None
+) -> None:
     async def redelivered(coord: InMemoryCoordinator) -> tuple[World, World]:
         # runner-1 ran the trial and published its completion, then died before the
         # ack: JetStream hands the same message to runner-2.
@@ -259,7 +264,7 @@ async def test_a_run_that_ended_is_not_run_again_when_redelivered(tmp_path: Path
             bus=first.bus,
             runner_id="runner-2",
         )
-        req = make_request()
+        req = make_request(experiment_trials=experiment_trials)
         assert await first.handle(req) == ACK
         assert await second.handle(req) == ACK
         return first, second
@@ -471,20 +476,23 @@ class GatedFolders(TrialFolders):
     gate: asyncio.Event
     stored_first: list[bool]
     bus: RecordingBus
+    batches: list[int]  # folders per deletion hand-off
 
     def __init__(self, folders: TrialFolders, bus: RecordingBus) -> None:
         super().__init__(folders.store, folders.cap_bytes, retry_delays_s=())
         object.__setattr__(self, "gate", asyncio.Event())
         object.__setattr__(self, "stored_first", [])
         object.__setattr__(self, "bus", bus)
+        object.__setattr__(self, "batches", [])
 
-    async def discard(self, folder: Path) -> None:
+    async def discard_all(self, folders: list[Path]) -> None:
         events = self.bus.of_type(TrialCompleted)
         self.stored_first.append(
-            [await self.store.get(e.result) is not None for e in events] == [True]
+            [await self.store.get(e.result) is not None for e in events] == [True] * len(events)
         )
+        self.batches.append(len(folders))
         await self.gate.wait()
-        await super().discard(folder)
+        await super().discard_all(folders)
 
 
 async def test_the_verdict_does_not_wait_for_the_local_folder_to_be_deleted(
@@ -508,6 +516,26 @@ async def test_the_verdict_does_not_wait_for_the_local_folder_to_be_deleted(
     assert list(folder.parent.iterdir()) == []
     # Deleted only once stored and the ending pointing at it published.
     assert gated.stored_first == [True]
+
+
+async def test_folders_of_a_burst_of_endings_are_deleted_together(tmp_path: Path) -> None:
+    # Each deletion is a hand-off to a worker thread (a future and a wake-up of the
+    # loop): endings that arrive while one runs are deleted by the next, together.
+    world = World(ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)))
+    gated = GatedFolders(world.folders, world.bus)
+    world.handler._folders = gated
+    reqs = [make_request(f"hello__{i:04d}") for i in range(6)]
+    for req in reqs:  # the first deletion starts and is held; five more endings queue
+        assert await asyncio.wait_for(world.handle(req), 10) == ACK
+    assert gated.batches == [1]
+    gated.gate.set()
+    await world.handler.discarded()
+    assert gated.batches == [1, 5] and list((tmp_path / "job").iterdir()) == []
+    # Control: endings apart (each deletion done before the next ending) go one by one.
+    for i in range(6, 8):
+        assert await world.handle(make_request(f"hello__{i:04d}")) == ACK
+        await world.handler.discarded()
+    assert gated.batches == [1, 5, 1, 1]
 
 
 async def test_kept_trial_folders_stay(tmp_path: Path) -> None:

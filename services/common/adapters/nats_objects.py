@@ -12,7 +12,10 @@ of the stream ``OBJ_<bucket>``. Beyond the library this adapter:
   holds the same bytes (task archives are named by checksum: uploaded once);
 - writes objects in nats-py's format (chunks on a fresh nuid, the meta entry with a
   rollup, a replaced object's chunks purged) with ONE meta lookup (nats-py's put looks
-  again after ours: a round trip per trial folder), and reads the meta by direct get;
+  again after ours: a round trip per trial folder), or none in a bucket of new names
+  (``new_names``: trial folders, named by run and attempt): the meta entry is written
+  on condition that the name holds none, and only a taken name is looked up; reads the
+  meta by direct get;
 - reads an object's chunks with direct gets (no consumer per read: nats-py's ordered
   consumers outlive the read, and ~1000 reads in a few seconds hit the stream's
   consumer limit), and verifies the bytes against the caller's reference (size and
@@ -31,6 +34,7 @@ import base64
 import contextlib
 import hashlib
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -73,6 +77,10 @@ _UNAVAILABLE = (NatsTimeoutError, NoRespondersError, ConnectionClosedError, Time
 _STORE_FULL = (10077, 10047)
 # The meta entry replaces the subject's previous one (nats-py's put sends the same).
 _ROLLUP: dict[str, Any] = {Header.ROLLUP.value: "sub"}
+# ... and, for a name expected new, only if the subject holds no meta entry yet.
+_ROLLUP_IF_NEW: dict[str, Any] = {**_ROLLUP, Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: "0"}
+# JetStream's "wrong last sequence" (10071; 10164 from newer servers): the name is taken.
+_NAME_TAKEN = (10071, 10164)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +99,24 @@ class NatsObjectStore:
     """The ObjectStore port over one JetStream object store bucket."""
 
     def __init__(
-        self, js: JetStreamContext, store: JsObjectStore, bucket: str, *, timeout_s: float = 60.0
+        self,
+        js: JetStreamContext,
+        store: JsObjectStore,
+        bucket: str,
+        *,
+        timeout_s: float = 60.0,
+        new_names: bool = False,
     ) -> None:
         self._js = js
         self._store = store
         self._bucket = bucket
         self._stream = f"OBJ_{bucket}"
         self._timeout_s = timeout_s
+        # Names are expected new (trial folders: one per run and attempt): a put writes
+        # without looking first, and looks only when the name turns out taken. A
+        # bucket of re-used names (task archives, by checksum) looks first, so an
+        # archive already stored is not uploaded again.
+        self._new_names = new_names
         self._nuid = NUID()
 
     @classmethod
@@ -108,8 +127,12 @@ class NatsObjectStore:
         *,
         create: BucketSettings | None = None,
         timeout_s: float = 60.0,
+        new_names: bool = False,
     ) -> NatsObjectStore:
-        """Open ``bucket``; create it with ``create`` when missing (else TransientError)."""
+        """Open ``bucket``; create it with ``create`` when missing (else TransientError).
+
+        ``new_names``: its puts are expected to use names not stored yet (see the
+        constructor): one round trip fewer per put, one more when a name is taken."""
         try:
             try:
                 store = await js.object_store(bucket)
@@ -130,7 +153,7 @@ class NatsObjectStore:
                 store = await js.create_object_store(bucket, config=config)
         except _UNAVAILABLE as exc:
             raise TransientError(f"object store bucket {bucket}: {type(exc).__name__}") from exc
-        return cls(js, store, bucket, timeout_s=timeout_s)
+        return cls(js, store, bucket, timeout_s=timeout_s, new_names=new_names)
 
     @property
     def bucket(self) -> str:
@@ -172,9 +195,11 @@ class NatsObjectStore:
         """Store ``data`` under ``name`` (replacing it) and return its reference.
 
         Round trips: the meta lookup, one acknowledged publish per 128 KiB chunk, the
-        meta entry; a replaced object's chunks are purged afterwards. Not wrapped in a
-        timeout: each publish has the JetStream timeout, and a put that fails midway
-        purges the chunks it wrote (a cancellation would leak them).
+        meta entry; a replaced object's chunks are purged afterwards. In a bucket of
+        ``new_names`` the lookup is left out unless the name turns out taken (the
+        conditional meta entry is refused; its chunks are purged, then as above). Not
+        wrapped in a timeout: each publish has the JetStream timeout, and a put that
+        fails midway purges the chunks it wrote (a cancellation would leak them).
         """
         digest = hashlib.sha256(data).digest()
         sha = digest.hex()
@@ -183,6 +208,12 @@ class NatsObjectStore:
         except ValueError as exc:
             raise InternalError(f"invalid object name {name!r}: {exc}") from None
         where = f"{self._bucket}/{name}"
+        if self._new_names:
+            written = await self._guarded(
+                where, name, len(data), self._write(name, data, digest, new=True)
+            )
+            if written is not None:
+                return self._ref(written)
         try:
             existing: ObjectInfo | None = await self._store.get_info(name)
         except ObjectNotFoundError:
@@ -193,20 +224,8 @@ class NatsObjectStore:
             ref = self._ref(existing)
             if ref.sha256 == sha and ref.size == len(data):
                 return ref
-        try:
-            info = await self._write(name, data, digest)
-        except _UNAVAILABLE as exc:
-            raise self._unavailable(where, "upload not confirmed", exc) from exc
-        except APIError as exc:
-            if exc.err_code in _STORE_FULL:
-                raise TransientError(
-                    f"object store bucket {self._bucket} is full ({exc.description}): {name} "
-                    f"({len(data)} bytes) not stored; raise the bucket's size setting or "
-                    "shorten its retention"
-                ) from exc
-            if isinstance(exc, ServiceUnavailableError):
-                raise TransientError(f"{where}: {exc.description}") from exc
-            raise
+        info = await self._guarded(where, name, len(data), self._write(name, data, digest))
+        assert info is not None  # only a conditional write finds the name taken
         if existing is not None and existing.nuid:
             # The name now points at the new chunks; the old ones are garbage. A role
             # without the purge right (infra/nats_permissions.py) leaves them to the
@@ -217,6 +236,25 @@ class NatsObjectStore:
                 )
         return self._ref(info)
 
+    async def _guarded(
+        self, where: str, name: str, size: int, write: Awaitable[ObjectInfo | None]
+    ) -> ObjectInfo | None:
+        """``write``'s result, its failures turned into trialbus errors."""
+        try:
+            return await write
+        except _UNAVAILABLE as exc:
+            raise self._unavailable(where, "upload not confirmed", exc) from exc
+        except APIError as exc:
+            if exc.err_code in _STORE_FULL:
+                raise TransientError(
+                    f"object store bucket {self._bucket} is full ({exc.description}): {name} "
+                    f"({size} bytes) not stored; raise the bucket's size setting or "
+                    "shorten its retention"
+                ) from exc
+            if isinstance(exc, ServiceUnavailableError):
+                raise TransientError(f"{where}: {exc.description}") from exc
+            raise
+
     def _chunk_subject(self, nuid: str) -> str:
         return OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=self._bucket, obj=nuid)
 
@@ -224,11 +262,15 @@ class NatsObjectStore:
         encoded = base64.urlsafe_b64encode(name.encode()).decode()
         return OBJ_META_PRE_TEMPLATE.format(bucket=self._bucket, obj=encoded)
 
-    async def _write(self, name: str, data: bytes, digest: bytes) -> ObjectInfo:
+    async def _write(
+        self, name: str, data: bytes, digest: bytes, *, new: bool = False
+    ) -> ObjectInfo | None:
         """Chunks on a fresh subject, then the meta entry naming them (nats-py's format).
 
         Until the meta entry is stored the old object (if any) stays what the name
         reads; on a failure the new chunks are purged (best effort) and it re-raises.
+        ``new``: the meta entry is stored only if the name has none; None (the chunks
+        purged) when it has.
         """
         nuid = self._nuid.next().decode()
         chunk_subject = self._chunk_subject(nuid)
@@ -248,10 +290,13 @@ class NatsObjectStore:
             for chunk in chunks:
                 await self._js.publish(chunk_subject, chunk)
             meta = json.dumps(info.as_dict()).encode()
-            await self._js.publish(self._meta_subject(name), meta, headers=_ROLLUP)
-        except Exception:
+            headers = _ROLLUP_IF_NEW if new else _ROLLUP
+            await self._js.publish(self._meta_subject(name), meta, headers=headers)
+        except Exception as exc:
             with contextlib.suppress(Exception):  # cleanup: the put's own error is raised
                 await self._js.purge_stream(self._stream, subject=chunk_subject)
+            if new and isinstance(exc, APIError) and exc.err_code in _NAME_TAKEN:
+                return None
             raise
         return info
 
@@ -368,4 +413,5 @@ async def open_bucket(
                 description="trialbus trial folders, named by run and attempt",
             ),
         )
-    return await NatsObjectStore.open(js, bucket, create=limits)
+    # Trial folders are named by run and attempt: a put finds its name free.
+    return await NatsObjectStore.open(js, bucket, create=limits, new_names=kind == "results")
