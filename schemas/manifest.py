@@ -33,6 +33,9 @@ _SECRET_KEY_RE = re.compile(r"(api[_-]?key|secret|token|password|passwd|credenti
 MAX_INT64 = 2**63 - 1
 MAX_NAME_CHARS = 200
 """Longest name, label, model or import path: they are shown in tables and keyed on."""
+MAX_CONCURRENT_TRIALS = 10_000
+"""The most trials one experiment runs at once, and one runner process may hold (its
+waiting trials are cheap: docs/performance.md, capacity)."""
 MAX_PATH_CHARS = 4096
 """Longest task path, glob or dataset reference (PATH_MAX on Linux)."""
 MAX_DESCRIPTION_CHARS = 10_000
@@ -203,7 +206,7 @@ class ComputeSpec(_Strict):
     n_concurrent_trials: int = Field(
         default=4,
         ge=1,
-        le=10_000,
+        le=MAX_CONCURRENT_TRIALS,
         description="Concurrency budget of the experiment: trials running at once across "
         "all runners.",
     )

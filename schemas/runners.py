@@ -16,7 +16,7 @@ from typing import Annotated
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from schemas.manifest import CAPABILITY_PATTERN
+from schemas.manifest import CAPABILITY_PATTERN, MAX_CONCURRENT_TRIALS
 from schemas.subjects import DEFAULT_POOL, POOL_PATTERN, check_pool
 
 RUNNER_ID_PATTERN = r"^[A-Za-z0-9_=-][A-Za-z0-9_.=-]{0,127}$"
@@ -206,7 +206,7 @@ class RunnerInfo(BaseModel):
     harbor_version: str | None = Field(
         default=None, max_length=64, description="Version of Harbor the runner uses."
     )
-    concurrency: int = Field(ge=1, le=4096, description="Trials it runs at once.")
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENT_TRIALS, description="Trials it runs at once.")
     policy: RunnerPolicy | None = Field(
         default=None,
         description="What manifests may ask of this runner (its policy file, or the safe "

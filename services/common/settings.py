@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, IPvAnyAddress, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.manifest import MAX_CONCURRENT_TRIALS
 from schemas.subjects import DEFAULT_POOL, POOL_PATTERN, Topology
 from services.common.priority import DEFAULT_CLASS, DEFAULT_CLASSES, PriorityClasses
 
@@ -118,7 +119,7 @@ class RunnerSettings(CommonSettings):
     """A runner process."""
 
     concurrency: int = Field(
-        default=4, ge=1, le=4096, description="Trials at once in this process."
+        default=4, ge=1, le=MAX_CONCURRENT_TRIALS, description="Trials at once in this process."
     )
     ack_wait_s: float = Field(default=60.0, gt=1, description="Redelivery after silence.")
     heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval.")
