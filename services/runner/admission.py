@@ -213,12 +213,12 @@ class Admission:
         The team's slot is taken only when the message carries a team concurrency
         quota: a trial of no such team pays nothing here. When both are needed they are
         taken together (one round trip of wall time)."""
+        if not _needs_slot(request):
+            return True
         team = request.team
         team_limit = team.max_concurrent_trials if team is not None else None
         wants_exp = request.limit_binds()
         if team is None or team_limit is None:
-            if not wants_exp:
-                return True
             lease = await self._coord.acquire(
                 request.experiment_id, request.compute.n_concurrent_trials, self.runner_id
             )
@@ -273,7 +273,7 @@ class Admission:
 
 
 def _needs_slot(request: TrialRequested) -> bool:
-    """Whether ``Admission._lease`` takes a slot for ``request`` (the experiment's limit
-    binds, or its team has a concurrency quota); when not, it returns True at once."""
+    """Whether a slot is taken for ``request`` (the experiment's limit binds, or its team
+    has a concurrency quota): the one rule ``Admission._lease`` and its caller share."""
     team = request.team
     return request.limit_binds() or (team is not None and team.max_concurrent_trials is not None)
