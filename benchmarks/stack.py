@@ -37,6 +37,7 @@ from schemas.subjects import Topology
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_objects import BucketSettings, NatsObjectStore
+from services.runner.durables import consumer_filters
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of, prepare, publish_experiment
 
@@ -246,8 +247,7 @@ async def run_experiment(
             ) from None
         cpu = meter.stop()
         delivered = await _importer_delivered(js, topo)
-        # Deliveries beyond the new messages delivered: the events stream holds only
-        # what the importer's filter takes, so its stream sequence counts messages.
+        # Deliveries beyond the new messages the importer's filters take.
         redelivered = (delivered[0] - delivered_before[0]) - (delivered[1] - delivered_before[1])
         for sub in subs:
             await sub.unsubscribe()
@@ -267,14 +267,19 @@ async def run_experiment(
 
 
 async def _importer_delivered(js: JetStreamContext, topo: Topology) -> tuple[int, int]:
-    """The importer durable's deliveries and the last stream sequence it delivered
-    ((0, 0) before it exists). nats-server's ``num_redelivered`` is no count: it
-    holds only redelivered messages not yet acknowledged."""
+    """The importer durable's deliveries and the messages its filters take from the
+    events stream ((0, 0) before it exists). nats-server's ``num_redelivered`` is no
+    count: it holds only redelivered messages not yet acknowledged; and the last
+    stream sequence delivered counts the events the durable skips too."""
     try:
         info = await js.consumer_info(topo.events_stream, topo.importer_durable)
     except NotFoundError:
         return 0, 0
-    return info.delivered.consumer_seq or 0, info.delivered.stream_seq or 0
+    taken = 0
+    for subject in consumer_filters(info):
+        stream = await js.stream_info(topo.events_stream, subjects_filter=subject)
+        taken += sum((stream.state.subjects or {}).values())
+    return info.delivered.consumer_seq or 0, taken
 
 
 async def warm_up(stack: BenchStack, workload: Workload, work_dir: Path, tries: int = 3) -> None:

@@ -26,7 +26,8 @@ from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams, kv_config
 from services.common.logging import get_logger
 from services.common.priority import DEFAULT_CLASSES, PriorityClasses
-from services.runner.durables import ensure_runner_durables
+from services.importer.handlers import importer_filters
+from services.runner.durables import consumer_filters, ensure_runner_durables
 
 log = get_logger(__name__)
 
@@ -39,23 +40,37 @@ def events_durable_configs(topology: Topology) -> list[ConsumerConfig]:
 
     Mirrors the ``ConsumerConfig`` their FastStream subscribers pass (services/importer
     and services/watcher app.py): FastStream binds to an existing durable without
-    updating it, so these values are the ones in force.
+    updating it, so these values are the ones in force. The importer takes only the
+    events it acts on (``importer_filters``); the watcher, every event.
     """
     return [
-        _events_durable(topology, topology.importer_durable, max_ack_pending=50_000),
-        _events_durable(topology, topology.watcher_durable, max_ack_pending=None),
+        _events_durable(
+            topology,
+            topology.importer_durable,
+            max_ack_pending=50_000,
+            filters=importer_filters(topology),
+        ),
+        _events_durable(
+            topology,
+            topology.watcher_durable,
+            max_ack_pending=None,
+            filters=[topology.event_filter()],
+        ),
     ]
 
 
 def _events_durable(
-    topology: Topology, durable: str, *, max_ack_pending: int | None
+    topology: Topology, durable: str, *, max_ack_pending: int | None, filters: list[str]
 ) -> ConsumerConfig:
+    # One filter goes in filter_subject, as durables were made before the importer's
+    # was narrowed: a watcher durable provisioned then compares equal and is left alone.
     return ConsumerConfig(
         name=durable,
         durable_name=durable,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
-        filter_subject=topology.event_filter(),
+        filter_subject=filters[0] if len(filters) == 1 else None,
+        filter_subjects=filters if len(filters) > 1 else None,
         ack_wait=EVENTS_ACK_WAIT_S,
         max_deliver=-1,
         max_ack_pending=max_ack_pending,
@@ -105,9 +120,29 @@ async def provision(
         js, topology, runner_ack_wait_s, pools, classes or PriorityClasses.parse(DEFAULT_CLASSES)
     )
     for config in events_durable_configs(topology):
-        assert config.durable_name is not None
-        try:
-            await js.consumer_info(topology.events_stream, config.durable_name)
-        except NotFoundError:
-            await js.add_consumer(topology.events_stream, config)
-            log.info("consumer created", durable=config.durable_name)
+        await _ensure_events_durable(js, topology, config)
+
+
+async def _ensure_events_durable(
+    js: JetStreamContext, topology: Topology, config: ConsumerConfig
+) -> None:
+    """Create the durable when missing; re-filter it when its filters are not ours
+    (an importer durable from before it was narrowed took every event)."""
+    assert config.durable_name is not None
+    wanted = sorted(config.filter_subjects or [config.filter_subject or ""])
+    try:
+        info = await js.consumer_info(topology.events_stream, config.durable_name)
+    except NotFoundError:
+        await js.add_consumer(topology.events_stream, config)
+        log.info("consumer created", durable=config.durable_name)
+        return
+    if consumer_filters(info) != wanted:
+        # An update keeps the durable's position and its pending messages: events
+        # already delivered are still acknowledged, and none after it is skipped.
+        await js.add_consumer(topology.events_stream, config)
+        log.warning(
+            "events durable re-filtered",
+            durable=config.durable_name,
+            was=consumer_filters(info),
+            now=wanted,
+        )

@@ -19,7 +19,7 @@ from services.common.logging import get_logger
 from services.common.ports import Ledger
 from services.common.settings import ImporterSettings
 from services.importer.folders import StoredTrials
-from services.importer.handlers import handle_batch
+from services.importer.handlers import handle_batch, importer_filters
 
 log = get_logger(__name__)
 
@@ -75,6 +75,7 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
         batch_timeout_s=settings.batch_timeout_s,
         ack_wait_s=ACK_WAIT_S,
         max_ack_pending=50_000,
+        filters=importer_filters(topo),
     )
 
     @app.on_startup

@@ -47,6 +47,7 @@ from schemas.events import (
     parse_event,
 )
 from schemas.record import TrialRecord
+from schemas.subjects import Topology
 from services.common.errors import (
     ACK,
     LedgerUnavailable,
@@ -64,6 +65,16 @@ from services.importer.folders import StoredTrials
 from services.importer.records import build_failed_record
 
 log = get_logger(__name__)
+
+IMPORTED_EVENTS: Final = (ExperimentSubmitted, ExperimentCompleted, TrialCompleted, TrialFailed)
+"""The events ``plan_batch`` acts on; every other one it acknowledges unread. The
+importer's durable takes only these (``importer_filters``): TrialStarted and the
+importer's own ResultImported, two thirds of the events stream, never reach it."""
+
+
+def importer_filters(topology: Topology) -> list[str]:
+    """The importer durable's ``filter_subjects``: one per event type it acts on."""
+    return [topology.event_filter(cls.model_fields["type"].default) for cls in IMPORTED_EVENTS]
 
 
 class Delivery(Protocol):

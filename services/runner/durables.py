@@ -58,7 +58,8 @@ def runner_durable_config(
     )
 
 
-def _filters(info: ConsumerInfo) -> list[str]:
+def consumer_filters(info: ConsumerInfo) -> list[str]:
+    """A durable's filters, sorted, whichever of its two fields holds them."""
     config = info.config
     if config.filter_subjects:
         return sorted(config.filter_subjects)
@@ -103,7 +104,7 @@ async def ensure_runner_durables(
                     fix="delete the durable while no trial of the pool is queued or "
                     "running; the next `trialbus provision` or runner start makes it anew",
                 )
-            if refilter and _filters(info) != sorted(config.filter_subjects):
+            if refilter and consumer_filters(info) != sorted(config.filter_subjects):
                 # An update keeps the durable's delivery state (queued work stays); its
                 # waiting-pull limit cannot change, so the update keeps the one it has.
                 await js.add_consumer(
@@ -112,6 +113,6 @@ async def ensure_runner_durables(
                 log.warning(
                     "runner durable re-filtered",
                     durable=config.durable_name,
-                    was=_filters(info),
+                    was=consumer_filters(info),
                     now=config.filter_subjects,
                 )

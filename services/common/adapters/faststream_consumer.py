@@ -86,9 +86,11 @@ class EventsConsumer:
         batch_timeout_s: float,
         ack_wait_s: float,
         max_ack_pending: int | None = None,
+        filters: Sequence[str] = (),
     ) -> FastStream:
-        """Subscribe ``handle`` (metered) to every event on ``durable``; the app closes
-        the ledger after shutdown, serves the metrics and polls the durable's counts."""
+        """Subscribe ``handle`` (metered) to the events on ``durable`` (those of
+        ``filters``, every event when empty); the app closes the ledger after shutdown,
+        serves the metrics and polls the durable's counts."""
         topo = self.settings.topology
         subscribe_batches(
             self.broker,
@@ -101,6 +103,7 @@ class EventsConsumer:
             batch_timeout_s=batch_timeout_s,
             ack_wait_s=ack_wait_s,
             max_ack_pending=max_ack_pending,
+            filters=filters,
         )
         app = app_closing_ledger(self.broker, self.ledger)
         serve_metrics(
@@ -162,8 +165,13 @@ def subscribe_batches(
     batch_timeout_s: float,
     ack_wait_s: float,
     max_ack_pending: int | None = None,
+    filters: Sequence[str] = (),
 ) -> None:
     """Register a batched pull subscriber whose verdicts ``handle`` decides.
+
+    ``filters`` become the durable's ``filter_subjects`` when the subscriber creates
+    it (no admin); an admin's durable is bound as it is (infra.nats_provision makes
+    the same filters).
 
     Each batch is kept in progress (every ``ack_wait_s / 3``) while ``handle`` runs,
     so ``ack_wait_s`` can stay short: a message lost between a pull request and the
@@ -179,7 +187,12 @@ def subscribe_batches(
         # FastStream's pull subscriber brings its own inbox prefix: the role's must win.
         inbox_prefix=auth.subscription_inbox_prefix,
         decoder=raw_body,  # parse_event decodes; FastStream must not (poison stalls)
-        config=ConsumerConfig(ack_wait=ack_wait_s, max_deliver=-1, max_ack_pending=max_ack_pending),
+        config=ConsumerConfig(
+            ack_wait=ack_wait_s,
+            max_deliver=-1,
+            max_ack_pending=max_ack_pending,
+            filter_subjects=list(filters) or None,
+        ),
     )
     keep_batches_on_timeout(subscriber)
 
