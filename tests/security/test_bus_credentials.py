@@ -66,9 +66,12 @@ def test_provisioned_event_durables_match_the_apps() -> None:
     ack_wait is the one in force: it must be the apps' own."""
     from infra.nats_provision import EVENTS_ACK_WAIT_S, events_durable_configs
     from services.importer.app import ACK_WAIT_S as IMPORTER_ACK_WAIT_S
+    from services.importer.handlers import importer_filters
     from services.watcher.app import ACK_WAIT_S as WATCHER_ACK_WAIT_S
 
     assert EVENTS_ACK_WAIT_S == IMPORTER_ACK_WAIT_S == WATCHER_ACK_WAIT_S
     names = [c.durable_name for c in events_durable_configs(TOPO)]
     assert names == [TOPO.importer_durable, TOPO.watcher_durable]
-    assert {c.filter_subject for c in events_durable_configs(TOPO)} == {TOPO.event_filter()}
+    importer, watcher = events_durable_configs(TOPO)
+    assert importer.filter_subjects == importer_filters(TOPO)
+    assert watcher.filter_subject == TOPO.event_filter()
