@@ -48,7 +48,7 @@ from services.common.logging import get_logger
 from services.common.pools import required_capabilities
 from services.common.ports import AttemptStart, Coordinator, EventBus, Lease
 from services.runner import guards, policy
-from services.runner.attempt import KeepAlive
+from services.runner.attempt import KeepAlive, acquire_kept_alive
 from services.runner.endings import decode_ending, publish_decision
 from services.runner.fair_share import FairShare, HeldBack
 
@@ -101,20 +101,11 @@ class Admission:
         Returns the verdict of a message that is not to run here, or the trial cleared
         to run (module docstring, steps 1 to 4).
         """
-        await self._wait_for_admission(keep_alive)
+        await acquire_kept_alive(self._admission, keep_alive, self.heartbeat_s)
         try:
             return await self._start(request, bound)
         finally:
             self._admission.release()
-
-    async def _wait_for_admission(self, keep_alive: KeepAlive) -> None:
-        """Take an admission slot, keeping the message alive while the burst drains."""
-        while True:
-            try:
-                await asyncio.wait_for(self._admission.acquire(), self.heartbeat_s)
-                return
-            except TimeoutError:
-                await keep_alive()
 
     async def _start(self, request: TrialRequested, bound: Any) -> Settle | Admitted:
         coord = self.coordinator
