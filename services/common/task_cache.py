@@ -32,7 +32,7 @@ import secrets
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from schemas.objects import ObjectRef
@@ -97,33 +97,29 @@ def _size(folder: Path) -> int:
     return total
 
 
+@dataclass(eq=False)
 class TaskCache:
     """Task folders by checksum under ``root``, fetched from ``store``, LRU within a budget."""
 
-    def __init__(
-        self,
-        root: Path,
-        store: ObjectStore,
-        *,
-        budget_bytes: int,
-        limits: ArchiveLimits = TASK_LIMITS,
-        clock: Callable[[], float] = time.time,
-        on_lock_wait: Callable[[str], None] | None = None,
-        poll_s: float = 0.05,
-    ) -> None:
-        self.root = root
-        self._store = store
-        self._budget = budget_bytes
-        self._limits = limits
-        self._clock = clock
-        self._on_lock_wait = on_lock_wait
-        self._poll_s = poll_s
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._pinned: dict[str, int] = {}
-        (root / ".locks").mkdir(parents=True, exist_ok=True)
-        (root / ".trash").mkdir(exist_ok=True)
+    root: Path
+    store: ObjectStore
+    _: KW_ONLY
+    budget_bytes: int
+    limits: ArchiveLimits = TASK_LIMITS
+    """The bounds a downloaded task archive is unpacked within."""
+    clock: Callable[[], float] = time.time
+    on_lock_wait: Callable[[str], None] | None = None
+    """Called with the checksum when a wait for an entry's lock begins."""
+    poll_s: float = 0.05
+    """How often a lock held by another process is tried again."""
+    _locks: dict[str, asyncio.Lock] = field(init=False, default_factory=dict)
+    _pinned: dict[str, int] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        (self.root / ".locks").mkdir(parents=True, exist_ok=True)
+        (self.root / ".trash").mkdir(exist_ok=True)
         # Entries a crashed process renamed away but did not finish deleting.
-        for leftover in (root / ".trash").iterdir():
+        for leftover in (self.root / ".trash").iterdir():
             shutil.rmtree(leftover, ignore_errors=True)
 
     # -- fetching ------------------------------------------------------------------------
@@ -184,16 +180,16 @@ class TaskCache:
         for stale in entry.glob(".*.partial") if entry.is_dir() else []:
             shutil.rmtree(stale, ignore_errors=True)
         if ref is None:
-            ref = await self._store.info(task_object_name(checksum))
+            ref = await self.store.info(task_object_name(checksum))
             if ref is None:
                 raise ObjectMissing(
-                    f"task {name} ({checksum[:12]}): no archive in bucket {self._store.bucket}; "
+                    f"task {name} ({checksum[:12]}): no archive in bucket {self.store.bucket}; "
                     "was it submitted through this NATS server (or expired)?"
                 )
         started = time.monotonic()
         try:
-            data = await self._store.get(ref)
-            await asyncio.to_thread(unpack_task, data, path, checksum, self._limits)
+            data = await self.store.get(ref)
+            await asyncio.to_thread(unpack_task, data, path, checksum, self.limits)
         except BaseException:
             with contextlib.suppress(OSError):
                 entry.rmdir()  # only when empty: other names of the task stay
@@ -207,7 +203,7 @@ class TaskCache:
         )
 
     def _touch(self, checksum: str) -> None:
-        now = self._clock()
+        now = self.clock()
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.root / checksum, (now, now))
 
@@ -232,9 +228,9 @@ class TaskCache:
                     if not waited:
                         waited = True
                         log.info("waiting for task lock", checksum=checksum, lock=kind)
-                        if self._on_lock_wait is not None:
-                            self._on_lock_wait(checksum)
-                    await asyncio.sleep(self._poll_s)
+                        if self.on_lock_wait is not None:
+                            self.on_lock_wait(checksum)
+                    await asyncio.sleep(self.poll_s)
             yield
         finally:
             os.close(fd)  # releases the lock
@@ -269,7 +265,7 @@ class TaskCache:
         total = sum(e.size for e in entries)
         evicted: list[str] = []
         for entry in entries:
-            if total <= self._budget:
+            if total <= self.budget_bytes:
                 break
             if entry.checksum in keep or entry.checksum in self._pinned:
                 continue
@@ -277,13 +273,13 @@ class TaskCache:
                 continue
             total -= entry.size
             evicted.append(entry.checksum)
-        if evicted or total > self._budget:
+        if evicted or total > self.budget_bytes:
             log.info(
                 "task cache evicted",
                 evicted=evicted,
                 bytes=total,
-                budget=self._budget,
-                over_budget=total > self._budget,
+                budget=self.budget_bytes,
+                over_budget=total > self.budget_bytes,
             )
         return evicted
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any
 
 from schemas.events import TrialRequested, TrialStarted
@@ -48,7 +48,7 @@ from services.common.logging import get_logger
 from services.common.pools import required_capabilities
 from services.common.ports import AttemptStart, Coordinator, EventBus, Lease
 from services.runner import guards, policy
-from services.runner.attempt import KeepAlive
+from services.runner.attempt import KeepAlive, acquire_kept_alive
 from services.runner.endings import decode_ending, publish_decision
 from services.runner.fair_share import FairShare, HeldBack
 
@@ -72,31 +72,26 @@ class Admitted:
     announced: asyncio.Task[bool]
 
 
+@dataclass(eq=False)
 class Admission:
     """Decides whether, and as which attempt, a trial starts on this runner."""
 
-    def __init__(
-        self,
-        bus: EventBus,
-        coordinator: Coordinator,
-        *,
-        runner_id: str,
-        host: str,
-        heartbeat_s: float,
-        admission: int,
-        offers: frozenset[str] | None,
-        rng: random.Random,
-        fair_share: FairShare | None,
-    ) -> None:
-        self._bus = bus
-        self._coord = coordinator
-        self.runner_id = runner_id
-        self._host = host
-        self._heartbeat_s = heartbeat_s
+    bus: EventBus
+    coordinator: Coordinator
+    _: KW_ONLY
+    runner_id: str
+    host: str
+    heartbeat_s: float
+    admission: InitVar[int]
+    """How many trials may be past delivery and not yet started at once."""
+    offers: frozenset[str] | None
+    """The capabilities this runner offers (None: any trial may run here)."""
+    rng: random.Random
+    fair_share: FairShare | None
+    _admission: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self, admission: int) -> None:
         self._admission = asyncio.Semaphore(admission)
-        self._offers = offers
-        self._rng = rng
-        self._fair = fair_share
 
     async def admit(
         self, request: TrialRequested, keep_alive: KeepAlive, bound: Any
@@ -106,53 +101,44 @@ class Admission:
         Returns the verdict of a message that is not to run here, or the trial cleared
         to run (module docstring, steps 1 to 4).
         """
-        await self._wait_for_admission(keep_alive)
+        await acquire_kept_alive(self._admission, keep_alive, self.heartbeat_s)
         try:
             return await self._start(request, bound)
         finally:
             self._admission.release()
 
-    async def _wait_for_admission(self, keep_alive: KeepAlive) -> None:
-        """Take an admission slot, keeping the message alive while the burst drains."""
-        while True:
-            try:
-                await asyncio.wait_for(self._admission.acquire(), self._heartbeat_s)
-                return
-            except TimeoutError:
-                await keep_alive()
-
     async def _start(self, request: TrialRequested, bound: Any) -> Settle | Admitted:
-        coord = self._coord
+        coord = self.coordinator
         # Cached reads first (no round trip while the cache is warm). A run that already
         # ended is caught below, or by publish_decision: it stores an ending only when
         # none is stored, and publishes the stored one otherwise.
         if await coord.is_cancelled(request.experiment_id):
-            return await self._publish(request, policy.cancelled(request, 1, self._host), bound)
+            return await self._publish(request, policy.cancelled(request, 1, self.host), bound)
         if await coord.is_paused(request.experiment_id, trial_id=request.trial_id):
             # Neither started nor lost: no lease, no attempt counted, back in the queue.
-            return nak(self._rng.uniform(*PAUSE_WAIT_S), "handback")
+            return nak(self.rng.uniform(*PAUSE_WAIT_S), "handback")
         capped = await guards.team_capped(coord, request)
         if capped is not None:
             # The team's spend cap: the trial waits unstarted like a paused one. The
             # runner does not set the pause flag: a runner's bus user may not touch
             # pause flags (it could then lift an operator's pause too).
             bound.warning("team spend quota reached: trial held back", reason=capped)
-            return nak(self._rng.uniform(*PAUSE_WAIT_S), "handback")
-        refused = await guards.refusal(coord, request, self._host)
+            return nak(self.rng.uniform(*PAUSE_WAIT_S), "handback")
+        refused = await guards.refusal(coord, request, self.host)
         if refused is not None:  # its agent was stopped, or the budget is spent
             bound.warning("trial not started: its agent is stopped or the budget spent")
             return await self._publish(request, refused, bound)
         missing = self._missing(request)
         if missing:
-            decision = policy.lacking(request, self._host, missing)
+            decision = policy.lacking(request, self.host, missing)
             bound.error("trial needs what this runner does not offer", missing=missing)
             return await self._publish(request, decision, bound)
-        mark = await self._fair.admit(request) if self._fair is not None else None
+        mark = await self.fair_share.admit(request) if self.fair_share is not None else None
         if isinstance(mark, HeldBack):
             # Over its team's fair share while another team waits: back in the queue,
             # no attempt counted, like a full experiment lease.
             bound.debug("over fair share: trial handed back", reason=mark.reason)
-            return nak(self._rng.uniform(*mark.wait_s), "handback")
+            return nak(self.rng.uniform(*mark.wait_s), "handback")
         # The one read every delivery pays for "a run ends once", and the slots (with
         # a teamed trial's share mark), together.
         ended: bytes | None | BaseException
@@ -173,31 +159,31 @@ class Admission:
         failed = next((r for r in (ended, lease, marked) if isinstance(r, BaseException)), None)
         if failed is not None or ended is not None or lease is False:
             await self.give_back(held)
-            if mark is not None and self._fair is not None:
-                self._fair.released(mark)  # never taken, or given back above: uncounted
+            if mark is not None and self.fair_share is not None:
+                self.fair_share.released(mark)  # never taken, or given back above: uncounted
             if failed is not None:
                 raise failed
         if isinstance(ended, bytes):
-            fresh = await self._bus.publish(decode_ending(ended, request))
+            fresh = await self.bus.publish(decode_ending(ended, request))
             bound.info("run had ended; its ending re-published, not run again", fresh=fresh)
             return ACK
         if lease is False:
             # The experiment's or the team's slots are all taken: back in the queue, no
             # attempt counted, like a pause.
-            return nak(self._rng.uniform(*SLOT_WAIT_S), "handback")
+            return nak(self.rng.uniform(*SLOT_WAIT_S), "handback")
         try:
             start = await coord.begin_attempt(request.dedup_id())
         except BaseException:
             await self.give_back(held)
             raise
         announced = asyncio.create_task(
-            self._bus.publish(
+            self.bus.publish(
                 TrialStarted(
                     experiment_id=request.experiment_id,
                     trial_id=request.trial_id,
                     correlation_id=request.correlation_id,
                     runner_id=self.runner_id,
-                    host=self._host,
+                    host=self.host,
                     attempt=start.attempt,
                     handed_back=start.handed_back,
                     run_id=request.dedup_id(),
@@ -219,14 +205,14 @@ class Admission:
         team_limit = team.max_concurrent_trials if team is not None else None
         wants_exp = request.limit_binds()
         if team is None or team_limit is None:
-            lease = await self._coord.acquire(
+            lease = await self.coordinator.acquire(
                 request.experiment_id, request.compute.n_concurrent_trials, self.runner_id
             )
             return False if lease is None else [lease]
-        takes = [self._coord.acquire_team(team.name, team_limit, self.runner_id)]
+        takes = [self.coordinator.acquire_team(team.name, team_limit, self.runner_id)]
         if wants_exp:
             takes.append(
-                self._coord.acquire(
+                self.coordinator.acquire(
                     request.experiment_id, request.compute.n_concurrent_trials, self.runner_id
                 )
             )
@@ -242,7 +228,7 @@ class Admission:
 
     async def _mark(self, key: str | None) -> Lease | None:
         """Hold the share mark fair share asked for (None: none to hold)."""
-        return None if key is None else await self._coord.mark_running(key, self.runner_id)
+        return None if key is None else await self.coordinator.mark_running(key, self.runner_id)
 
     async def give_back(self, leases: object) -> None:
         """Release the slots if any are held (share marks uncounted by fair share too);
@@ -250,10 +236,10 @@ class Admission:
         if not isinstance(leases, list):
             return
         for lease in leases:
-            if self._fair is not None and isinstance(lease, Lease):
-                self._fair.released(lease.key)
+            if self.fair_share is not None and isinstance(lease, Lease):
+                self.fair_share.released(lease.key)
             try:
-                await self._coord.release(lease)
+                await self.coordinator.release(lease)
             except Exception as exc:  # noqa: BLE001 - the slot comes back with its TTL
                 log.warning(
                     "lease not released; it frees with its TTL",
@@ -262,14 +248,14 @@ class Admission:
                 )
 
     def _missing(self, request: TrialRequested) -> list[str]:
-        if self._offers is None:
+        if self.offers is None:
             return []
-        return [c for c in required_capabilities(request.compute) if c not in self._offers]
+        return [c for c in required_capabilities(request.compute) if c not in self.offers]
 
     async def _publish(
         self, request: TrialRequested, decision: policy.Decision, bound: Any
     ) -> Settle:
-        return await publish_decision(self._bus, self._coord, request, decision, bound)
+        return await publish_decision(self.bus, self.coordinator, request, decision, bound)
 
 
 def _needs_slot(request: TrialRequested) -> bool:

@@ -22,6 +22,19 @@ KeepAlive = Callable[[], Awaitable[None]]
 """Tells the broker the message is still being worked on (JetStream in_progress)."""
 
 
+async def acquire_kept_alive(
+    slots: asyncio.Semaphore, keep_alive: KeepAlive, heartbeat_s: float
+) -> None:
+    """Take one of ``slots``, calling ``keep_alive`` every ``heartbeat_s`` while none is
+    free: a message waiting for its turn (admission, settling) must not expire."""
+    while True:
+        try:
+            await asyncio.wait_for(slots.acquire(), heartbeat_s)
+            return
+        except TimeoutError:
+            await keep_alive()
+
+
 async def run_attempt(
     execution: Coroutine[Any, Any, ExecutionOutcome],
     announced: asyncio.Task[bool],

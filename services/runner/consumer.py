@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from nats.aio.msg import Msg
@@ -146,36 +146,37 @@ def buffered(psub: JetStreamContext.PullSubscription) -> list[Msg]:
     return found
 
 
+def _default_classes() -> PriorityClasses:
+    return PriorityClasses.parse(DEFAULT_CLASSES)
+
+
+@dataclass(eq=False)
 class WorkConsumer:
     """Fetches work messages for free slots only, from the priority classes by weight,
     and hands each to the handler."""
 
-    def __init__(
-        self,
-        js: JetStreamContext,
-        topology: Topology,
-        handle: MessageHandler,
-        *,
-        concurrency: int,
-        runner_id: str = "",
-        pool: str = DEFAULT_POOL,
-        classes: PriorityClasses | None = None,
-    ) -> None:
-        self._js = js
-        self._pool = pool
-        self._topology = topology
-        self._handle = handle
-        self._concurrency = concurrency
-        self._runner_id = runner_id
-        self._classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
-        self._weights = dict(self._classes.weights)
-        self._credit: dict[str, int] = {}
-        self._queues: dict[str, _ClassQueue] = {}
-        self._slots = asyncio.Semaphore(concurrency)
-        self._stopping = asyncio.Event()
-        self._reserved: dict[str, int] = {}  # slots owed to a class (preemption made room)
-        self._yielding: set[str] = set()  # classes preempted here for a heavier class
-        self.in_flight: set[asyncio.Task[None]] = set()
+    js: JetStreamContext
+    topology: Topology
+    handle: MessageHandler
+    _: KW_ONLY
+    concurrency: int
+    runner_id: str = ""
+    pool: str = DEFAULT_POOL
+    classes: PriorityClasses = field(default_factory=_default_classes)
+    in_flight: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+    _weights: dict[str, int] = field(init=False)
+    _slots: asyncio.Semaphore = field(init=False)
+    _credit: dict[str, int] = field(init=False, default_factory=dict)
+    _queues: dict[str, _ClassQueue] = field(init=False, default_factory=dict)
+    _stopping: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    # slots owed to a class (preemption made room)
+    _reserved: dict[str, int] = field(init=False, default_factory=dict)
+    # classes preempted here for a heavier class
+    _yielding: set[str] = field(init=False, default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._weights = dict(self.classes.weights)
+        self._slots = asyncio.Semaphore(self.concurrency)
 
     async def run(self) -> None:
         """Fetch and handle trials until ``stop()`` (in-flight trials go on).
@@ -186,16 +187,16 @@ class WorkConsumer:
         second. When no class is known to hold work, every class gets a long poll
         that returns the moment a message arrives, so a lone class costs no latency.
         """
-        topo, classes = self._topology, self._classes
+        topo, classes = self.topology, self.classes
         for name in classes.names:
-            durable = topo.runner_durable_for(self._pool, classes.durable_class(name))
-            psub = await self._js.pull_subscribe_bind(durable, stream=topo.work_stream)
+            durable = topo.runner_durable_for(self.pool, classes.durable_class(name))
+            psub = await self.js.pull_subscribe_bind(durable, stream=topo.work_stream)
             self._queues[name] = _ClassQueue(psub)
         log.info(
             "runner ready",
-            runner_id=self._runner_id,
-            pool=self._pool,
-            concurrency=self._concurrency,
+            runner_id=self.runner_id,
+            pool=self.pool,
+            concurrency=self.concurrency,
             classes=dict(classes.weights),
         )
         stopped = asyncio.create_task(self._stopping.wait())
@@ -205,7 +206,7 @@ class WorkConsumer:
                 await self._slots.acquire()
                 free = 1
                 # Take every other free slot too, without waiting, to fetch in one go.
-                while free < self._concurrency and not self._slots.locked():
+                while free < self.concurrency and not self._slots.locked():
                     await self._slots.acquire()
                     free += 1
                 if self._reserved:
@@ -315,7 +316,7 @@ class WorkConsumer:
     @property
     def free_slots(self) -> int:
         """Slots not running a trial (nor taking one in)."""
-        return self._concurrency - len(self.in_flight)
+        return self.concurrency - len(self.in_flight)
 
     @property
     def stopping(self) -> bool:
@@ -446,7 +447,7 @@ class WorkConsumer:
     async def _process(self, msg: Msg) -> None:
         keep_alive: KeepAlive = msg.in_progress
         try:
-            verdict = await self._handle(msg.data, keep_alive, subject=msg.subject)
+            verdict = await self.handle(msg.data, keep_alive, subject=msg.subject)
         except asyncio.CancelledError:
             # Draining or shutting down: hand the trial back to another runner now.
             with contextlib.suppress(Exception):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from schemas.events import TrialRequested
@@ -121,53 +121,48 @@ def _run_key(request: TrialRequested) -> str:
     return team_key(request.dedup_id())
 
 
+@dataclass(eq=False)
 class FairShare:
     """Decides whether a teamed trial may start (the module docstring), and tracks this
     runner's own marks between looks."""
 
-    def __init__(
-        self,
-        coordinator: Coordinator,
-        load: PoolLoad,
-        topology: Topology,
-        pool: str,
-        classes: PriorityClasses,
-        *,
-        look_s: float = LOOK_S,
-        confirm_s: float = CONFIRM_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._coord = coordinator
-        self._load = load
-        self._topology = topology
-        self._pool = pool
-        self._classes = classes
-        self._look_s = look_s
-        self._confirm_s = min(confirm_s, look_s)
-        self._clock = clock
-        self._view: _View | None = None
-        self._lock = asyncio.Lock()
-        # This runner's starts minus ends since the last look, per (class, team key),
-        # and the marks it holds (key -> (class, team key)).
-        self._delta: dict[tuple[str, str], int] = {}
-        self._mine: dict[str, tuple[str, str]] = {}
+    coordinator: Coordinator
+    load: PoolLoad
+    topology: Topology
+    pool: str
+    classes: PriorityClasses
+    _: KW_ONLY
+    look_s: float = LOOK_S
+    """How old the pool view may be before a decision reads it again (``LOOK_S``)."""
+    confirm_s: float = CONFIRM_S
+    """How old it may be to hand a trial back (``CONFIRM_S``); capped at ``look_s``."""
+    clock: Callable[[], float] = time.monotonic
+    _view: _View | None = field(init=False, default=None)
+    _lock: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
+    # This runner's starts minus ends since the last look, per (class, team key),
+    # and the marks it holds (key -> (class, team key)).
+    _delta: dict[tuple[str, str], int] = field(init=False, default_factory=dict)
+    _mine: dict[str, tuple[str, str]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.confirm_s = min(self.confirm_s, self.look_s)
 
     async def admit(self, request: TrialRequested) -> str | HeldBack | None:
         """None: the trial's experiment has no team (start, no mark). HeldBack: its team
         is over its share while another waits (hand it back). Else the share mark key
         the trial must hold while it runs (counted as started from now on)."""
-        team = await self._coord.share_of(request.experiment_id)
+        team = await self.coordinator.share_of(request.experiment_id)
         if team is None:
             return None
-        cls = self._classes.resolve(request.compute.priority_class)
-        view = await self._current(self._look_s)
+        cls = self.classes.resolve(request.compute.priority_class)
+        view = await self._current(self.look_s)
         held = self._judge(view, cls, team) if view is not None else None
-        if held is not None and view is not None and self._clock() - view.at >= self._confirm_s:
-            view = await self._current(self._confirm_s)
+        if held is not None and view is not None and self.clock() - view.at >= self.confirm_s:
+            view = await self._current(self.confirm_s)
             held = self._judge(view, cls, team) if view is not None else None
         if held is not None:
             return held
-        key = mark_key(self._pool, cls, team.team, _run_key(request))
+        key = mark_key(self.pool, cls, team.team, _run_key(request))
         slot = (cls, team_key(team.team))
         self._mine[key] = slot
         self._delta[slot] = self._delta.get(slot, 0) + 1
@@ -199,11 +194,11 @@ class FairShare:
 
     async def _current(self, max_age_s: float) -> _View | None:
         view = self._view
-        if view is not None and self._clock() - view.at < max_age_s:
+        if view is not None and self.clock() - view.at < max_age_s:
             return view
         async with self._lock:
             view = self._view
-            if view is not None and self._clock() - view.at < max_age_s:
+            if view is not None and self.clock() - view.at < max_age_s:
                 return view  # another trial looked meanwhile
             try:
                 fresh = await self._read()
@@ -215,27 +210,27 @@ class FairShare:
             return fresh
 
     async def _read(self) -> _View:
-        at = self._clock()
+        at = self.clock()
         # The look counts this runner's marks itself: what it adds from here on is new.
         self._delta = {}
         work, marks, limits = await asyncio.gather(
-            self._load.work_counts(self._pool),
-            self._load.share_marks(self._pool),
+            self.load.work_counts(self.pool),
+            self.load.share_marks(self.pool),
             self._published_limits(),
         )
-        view = _View(at=at, running=marks_by_class(marks, self._pool), limits=limits)
+        view = _View(at=at, running=marks_by_class(marks, self.pool), limits=limits)
         queued: list[tuple[str, str, int]] = []  # (class, experiment, messages)
         for subject, n in work.items():
-            parsed = self._topology.parse_work_subject(subject)
-            if parsed is not None and n > 0 and parsed[0] == self._pool:
-                queued.append((self._classes.resolve(parsed[1]), parsed[2], n))
+            parsed = self.topology.parse_work_subject(subject)
+            if parsed is not None and n > 0 and parsed[0] == self.pool:
+                queued.append((self.classes.resolve(parsed[1]), parsed[2], n))
 
         at_once = asyncio.Semaphore(READS_AT_ONCE)
 
         async def about(exp: str) -> TeamShare | None:
             async with at_once:
-                team = await self._coord.share_of(exp)
-                return None if team is None or await self._coord.is_paused(exp) else team
+                team = await self.coordinator.share_of(exp)
+                return None if team is None or await self.coordinator.is_paused(exp) else team
 
         teams = await asyncio.gather(*(about(exp) for _, exp, _ in queued))
         for (cls, _exp, n), team in zip(queued, teams, strict=True):
@@ -248,7 +243,7 @@ class FairShare:
 
     async def _published_limits(self) -> Quotas | None:
         try:
-            return await self._coord.team_limits()
+            return await self.coordinator.team_limits()
         except Exception as exc:  # noqa: BLE001 - fail open to the shares stored at submit
             log.warning("fair share: team limits unreadable", error=type(exc).__name__)
             return None

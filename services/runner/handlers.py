@@ -52,7 +52,7 @@ from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 from services.common.trial_folders import TrialFolders
 from services.runner import guards, policy
 from services.runner.admission import Admission
-from services.runner.attempt import KeepAlive, run_attempt
+from services.runner.attempt import KeepAlive, acquire_kept_alive, run_attempt
 from services.runner.endings import publish_decision
 from services.runner.fair_share import FairShare
 from services.runner.preemption import Reason, Running, RunningTrial, time_limit
@@ -205,12 +205,7 @@ class TrialHandler:
     async def _ending_turn(self, keep_alive: KeepAlive) -> AsyncIterator[None]:
         """A place among the ``endings`` trials settling at once; the message is kept
         alive while the trial waits for it."""
-        while True:
-            try:
-                await asyncio.wait_for(self._endings.acquire(), self._heartbeat_s)
-                break
-            except TimeoutError:
-                await keep_alive()
+        await acquire_kept_alive(self._endings, keep_alive, self._heartbeat_s)
         try:
             yield
         finally:

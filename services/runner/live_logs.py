@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from schemas.events import TrialLog, TrialRequested
@@ -58,30 +58,28 @@ class ClosableLogSink(Protocol):
         """The output has ended: publish what was kept back, and the dropped count."""
 
 
+@dataclass(eq=False)
 class TrialLogSink:
     """One attempt's live output: redact, split, bound, publish (see the module doc)."""
 
-    def __init__(
-        self,
-        publish: CorePublish,
-        subject: str,
-        request: TrialRequested,
-        redactor: Redactor,
-        limits: LogLimits,
-    ) -> None:
-        self._publish = publish
-        self._subject = subject
-        self._request = request
-        self._redactor = redactor
-        self._limits = limits
-        self._streams: dict[tuple[str, str], RedactingStream] = {}
-        self._phase = "agent"
-        self._left = limits.trial_bytes
-        self.published_bytes = 0
-        self.dropped_bytes = 0
-        self._withheld = bool(redactor.too_short)
-        self._noticed = False
-        self._closed = False
+    publish: CorePublish
+    subject: str
+    request: TrialRequested
+    # Kept out of repr: the redactor holds the values of the trial's secrets.
+    redactor: Redactor = field(repr=False)
+    limits: LogLimits
+    published_bytes: int = field(init=False, default=0)
+    dropped_bytes: int = field(init=False, default=0)
+    _streams: dict[tuple[str, str], RedactingStream] = field(init=False, default_factory=dict)
+    _phase: str = field(init=False, default="agent")
+    _left: int = field(init=False)
+    _withheld: bool = field(init=False)
+    _noticed: bool = field(init=False, default=False)
+    _closed: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self._left = self.limits.trial_bytes
+        self._withheld = bool(self.redactor.too_short)
 
     async def __call__(self, phase: str, stream: str, text: str) -> None:
         """Take one chunk of the trial's output (phase, stdout or stderr, text)."""
@@ -100,7 +98,7 @@ class TrialLogSink:
             return
         redacting = self._streams.get((phase, stream))
         if redacting is None:
-            redacting = self._streams[(phase, stream)] = self._redactor.stream()
+            redacting = self._streams[(phase, stream)] = self.redactor.stream()
         await self._emit(phase, stream, redacting.feed(text))
 
     async def close(self) -> None:
@@ -122,10 +120,10 @@ class TrialLogSink:
     def _why(self) -> str:
         if self._withheld:
             return (
-                f"secret {', '.join(self._redactor.too_short)} is shorter than "
+                f"secret {', '.join(self.redactor.too_short)} is shorter than "
                 f"{MIN_SECRET_CHARS} characters and cannot be redacted"
             )
-        return f"live-log cap of {self._limits.trial_bytes} bytes per trial reached"
+        return f"live-log cap of {self.limits.trial_bytes} bytes per trial reached"
 
     async def _drop(self, n: int) -> None:
         self.dropped_bytes += n
@@ -140,7 +138,7 @@ class TrialLogSink:
 
     async def _emit(self, phase: str, stream: str, text: str) -> None:
         """Publish redacted ``text`` in events of at most ``event_chars``, within budget."""
-        size = self._limits.event_chars
+        size = self.limits.event_chars
         for at in range(0, len(text), size):
             piece = text[at : at + size]
             data = piece.encode()
@@ -163,15 +161,15 @@ class TrialLogSink:
         if not text:
             return
         event = TrialLog(
-            experiment_id=self._request.experiment_id,
-            trial_id=self._request.trial_id,
-            correlation_id=self._request.correlation_id,
+            experiment_id=self.request.experiment_id,
+            trial_id=self.request.trial_id,
+            correlation_id=self.request.correlation_id,
             phase=phase,
             stream="stderr" if stream == "stderr" else "stdout",
             text=text,
         )
         with contextlib.suppress(Exception):
-            await self._publish(self._subject, event.model_dump_json().encode())
+            await self.publish(self.subject, event.model_dump_json().encode())
 
 
 class CoreNatsLogSinks:

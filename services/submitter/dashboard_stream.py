@@ -21,6 +21,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from typing import Any
 
 from schemas.events import (
@@ -303,10 +304,11 @@ async def experiment_stream(
     """The experiment page's live feed (see the module doc), for the trial table's
     page ``page``."""
     shown = Shown()  # this page's own: a reconnect starts afresh and gets everything
+    progress = partial(
+        progress_event, ledger, live, experiment_id, paused_of, shown=shown, cache=cache, page=page
+    )
     async with live.experiment_events(experiment_id) as feed:
-        yield await progress_event(
-            ledger, live, experiment_id, paused_of, shown=shown, cache=cache, page=page
-        )
+        yield await progress()
         dirty, last = False, time.monotonic()
         while True:
             since = time.monotonic() - last
@@ -316,9 +318,7 @@ async def experiment_stream(
                 yield sse("trial", line)
                 dirty = True
             if dirty and time.monotonic() - last >= UPDATE_INTERVAL_S:
-                yield await progress_event(
-                    ledger, live, experiment_id, paused_of, shown=shown, cache=cache, page=page
-                )
+                yield await progress()
                 dirty, last = False, time.monotonic()
             elif event is None and not dirty:
                 yield ": keepalive\n\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -169,30 +170,22 @@ async def apply_settle(msg: Msg, settle: Settle) -> None:
         await msg.term()
 
 
+@dataclass(frozen=True, eq=False)
 class JetStreamBus:
     """EventBus over JetStream. Publish timeouts are retried with the same msg id."""
 
-    def __init__(
-        self,
-        js: JetStreamContext,
-        topology: Topology,
-        *,
-        timeout_s: float = 5.0,
-        attempts: int = 6,
-    ) -> None:
-        self._js = js
-        self._topology = topology
-        self._timeout = timeout_s
-        self._attempts = attempts
-
-    @property
-    def topology(self) -> Topology:
-        return self._topology
+    js: JetStreamContext
+    topology: Topology
+    _: KW_ONLY
+    timeout_s: float = 5.0
+    """How long one publish (or one pipelined round without progress) waits."""
+    attempts: int = 6
+    """How many times a message is sent, with the same msg id, before TransientError."""
 
     async def publish(self, event: Envelope, *, msg_id: str | None = None) -> bool:
         """Publish ``event``; False when JetStream dropped it as a duplicate."""
         return await self.publish_raw(
-            subject_for(self._topology, event), encode_event(event), msg_id or event.dedup_id()
+            subject_for(self.topology, event), encode_event(event), msg_id or event.dedup_id()
         )
 
     async def publish_raw(self, subject: str, data: bytes, msg_id: str) -> bool:
@@ -201,14 +194,14 @@ class JetStreamBus:
         Returns False when JetStream reports the message as a duplicate.
         """
         delay = 0.2
-        for attempt in range(1, self._attempts + 1):
+        for attempt in range(1, self.attempts + 1):
             try:
-                ack = await self._js.publish(
-                    subject, data, timeout=self._timeout, headers={"Nats-Msg-Id": msg_id}
+                ack = await self.js.publish(
+                    subject, data, timeout=self.timeout_s, headers={"Nats-Msg-Id": msg_id}
                 )
                 return not ack.duplicate
             except (NatsTimeoutError, NoRespondersError, TimeoutError) as exc:
-                if attempt == self._attempts:
+                if attempt == self.attempts:
                     raise TransientError(
                         f"JetStream did not acknowledge {subject} after {attempt} attempts: "
                         f"{type(exc).__name__}"
@@ -221,7 +214,7 @@ class JetStreamBus:
         """Publish many events pipelined (at most ``window`` unacknowledged), each
         acknowledged."""
         return await self.publish_many_raw(
-            [(subject_for(self._topology, e), encode_event(e), e.dedup_id()) for e in events],
+            [(subject_for(self.topology, e), encode_event(e), e.dedup_id()) for e in events],
             window,
         )
 
@@ -242,18 +235,18 @@ class JetStreamBus:
         delay = 0.2
         # The JetStream context keeps its connection privately; the pipeline needs it
         # for its reply subscription.
-        nc: NatsClient = self._js._nc
-        for attempt in range(1, self._attempts + 1):
+        nc: NatsClient = self.js._nc
+        for attempt in range(1, self.attempts + 1):
             todo = await publish_round(
-                nc, items, todo, results, window=window, timeout_s=self._timeout
+                nc, items, todo, results, window=window, timeout_s=self.timeout_s
             )
             if not todo:
                 return results
-            if attempt < self._attempts:
+            if attempt < self.attempts:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         subject = items[todo[0]][0]
         raise TransientError(
             f"JetStream did not acknowledge {len(todo)} of {len(items)} messages "
-            f"(first: {subject}) after {self._attempts} attempts"
+            f"(first: {subject}) after {self.attempts} attempts"
         )
