@@ -14,7 +14,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from schemas.constraints import MAX_INT64, DelaySeconds, PositiveFinite
+# MAX_INT64 is re-exported: modules that check ledger-storable numbers import it from here.
+from schemas.constraints import MAX_INT64 as MAX_INT64
+from schemas.constraints import DelaySeconds, PositiveFinite
 from schemas.ids import agent_key
 from schemas.subjects import CLASS_PATTERN, DEFAULT_POOL, POOL_PATTERN
 
