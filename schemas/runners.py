@@ -30,6 +30,7 @@ Capabilities = Annotated[list[Capability], Field(max_length=64)]
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
 AgentName = Annotated[str, Field(max_length=64)]
+"""A Harbor agent name (oracle, nop, ...)."""
 ImportPath = Annotated[str, Field(max_length=200)]
 """A name or a 'module:Class' import path (of an agent, an environment)."""
 HostName = Annotated[str, Field(max_length=255)]
