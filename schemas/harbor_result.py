@@ -18,10 +18,8 @@ class _Lenient(BaseModel):
 
 
 class HarborTiming(_Lenient):
-    """When one phase started and finished. No duration here: Harbor may write one
-    timestamp with an offset and the other without, so the importer turns both to UTC
-    first (services/importer/records.py)."""
-
+    # No duration here: Harbor may write one timestamp with an offset and the other
+    # without, so the importer turns both to UTC first (services/importer/records.py).
     started_at: datetime | None = None
     finished_at: datetime | None = None
 
