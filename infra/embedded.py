@@ -323,16 +323,13 @@ class NatsCluster(StartStop):
 
     def start(self) -> Self:
         """Start every node, then wait until all of them report full health."""
-        try:
+        with self.stopped_on_failure():
             # Spawn all first: a lone node cannot elect a JetStream meta leader.
             for node in self.nodes:
                 node._spawn()
             for node in self.nodes:
                 node._wait_ready()
             self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def _wait_healthy(self) -> None:

@@ -85,11 +85,12 @@ class EmbeddedStack(StartStop):
     """Where the stack's own nats-server listens (runners on other hosts need an
     address they can reach, e.g. a bridge's)."""
     ledger_port: int | None = None
-    services: dict[str, ServiceProcess] = field(default_factory=dict)
-    _nats: NatsServer | None = None
-    _ledger: LedgerServer | None = None
-    _api_tokens_file: Path | None = None
-    _auth: AuthFiles | None = None
+    # What start() makes: the stack's state, never a constructor argument.
+    services: dict[str, ServiceProcess] = field(default_factory=dict, init=False)
+    _nats: NatsServer | None = field(default=None, init=False)
+    _ledger: LedgerServer | None = field(default=None, init=False)
+    _api_tokens_file: Path | None = field(default=None, init=False)
+    _auth: AuthFiles | None = field(default=None, init=False)
 
     @property
     def nats_auth_dir(self) -> Path:
@@ -142,7 +143,7 @@ class EmbeddedStack(StartStop):
     def start(self) -> Self:
         """Start the servers it owns, then every service; return once all are ready."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        try:
+        with self.stopped_on_failure():
             if self.nats_url is None:
                 self._nats, self._auth = start_authenticated_nats(
                     self.data_dir / "nats",
@@ -175,9 +176,6 @@ class EmbeddedStack(StartStop):
             for svc in self.services.values():
                 svc.start()
             self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def _env(self) -> dict[str, str]:

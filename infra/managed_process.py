@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
@@ -164,6 +164,16 @@ class StartStop:
     def stop(self) -> None:
         """Stop whatever ``start`` started (subclasses do the work)."""
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def stopped_on_failure(self) -> Iterator[None]:
+        """Wrap the body of a ``start``: when it fails part way (or is interrupted),
+        stop what it had started, then let the error through."""
+        try:
+            yield
+        except BaseException:
+            self.stop()
+            raise
 
     def __enter__(self) -> Self:
         return self.start()

@@ -72,11 +72,8 @@ def start_authenticated_nats(
     # a supervised restart comes back with the same users.
     config = include_directive(nats_dir / "nats-server.conf", auth.server_config)
     server = NatsServer(nats_dir, port=port, config=config, host=host).start()
-    try:
+    with server.stopped_on_failure():
         asyncio.run(_provision(server.url, auth, topology, ack_wait_s, classes))
-    except BaseException:
-        server.stop()
-        raise
     return server, auth
 
 

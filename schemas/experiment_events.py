@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from schemas.constraints import Count
 from schemas.envelope import Envelope, type_tag
-from schemas.manifest import MAX_INT64, check_storable
+from schemas.manifest import check_storable
 
 
 class ExperimentSubmitted(Envelope):
@@ -18,13 +19,9 @@ class ExperimentSubmitted(Envelope):
 
     type: Literal["experiment_submitted"] = type_tag("experiment_submitted")
     name: str = Field(description="Experiment name from the manifest.")
-    n_trials: int = Field(
-        ge=0, le=MAX_INT64, description="Number of trials the manifest expands to."
-    )
-    n_published: int = Field(
-        ge=0,
-        le=MAX_INT64,
-        description="Trials published by this submission (resume skips scored ones).",
+    n_trials: Count = Field(description="Number of trials the manifest expands to.")
+    n_published: Count = Field(
+        description="Trials published by this submission (resume skips scored ones)."
     )
     manifest: dict[str, Any] = Field(description="The normalized manifest (no secrets).")
 
@@ -43,11 +40,9 @@ class ExperimentCompleted(Envelope):
     """Every trial of the experiment has a ledger record."""
 
     type: Literal["experiment_completed"] = type_tag("experiment_completed")
-    n_trials: int = Field(ge=0, le=MAX_INT64, description="Trials the experiment expands to.")
-    n_scored: int = Field(
-        ge=0, le=MAX_INT64, description="Trials whose record carries a valid reward."
-    )
-    n_partial: int = Field(ge=0, le=MAX_INT64, description="Trials whose record is partial.")
+    n_trials: Count = Field(description="Trials the experiment expands to.")
+    n_scored: Count = Field(description="Trials whose record carries a valid reward.")
+    n_partial: Count = Field(description="Trials whose record is partial.")
 
     def dedup_id(self) -> str:
         """Keyed by the counts: the same completion announced twice dedupes."""

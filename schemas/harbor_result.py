@@ -18,14 +18,10 @@ class _Lenient(BaseModel):
 
 
 class HarborTiming(_Lenient):
+    # No duration here: Harbor may write one timestamp with an offset and the other
+    # without, so the importer turns both to UTC first (services/importer/records.py).
     started_at: datetime | None = None
     finished_at: datetime | None = None
-
-    @property
-    def seconds(self) -> float | None:
-        if self.started_at is None or self.finished_at is None:
-            return None
-        return (self.finished_at - self.started_at).total_seconds()
 
 
 class HarborException(_Lenient):

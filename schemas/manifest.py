@@ -14,6 +14,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# MAX_INT64 is re-exported: modules that check ledger-storable numbers import it from here.
+from schemas.constraints import MAX_INT64 as MAX_INT64
+from schemas.constraints import DelaySeconds, PositiveFinite
 from schemas.ids import agent_key
 from schemas.subjects import CLASS_PATTERN, DEFAULT_POOL, POOL_PATTERN
 
@@ -30,7 +33,6 @@ _SECRET_VALUE_RE = re.compile(
 )
 _SECRET_KEY_RE = re.compile(r"(api[_-]?key|secret|token|password|passwd|credential)", re.I)
 
-MAX_INT64 = 2**63 - 1
 MAX_NAME_CHARS = 200
 """Longest name, label, model or import path: they are shown in tables and keyed on."""
 MAX_CONCURRENT_TRIALS = 10_000
@@ -41,7 +43,6 @@ MAX_PATH_CHARS = 4096
 MAX_DESCRIPTION_CHARS = 10_000
 """Longest free-text description: it travels in ExperimentSubmitted and every record's
 copy of the manifest, so it stays far under an event's size limit (schemas.events)."""
-"""Largest integer the ledger (BSON int64) stores; larger ones fail every write."""
 
 LOCAL_ENVIRONMENT_ALIAS = "local"
 """Short manifest name of trialbus's bubblewrap environment."""
@@ -210,11 +211,9 @@ class ComputeSpec(_Strict):
         description="Concurrency budget of the experiment: trials running at once across "
         "all runners.",
     )
-    timeout_multiplier: float = Field(
+    timeout_multiplier: PositiveFinite = Field(
         default=1.0,
-        gt=0,
         le=100,
-        allow_inf_nan=False,
         description="Harbor's timeout multiplier, applied to the task's own timeouts.",
     )
     pool: str = Field(
@@ -275,18 +274,12 @@ class RetrySpec(_Strict):
     max_attempts: int = Field(
         default=3, ge=1, le=20, description="Attempts per run, the first one included."
     )
-    backoff_seconds: float = Field(
+    backoff_seconds: DelaySeconds = Field(
         default=2.0,
-        ge=0,
-        le=3600,
-        allow_inf_nan=False,
         description="Delay before the second attempt; it doubles for each later one.",
     )
-    max_backoff_seconds: float = Field(
+    max_backoff_seconds: DelaySeconds = Field(
         default=60.0,
-        ge=0,
-        le=3600,
-        allow_inf_nan=False,
         description="Upper bound of the delay between attempts.",
     )
 
@@ -294,10 +287,8 @@ class RetrySpec(_Strict):
 class BudgetSpec(_Strict):
     """A spending limit for the whole experiment, enforced by the runners."""
 
-    max_cost_usd: float | None = Field(
+    max_cost_usd: PositiveFinite | None = Field(
         default=None,
-        gt=0,
-        allow_inf_nan=False,
         description="Stop starting trials once the experiment's attempts cost this much "
         "(USD, as the agents report it; attempts without a price count tokens only).",
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.manifest import MAX_INT64
+from schemas.constraints import Count
 
 OBJECT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=:/-]{0,254}$"
 """Object names trialbus writes: no spaces, no '..' segments (checked by the model)."""
@@ -24,7 +24,7 @@ class ObjectRef(BaseModel):
 
     bucket: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Object store bucket name.")
     name: str = Field(pattern=OBJECT_NAME_PATTERN, description="Object name inside the bucket.")
-    size: int = Field(ge=0, le=MAX_INT64, description="Size of the object in bytes.")
+    size: Count = Field(description="Size of the object in bytes.")
     sha256: str = Field(
         pattern=SHA256_PATTERN, description="sha256 of the object's bytes (lowercase hex)."
     )

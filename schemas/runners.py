@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, TypeVar
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
 
 from schemas.manifest import CAPABILITY_PATTERN, MAX_CONCURRENT_TRIALS
 from schemas.subjects import DEFAULT_POOL, POOL_PATTERN, check_pool
@@ -24,9 +24,21 @@ RUNNER_ID_PATTERN = r"^[A-Za-z0-9_=-][A-Za-z0-9_.=-]{0,127}$"
 
 
 Capability = Annotated[str, Field(pattern=CAPABILITY_PATTERN)]
+Capabilities = Annotated[list[Capability], Field(max_length=64)]
+"""What a runner offers (detected environments, or its operator's labels)."""
 
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)]
+AgentName = Annotated[str, Field(max_length=64)]
+"""A Harbor agent name (oracle, nop, ...)."""
+ImportPath = Annotated[str, Field(max_length=200)]
+"""A name or a 'module:Class' import path (of an agent, an environment)."""
+HostName = Annotated[str, Field(max_length=255)]
+"""A host, or host:port."""
+
+_T = TypeVar("_T")
+PolicyList = Annotated[list[_T], Field(max_length=256)]
+"""One list of what a policy allows: at most 256 entries, each bounded by its type."""
 
 DEFAULT_SECRET_NAMES = (
     "ANTHROPIC_API_KEY",
@@ -112,44 +124,38 @@ class RunnerPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    environments: dict[Annotated[str, Field(max_length=200)], EnvironmentRule] = Field(
+    environments: dict[ImportPath, EnvironmentRule] = Field(
         default_factory=lambda: {"local": EnvironmentRule(), "docker": EnvironmentRule()},
         max_length=64,
         description="Allowed compute.environment values (a name or 'module:Class') and the "
         "environment_kwargs each accepts. Default: local and docker, no kwargs.",
     )
-    agent_names: list[Annotated[str, Field(max_length=64)]] | None = Field(
+    agent_names: PolicyList[AgentName] | None = Field(
         default=None,
-        max_length=256,
         description="Allowed Harbor agent names; None: every agent Harbor ships.",
     )
-    agent_import_paths: list[Annotated[str, Field(max_length=200)]] = Field(
+    agent_import_paths: PolicyList[ImportPath] = Field(
         default_factory=list,
-        max_length=256,
         description="Allowed agent 'module:Class' import paths (imported on the runner). "
         "None by default.",
     )
-    secret_names: list[EnvName] = Field(
+    secret_names: PolicyList[EnvName] = Field(
         default_factory=lambda: list(DEFAULT_SECRET_NAMES),
-        max_length=256,
         description="Runner variables an agent's api_key_env, and a task's ${NAME} "
         "templates, may name. Default: common model provider keys.",
     )
-    extra_secret_names: list[EnvName] = Field(
+    extra_secret_names: PolicyList[EnvName] = Field(
         default_factory=list,
-        max_length=256,
         description="Added to secret_names (the operator's own keys, e.g. MYLLM_API_KEY).",
     )
-    endpoint_hosts: list[Annotated[str, Field(max_length=255)]] = Field(
+    endpoint_hosts: PolicyList[HostName] = Field(
         default_factory=list,
-        max_length=256,
         description="Hosts (or host:port) agent kwargs may send requests to (api_base, "
         "base_url, any URL). None by default: agents use their provider's endpoint.",
     )
 
-    pass_env: list[EnvName] = Field(
+    pass_env: PolicyList[EnvName] = Field(
         default_factory=list,
-        max_length=256,
         description="Runner variables every trial's process keeps besides the base list "
         "(PATH, HOME, locale, TMPDIR, Docker's, ...) and its agent's api_key_env: e.g. "
         "HTTPS_PROXY, or a cloud environment's credentials. Visible to agents and "
@@ -192,15 +198,13 @@ class RunnerInfo(BaseModel):
     pool: str = Field(
         default=DEFAULT_POOL, pattern=POOL_PATTERN, description="Pool whose work it takes."
     )
-    capabilities: list[Capability] = Field(
+    capabilities: Capabilities = Field(
         default_factory=list,
-        max_length=64,
         description="Environments it was found able to run (detected at start, e.g. "
         "'local' when bubblewrap works, 'docker' when the Docker daemon answers).",
     )
-    labels: list[Capability] = Field(
+    labels: Capabilities = Field(
         default_factory=list,
-        max_length=64,
         description="Operator-declared capabilities (settings), e.g. 'gpu'.",
     )
     harbor_version: str | None = Field(
@@ -218,20 +222,17 @@ class RunnerInfo(BaseModel):
     last_seen: AwareDatetime = Field(
         default_factory=_utcnow, description="When this record was written (UTC)."
     )
-    in_flight: int | None = Field(
+    in_flight: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Trials it is running now, as of last_seen (None: a runner older "
         "than this field).",
     )
-    done: int | None = Field(
+    done: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Attempts it ran to the end (TrialCompleted) since it started.",
     )
-    failed: int | None = Field(
+    failed: NonNegativeInt | None = Field(
         default=None,
-        ge=0,
         description="Attempts that ended in TrialFailed (final or retried) since it started.",
     )
 
@@ -254,9 +255,9 @@ class RunnerLoad(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    in_flight: int = Field(default=0, ge=0, description="Trials running now.")
-    done: int = Field(default=0, ge=0, description="Attempts that ended in TrialCompleted.")
-    failed: int = Field(default=0, ge=0, description="Attempts that ended in TrialFailed.")
+    in_flight: NonNegativeInt = Field(default=0, description="Trials running now.")
+    done: NonNegativeInt = Field(default=0, description="Attempts that ended in TrialCompleted.")
+    failed: NonNegativeInt = Field(default=0, description="Attempts that ended in TrialFailed.")
 
 
 def registry_key(pool: str, runner_id: str) -> str:

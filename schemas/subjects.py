@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import overload
 
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
@@ -48,6 +49,25 @@ def check_pool(pool: str) -> str:
     return checked_token(pool, _POOL_RE, "runner pool", _DURABLE_TOKEN_RULE)
 
 
+class _Name:
+    """A fixed name of a :class:`Topology`, read as an attribute: ``template`` filled
+    with the topology's ``{prefix}`` and ``{base}``, the prefix upper-cased with '_'
+    for '-' (stream and bucket names: NATS stream names take no '-')."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+
+    @overload
+    def __get__(self, topology: None, owner: type[Topology]) -> _Name: ...
+    @overload
+    def __get__(self, topology: Topology, owner: type[Topology]) -> str: ...
+    def __get__(self, topology: Topology | None, owner: type[Topology]) -> _Name | str:
+        if topology is None:
+            return self
+        base = topology.prefix.upper().replace("-", "_")
+        return self.template.format(prefix=topology.prefix, base=base)
+
+
 @dataclass(frozen=True, slots=True)
 class Topology:
     """Names of the JetStream streams, subjects and durable consumers.
@@ -77,49 +97,23 @@ class Topology:
         )
 
     # -- streams -----------------------------------------------------------------
-    @property
-    def _stream_base(self) -> str:
-        return self.prefix.upper().replace("-", "_")
-
-    @property
-    def work_stream(self) -> str:
-        return f"{self._stream_base}_WORK"
-
-    @property
-    def events_stream(self) -> str:
-        return f"{self._stream_base}_EVENTS"
-
-    @property
-    def logs_stream(self) -> str:
-        return f"{self._stream_base}_LOGS"
+    work_stream = _Name("{base}_WORK")
+    events_stream = _Name("{base}_EVENTS")
+    logs_stream = _Name("{base}_LOGS")
 
     # -- key-value and object store buckets ----------------------------------------
     # NATS names a bucket's backing stream KV_<bucket> / OBJ_<bucket>; permissions
     # (one NATS user per role) are granted per bucket, so every name is spelled here.
-    @property
-    def leases_bucket(self) -> str:
-        """KV: experiment concurrency leases (TTL = the runners' ack_wait)."""
-        return f"{self._stream_base}_LEASES"
-
-    @property
-    def control_bucket(self) -> str:
-        """KV: cancel flags and attempt counters."""
-        return f"{self._stream_base}_CONTROL"
-
-    @property
-    def runners_bucket(self) -> str:
-        """KV: one heartbeat record per runner process (pool, capabilities), with a TTL."""
-        return f"{self._stream_base}_RUNNERS"
-
-    @property
-    def tasks_bucket(self) -> str:
-        """Object store: task archives, named by the task's content checksum."""
-        return f"{self._stream_base}_TASKS"
-
-    @property
-    def results_bucket(self) -> str:
-        """Object store: finished trial folders, named by run."""
-        return f"{self._stream_base}_RESULTS"
+    leases_bucket = _Name("{base}_LEASES")
+    """KV: experiment concurrency leases (TTL = the runners' ack_wait)."""
+    control_bucket = _Name("{base}_CONTROL")
+    """KV: cancel flags and attempt counters."""
+    runners_bucket = _Name("{base}_RUNNERS")
+    """KV: one heartbeat record per runner process (pool, capabilities), with a TTL."""
+    tasks_bucket = _Name("{base}_TASKS")
+    """Object store: task archives, named by the task's content checksum."""
+    results_bucket = _Name("{base}_RESULTS")
+    """Object store: finished trial folders, named by run."""
 
     # -- subjects ----------------------------------------------------------------
     def work_subject(
@@ -158,10 +152,8 @@ class Topology:
             return parts[0], parts[1], parts[2]
         return None
 
-    @property
-    def work_wildcard(self) -> str:
-        """Every work subject of every pool: the work stream's subjects."""
-        return f"{self.prefix}.work.>"
+    work_wildcard = _Name("{prefix}.work.>")
+    """Every work subject of every pool: the work stream's subjects."""
 
     def event_subject(self, event_type: str, experiment_id: str) -> str:
         """Subject of one event: ``<prefix>.events.<type>.<experiment_id>``."""
@@ -170,22 +162,16 @@ class Topology:
     def event_filter(self, event_type: str = "*", experiment_id: str = "*") -> str:
         return f"{self.prefix}.events.{event_type}.{experiment_id}"
 
-    @property
-    def events_wildcard(self) -> str:
-        return f"{self.prefix}.events.>"
+    events_wildcard = _Name("{prefix}.events.>")
 
     def log_subject(self, experiment_id: str, trial_id: str) -> str:
         return f"{self.prefix}.logs.{experiment_id}.{trial_id}"
 
-    @property
-    def logs_wildcard(self) -> str:
-        return f"{self.prefix}.logs.>"
+    logs_wildcard = _Name("{prefix}.logs.>")
 
     # -- durable consumers -------------------------------------------------------
-    @property
-    def runner_durable(self) -> str:
-        """The default pool's durable (the name it had before pools existed)."""
-        return f"{self.prefix}-runners"
+    runner_durable = _Name("{prefix}-runners")
+    """The default pool's durable (the name it had before pools existed)."""
 
     def runner_durable_for(
         self, pool: str = DEFAULT_POOL, priority_class: str | None = None
@@ -203,10 +189,5 @@ class Topology:
         )
         return base if priority_class is None else f"{base}_{check_class(priority_class)}"
 
-    @property
-    def importer_durable(self) -> str:
-        return f"{self.prefix}-importer"
-
-    @property
-    def watcher_durable(self) -> str:
-        return f"{self.prefix}-watcher"
+    importer_durable = _Name("{prefix}-importer")
+    watcher_durable = _Name("{prefix}-watcher")

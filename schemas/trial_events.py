@@ -9,8 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.constraints import Count, FiniteAmount, PositiveCount
 from schemas.envelope import TRIAL_ID_PATTERN, RunEvent, TrialEvent, type_tag
-from schemas.manifest import MAX_INT64, AgentSpec, ComputeSpec, RetrySpec
+from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
 from schemas.objects import SHA256_PATTERN, ObjectRef
 
 MAX_MESSAGE_CHARS = 4000
@@ -25,9 +26,7 @@ _HANDED_BACK = (
 
 
 def _handed_back_field() -> int:
-    return Field(
-        default=0, ge=0, le=MAX_INT64, exclude_if=lambda v: not v, description=_HANDED_BACK
-    )
+    return Field(default=0, exclude_if=lambda v: not v, description=_HANDED_BACK)
 
 
 TASK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -77,17 +76,13 @@ class TeamRef(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=TEAM_PATTERN, description="The team (its API token's ``team``).")
-    max_concurrent_trials: int | None = Field(
+    max_concurrent_trials: PositiveCount | None = Field(
         default=None,
-        ge=1,
-        le=MAX_INT64,
         description="At most this many of the team's trials run at once across every "
         "runner (a team slot in the leases bucket). Absent: no team slot is taken.",
     )
-    max_spend_usd_per_day: float | None = Field(
+    max_spend_usd_per_day: FiniteAmount | None = Field(
         default=None,
-        ge=0,
-        allow_inf_nan=False,
         description="The team's spend cap over the last 24 h (US dollars): runners add "
         "each attempt's cost to the team's tally and, once it is reached, hold the "
         "team's queued trials back unstarted. Absent: no team spend is tallied.",
@@ -102,15 +97,13 @@ class TrialRequested(RunEvent):
     agent: AgentSpec = Field(
         description="The agent configuration from the manifest (secrets only by NAME)."
     )
-    repetition: int = Field(ge=0, le=MAX_INT64, description="0-based repetition index.")
+    repetition: Count = Field(description="0-based repetition index.")
     compute: ComputeSpec = Field(description="Where and how the trial runs (from the manifest).")
     retry: RetrySpec = Field(
         description="How often and how soon a transient infrastructure failure is retried."
     )
-    experiment_trials: int | None = Field(
+    experiment_trials: PositiveCount | None = Field(
         default=None,
-        ge=1,
-        le=MAX_INT64,
         description="How many trials the submission expanded to. When it is at most "
         "compute.n_concurrent_trials the limit cannot bind, and runners take no "
         "concurrency slot for the trial. Absent: a slot is taken.",
@@ -137,8 +130,8 @@ class TrialStarted(RunEvent):
     type: Literal["trial_started"] = type_tag("trial_started")
     runner_id: str = Field(description="Id of the runner process (default: <host>-<pid>).")
     host: str = Field(description="Host name of the machine the runner runs on.")
-    attempt: int = Field(ge=1, le=MAX_INT64, description=_ATTEMPT)
-    handed_back: int = _handed_back_field()
+    attempt: PositiveCount = Field(description=_ATTEMPT)
+    handed_back: Count = _handed_back_field()
 
     def _dedup_suffix(self) -> tuple[str, ...]:
         return ("started", str(self.attempt), *_handed_back_suffix(self.handed_back))
@@ -172,9 +165,9 @@ class TrialCompleted(RunEvent):
     agent_label: str | None = Field(
         default=None, description="The agent's display name in reports, when known."
     )
-    attempt: int = Field(default=1, ge=1, le=MAX_INT64, description=_ATTEMPT)
-    repetition: int | None = Field(
-        default=None, ge=0, le=MAX_INT64, description="The request's 0-based repetition index."
+    attempt: PositiveCount = Field(default=1, description=_ATTEMPT)
+    repetition: Count | None = Field(
+        default=None, description="The request's 0-based repetition index."
     )
 
     def _dedup_suffix(self) -> tuple[str, ...]:
@@ -194,7 +187,7 @@ class TrialFailed(RunEvent):
     message: str = Field(
         max_length=MAX_MESSAGE_CHARS, description="The exception's message (may be empty)."
     )
-    attempt: int = Field(ge=1, le=MAX_INT64, description=_ATTEMPT)
+    attempt: PositiveCount = Field(description=_ATTEMPT)
     final: bool = Field(description="False: the trial will be retried; True: it gives up.")
     result: ObjectRef | None = Field(
         default=None, description=_RESULT + " None when the attempt left no folder."
@@ -205,13 +198,13 @@ class TrialFailed(RunEvent):
     agent: AgentSpec | None = Field(
         default=None, description="The request's agent, so a record can be written from this."
     )
-    repetition: int | None = Field(
-        default=None, ge=0, le=MAX_INT64, description="The request's 0-based repetition index."
+    repetition: Count | None = Field(
+        default=None, description="The request's 0-based repetition index."
     )
     runner_host: str | None = Field(
         default=None, description="Host of the runner that made the attempt."
     )
-    handed_back: int = _handed_back_field()
+    handed_back: Count = _handed_back_field()
 
     def _dedup_suffix(self) -> tuple[str, ...]:
         return (
