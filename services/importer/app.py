@@ -11,7 +11,7 @@ from typing import Any
 from faststream import FastStream
 from nats.aio.msg import Msg
 
-from services.common.adapters.faststream_consumer import EventsConsumer, run_app, start_broker
+from services.common.adapters.faststream_consumer import BatchDurable, EventsConsumer, run_app
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import Settle
@@ -70,17 +70,19 @@ def create_app(settings: ImporterSettings, ledger: Ledger | None = None) -> Fast
 
     app = consumer.app(
         on_events,
-        durable=topo.importer_durable,
-        batch_size=settings.batch_size,
-        batch_timeout_s=settings.batch_timeout_s,
-        ack_wait_s=ACK_WAIT_S,
-        max_ack_pending=50_000,
-        filters=importer_filters(topo),
+        BatchDurable(
+            topo.importer_durable,
+            batch_size=settings.batch_size,
+            batch_timeout_s=settings.batch_timeout_s,
+            ack_wait_s=ACK_WAIT_S,
+            max_ack_pending=50_000,
+            filters=importer_filters(topo),
+        ),
     )
 
     @app.on_startup
     async def setup() -> None:
-        js = await start_broker(consumer.broker, settings)
+        js = await consumer.start()
         state["bus"] = JetStreamBus(js, topo)
         results = await open_bucket(js, settings, "results")
         state["trials"] = StoredTrials(results, settings.jobs_dir.resolve())

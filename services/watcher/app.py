@@ -14,7 +14,7 @@ import os
 from faststream import FastStream
 from nats.aio.msg import Msg
 
-from services.common.adapters.faststream_consumer import EventsConsumer, run_app, start_broker
+from services.common.adapters.faststream_consumer import BatchDurable, EventsConsumer, run_app
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.nats_objects import open_bucket
 from services.common.archive import DEFAULT_TRIAL_CAP_BYTES
@@ -50,10 +50,9 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
 
     app = consumer.app(
         on_events,
-        durable=topo.watcher_durable,
-        batch_size=500,
-        batch_timeout_s=0.2,
-        ack_wait_s=ACK_WAIT_S,
+        BatchDurable(
+            topo.watcher_durable, batch_size=500, batch_timeout_s=0.2, ack_wait_s=ACK_WAIT_S
+        ),
     )
 
     async def scan_loop(watcher: Watcher) -> None:
@@ -79,7 +78,7 @@ def create_app(settings: WatcherSettings, ledger: Ledger | None = None) -> FastS
 
     @app.on_startup
     async def setup() -> None:
-        js = await start_broker(consumer.broker, settings)
+        js = await consumer.start()
         results = await open_bucket(js, settings, "results")
         folders = TrialFolders(results, cap_bytes=DEFAULT_TRIAL_CAP_BYTES, keep_local=True)
         state["watcher"] = Watcher(

@@ -29,7 +29,7 @@ from nats.js.client import JetStreamContext
 
 from infra.nats_auth import broker_auth
 from schemas.subjects import Topology
-from services.common.adapters.faststream_consumer import subscribe_batches
+from services.common.adapters.faststream_consumer import BatchDurable, subscribe_batches
 from services.common.adapters.jetstream import ensure_streams
 from services.common.errors import ACK, Settle
 
@@ -108,10 +108,12 @@ def _ours(topology: Topology) -> Callable[[NatsBroker, Any], None]:
             handle,
             subject=topology.event_filter(),
             stream=topology.events_stream,
-            durable=topology.importer_durable,
-            batch_size=BATCH,
-            batch_timeout_s=1.0,
-            ack_wait_s=ACK_WAIT_S,
+            durable=BatchDurable(
+                topology.importer_durable,
+                batch_size=BATCH,
+                batch_timeout_s=1.0,
+                ack_wait_s=ACK_WAIT_S,
+            ),
         )
 
     return subscribe

@@ -8,13 +8,14 @@ nothing after its position is skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
 from nats.aio.client import Client as NatsClient
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig
 
-from infra.nats_provision import EVENTS_ACK_WAIT_S, provision
+from infra.nats_provision import events_durable_configs, provision
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import ensure_streams
 from services.importer.handlers import importer_filters
@@ -24,16 +25,8 @@ pytestmark = pytest.mark.integration
 
 def _unfiltered_importer(topo: Topology) -> ConsumerConfig:
     """The importer's durable as trialbus made it before the filter: every event."""
-    return ConsumerConfig(
-        name=topo.importer_durable,
-        durable_name=topo.importer_durable,
-        ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL,
-        filter_subject=topo.event_filter(),
-        ack_wait=EVENTS_ACK_WAIT_S,
-        max_deliver=-1,
-        max_ack_pending=50_000,
-    )
+    importer = events_durable_configs(topo)[0]
+    return dataclasses.replace(importer, filter_subjects=None, filter_subject=topo.event_filter())
 
 
 async def _publish(nc: NatsClient, topo: Topology, *types: str) -> None:

@@ -37,18 +37,36 @@ from services.common.service import running_beside
 from services.common.settings import CommonSettings
 
 __all__ = [
+    "BatchDurable",
     "BatchHandler",
     "EventsConsumer",
     "app_closing_ledger",
     "keep_batches_on_timeout",
     "make_broker",
     "run_app",
-    "start_broker",
     "subscribe_batches",
 ]
 
 BatchHandler = Callable[[list[Msg]], Awaitable[Sequence[Settle]]]
 """Turns one batch of raw messages into one verdict per message, in order."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDurable:
+    """A service's durable on the events stream and how its batches are pulled."""
+
+    name: str
+    batch_size: int
+    batch_timeout_s: float
+    ack_wait_s: float
+    """Short: a batch is kept in progress (every ``ack_wait_s / 3``) while it is
+    handled, so a message lost between a pull request and the handler comes back
+    within seconds, not minutes."""
+    max_ack_pending: int | None = None
+    filters: Sequence[str] = ()
+    """The durable's ``filter_subjects`` when the subscriber creates it (no admin);
+    empty: every event. An admin's durable is bound as it is (infra.nats_provision
+    makes the same filters)."""
 
 
 @dataclass(slots=True)
@@ -77,20 +95,18 @@ class EventsConsumer:
         )
         return cls(settings, broker, auth, metrics, metered)
 
-    def app(
-        self,
-        handle: BatchHandler,
-        *,
-        durable: str,
-        batch_size: int,
-        batch_timeout_s: float,
-        ack_wait_s: float,
-        max_ack_pending: int | None = None,
-        filters: Sequence[str] = (),
-    ) -> FastStream:
-        """Subscribe ``handle`` (metered) to the events on ``durable`` (those of
-        ``filters``, every event when empty); the app closes the ledger after shutdown,
-        serves the metrics and polls the durable's counts."""
+    async def start(self) -> JetStreamContext:
+        """At app start-up: configure logging, connect, make sure the streams exist."""
+        settings = self.settings
+        configure_logging(settings.log_level, settings.log_json)
+        await self.broker.connect()
+        js = self.broker.connection.jetstream()
+        await ensure_streams(js, settings.topology, settings.stream_replicas)
+        return js
+
+    def app(self, handle: BatchHandler, durable: BatchDurable) -> FastStream:
+        """Subscribe ``handle`` (metered) to the events ``durable`` takes; the app closes
+        the ledger after shutdown, serves the metrics and polls the durable's counts."""
         topo = self.settings.topology
         subscribe_batches(
             self.broker,
@@ -99,11 +115,6 @@ class EventsConsumer:
             subject=topo.event_filter(),
             stream=topo.events_stream,
             durable=durable,
-            batch_size=batch_size,
-            batch_timeout_s=batch_timeout_s,
-            ack_wait_s=ack_wait_s,
-            max_ack_pending=max_ack_pending,
-            filters=filters,
         )
         app = app_closing_ledger(self.broker, self.ledger)
         serve_metrics(
@@ -111,7 +122,7 @@ class EventsConsumer:
         )
         broker = self.broker
         self.metrics.watch_consumer(
-            app, lambda: broker.connection.jetstream(), topo.events_stream, durable
+            app, lambda: broker.connection.jetstream(), topo.events_stream, durable.name
         )
         return app
 
@@ -124,15 +135,6 @@ def make_broker(settings: CommonSettings, role: str) -> tuple[NatsBroker, Broker
         settings.nats_servers, logger=None, max_reconnect_attempts=-1, **auth.broker_options
     )
     return broker, auth
-
-
-async def start_broker(broker: NatsBroker, settings: CommonSettings) -> JetStreamContext:
-    """At app start-up: configure logging, connect, make sure the streams exist."""
-    configure_logging(settings.log_level, settings.log_json)
-    await broker.connect()
-    js = broker.connection.jetstream()
-    await ensure_streams(js, settings.topology, settings.stream_replicas)
-    return js
 
 
 def app_closing_ledger(broker: NatsBroker, ledger: Ledger) -> FastStream:
@@ -160,29 +162,18 @@ def subscribe_batches(
     *,
     subject: str,
     stream: str,
-    durable: str,
-    batch_size: int,
-    batch_timeout_s: float,
-    ack_wait_s: float,
-    max_ack_pending: int | None = None,
-    filters: Sequence[str] = (),
+    durable: BatchDurable,
 ) -> None:
-    """Register a batched pull subscriber whose verdicts ``handle`` decides.
-
-    ``filters`` become the durable's ``filter_subjects`` when the subscriber creates
-    it (no admin); an admin's durable is bound as it is (infra.nats_provision makes
-    the same filters).
-
-    Each batch is kept in progress (every ``ack_wait_s / 3``) while ``handle`` runs,
-    so ``ack_wait_s`` can stay short: a message lost between a pull request and the
-    handler comes back within seconds, not minutes.
-    """
-
+    """Register a batched pull subscriber on ``durable`` whose verdicts ``handle``
+    decides; each batch is kept in progress while ``handle`` runs."""
+    ack_wait_s = durable.ack_wait_s
     subscriber = broker.subscriber(
         subject,
         stream=JStream(stream, declare=False),
-        durable=durable,
-        pull_sub=PullSub(batch_size=batch_size, timeout=batch_timeout_s, batch=True),
+        durable=durable.name,
+        pull_sub=PullSub(
+            batch_size=durable.batch_size, timeout=durable.batch_timeout_s, batch=True
+        ),
         ack_policy=AckPolicy.MANUAL,
         # FastStream's pull subscriber brings its own inbox prefix: the role's must win.
         inbox_prefix=auth.subscription_inbox_prefix,
@@ -190,8 +181,8 @@ def subscribe_batches(
         config=ConsumerConfig(
             ack_wait=ack_wait_s,
             max_deliver=-1,
-            max_ack_pending=max_ack_pending,
-            filter_subjects=list(filters) or None,
+            max_ack_pending=durable.max_ack_pending,
+            filter_subjects=list(durable.filters) or None,
         ),
     )
     keep_batches_on_timeout(subscriber)
