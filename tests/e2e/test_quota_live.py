@@ -19,7 +19,6 @@ Judged from the events stream and the ledger, never the clock.
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 
 import httpx
@@ -39,7 +38,7 @@ from tests.e2e.faultkit import (
     judge,
     submit,
 )
-from tests.security.http_api_support import api_as_users
+from tests.security.http_api_support import api_as_users, random_tokens
 from tests.support.manifests import manifest_file, nop_agents, nop_manifest, quotas_file
 from tests.support.priced_executor import EXECUTOR_SPEC as PRICED
 from tests.support.servers import Servers
@@ -56,10 +55,10 @@ TRIAL_S = 1.0
 so red's held trials were delivered and handed back meanwhile."""
 
 
-TOKENS: dict[str, tuple[str, dict[str, object]]] = {
-    "red": (secrets.token_urlsafe(32), {"user": "rita", "team": "red"}),
-    "blue": (secrets.token_urlsafe(32), {"user": "bo", "team": "blue"}),
-}
+TOKENS = random_tokens(
+    red={"user": "rita", "team": "red"},
+    blue={"user": "bo", "team": "blue"},
+)
 
 
 def stack_servers(stack: EmbeddedStack, folder: Path) -> Servers:
