@@ -39,7 +39,6 @@ from schemas.subjects import Topology
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_objects import BucketSettings, NatsObjectStore
-from services.common.ports import EventBus
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import experiment_id_of, prepare, publish_experiment
 
@@ -304,7 +303,7 @@ async def warm_up(stack: BenchStack, workload: Workload, work_dir: Path, tries: 
 
 
 async def publish_one_at_a_time(
-    bus: EventBus,
+    bus: JetStreamBus,
     trials: Sequence[TrialRequested],
     *,
     done: Container[str],
