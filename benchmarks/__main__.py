@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO
+from benchmarks.harness import REPO, Context
 from benchmarks.report import write_outputs
 from benchmarks.suite import BENCHMARKS, run_all
 
@@ -83,14 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(REPO)  # services and Harbor's environment import path resolve from here
     command = "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:])
     t0 = time.perf_counter()
-    report = run_all(
-        quick=args.quick,
-        runs=args.runs,
-        only=args.only,
-        work_dir=args.work_dir,
-        mongo_url=args.mongo_url,
-        command=command.strip(),
+    ctx = Context(
+        work_dir=args.work_dir, quick=args.quick, runs=args.runs, mongo_url=args.mongo_url
     )
+    report = run_all(ctx, only=args.only, command=command.strip())
     if args.merge and args.results.exists():
         report = merge_reports(json.loads(args.results.read_text()), report)
     write_outputs(report, args.results, args.doc)

@@ -127,9 +127,13 @@ class CapacityRun:
 
     @property
     def started_more_than_once(self) -> int:
-        return sum(1 for c in self.starts.values() if c > 1) + sum(
-            1 for c in self.runs.values() if c > 1
-        )
+        return started_more_than_once(self.starts, self.runs)
+
+
+def started_more_than_once(starts: Counter[str], runs: Counter[str]) -> int:
+    """Trials with more than one TrialStarted event (``starts``) plus trials settled more
+    than once in the runners' logs (``runs``): each way a trial ran twice counts."""
+    return sum(1 for c in starts.values() if c > 1) + sum(1 for c in runs.values() if c > 1)
 
 
 LOG_PATTERNS = {

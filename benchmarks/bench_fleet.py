@@ -50,6 +50,7 @@ from benchmarks.harness import (
     process_cpu_s,
     rss_kib,
 )
+from benchmarks.stack import publish_one_at_a_time
 from benchmarks.workload import many_trials
 from infra.embedded import NatsServer
 from infra.nats_permissions import runner_durables
@@ -145,19 +146,15 @@ async def _dispatch(
             ordered_consumer=True,
             deliver_policy=DeliverPolicy.NEW,
         )
-        observed: list[float] = []
-        dispatch: list[float] = []
-        for trial in prepared.trials[:samples]:
-            arrived.clear()
-            t_pub = time.time()
-            await bus.publish(trial)
-            while trial.trial_id not in started:
-                await asyncio.wait_for(arrived.wait(), 60)
-                arrived.clear()
-            t_seen, occurred, _ = started[trial.trial_id]
-            observed.append(1000 * (t_seen - t_pub))
-            dispatch.append(1000 * (occurred.timestamp() - t_pub))
-            await asyncio.sleep(PAUSE_S)
+        observed, dispatch = await publish_one_at_a_time(
+            bus,
+            prepared.trials[:samples],
+            done=started,
+            arrived=arrived,
+            started=lambda trial_id: started[trial_id][:2],
+            timeout_s=60,
+            pause_s=PAUSE_S,
+        )
     finally:
         await nc.close()
     return observed, dispatch, len({runner for _, _, runner in started.values()})

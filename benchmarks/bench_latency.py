@@ -26,7 +26,7 @@ from nats.js.api import DeliverPolicy
 
 from benchmarks import ceilings
 from benchmarks.harness import BenchResult, Context, Figure, percentile
-from benchmarks.stack import INSTANT_EXECUTOR, BenchStack, warm_up
+from benchmarks.stack import INSTANT_EXECUTOR, BenchStack, publish_one_at_a_time, warm_up
 from benchmarks.workload import many_trials
 from schemas.events import ExperimentSubmitted
 from services.common.adapters.jetstream import JetStreamBus
@@ -76,22 +76,18 @@ async def measure(stack: BenchStack, n: int) -> tuple[list[float], list[float]]:
                 manifest={},
             )
         )
-        observed: list[float] = []
-        dispatch: list[float] = []
-        for trial in prepared.trials[:n]:
-            arrived.clear()
-            t_pub = time.time()
-            await bus.publish(trial)
-            while trial.trial_id not in imported:
-                await asyncio.wait_for(arrived.wait(), 30)
-                arrived.clear()
-            t_seen, occurred = started[trial.trial_id]
-            observed.append(1000 * (t_seen - t_pub))
-            dispatch.append(1000 * (occurred.timestamp() - t_pub))
-            await asyncio.sleep(PAUSE_S)  # idle between trials
+        # Each trial once the one before is imported: the stack is idle at every start.
+        return await publish_one_at_a_time(
+            bus,
+            prepared.trials[:n],
+            done=imported,
+            arrived=arrived,
+            started=lambda trial_id: started[trial_id],
+            timeout_s=30,
+            pause_s=PAUSE_S,
+        )
     finally:
         await nc.close()
-    return observed, dispatch
 
 
 def run(ctx: Context) -> BenchResult:

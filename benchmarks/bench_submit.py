@@ -25,7 +25,7 @@ import nats
 
 from benchmarks import ceilings
 from benchmarks.harness import REPO, BenchResult, Context, Figure, fresh_dir, median
-from benchmarks.stack import throwaway_servers
+from benchmarks.stack import PREFIX, throwaway_servers
 from benchmarks.workload import many_trials
 from schemas.events import encode_event
 from schemas.subjects import Topology
@@ -34,8 +34,6 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_objects import BucketSettings, NatsObjectStore
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import prepare, publish_experiment
-
-PREFIX = "bench"
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,10 +39,6 @@ class HarborRun:
     reward_sum: float
 
     @property
-    def trials_per_s(self) -> float:
-        return self.n_trials / self.job_s
-
-    @property
     def cpu_ms_per_trial(self) -> float:
         return 1000 * self.cpu_s / self.n_trials
 

@@ -87,18 +87,11 @@ class BenchResult:
 
     def as_json(self) -> dict[str, Any]:
         """The object written to results.json."""
+        # Every field as it is, the peers each with its own verdict, and the verdict.
         return {
-            "name": self.name,
-            "title": self.title,
-            "value": self.value,
-            "unit": self.unit,
-            "target": self.target,
-            "target_op": self.target_op,
-            "met": self.met,
-            "runs": self.runs,
+            **asdict(self),
             "peers": [{**asdict(p), "met": p.met} for p in self.peers],
-            "config": self.config,
-            "notes": self.notes,
+            "met": self.met,
         }
 
 

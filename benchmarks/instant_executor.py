@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,44 +47,40 @@ class InstantSettings(BaseSettings):
     )
 
 
+@dataclass(eq=False)
 class InstantExecutor:
-    """An Executor that succeeds at once (or after ``delay_s``) with ``reward``."""
+    """An Executor that succeeds at once (or after ``delay_s``) with ``reward``; with
+    ``fail_with`` every attempt fails with that Harbor exception name, and with
+    ``hold_until`` every trial waits until that file exists. Trials go under
+    ``jobs_root`` as Harbor's would."""
 
     name = "instant"
     version = "0"
 
-    def __init__(
-        self,
-        jobs_root: Path,
-        delay_s: float = 0.0,
-        reward: float = 1.0,
-        fail_with: str | None = None,
-        hold_until: Path | None = None,
-    ) -> None:
-        self._jobs_root = jobs_root
-        self._hold_until = hold_until
-        self._release: asyncio.Event | None = None
-        self._watch: asyncio.Task[None] | None = None
-        self._delay_s = delay_s
-        self._reward = reward
-        self._fail_with = fail_with
-        self._known_jobs: set[Path] = set()
+    jobs_root: Path
+    delay_s: float = 0.0
+    reward: float = 1.0
+    fail_with: str | None = None
+    hold_until: Path | None = None
+    _release: asyncio.Event | None = field(default=None, init=False)
+    _watch: asyncio.Task[None] | None = field(default=None, init=False)
+    _known_jobs: set[Path] = field(default_factory=set, init=False)
 
     async def run(
         self, request: TrialRequested, attempt: int, on_log: LogSink | None
     ) -> ExecutionOutcome:
         started = datetime.now(UTC)
-        if self._delay_s:
-            await asyncio.sleep(self._delay_s)
-        if self._hold_until is not None:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.hold_until is not None:
             await self._released().wait()
-        if self._fail_with:
+        if self.fail_with:
             # Fault injection: an attempt that produced no result, with a Harbor
             # exception name (retry and scoring follow Harbor's error policy).
             return ExecutionOutcome(
-                kind="failed", exception_type=self._fail_with, message="injected failure"
+                kind="failed", exception_type=self.fail_with, message="injected failure"
             )
-        job_dir = job_dir_for(self._jobs_root, request.experiment_id)
+        job_dir = job_dir_for(self.jobs_root, request.experiment_id)
         if job_dir not in self._known_jobs:
             ensure_job_dir(
                 job_dir,
@@ -105,7 +102,7 @@ class InstantExecutor:
                 "version": "0",
                 "model_info": {"name": request.agent.model} if request.agent.model else None,
             },
-            "verifier_result": {"rewards": {"reward": self._reward}},
+            "verifier_result": {"rewards": {"reward": self.reward}},
             "exception_info": None,
             "started_at": started.isoformat(),
             "finished_at": now,
@@ -121,8 +118,8 @@ class InstantExecutor:
         return self._release
 
     async def _wait_for_file(self, release: asyncio.Event) -> None:
-        assert self._hold_until is not None
-        while not self._hold_until.exists():  # noqa: ASYNC110 - a file, not an event
+        assert self.hold_until is not None
+        while not self.hold_until.exists():  # noqa: ASYNC110 - a file, not an event
             await asyncio.sleep(0.5)
         release.set()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks import scheduling_math as sm
@@ -132,24 +133,29 @@ def priority_figures(
     ) -> Figure:
         return Figure(prefix + name, median(values), unit, what, target, op)
 
+    def behind_a_and_alone(
+        name: str, time_of: Callable[[UrgentRun], float], what: str
+    ) -> list[Figure]:
+        """B's ``name`` time behind A (``what``), then the same time with B alone."""
+        return [
+            fig(f"b_{name}_s", [time_of(p.contended) for p in prio], "s", what),
+            fig(f"b_{name}_alone_s", [time_of(p.alone) for p in prio], "s", "the same alone"),
+        ]
+
     return [
         fig("completion_ratio", completion, "ratio", _each(completion), 1.10, "<="),
         fig("first_start_ratio", first, "ratio", _each(first), 1.10, "<="),
-        fig(
-            "b_first_start_s",
-            [p.contended.first_start_s for p in prio],
-            "s",
+        *behind_a_and_alone(
+            "first_start",
+            lambda run: run.first_start_s,
             "B's ExperimentSubmitted -> its first TrialStarted, behind A",
         ),
-        fig("b_first_start_alone_s", [p.alone.first_start_s for p in prio], "s", "the same alone"),
         fig("b_first_start_added_s", [added(p) for p in prio], "s", wait),
-        fig(
-            "b_completion_s",
-            [p.contended.completion_s for p in prio],
-            "s",
+        *behind_a_and_alone(
+            "completion",
+            lambda run: run.completion_s,
             "B's ExperimentSubmitted -> its last first ResultImported, behind A",
         ),
-        fig("b_completion_alone_s", [p.alone.completion_s for p in prio], "s", "the same alone"),
         fig(
             "finished_ratio",
             finished,

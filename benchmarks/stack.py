@@ -17,8 +17,9 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import nats
@@ -33,6 +34,7 @@ from benchmarks.workload import Workload
 from infra.embedded import LedgerServer, NatsServer
 from infra.managed_process import StartStop
 from infra.stack import EmbeddedStack
+from schemas.events import TrialRequested
 from schemas.subjects import Topology
 from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
@@ -303,6 +305,39 @@ async def warm_up(stack: BenchStack, workload: Workload, work_dir: Path, tries: 
         if runner_ids <= seen:
             return
     raise RuntimeError(f"warm-up reached runners {sorted(seen)} of {sorted(runner_ids)}")
+
+
+async def publish_one_at_a_time(
+    bus: JetStreamBus,
+    trials: Sequence[TrialRequested],
+    *,
+    done: Container[str],
+    arrived: asyncio.Event,
+    started: Callable[[str], tuple[float, datetime]],
+    timeout_s: float,
+    pause_s: float,
+) -> tuple[list[float], list[float]]:
+    """Publish ``trials`` one at a time, each once the one before is in ``done`` (the
+    caller's subscriber fills it and sets ``arrived``), idling ``pause_s`` between.
+
+    Returns per trial the milliseconds from its publication to its TrialStarted
+    received here (observed) and to the start's own ``occurred_at`` (dispatch);
+    ``started(trial_id)`` gives those two times.
+    """
+    observed: list[float] = []
+    dispatch: list[float] = []
+    for trial in trials:
+        arrived.clear()
+        t_pub = time.time()
+        await bus.publish(trial)
+        while trial.trial_id not in done:
+            await asyncio.wait_for(arrived.wait(), timeout_s)
+            arrived.clear()
+        t_seen, occurred = started(trial.trial_id)
+        observed.append(1000 * (t_seen - t_pub))
+        dispatch.append(1000 * (occurred.timestamp() - t_pub))
+        await asyncio.sleep(pause_s)
+    return observed, dispatch
 
 
 @contextlib.contextmanager

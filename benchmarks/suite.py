@@ -6,7 +6,6 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from benchmarks import (
@@ -50,21 +49,13 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
 """Name -> benchmark, in the order of the issue that asked for them."""
 
 
-def run_all(
-    *,
-    quick: bool,
-    runs: int,
-    only: list[str] | None,
-    work_dir: Path,
-    mongo_url: str | None,
-    command: str,
-) -> dict[str, Any]:
-    """Run the selected benchmarks; a failing one is recorded, the others still run."""
+def run_all(ctx: Context, *, only: list[str] | None, command: str) -> dict[str, Any]:
+    """Run the selected benchmarks (all when ``only`` is None) with ``ctx``; a failing
+    one is recorded, the others still run."""
     started = datetime.now(UTC)
     t0 = time.perf_counter()
-    fresh_dir(work_dir)
+    fresh_dir(ctx.work_dir)
     env_changes = prepare_environment()
-    ctx = Context(work_dir=work_dir, quick=quick, runs=runs, mongo_url=mongo_url)
     ctx.log("warming the bytecode cache (both sides share it)")
     warm_bytecode_cache()
     load_before = load_average()
@@ -90,8 +81,8 @@ def run_all(
         ctx.log(f"{name}: done in {entry['seconds']:.0f}s")
     return {
         "command": command,
-        "mode": "quick" if quick else "full",
-        "runs": runs,
+        "mode": "quick" if ctx.quick else "full",
+        "runs": ctx.runs,
         "started_at": started.isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t0, 1),
         "machine": machine_info(),

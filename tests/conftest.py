@@ -41,6 +41,9 @@ from infra.embedded import (
 from schemas.subjects import Topology
 
 if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+    from services.common.adapters.mongo_ledger import MongoLedger
     from tests.support.servers import Servers
 
 IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
@@ -243,3 +246,26 @@ def servers(
     from tests.support.servers import Servers
 
     return Servers(nats_url, ledger_url, topology, ledger_db, tmp_path)
+
+
+@pytest.fixture
+async def js(servers: Servers) -> AsyncIterator[JetStreamContext]:
+    """JetStream on the session's nats-server with this test's streams declared
+    (:meth:`Servers.connect`); the connection is closed at teardown."""
+    client = await servers.connect()
+    try:
+        yield client.jetstream()
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def ledger(servers: Servers) -> AsyncIterator[MongoLedger]:
+    """A ledger adapter on this test's database, its indexes made as the services make
+    them at start; closed at teardown."""
+    led = servers.ledger()
+    await led.ensure_indexes()
+    try:
+        yield led
+    finally:
+        await led.close()

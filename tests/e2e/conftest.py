@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 
 from infra.stack import EmbeddedStack
-from schemas.subjects import Topology
 from tests.e2e.cli import Cli
 from tests.e2e.events import EventTap
+from tests.support.servers import Servers
 
 
 class Started(NamedTuple):
@@ -34,24 +33,22 @@ class Started(NamedTuple):
 class Stacks:
     """Builds this test's stacks (own data folder each) and remembers them for teardown."""
 
-    tmp_path: Path
-    topology: Topology
-    ledger_db: str
-    nats_url: str
-    ledger_url: str
+    servers: Servers
+    """The test's names in the session's servers; its stacks connect to them."""
     made: list[EmbeddedStack] = field(default_factory=list)
     taps: list[EventTap] = field(default_factory=list)
 
     def make(self, **kw: Any) -> EmbeddedStack:
         """An EmbeddedStack on the test's names and servers (not started); ``kw`` overrides."""
+        s = self.servers
         options: dict[str, Any] = {
-            "prefix": self.topology.prefix,
-            "ledger_db": self.ledger_db,
-            "nats_url": self.nats_url,
-            "ledger_url": self.ledger_url,
+            "prefix": s.prefix,
+            "ledger_db": s.ledger_db,
+            "nats_url": s.nats_url,
+            "ledger_url": s.ledger_url,
             **kw,
         }
-        stack = EmbeddedStack(self.tmp_path / f"stack{len(self.made)}", **options)
+        stack = EmbeddedStack(s.tmp_path / f"stack{len(self.made)}", **options)
         self.made.append(stack)
         return stack
 
@@ -68,13 +65,13 @@ class Stacks:
             ledger_url=stack.ledger_url or "",
             prefix=stack.prefix,
             ledger_db=stack.ledger_db,
-            stack_file=self.tmp_path / "no-stack.json",
+            stack_file=self.servers.tmp_path / "no-stack.json",
             extra_env=tuple(extra_env.items()),
         )
 
     async def tap(self, stack: EmbeddedStack) -> EventTap:
         """An EventTap on ``stack``'s events stream (closed at teardown)."""
-        tap = await EventTap(stack.nats_url or "", self.topology).start()
+        tap = await EventTap(stack.nats_url or "", self.servers.topology).start()
         self.taps.append(tap)
         return tap
 
@@ -86,11 +83,9 @@ class Stacks:
 
 
 @pytest.fixture
-async def stacks(
-    tmp_path: Path, topology: Topology, ledger_db: str, nats_url: str, ledger_url: str
-) -> AsyncIterator[Stacks]:
+async def stacks(servers: Servers) -> AsyncIterator[Stacks]:
     """Start stacks and taps for this test; all are stopped at its end."""
-    made = Stacks(tmp_path, topology, ledger_db, nats_url, ledger_url)
+    made = Stacks(servers)
     try:
         yield made
     finally:

@@ -25,7 +25,7 @@ from tests.e2e.cli import Cli
 from tests.e2e.conftest import Stacks
 from tests.e2e.events import in_flight_counts
 from tests.e2e.faultkit import Submitted, instant_runner_env, judge, submit
-from tests.support.manifests import nop_manifest
+from tests.support.manifests import nop_manifest, quotas_file
 
 pytestmark = pytest.mark.e2e
 
@@ -93,8 +93,7 @@ def both_waiting_split(events: Sequence[Event], subs: dict[str, Submitted]) -> S
 async def test_two_teams_share_one_pool_by_their_shares(
     stacks: Stacks, tmp_path: Path, fair: bool
 ) -> None:
-    quotas = tmp_path / "quotas.yaml"
-    quotas.write_text("teams:\n  red: {share: 3}\n  blue: {share: 1}\n")
+    quotas = quotas_file(tmp_path, {team: {"share": share} for team, share in SHARES.items()})
     env = instant_runner_env(TRIAL_S, TRIALBUS_FAIR_SHARE=str(fair).lower())
     stack = await stacks.start(n_runners=2, concurrency=2, runner_env=env)
     tap = await stacks.tap(stack)

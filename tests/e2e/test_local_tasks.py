@@ -15,12 +15,14 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from infra.stack import EmbeddedStack
 from services.localenv.images import resolve_base
 from services.localenv.sandbox import missing_host_tools
 from tests.e2e.cli import ROOT
@@ -77,31 +79,67 @@ def host_snapshot() -> dict[str, Any]:
     }
 
 
-async def test_local_tasks_end_to_end(stacks: Stacks, tmp_path: Path) -> None:
-    # The layer cache goes to tmp_path (a host path): the runners' policy must allow it.
-    allow = policy_env(
+def layer_cache_policy(tmp_path: Path) -> dict[str, str]:
+    """Runner environment whose policy allows a layer cache under ``tmp_path`` (a host
+    path, which the default policy refuses)."""
+    return policy_env(
         tmp_path / "policy", environments={"local": {"path_kwargs": {"cache_dir": [str(tmp_path)]}}}
     )
-    stack = await stacks.start(concurrency=4, runner_env=allow)
-    cli = stacks.cli(stack)
-    before = host_snapshot()
-    tasks = copy_tasks(tmp_path / "tasks")
-    manifest = tmp_path / "local-tasks.yaml"
+
+
+def local_manifest(
+    tmp_path: Path,
+    name: str,
+    tasks: Sequence[str],
+    *,
+    agents: Sequence[str],
+    repetitions: int,
+    concurrency: int,
+    retry: dict[str, int],
+) -> Path:
+    """A manifest running ``tasks`` (fixture tasks copied under ``tmp_path``) in the local
+    environment, its layer cache in ``tmp_path/layers``; written to ``tmp_path``."""
+    folder = copy_tasks(tmp_path / "tasks")
+    manifest = tmp_path / f"{name}.yaml"
     manifest.write_text(
         yaml.safe_dump(
             {
-                "name": "local-environment-tasks",
-                "tasks": [str(tasks / name) for name in (*SCORED, "failing-run")],
-                "agents": [{"name": "oracle"}, {"name": "nop"}],
-                "repetitions": 2,
+                "name": name,
+                "tasks": [str(folder / task) for task in tasks],
+                "agents": [{"name": agent} for agent in agents],
+                "repetitions": repetitions,
                 "compute": {
                     "environment": "local",
-                    "n_concurrent_trials": 4,
+                    "n_concurrent_trials": concurrency,
                     "environment_kwargs": {"cache_dir": str(tmp_path / "layers")},
                 },
-                "retry": {"max_attempts": 3, "backoff_seconds": 1},
+                "retry": retry,
             }
         )
+    )
+    return manifest
+
+
+def assert_nothing_left(stack: EmbeddedStack, before: dict[str, Any]) -> None:
+    """No trial folder is left in ``stack`` and the host is as :func:`host_snapshot`
+    saw it ``before`` the trials."""
+    sandboxes = stack.data_dir / "sandboxes"
+    assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
+    assert host_snapshot() == before
+
+
+async def test_local_tasks_end_to_end(stacks: Stacks, tmp_path: Path) -> None:
+    stack = await stacks.start(concurrency=4, runner_env=layer_cache_policy(tmp_path))
+    cli = stacks.cli(stack)
+    before = host_snapshot()
+    manifest = local_manifest(
+        tmp_path,
+        "local-environment-tasks",
+        (*SCORED, "failing-run"),
+        agents=("oracle", "nop"),
+        repetitions=2,
+        concurrency=4,
+        retry={"max_attempts": 3, "backoff_seconds": 1},
     )
     proc = cli.run("submit", str(manifest), "--wait", "--json", timeout=600)
     # The failing build leaves unscored trials: exit code 1, as for any unscored trial.
@@ -136,7 +174,5 @@ async def test_local_tasks_end_to_end(stacks: Stacks, tmp_path: Path) -> None:
             assert "something went wrong" in (trial_dir / "environment-build.log").read_text()
 
     # Nothing left behind: no trial folders, no servers, the host as it was.
-    sandboxes = stack.data_dir / "sandboxes"
-    assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
     assert host_processes("http.server 8765") == []
-    assert host_snapshot() == before
+    assert_nothing_left(stack, before)

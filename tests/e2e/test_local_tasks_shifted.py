@@ -15,14 +15,17 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 
 from services.localenv.sandbox import missing_host_tools
 from services.localenv.shift import DEFAULT_BASE
 from tests.e2e.conftest import Stacks
 from tests.e2e.faultkit import ledger_records
-from tests.e2e.test_local_tasks import copy_tasks, host_snapshot
-from tests.support.runner_policy import policy_env
+from tests.e2e.test_local_tasks import (
+    assert_nothing_left,
+    host_snapshot,
+    layer_cache_policy,
+    local_manifest,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -36,31 +39,18 @@ TASKS = ("dockerfile-replay", "uvx-verifier")
 
 
 async def test_local_tasks_with_a_shifted_root(stacks: Stacks, tmp_path: Path) -> None:
-    allow = policy_env(
-        tmp_path / "policy", environments={"local": {"path_kwargs": {"cache_dir": [str(tmp_path)]}}}
-    )
-    stack = await stacks.start(
-        concurrency=2, runner_env={**allow, "TRIALBUS_SANDBOX_USERNS": "shifted"}
-    )
+    runner_env = {**layer_cache_policy(tmp_path), "TRIALBUS_SANDBOX_USERNS": "shifted"}
+    stack = await stacks.start(concurrency=2, runner_env=runner_env)
     cli = stacks.cli(stack)
     before = host_snapshot()
-    tasks = copy_tasks(tmp_path / "tasks")
-    manifest = tmp_path / "shifted.yaml"
-    manifest.write_text(
-        yaml.safe_dump(
-            {
-                "name": "local-tasks-shifted-root",
-                "tasks": [str(tasks / name) for name in TASKS],
-                "agents": [{"name": "oracle"}],
-                "repetitions": 1,
-                "compute": {
-                    "environment": "local",
-                    "n_concurrent_trials": 2,
-                    "environment_kwargs": {"cache_dir": str(tmp_path / "layers")},
-                },
-                "retry": {"max_attempts": 1},
-            }
-        )
+    manifest = local_manifest(
+        tmp_path,
+        "local-tasks-shifted-root",
+        TASKS,
+        agents=("oracle",),
+        repetitions=1,
+        concurrency=2,
+        retry={"max_attempts": 1},
     )
     proc = cli.run("submit", str(manifest), "--wait", "--json", timeout=600)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
@@ -80,6 +70,4 @@ async def test_local_tasks_with_a_shifted_root(stacks: Stacks, tmp_path: Path) -
     tree = list((tmp_path / "layers").glob("*/fs/usr/bin/tree"))
     assert len(tree) == 1 and os.stat(tree[0]).st_uid == DEFAULT_BASE, tree
 
-    sandboxes = stack.data_dir / "sandboxes"
-    assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
-    assert host_snapshot() == before
+    assert_nothing_left(stack, before)

@@ -19,7 +19,6 @@ Judged from the events stream and the ledger, never the clock.
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 
 import httpx
@@ -39,8 +38,8 @@ from tests.e2e.faultkit import (
     judge,
     submit,
 )
-from tests.security.http_api_support import api_as_users
-from tests.support.manifests import manifest_file, nop_agents, nop_manifest
+from tests.security.http_api_support import api_as_users, random_tokens
+from tests.support.manifests import manifest_file, nop_agents, nop_manifest, quotas_file
 from tests.support.priced_executor import EXECUTOR_SPEC as PRICED
 from tests.support.servers import Servers
 
@@ -56,10 +55,10 @@ TRIAL_S = 1.0
 so red's held trials were delivered and handed back meanwhile."""
 
 
-TOKENS: dict[str, tuple[str, dict[str, object]]] = {
-    "red": (secrets.token_urlsafe(32), {"user": "rita", "team": "red"}),
-    "blue": (secrets.token_urlsafe(32), {"user": "bo", "team": "blue"}),
-}
+TOKENS = random_tokens(
+    red={"user": "rita", "team": "red"},
+    blue={"user": "bo", "team": "blue"},
+)
 
 
 def stack_servers(stack: EmbeddedStack, folder: Path) -> Servers:
@@ -94,9 +93,8 @@ async def http_submit(
 async def test_a_team_at_its_spend_cap_waits_visibly_and_loses_nothing(
     stacks: Stacks, tmp_path: Path, capped: bool
 ) -> None:
-    quotas = tmp_path / "quotas.yaml"
-    red_cap = f"max_spend_usd_per_day: {CAP_USD}" if capped else "max_trials_per_day: 1000"
-    quotas.write_text(f"teams:\n  red: {{{red_cap}}}\n  blue: {{max_spend_usd_per_day: 100}}\n")
+    red_cap = {"max_spend_usd_per_day": CAP_USD} if capped else {"max_trials_per_day": 1000}
+    quotas = quotas_file(tmp_path, {"red": red_cap, "blue": {"max_spend_usd_per_day": 100}})
     env = instant_runner_env(
         TRIAL_S, TRIALBUS_EXECUTOR=PRICED, TRIALBUS_TEST_COST_USD=str(COST_USD)
     )
@@ -139,7 +137,7 @@ async def test_a_team_at_its_spend_cap_waits_visibly_and_loses_nothing(
     assert [e for e in waits["experiments"] if e["experiment_id"] == blue_sub.experiment_id] == []
 
     # The operator raises red's cap and publishes it: the held trials run, unsubmitted.
-    quotas.write_text("teams:\n  red: {max_spend_usd_per_day: 100}\n")
+    quotas_file(tmp_path, {"red": {"max_spend_usd_per_day": 100}})
     published = await red.ajson("quotas")
     assert published["limits"]["teams"]["red"] == {"max_spend_usd_per_day": 100.0}, published
     await tap.all_imported(red_exp, set(red_sub.trial_ids), 120)
@@ -159,8 +157,7 @@ N_LOWERED = 6
 async def test_a_lowered_concurrency_quota_reaches_queued_work(
     stacks: Stacks, tmp_path: Path, publish: bool
 ) -> None:
-    quotas = tmp_path / "quotas.yaml"
-    quotas.write_text("teams:\n  red: {max_concurrent_trials: 3}\n")
+    quotas = quotas_file(tmp_path, {"red": {"max_concurrent_trials": 3}})
     stack = await stacks.start(concurrency=4, runner_env=instant_runner_env(TRIAL_S))
     tap = await stacks.tap(stack)
     red = stacks.cli(
@@ -174,7 +171,7 @@ async def test_a_lowered_concurrency_quota_reaches_queued_work(
     # Queued first (paused), stamped with the quota of 3 at once.
     await red.ajson("pause", exp)
     sub = await submit(red, manifest)
-    quotas.write_text("teams:\n  red: {max_concurrent_trials: 1}\n")
+    quotas_file(tmp_path, {"red": {"max_concurrent_trials": 1}})
     if publish:
         published = await red.ajson("quotas")
         assert published["limits"]["teams"]["red"] == {"max_concurrent_trials": 1}, published

@@ -49,17 +49,6 @@ async def server(servers: Servers) -> AsyncIterator[str]:
         yield base
 
 
-@pytest.fixture
-async def ledger(servers: Servers) -> AsyncIterator[MongoLedger]:
-    """The test's ledger database."""
-    led = servers.ledger()
-    await led.ensure_indexes()
-    try:
-        yield led
-    finally:
-        await led.close()
-
-
 def _record(exp: str, i: int, reward: float | None, task: str, agent: str) -> TrialRecord:
     start = datetime(2026, 11, 26, 7, 0, tzinfo=UTC) + timedelta(seconds=10 * i)
     return TrialRecord(

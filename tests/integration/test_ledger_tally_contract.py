@@ -11,13 +11,17 @@ tally) and a writer that died between its records and its tally.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 
 from schemas.record import TrialRecord
 from services.common.adapters.mongo_experiments import BACKFILL_ID
+from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import queries
 from services.reports.budget import spent_line
@@ -28,9 +32,33 @@ from tests.integration.test_ledger_contract import (  # noqa: F401 (fixtures)
     ledger_factory,
     make_record,
 )
-from tests.support.ledger_documents import age_pending_marks, ledger_and_documents, write_then_die
+from tests.support.ledger_documents import age_pending_marks, write_then_die
 
 pytestmark = pytest.mark.integration
+
+Documents = AsyncDatabase[dict[str, Any]]
+
+
+@pytest.fixture
+async def mongo(ledger_url: str, ledger_db: str) -> AsyncIterator[MongoLedger]:
+    """A MongoLedger on the test's database, indexes made; closed at teardown."""
+    store = MongoLedger(ledger_url, ledger_db)
+    await store.ensure_indexes()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def db(ledger_url: str, ledger_db: str) -> AsyncIterator[Documents]:
+    """The test's database read directly (timezone-aware, as the adapter reads it), to
+    plant what an older or interrupted writer would have left."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(ledger_url, tz_aware=True)
+    try:
+        yield client[ledger_db]
+    finally:
+        await client.close()
 
 
 def priced(record: TrialRecord, cost: float | None, tokens: int) -> TrialRecord:
@@ -139,83 +167,79 @@ async def test_an_experiment_known_only_by_records_is_listed_without_metadata(
 
 
 async def test_mongo_list_is_newest_first_from_the_experiments_collection(
-    ledger_url: str, ledger_db: str
+    mongo: MongoLedger, db: Documents
 ) -> None:
-    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
-        await mongo.upsert_records([make_record("r1", experiment_id="exp-b")])
-        await mongo.upsert_experiment(ExperimentInfo("exp-c", "c", 1, {}))
-        await mongo.upsert_records([make_record("r2", experiment_id="exp-a")])
-        base = datetime(2026, 1, 1, tzinfo=UTC)
-        for i, exp in enumerate(["exp-b", "exp-c", "exp-a"]):
-            await db["experiments"].update_one(
-                {"experiment_id": exp}, {"$set": {"created_at": base + timedelta(hours=i)}}
-            )
-        assert await mongo.experiment_ids() == ["exp-a", "exp-c", "exp-b"]
-        # Same instant: ties break by id.
-        await db["experiments"].update_many({}, {"$set": {"created_at": base}})
-        assert await mongo.experiment_ids() == ["exp-a", "exp-b", "exp-c"]
+    await mongo.upsert_records([make_record("r1", experiment_id="exp-b")])
+    await mongo.upsert_experiment(ExperimentInfo("exp-c", "c", 1, {}))
+    await mongo.upsert_records([make_record("r2", experiment_id="exp-a")])
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    for i, exp in enumerate(["exp-b", "exp-c", "exp-a"]):
+        await db["experiments"].update_one(
+            {"experiment_id": exp}, {"$set": {"created_at": base + timedelta(hours=i)}}
+        )
+    assert await mongo.experiment_ids() == ["exp-a", "exp-c", "exp-b"]
+    # Same instant: ties break by id.
+    await db["experiments"].update_many({}, {"$set": {"created_at": base}})
+    assert await mongo.experiment_ids() == ["exp-a", "exp-b", "exp-c"]
 
 
 async def test_mongo_backfill_lists_experiments_written_before_the_listing(
-    ledger_url: str, ledger_db: str
+    mongo: MongoLedger, db: Documents
 ) -> None:
-    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
-        await mongo.upsert_records([make_record("r1", experiment_id="exp-old")])
-        await mongo.upsert_experiment(ExperimentInfo("exp-new", "n", 1, {}))
-        # A mongo of before: records, no listing document, backfill never run.
-        await db["experiments"].delete_one({"experiment_id": "exp-old"})
-        await db["ledger_meta"].delete_one({"_id": BACKFILL_ID})
-        assert await mongo.experiment_ids() == ["exp-new"]  # negative control
+    await mongo.upsert_records([make_record("r1", experiment_id="exp-old")])
+    await mongo.upsert_experiment(ExperimentInfo("exp-new", "n", 1, {}))
+    # A mongo of before: records, no listing document, backfill never run.
+    await db["experiments"].delete_one({"experiment_id": "exp-old"})
+    await db["ledger_meta"].delete_one({"_id": BACKFILL_ID})
+    assert await mongo.experiment_ids() == ["exp-new"]  # negative control
 
-        await mongo.ensure_indexes()
-        assert sorted(await mongo.experiment_ids()) == ["exp-new", "exp-old"]
-        assert await mongo.get_experiment("exp-old") is None
-        doc = await db["experiments"].find_one({"experiment_id": "exp-old"})
-        first = await db["trials"].find_one({"trial_id": "r1"})
-        assert doc is not None and first is not None
-        assert doc["created_at"] == first["first_imported_at"]
-        # Its tally is rebuilt from the records on first read, then kept.
-        await assert_tally_is_the_records(mongo, "exp-old")
-        doc = await db["experiments"].find_one({"experiment_id": "exp-old"})
-        assert doc is not None and doc["tally_ok"] is True
+    await mongo.ensure_indexes()
+    assert sorted(await mongo.experiment_ids()) == ["exp-new", "exp-old"]
+    assert await mongo.get_experiment("exp-old") is None
+    doc = await db["experiments"].find_one({"experiment_id": "exp-old"})
+    first = await db["trials"].find_one({"trial_id": "r1"})
+    assert doc is not None and first is not None
+    assert doc["created_at"] == first["first_imported_at"]
+    # Its tally is rebuilt from the records on first read, then kept.
+    await assert_tally_is_the_records(mongo, "exp-old")
+    doc = await db["experiments"].find_one({"experiment_id": "exp-old"})
+    assert doc is not None and doc["tally_ok"] is True
 
-        # Once per mongo: the marker stops a second scan.
-        await db["experiments"].delete_one({"experiment_id": "exp-old"})
-        await mongo.ensure_indexes()
-        assert await mongo.experiment_ids() == ["exp-new"]
+    # Once per mongo: the marker stops a second scan.
+    await db["experiments"].delete_one({"experiment_id": "exp-old"})
+    await mongo.ensure_indexes()
+    assert await mongo.experiment_ids() == ["exp-new"]
 
 
 async def test_mongo_a_writer_that_died_mid_batch_leaves_a_tally_that_is_rebuilt(
-    ledger_url: str, ledger_db: str
+    mongo: MongoLedger, db: Documents
 ) -> None:
-    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
-        await mongo.upsert_records([make_record("t1")])
-        await write_then_die(mongo, [make_record("t2"), make_record("t1", reward=0.0)])
-        # The redelivered batch changes no record, so it adds nothing either.
-        assert (await mongo.upsert_records([make_record("t2")])).unchanged == ["t2"]
-        # While the dead batch's mark is fresh the kept tally is read (it may be a
-        # live writer): one record short. Negative control for the rebuild below.
-        assert (await mongo.experiment_tally("exp-a"))["recorded"] == 1
+    await mongo.upsert_records([make_record("t1")])
+    await write_then_die(mongo, [make_record("t2"), make_record("t1", reward=0.0)])
+    # The redelivered batch changes no record, so it adds nothing either.
+    assert (await mongo.upsert_records([make_record("t2")])).unchanged == ["t2"]
+    # While the dead batch's mark is fresh the kept tally is read (it may be a
+    # live writer): one record short. Negative control for the rebuild below.
+    assert (await mongo.experiment_tally("exp-a"))["recorded"] == 1
 
-        await age_pending_marks(db, "exp-a")
-        await assert_tally_is_the_records(mongo)
-        assert (await mongo.experiment_tally("exp-a"))["recorded"] == 2
-        doc = await db["experiments"].find_one({"experiment_id": "exp-a"})
-        assert doc is not None and not doc["tally_pending"]  # stored: no rebuild next time
+    await age_pending_marks(db, "exp-a")
+    await assert_tally_is_the_records(mongo)
+    assert (await mongo.experiment_tally("exp-a"))["recorded"] == 2
+    doc = await db["experiments"].find_one({"experiment_id": "exp-a"})
+    assert doc is not None and not doc["tally_pending"]  # stored: no rebuild next time
 
 
 async def test_mongo_a_rebuild_is_not_stored_over_a_live_write(
-    ledger_url: str, ledger_db: str
+    mongo: MongoLedger, db: Documents
 ) -> None:
-    async with ledger_and_documents(ledger_url, ledger_db) as (mongo, db):
-        experiments = db["experiments"]
-        await mongo.upsert_records([make_record("t1")])
-        # A mongo of before (no kept tally) while a writer has a batch in flight.
-        await experiments.update_one(
-            {"experiment_id": "exp-a"},
-            {"$unset": {"tally_ok": ""}, "$set": {"tally_pending.live": datetime.now(UTC)}},
-        )
-        assert (await mongo.experiment_tally("exp-a"))["recorded"] == 1
-        doc = await experiments.find_one({"experiment_id": "exp-a"})
-        # Not stored: the live writer's commit would then count its records twice.
-        assert doc is not None and "tally_ok" not in doc
+    experiments = db["experiments"]
+    await mongo.upsert_records([make_record("t1")])
+    # A mongo of before (no kept tally) while a writer has a batch in flight.
+    await experiments.update_one(
+        {"experiment_id": "exp-a"},
+        {"$unset": {"tally_ok": ""}, "$set": {"tally_pending.live": datetime.now(UTC)}},
+    )
+    assert (await mongo.experiment_tally("exp-a"))["recorded"] == 1
+    doc = await experiments.find_one({"experiment_id": "exp-a"})
+    # Not stored: the live writer's commit would then count its records twice.
+    assert doc is not None and "tally_ok" not in doc

@@ -34,13 +34,14 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
 
 
-def _legacy_durable(topo: Topology) -> ConsumerConfig:
-    """The default durable as trialbus created it before pools: every work subject."""
+def _older_default_durable(topo: Topology, filter_subject: str) -> ConsumerConfig:
+    """The default durable as an older trialbus created it, on one ``filter_subject``
+    (before pools: every work subject; before classes: the default pool's)."""
     return ConsumerConfig(
         durable_name=topo.runner_durable,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
-        filter_subject=topo.work_wildcard,
+        filter_subject=filter_subject,
         ack_wait=30,
     )
 
@@ -49,7 +50,7 @@ async def test_a_legacy_default_durable_is_narrowed_and_keeps_its_work(nc: NatsC
     js = nc.jetstream()
     topo = Topology(f"p{uuid.uuid4().hex[:8]}")
     await ensure_streams(js, topo)
-    await js.add_consumer(topo.work_stream, _legacy_durable(topo))
+    await js.add_consumer(topo.work_stream, _older_default_durable(topo, topo.work_wildcard))
     await js.publish(topo.work_subject("exp1"), b"waiting")
     # Control: next to the legacy durable, a pool's durable is refused by the server.
     gpu = ConsumerConfig(
@@ -87,13 +88,7 @@ async def test_a_pre_classes_durable_is_narrowed_and_each_class_gets_its_work(
     js = nc.jetstream()
     topo = Topology(f"p{uuid.uuid4().hex[:8]}")
     await ensure_streams(js, topo)
-    before_classes = ConsumerConfig(
-        durable_name=topo.runner_durable,
-        ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL,
-        filter_subject=topo.work_pool_filter(DEFAULT_POOL),
-        ack_wait=30,
-    )
+    before_classes = _older_default_durable(topo, topo.work_pool_filter(DEFAULT_POOL))
     await js.add_consumer(topo.work_stream, before_classes)
     await js.publish(topo.work_subject("exp0"), b"queued before classes")
     # Control: next to it, a class durable is refused by the server (filters overlap).

@@ -19,7 +19,6 @@ import asyncio
 import html as html_text
 import json
 import re
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +32,16 @@ from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.ports import ExperimentInfo
 from services.submitter.http_security import SESSION_COOKIE
 from tests.e2e.cli import run_module
-from tests.security.http_api_support import api_as_users
+from tests.security.http_api_support import api_as_users, random_tokens
 from tests.support.live_runner import announce_live_runner
 from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
-TOKENS: dict[str, tuple[str, dict[str, object]]] = {
-    "red": (
-        secrets.token_urlsafe(32),
-        {"user": "rita", "team": "red", "priority_classes": ["urgent", "normal"]},
-    ),
-    "blue": (secrets.token_urlsafe(32), {"user": "bo", "team": "blue"}),
-}
+TOKENS = random_tokens(
+    red={"user": "rita", "team": "red", "priority_classes": ["urgent", "normal"]},
+    blue={"user": "bo", "team": "blue"},
+)
 
 
 def manifest(name: str, reps: int, **compute: Any) -> dict[str, Any]:

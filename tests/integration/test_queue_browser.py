@@ -7,12 +7,13 @@ link reads the queue again (control: the resumed experiment's reason changes).""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import pytest
+from nats.js import JetStreamContext
 
 from schemas.subjects import Topology
+from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.ports import ExperimentInfo
 from tests.e2e.cli import ROOT
@@ -28,14 +29,11 @@ SHOTS = ROOT / ".trialbus" / "screenshots"
 
 
 async def test_queue_page_in_a_browser(
-    tmp_path: Path, servers: Servers, topology: Topology
+    servers: Servers, topology: Topology, js: JetStreamContext, ledger: MongoLedger
 ) -> None:
     from playwright.async_api import async_playwright
 
     chromium = chromium_path()
-    nc = await servers.connect()
-    js = nc.jetstream()
-    ledger = servers.ledger()
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=60.0)
     await announce_live_runner(js, topology, concurrency=1)
     experiments = {
@@ -50,40 +48,36 @@ async def test_queue_page_in_a_browser(
     await coordinator.pause("held-sweep")
     settings = servers.site_settings(TOKEN)
     SHOTS.mkdir(parents=True, exist_ok=True)
-    try:
-        async with served_api(settings) as base, async_playwright() as pw:
-            async with httpx.AsyncClient(base_url=base, timeout=DEADLINE_S) as web:
-                answer = await web.get("/queue", headers={"Authorization": f"Bearer {TOKEN}"})
-            api = {e["experiment_id"]: e for e in answer.json()["experiments"]}
-            assert {k: v["reason"] for k, v in api.items()} == {
-                "held-sweep": "paused",
-                "release-check": "priority",
-            }
-            async with logged_in_page(pw, chromium, base, TOKEN) as (page, errors):
-                await page.click("header nav a[href='/ui/queue']")
-                await page.wait_for_url(f"{base}/ui/queue")
-                for exp, row in api.items():
-                    shown = page.locator(f"tr[data-experiment='{exp}']")
-                    for field in ("team", "priority_class", "queued", "reason"):
-                        cell = await shown.locator(f"[data-field={field}]").inner_text()
-                        assert cell.strip() == str(row[field]), (exp, field)
-                await page.screenshot(path=str(SHOTS / "queue.png"), full_page=True)
-                await page.set_viewport_size({"width": 390, "height": 800})
-                wide = await page.evaluate("document.documentElement.scrollWidth")
-                assert wide <= 390, f"the queue page scrolls sideways at 390 px ({wide} px)"
-                await page.screenshot(path=str(SHOTS / "queue-phone.png"), full_page=True)
-                # Refresh reads the queue again: resumed, the sweep waits its turn (the
-                # server may answer from its 1 s flag cache once more).
-                await coordinator.resume("held-sweep")
-                reason = page.locator("tr[data-experiment='held-sweep'] [data-field=reason]")
-                deadline = asyncio.get_running_loop().time() + 30
-                while True:
-                    await page.click("#refresh")
-                    await page.wait_for_load_state()
-                    if (await reason.inner_text()).strip() == "priority":
-                        break
-                    assert asyncio.get_running_loop().time() < deadline, "still paused"
-                assert errors == []
-    finally:
-        await ledger.close()
-        await nc.close()
+    async with served_api(settings) as base, async_playwright() as pw:
+        async with httpx.AsyncClient(base_url=base, timeout=DEADLINE_S) as web:
+            answer = await web.get("/queue", headers={"Authorization": f"Bearer {TOKEN}"})
+        api = {e["experiment_id"]: e for e in answer.json()["experiments"]}
+        assert {k: v["reason"] for k, v in api.items()} == {
+            "held-sweep": "paused",
+            "release-check": "priority",
+        }
+        async with logged_in_page(pw, chromium, base, TOKEN) as (page, errors):
+            await page.click("header nav a[href='/ui/queue']")
+            await page.wait_for_url(f"{base}/ui/queue")
+            for exp, row in api.items():
+                shown = page.locator(f"tr[data-experiment='{exp}']")
+                for field in ("team", "priority_class", "queued", "reason"):
+                    cell = await shown.locator(f"[data-field={field}]").inner_text()
+                    assert cell.strip() == str(row[field]), (exp, field)
+            await page.screenshot(path=str(SHOTS / "queue.png"), full_page=True)
+            await page.set_viewport_size({"width": 390, "height": 800})
+            wide = await page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= 390, f"the queue page scrolls sideways at 390 px ({wide} px)"
+            await page.screenshot(path=str(SHOTS / "queue-phone.png"), full_page=True)
+            # Refresh reads the queue again: resumed, the sweep waits its turn (the
+            # server may answer from its 1 s flag cache once more).
+            await coordinator.resume("held-sweep")
+            reason = page.locator("tr[data-experiment='held-sweep'] [data-field=reason]")
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:
+                await page.click("#refresh")
+                await page.wait_for_load_state()
+                if (await reason.inner_text()).strip() == "priority":
+                    break
+                assert asyncio.get_running_loop().time() < deadline, "still paused"
+            assert errors == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import select
 import socket
 import subprocess
@@ -55,6 +56,16 @@ def run_to_exit(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=30,
     )
+
+
+TokenTable = dict[str, tuple[str, dict[str, object]]]
+"""``{name: (token, identity fields)}``: who a test's tokens file lets in, by name."""
+
+
+def random_tokens(**identities: dict[str, object]) -> TokenTable:
+    """A fresh random token for each keyword, granted that keyword's identity fields
+    (``alice={"user": "alice", "team": "red"}``)."""
+    return {name: (secrets.token_urlsafe(32), fields) for name, fields in identities.items()}
 
 
 def write_tokens_file(path: Path, entries: Mapping[str, tuple[str, dict[str, object]]]) -> Path:

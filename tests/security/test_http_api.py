@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from tests.security.http_api_support import (
     ApiProcess,
     chunked,
     head_then_body,
+    random_tokens,
     raw_request,
     run_to_exit,
     service_env,
@@ -43,11 +43,11 @@ from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
-TOKENS: dict[str, tuple[str, dict[str, object]]] = {
-    "alice": (secrets.token_urlsafe(32), {"user": "alice", "team": "red"}),
-    "bob": (secrets.token_urlsafe(32), {"user": "bob", "team": "blue"}),
-    "ops": (secrets.token_urlsafe(32), {"user": "ops", "admin": True}),
-}
+TOKENS = random_tokens(
+    alice={"user": "alice", "team": "red"},
+    bob={"user": "bob", "team": "blue"},
+    ops={"user": "ops", "admin": True},
+)
 MIB = 1024 * 1024
 MANIFEST = {"name": "http-security", "tasks": ["hello-file"], "agents": [{"name": "oracle"}]}
 MANIFEST_YAML = "name: http-security\ntasks: [hello-file]\nagents: [{name: oracle}]\n"

@@ -10,7 +10,6 @@ token that may), and an accepted experiment's trials are on their class's subjec
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,16 @@ from services.submitter.api_tokens import (
     issue_token,
     load_token_table,
 )
-from tests.security.http_api_support import api_as_users, write_tokens_file
+from tests.security.http_api_support import api_as_users, random_tokens, write_tokens_file
 from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
-TOKENS: dict[str, tuple[str, dict[str, object]]] = {
-    "alice": (secrets.token_urlsafe(32), {"user": "alice"}),
-    "release": (secrets.token_urlsafe(32), {"team": "release", "priority_classes": ["urgent"]}),
-    "ops": (secrets.token_urlsafe(32), {"user": "ops", "admin": True}),
-}
+TOKENS = random_tokens(
+    alice={"user": "alice"},
+    release={"team": "release", "priority_classes": ["urgent"]},
+    ops={"user": "ops", "admin": True},
+)
 
 
 def manifest(name: str, priority_class: str | None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from services.common.settings import RunnerSettings
 from services.importer.event_records import record_for
 from services.importer.folders import StoredTrials
 from tests.e2e.events import stream_payloads
+from tests.support.disk_agent import IMPORT_PATH, disk_writer_manifest
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, write_policy
 from tests.support.sandbox_env import needs_sandbox
@@ -32,26 +33,13 @@ from tests.support.servers import Servers
 
 pytestmark = [pytest.mark.integration, needs_sandbox]
 
-AGENT = "tests.support.disk_agent:DiskWriterAgent"
-MANIFEST = f"""\
-name: disk-quota
-tasks: [hello-file]
-agents:
-  - import_path: {AGENT}
-    label: filler
-    kwargs: {{megabytes: 100}}
-  - import_path: {AGENT}
-    label: modest
-    kwargs: {{megabytes: 8}}
-compute:
-  environment: local
-"""
+MANIFEST = disk_writer_manifest("disk-quota", filler={"megabytes": 100}, modest={"megabytes": 8})
 
 
 @pytest.fixture
 def runner(tmp_path: Path, policy_runner: StartRunner) -> ServiceProcess:
     """A runner whose trials may write 64 MB each."""
-    policy = write_policy(tmp_path / "policy", agent_import_paths=[AGENT])
+    policy = write_policy(tmp_path / "policy", agent_import_paths=[IMPORT_PATH])
     return policy_runner(policy, "disk-runner", TRIALBUS_SANDBOX_DISK_MB="64")
 
 

@@ -30,23 +30,14 @@ import pytest
 from schemas.subjects import Topology
 from services.localenv.disk import IMAGE_NAME, MOUNT_NAME, sweep_stale
 from tests.support.api_client import examples_api
+from tests.support.disk_agent import IMPORT_PATH, disk_writer_manifest
 from tests.support.importer_process import until
 from tests.support.runner_policy import StartRunner, start_runner, write_policy
 from tests.support.sandbox_env import needs_sandbox
 
 pytestmark = [pytest.mark.integration, needs_sandbox]
 
-AGENT = "tests.support.disk_agent:DiskWriterAgent"
-MANIFEST = f"""\
-name: stale-disk
-tasks: [hello-file]
-agents:
-  - import_path: {AGENT}
-    label: sleeper
-    kwargs: {{megabytes: 8, sleep_s: 600}}
-compute:
-  environment: local
-"""
+MANIFEST = disk_writer_manifest("stale-disk", sleeper={"megabytes": 8, "sleep_s": 600})
 REPO = Path(__file__).resolve().parents[2]
 _DISK = """
 import logging, os, sys, time
@@ -131,7 +122,7 @@ async def test_a_restarted_runner_releases_the_disks_a_killed_one_left(
     topology: Topology,
 ) -> None:
     sandboxes = tmp_path / "sandboxes"
-    policy = write_policy(tmp_path / "policy", agent_import_paths=[AGENT])
+    policy = write_policy(tmp_path / "policy", agent_import_paths=[IMPORT_PATH])
     first = policy_runner(policy, "doomed-runner", TRIALBUS_SANDBOX_DISK_MB="64")
     async with examples_api(
         nats_url, ledger_url, ledger_db, topology.prefix, check_runners=False

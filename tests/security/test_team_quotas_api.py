@@ -11,7 +11,6 @@ in the work messages is the token's, never the manifest's.
 from __future__ import annotations
 
 import json
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,15 @@ from schemas.subjects import Topology
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.quotas import QuotaConfigError
 from services.submitter.app import create_app
-from tests.security.http_api_support import api_as_users
+from tests.security.http_api_support import api_as_users, random_tokens
 from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
 
-TOKENS: dict[str, tuple[str, dict[str, object]]] = {
-    "red": (secrets.token_urlsafe(32), {"user": "rita", "team": "red"}),
-    "blue": (secrets.token_urlsafe(32), {"user": "bo", "team": "blue"}),
-}
+TOKENS = random_tokens(
+    red={"user": "rita", "team": "red"},
+    blue={"user": "bo", "team": "blue"},
+)
 QUOTAS = """\
 teams:
   red: {max_concurrent_trials: 2, max_trials_per_day: 6, max_spend_usd_per_day: 10}

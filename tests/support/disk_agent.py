@@ -1,10 +1,12 @@
 """A Harbor agent that writes ``megabytes`` MB into its sandbox's /tmp (the disk quota
-tests: the agent's own writes, as an agent that fills a disk would make them)."""
+tests: the agent's own writes, as an agent that fills a disk would make them), and
+the manifest those tests submit."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import yaml
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
@@ -30,3 +32,23 @@ class DiskWriterAgent(SupportAgent):
         if self.sleep_s:
             await environment.exec(f"sleep {self.sleep_s}")
         await environment.exec("echo 'Hello, world!' > /app/hello.txt")
+
+
+IMPORT_PATH = f"{__name__}:{DiskWriterAgent.__name__}"
+"""The agent's import path (in a manifest and in the runner policy that allows it)."""
+
+
+def disk_writer_manifest(name: str, **agents: dict[str, int]) -> str:
+    """A manifest (YAML text) running hello-file in the local environment once per
+    agent: each keyword is an agent's label, its value the agent's kwargs
+    (``filler={"megabytes": 100}``)."""
+    manifest = {
+        "name": name,
+        "tasks": ["hello-file"],
+        "agents": [
+            {"import_path": IMPORT_PATH, "label": label, "kwargs": kwargs}
+            for label, kwargs in agents.items()
+        ],
+        "compute": {"environment": "local"},
+    }
+    return yaml.safe_dump(manifest, sort_keys=False)

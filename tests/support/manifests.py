@@ -5,7 +5,8 @@ such test spells out (tasks, agents, repetitions, how many trials at once on the
 environment), plus any other top-level field as given (retry, budget, ...).
 ``nop_agents(n)`` gives n distinct entries of the same agent, so one task yields n
 distinct trials per repetition; ``nop_manifest`` is the usual load test of them: the
-hello-file example task, agents x repetitions trials.
+hello-file example task, agents x repetitions trials. ``quotas_file`` writes the teams'
+quotas file (``TRIALBUS_QUOTAS_FILE``) from a dict rather than hand-written YAML.
 """
 
 from __future__ import annotations
@@ -64,3 +65,11 @@ def nop_manifest(
         concurrency=concurrency,
         **fields,
     )
+
+
+def quotas_file(folder: Path, teams: dict[str, dict[str, float]]) -> Path:
+    """``folder/quotas.yaml`` giving each team its limits (``{"red": {"share": 3}}``);
+    a second call rewrites it, as an operator edits the file."""
+    path = folder / "quotas.yaml"
+    path.write_text(yaml.safe_dump({"teams": teams}))
+    return path

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from infra.managed_process import die_with_parent_hook
@@ -175,43 +176,36 @@ class HostProcess:
         return f"$ {' '.join(self.argv)}\n--- stdout\n{out}--- stderr\n{err}"
 
 
+@dataclass(eq=False, repr=False)
 class Host:
     """One host: its network, disk, processes and hostname (see the module docstring).
 
-    Attributes:
-        name: network namespace name and hostname, unique to the run (``tbh-<token>-<i>``).
-        index: position in ``Hosts``.
-        address: the host's own address on the bridge.
-        hub_address: the bridge address, where the hub's servers listen.
-        data_dir: ``HOST_DATA_DIR``, private to this host (a tmpfs).
-        private_dirs: every folder this host has its own tmpfs over.
+    Made by ``Hosts.start``, which passes the folders every host shares the settings of.
     """
 
-    def __init__(
-        self,
-        name: str,
-        index: int,
-        address: str,
-        hub_address: str,
-        *,
-        private_dirs: Sequence[str],
-        readonly: Sequence[str],
-        hidden: Sequence[str] = (),
-        log_dir: Path,
-    ) -> None:
-        self.name = name
-        self.index = index
-        self.address = address
-        self.hub_address = hub_address
-        self.data_dir = Path(HOST_DATA_DIR)
-        self.private_dirs = tuple(private_dirs)
-        self._readonly = tuple(readonly)
-        self._hidden = tuple(hidden)
-        self._log_dir = log_dir
-        self._keeper: subprocess.Popen[bytes] | None = None
-        self._pid1: int | None = None
-        self._launchers: list[subprocess.Popen[bytes]] = []
-        self._spawned = 0
+    name: str
+    """Network namespace name and hostname, unique to the run (``tbh-<token>-<i>``)."""
+    index: int
+    """Position in ``Hosts``."""
+    address: str
+    """The host's own address on the bridge."""
+    hub_address: str
+    """The bridge address, where the hub's servers listen."""
+    _: KW_ONLY
+    private_dirs: tuple[str, ...]
+    """Every folder this host has its own tmpfs over."""
+    readonly: tuple[str, ...]
+    """Folders bound read-only inside the host (the repository)."""
+    hidden: tuple[str, ...] = ()
+    """Existing folders that look empty (and read-only) inside the host."""
+    log_dir: Path
+    """Where the host's pid 1 and its processes write their output."""
+    data_dir: Path = field(default=Path(HOST_DATA_DIR), init=False)
+    """``HOST_DATA_DIR``, private to this host (a tmpfs)."""
+    _keeper: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _pid1: int | None = field(default=None, init=False)
+    _launchers: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False)
+    _spawned: int = field(default=0, init=False)
 
     def __repr__(self) -> str:
         return f"Host({self.name!r}, {self.address}, {'up' if self.alive else 'down'})"
@@ -231,10 +225,10 @@ class Host:
         config = {
             "name": self.name,
             "private": self.private_dirs,
-            "readonly": self._readonly,
-            "hidden": self._hidden,
+            "readonly": self.readonly,
+            "hidden": self.hidden,
         }
-        with (self._log_dir / f"{self.name}.pid1.err").open("ab") as err:
+        with (self.log_dir / f"{self.name}.pid1.err").open("ab") as err:
             # --kill-child: when unshare dies (with the test process, by PDEATHSIG), pid 1
             # dies and the kernel takes every process of the host with it.
             self._keeper = subprocess.Popen(
@@ -252,7 +246,7 @@ class Host:
         children = _children(self._keeper.pid)
         if line.strip() != b"ready" or not children:
             self.kill()
-            tail = (self._log_dir / f"{self.name}.pid1.err").read_text(errors="replace")[-2000:]
+            tail = (self.log_dir / f"{self.name}.pid1.err").read_text(errors="replace")[-2000:]
             raise HostError(f"{self.name} did not boot within {BOOT_TIMEOUT:.0f} s: {tail}")
         self._pid1 = children[0]
 
@@ -281,7 +275,7 @@ class Host:
             raise HostDownError(f"{self.name} is down (killed); boot() it to run {argv[0]}")
         self._spawned += 1
         stem = f"{self.name}.{self._spawned}.{label or Path(argv[0]).name}"
-        stdout, stderr = self._log_dir / f"{stem}.out", self._log_dir / f"{stem}.err"
+        stdout, stderr = self.log_dir / f"{stem}.out", self.log_dir / f"{stem}.err"
         # nsenter enters the namespaces of pid 1, where "/" is the host's view; env -C
         # then changes directory inside that view (nsenter --wd would resolve the path
         # on the hub, which could put the process in a hub folder).

@@ -11,30 +11,11 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.bench_capacity import CapacityRun, scan_runner_logs
+from benchmarks.bench_capacity import scan_runner_logs, started_more_than_once
 
 
 def _line(trial_id: str, event: str) -> str:
     return json.dumps({"trial_id": trial_id, "attempt": 1, "event": event}) + "\n"
-
-
-def _run(starts: Counter[str], runs: Counter[str]) -> CapacityRun:
-    return CapacityRun(
-        runners=1,
-        n=len(starts),
-        delay_s=1.0,
-        wall_s=2.0,
-        ceiling=1000.0,
-        starts=starts,
-        runs=runs,
-        redeliveries=0,
-        peak_connections=0,
-        connections_opened=0,
-        rss_idle_kib=0,
-        rss_peak_kib=0,
-        hwm_kib=[0],
-        log_errors={},
-    )
 
 
 def test_runner_logs_count_runs_per_trial_and_trouble(tmp_path: Path) -> None:
@@ -54,6 +35,6 @@ def test_runner_logs_count_runs_per_trial_and_trouble(tmp_path: Path) -> None:
 
 def test_a_trial_started_or_run_twice_is_counted_once_each_way() -> None:
     once = Counter({"a": 1, "b": 1})
-    assert _run(once, once).started_more_than_once == 0  # negative control
-    assert _run(Counter({"a": 2, "b": 1}), once).started_more_than_once == 1
-    assert _run(once, Counter({"a": 1, "b": 3})).started_more_than_once == 1
+    assert started_more_than_once(once, once) == 0  # negative control
+    assert started_more_than_once(Counter({"a": 2, "b": 1}), once) == 1
+    assert started_more_than_once(once, Counter({"a": 1, "b": 3})) == 1

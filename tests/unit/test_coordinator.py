@@ -36,6 +36,16 @@ class World:
     advance: Callable[[float], Awaitable[None]]
     expired: Callable[[Lease], Awaitable[None]]
 
+    async def a_holds(self, runner: str = "r1") -> Lease:
+        """Runner a's lease on the one slot of experiment ``exp`` (asserted granted)."""
+        lease = await self.a.acquire("exp", 1, runner)
+        assert lease is not None
+        return lease
+
+    async def b_gets_the_slot(self) -> bool:
+        """Whether runner b is granted the one slot of ``exp`` (it keeps the lease)."""
+        return await self.b.acquire("exp", 1, "r2") is not None
+
 
 class CoordinatorContract:
     """Assertions every Coordinator adapter must pass (subclasses provide ``world``)."""
@@ -59,29 +69,26 @@ class CoordinatorContract:
         assert await world.b.acquire("exp-2", 1, "r2") is not None
 
     async def test_an_expired_lease_frees_its_slot(self, world: World) -> None:
-        lease = await world.a.acquire("exp", 1, "dead-runner")
-        assert lease is not None
+        lease = await world.a_holds("dead-runner")
         # Negative control: while the TTL runs, the slot stays taken.
         await world.advance(world.ttl_s / 4)
-        assert await world.b.acquire("exp", 1, "r2") is None
+        assert not await world.b_gets_the_slot()
         await world.expired(lease)
-        assert await world.b.acquire("exp", 1, "r2") is not None
+        assert await world.b_gets_the_slot()
 
     async def test_renewing_keeps_a_lease_past_its_ttl(self, world: World) -> None:
-        lease = await world.a.acquire("exp", 1, "r1")
-        assert lease is not None
+        lease = await world.a_holds()
         await world.advance(world.ttl_s * 0.6)
         renewed = await world.a.renew(lease)
         assert renewed.key == lease.key and renewed.revision > lease.revision
         await world.advance(world.ttl_s * 0.6)  # past the first write's TTL
-        assert await world.b.acquire("exp", 1, "r2") is None
+        assert not await world.b_gets_the_slot()
         # Negative control: unrenewed, the same lease expires.
         await world.expired(renewed)
-        assert await world.b.acquire("exp", 1, "r2") is not None
+        assert await world.b_gets_the_slot()
 
     async def test_releasing_twice_or_after_expiry_is_harmless(self, world: World) -> None:
-        lease = await world.a.acquire("exp", 1, "r1")
-        assert lease is not None
+        lease = await world.a_holds()
         await world.a.release(lease)
         await world.a.release(lease)
         again = await world.b.acquire("exp", 1, "r2")
