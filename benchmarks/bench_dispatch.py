@@ -75,7 +75,7 @@ class Paths:
         await self._attempt_get_first(run_id)
         await self.js.publish(f"{self.topo.prefix}.events.started.x", self._started(run_id))
         started = time.perf_counter() - t0
-        await self.coord._leases.purge(lease.key)  # a KV purge: leaves a marker
+        await self.coord.leases.purge(lease.key)  # a KV purge: leaves a marker
         return started
 
     async def now(self, run_id: str) -> float:
@@ -122,7 +122,7 @@ class Paths:
 
     async def _create_lease(self) -> Lease | None:
         """The lease as it was taken: nats-py's ``create`` per probed slot."""
-        leases = self.coord._leases  # the coordinator's own bucket handle
+        leases = self.coord.leases  # the coordinator's own bucket handle
         start = random.randrange(LIMIT)
         for step in range(LIMIT):
             key = f"{self.exp}.{(start + step) % LIMIT}"
@@ -134,7 +134,7 @@ class Paths:
 
     async def _attempt_get_first(self, run_id: str) -> int:
         """The attempt counter as it was: a get, then a create for a first attempt."""
-        control = self.coord._control  # the coordinator's own bucket handle
+        control = self.coord.control  # the coordinator's own bucket handle
         key = f"runs.{run_id}"
         try:
             entry = await control.get(key)

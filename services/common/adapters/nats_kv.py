@@ -59,6 +59,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
@@ -86,30 +87,29 @@ def _key(text: str) -> str:
     return text.replace(":", "=")
 
 
+@dataclass(eq=False)
 class NatsCoordinator:
     """The Coordinator port over NATS KV: leases, cancellation flags, attempt counters, endings."""
 
-    def __init__(
-        self,
-        leases: KeyValue,
-        control: KeyValue,
-        *,
-        js: JetStreamContext,
-        leases_bucket: str,
-        cache_s: float = 1.0,
-    ) -> None:
-        self._leases = leases
-        self._js = js
-        self._leases_bucket = leases_bucket
-        self._control = control
-        self._cache_s = cache_s
-        # key -> (read at, value): the cached reads of the control bucket's flags,
-        # stops, budgets and spend
-        self._reads: dict[str, tuple[float, bytes | None]] = {}
-        # experiment -> (stored list, parsed): the paused trials, parsed once per change
-        self._trial_sets: dict[str, tuple[bytes | None, frozenset[str]]] = {}
-        # the published team limits (stored bytes, parsed), parsed once per change
-        self._limits: tuple[bytes | None, quotas.Quotas | None] | None = None
+    leases: KeyValue
+    """The leases bucket: experiment and team slots and running marks (entries expire)."""
+    control: KeyValue
+    """The control bucket: flags, attempt counters, endings, stops, budgets and spend."""
+    _: KW_ONLY
+    js: JetStreamContext
+    leases_bucket: str
+    """The leases bucket's name: ``release`` purges a slot's subject from its stream."""
+    cache_s: float = 1.0
+    """How long a non-fresh read of the control bucket may be served from the cache."""
+    # key -> (read at, value): the cached reads of the control bucket's flags,
+    # stops, budgets and spend
+    _reads: dict[str, tuple[float, bytes | None]] = field(init=False, default_factory=dict)
+    # experiment -> (stored list, parsed): the paused trials, parsed once per change
+    _trial_sets: dict[str, tuple[bytes | None, frozenset[str]]] = field(
+        init=False, default_factory=dict
+    )
+    # the published team limits (stored bytes, parsed), parsed once per change
+    _limits: tuple[bytes | None, quotas.Quotas | None] | None = field(init=False, default=None)
 
     @classmethod
     async def open(
@@ -142,7 +142,7 @@ class NatsCoordinator:
         for step in range(min(limit, MAX_PROBES)):
             key = f"{prefix}.{(start + step) % limit}"
             try:
-                revision = await self._leases.update(key, holder.encode(), last=0)
+                revision = await self.leases.update(key, holder.encode(), last=0)
             except KeyWrongLastSequenceError:
                 continue
             return Lease(key, revision)
@@ -150,7 +150,7 @@ class NatsCoordinator:
 
     async def renew(self, lease: Lease) -> Lease:
         """Refresh a lease's TTL (with each heartbeat)."""
-        revision = await self._leases.put(lease.key, b"renewed")
+        revision = await self.leases.put(lease.key, b"renewed")
         return Lease(lease.key, revision)
 
     async def release(self, lease: Lease) -> None:
@@ -160,8 +160,8 @@ class NatsCoordinator:
         (three round trips); a subject purge of the bucket's stream leaves nothing.
         Keys a runner of an older release purged the KV way expire with the TTL.
         """
-        await self._js.purge_stream(
-            kv_stream(self._leases_bucket), subject=f"$KV.{self._leases_bucket}.{lease.key}"
+        await self.js.purge_stream(
+            kv_stream(self.leases_bucket), subject=f"$KV.{self.leases_bucket}.{lease.key}"
         )
 
     # -- cancellation ------------------------------------------------------------------
@@ -217,7 +217,7 @@ class NatsCoordinator:
     async def _change_paused_trials(
         self, experiment_id: str, change: Callable[[frozenset[str]], frozenset[str]]
     ) -> frozenset[str]:
-        before, written = await change_paused_trials(self._control, experiment_id, change)
+        before, written = await change_paused_trials(self.control, experiment_id, change)
         if written is not None:  # this process reads its own change back without asking
             self._reads[paused_trials_key(experiment_id)] = (time.monotonic(), written)
         return before
@@ -229,11 +229,11 @@ class NatsCoordinator:
 
     async def begin_attempt(self, run_id: str) -> AttemptStart:
         """Count one more start of ``run_id``: the attempt and the starts taken back."""
-        return await nats_attempts.begin(self._control, f"runs.{_key(run_id)}")
+        return await nats_attempts.begin(self.control, f"runs.{_key(run_id)}")
 
     async def take_back_attempt(self, run_id: str) -> int:
         """Uncount the last start of ``run_id``; the starts taken back so far."""
-        return await nats_attempts.take_back(self._control, f"runs.{_key(run_id)}")
+        return await nats_attempts.take_back(self.control, f"runs.{_key(run_id)}")
 
     # -- endings -----------------------------------------------------------------------
     async def record_ending(self, run_id: str, event: bytes) -> bytes:
@@ -241,7 +241,7 @@ class NatsCoordinator:
         key = _ending_key(run_id)
         while True:
             try:
-                await self._control.create(key, event)
+                await self.control.create(key, event)
                 return event
             except KeyWrongLastSequenceError:
                 pass  # another runner ended the run first: its ending stands
@@ -253,7 +253,7 @@ class NatsCoordinator:
     async def ending(self, run_id: str) -> bytes | None:
         """The encoded final event of ``run_id`` if the run has ended, else None."""
         try:
-            entry = await self._control.get(_ending_key(run_id))
+            entry = await self.control.get(_ending_key(run_id))
         except KeyNotFoundError:
             return None
         return entry.value
@@ -264,7 +264,7 @@ class NatsCoordinator:
         key = f"stops.{experiment_id}.{agent_key}"
         while True:
             try:
-                await self._control.create(key, reason)
+                await self.control.create(key, reason)
                 self._reads[key] = (time.monotonic(), reason)
                 return reason
             except KeyWrongLastSequenceError:
@@ -291,7 +291,7 @@ class NatsCoordinator:
         if budget is None:
             await self._purge(key)
         else:
-            await self._control.put(key, budget)
+            await self.control.put(key, budget)
             self._reads.pop(key, None)
 
     async def budget(self, experiment_id: str, *, fresh: bool = False) -> bytes | None:
@@ -303,17 +303,17 @@ class NatsCoordinator:
         key = f"spend.{experiment_id}"
         while True:
             try:
-                entry = await self._control.get(key)
+                entry = await self.control.get(key)
             except KeyNotFoundError:
                 try:
-                    await self._control.create(key, spend.encode())
+                    await self.control.create(key, spend.encode())
                     total = spend
                 except KeyWrongLastSequenceError:
                     continue  # another runner wrote the first total: add to it
             else:
                 total = Spend.decode(entry.value) + spend
                 try:
-                    await self._control.update(key, total.encode(), last=entry.revision)
+                    await self.control.update(key, total.encode(), last=entry.revision)
                 except KeyWrongLastSequenceError:
                     continue
             self._reads[key] = (time.monotonic(), total.encode())
@@ -337,7 +337,7 @@ class NatsCoordinator:
 
     async def mark_running(self, key: str, holder: str) -> Lease:
         """One put of the lease key (no probing: the key is the run's own)."""
-        return Lease(key, await self._leases.put(key, holder.encode()))
+        return Lease(key, await self.leases.put(key, holder.encode()))
 
     # -- team tallies -------------------------------------------------------------------
     async def add_tally(
@@ -348,7 +348,7 @@ class NatsCoordinator:
         while True:
             now = datetime.now(UTC)
             try:
-                entry = await self._control.get(key)
+                entry = await self.control.get(key)
                 stored, revision = quotas.decode_tally(entry.value), entry.revision
             except KeyNotFoundError:
                 stored, revision = {}, 0
@@ -359,9 +359,9 @@ class NatsCoordinator:
             new = quotas.encode_tally(quotas.window_add(stored, now, amount))
             try:
                 if revision:
-                    await self._control.update(key, new, last=revision)
+                    await self.control.update(key, new, last=revision)
                 else:
-                    await self._control.create(key, new)  # the tally's first write
+                    await self.control.create(key, new)  # the tally's first write
             except KeyWrongLastSequenceError:
                 continue  # another process counted first: read its total again
             self._reads[key] = (time.monotonic(), new)
@@ -385,23 +385,23 @@ class NatsCoordinator:
 
     async def _put(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key``; this process reads it back without asking."""
-        await self._control.put(key, value)
+        await self.control.put(key, value)
         self._reads[key] = (time.monotonic(), value)
 
     async def _purge(self, key: str) -> None:
         """Remove ``key`` and its history (the bucket keeps no trace); forget its read."""
         with contextlib.suppress(KeyNotFoundError):
-            await self._control.purge(key)
+            await self.control.purge(key)
         self._reads.pop(key, None)
 
     async def _read(self, key: str, *, fresh: bool) -> bytes | None:
         """The value under ``key`` or None, cached for ``cache_s`` unless ``fresh``."""
         now = time.monotonic()
         cached = self._reads.get(key)
-        if cached is not None and not fresh and now - cached[0] < self._cache_s:
+        if cached is not None and not fresh and now - cached[0] < self.cache_s:
             return cached[1]
         try:
-            value = (await self._control.get(key)).value
+            value = (await self.control.get(key)).value
         except KeyNotFoundError:
             value = None
         self._reads[key] = (now, value)
