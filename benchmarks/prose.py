@@ -18,6 +18,109 @@ which command, under what load); the code is in
 number misses one, the section says where the time goes and what would fix it.
 """
 
+MISSES_ROWS: list[tuple[str, str, str, str]] = [
+    (
+        "overhead: median <= +5 %, every run <= +10 %",
+        "+10.1 % (runs +18.6, -16.4, +13.3); +4.4 % in another sitting of the same code",
+        "Bare Harbor's own job time moves 19-28 s between sittings, more than the bar; "
+        "per trial, 123-133 ms pass before Harbor's trial starts, about 59 ms of it "
+        "Harbor's `Trial.create` hashing the task's content (py-spy)",
+        "hand Harbor the task digest trialbus already holds (Harbor 0.25's `Trial` takes "
+        "no such argument; its deprecation of `Task.checksum` points at a trial lock, "
+        "`TrialLock.task.digest`); ten runs a sitting to settle a 5 % bar",
+    ),
+    (
+        "capacity: >= 0.95 at 10,000 waiting trials on 1/2/4/8 runners",
+        "0.47 (0.42-0.51 over this page's 12 runs, 3 per size); every trial started once",
+        "7.5-8.5 ms of stack CPU per trial (runners 3-4, importer 1.6-2.7, nats-server "
+        "1.1-1.3, ledger 0.6): 10,000 trials are 75-85 CPU-seconds on two cores, paid in "
+        "the bursts of starts and of endings around the trials' 30 s",
+        "0.95 at this size needs about 0.4 ms of non-ledger CPU per trial here, or "
+        "runners on cores of their own (as a fleet has them); on the runner: fewer round "
+        "trips per ending (the runner's profile below: deleting the uploaded trial folder"
+        " is 29 % of its active samples, packing and uploading it 23 %: a trial folder's "
+        "disk work, which real trials pay once per minutes-long run)",
+    ),
+    (
+        "pipeline: >= 0.75 of the slowest ceiling",
+        "0.13 (203 trials/s against the ledger's 1,567 documents/s)",
+        "the same CPU per trial: runner 3.9 ms, importer 2.0, ledger 1.2, nats-server "
+        "0.8, watcher 0.4 (this page's run), seven processes on two cores; profiled "
+        "(py-spy, this page's run): the importer spends 48 % of its active samples "
+        "unpacking each trial's archive into the Harbor job folder, 25 % in batch "
+        "plumbing, 11 % writing the ledger; the runner 29 % deleting uploaded trial "
+        "folders, 23 % packing and uploading them",
+        "the job folder written apart from the record (the record is built from the "
+        "archive in memory already): by a writer thread after the ledger write, or on "
+        "demand; then a second importer process on the same durable, and the ledger on "
+        "cores of its own (MongoDB)",
+    ),
+    (
+        "import: >= 2,000 trials/s",
+        "1,311 trials/s (in process 1,526)",
+        "the ledger's insert rate sets the pace (1,340 documents/s raw in the same run); "
+        "building a record is 0.35-0.39 ms of CPU",
+        "real MongoDB for large imports (`--mongo-url` measures it beside); records built"
+        " in a process pool",
+    ),
+    (
+        "latency: p50 <= 3 ms, idle stack",
+        "4.8 ms observed, 3.1 ms the runner's part",
+        "the publish, stream write and delivery (about 1.4 ms, three loopback round "
+        "trips), the stored-ending read and the first attempt's write, and TrialStarted's"
+        " trip back to the observer (1.7 ms)",
+        "skip the stored-ending read on a message's first delivery, once it is proven "
+        "that no other message can carry the same run",
+    ),
+    (
+        "fleet: p50 <= 3 ms, p99 <= 25 ms with 1,000 runner connections",
+        "3.8 / 296 ms (one connection: 1.9 / 2.7 ms)",
+        "1,000 idle runners renew three class polls a second: 2,800 requests/s, 0.4 core "
+        "of nats-server and 0.8 of the simulated runners; a trial that reaches a loop "
+        "busy renewing waits its turn",
+        "a longer idle window (5 s cut the idle CPU fourfold in a trial) with polls ended"
+        " by the runner's drain; one pull per runner for all classes",
+    ),
+    (
+        "ledger: every report read <= 200 ms at 1,000,000 records",
+        "257 ms (a new process's experiment page); list 12 ms, status 6 ms, kept "
+        "leaderboard 13 ms, report 29 ms",
+        "a new process's first page view renders the kept view of a 10,000-trial "
+        "experiment; the uncached leaderboard (3.4 s) is a scan of its records on "
+        "SecantusDB",
+        "a quiet re-run (taken at load 5-16); the leaderboard from write-time sums (the "
+        "`tally` branch: 3,288 -> 256 ms uncached) once its doubled write cost is "
+        "affordable (MongoDB)",
+    ),
+    (
+        "scheduling (issue 14): urgent trials behind batch ones <= 1.10",
+        "1.12",
+        "the first urgent start waits for the next preemption look (0.5-1.5 s, a random "
+        "phase per runner), and two runners preempt at different looks; one trial length "
+        "is 20 % of B's 10 s, so the lag shows in B's last wave",
+        "preempt when an urgent message reaches a full runner instead of at the periodic look",
+    ),
+]
+"""The targets this page misses: target, measured, where the time goes, next step."""
+
+MISSES = (
+    """
+## Targets missed: where the time goes, what is next
+
+Each target this page misses, with what its profile says and the next step (the
+benchmark's section has the measurements behind each line). Two things hold for all
+of them: the machine has two cores, shared by every process of the stack (and, in
+busy sittings, by other work), and SecantusDB, the embedded ledger, is a Python
+server whose bulk write rate (1,340-1,570 documents/s in these sittings) is itself
+below the import target.
+
+| target | measured | where the time goes | next step |
+|---|---|---|---|
+"""
+    + "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in MISSES_ROWS)
+    + "\n"
+)
+
 METHOD = """
 ## How the numbers are kept honest
 
@@ -300,6 +403,17 @@ go back to the stream. Capping a fetch at 256 messages was tried and measured,
 alternated with the code as it is: hand-backs 0 and 112 against 839 and 59 at 2
 runners, 45 and 38 against 371 and 93 at 8, efficiency within the same spread; not
 kept, since the runs' own scatter is as large as the difference.
+
+**This page's run (2026-11-27 02:31, load average 1.0 before it; three runs per
+size, after the importer's durable was narrowed to the events it acts on):**
+efficiency 0.48 / 0.42 / 0.49 at one runner, 0.50 / 0.51 / 0.50 at two, 0.47 / 0.50
+/ 0.47 at four, 0.47 / 0.47 / 0.50 at eight (wall 70-88 s for ideals of 35-38 s);
+every trial started once, no runner error, 0-536 hand-backs, 19.7-25.7 KiB per trial
+in flight. The importer's narrower durable did not move it: the importer is not what
+bounds this benchmark. The pipeline section's profile says what does: half of the
+runner's and the importer's work here is the trial folder's disk work (written,
+packed, deleted, fetched, unpacked), paid by all 10,000 trials within seconds of
+each other at the end of their 30 s.
 """,
     "objects": """
 **Where the time goes.** Packing is a deterministic tar + gzip in the runner
@@ -612,14 +726,37 @@ code. Tried and dropped: binding the runner's logger once (no gain), reusing the
 packed result.json for the spend account (15 us), encoding a run's ending once
 (20 us, a new port argument).
 
-**Next steps** (largest expected gain first): give the importer only the events it
-uses (`filter_subjects`: two thirds of its deliveries and acks go; it needs the
-provisioned durable updated on existing installations, and the overhead benchmark's
-`importer_redeliveries`, which assumes the stream's and the consumer's sequences
-advance together, counted another way); then a second importer process on the same
-durable consumer. The job folder's writes could leave the batch's path (a writer
-thread after the record is built): the same CPU, but the batch would be acknowledged
-sooner.
+**Applied (issue 12, fourth round): the importer's durable takes only the events it
+acts on** (`filter_subjects` for ExperimentSubmitted, ExperimentCompleted,
+TrialCompleted and TrialFailed; an existing durable is narrowed in place by
+`trialbus provision` / `up`). Its deliveries fell by two thirds (982 -> 359 messages
+for the same quick run: TrialStarted and its own ResultImported no longer reach it),
+but its CPU per trial hardly moved (2.1 -> 1.95 ms, within the scatter): the skipped
+messages were cheap. This page's profile says where the importer's and the runner's
+time goes instead (py-spy at 100 Hz for 25 s of one 10,000-trial run, share of the
+active samples; 2026-11-27 03:21, quiet machine):
+
+| process | where | share |
+|---|---|---|
+| importer | unpacking each trial's archive into the job folder (tar, gzip, writes) | 48 % |
+| importer | batch plumbing (FastStream's pull loop and middlewares, decoding) | 25 % |
+| importer | the ledger write (PyMongo) | 11 % |
+| importer | building records; NATS; the job's result.json | 5 %; 5 %; 3 % |
+| runner | deleting the uploaded trial folder (`rmtree`, in a worker thread) | 29 % |
+| runner | packing the folder and putting it in the object store | 23 % |
+| runner | publishes, acks and KV requests of the trial's ending | 13 % |
+| runner | the benchmark's instant executor writing the folder | 10 % |
+| runner | admission (ending check, lease, attempt) | 8 % |
+
+So in this benchmark, where trials cost nothing, half of what the importer and the
+runner do is a trial folder's disk work: written, packed, deleted, fetched and
+unpacked again. A real trial pays the same once per minutes-long run.
+
+**Next steps** (largest expected gain first): write the job folder apart from the
+record (the record is built from the archive in memory already; a writer thread
+after the ledger write, or unpacking on demand when a job folder is read), then a
+second importer process on the same durable consumer; for the runner, the folder's
+deletion batched into one `rm` of many set-aside folders, measured against `rmtree`.
 
 The text below predates the object store (development profile, quiet machine):
 
@@ -687,16 +824,18 @@ by the importer's rework (one record builder, now through `FolderFiles`; same re
 digest for digest); in process the ledger's write sets the pace (the client's CPU is
 about half of the wall time). So the CLI figure is the ledger's insert rate plus the
 fixed 4 s: 10,000 trials at about 1,300/s in process take 7.5 s, and the probe alone
-is 3 of the CLI's 17 s. **Next step** (outside the importer: services/submitter/
-connections.py): let `try_open_nats` give up at once on a refused connection (a plain
-TCP connect before nats-py's, which retries it; `allow_reconnect=False` did not stop
-that in a check here), which takes 3 s off every import made without a running
-stack. **Fixed while measuring:** the ledger write is an insert
-for new trials (see the pipeline section), which is why the import can beat the raw
-bulk-*upsert* ceiling measured beside it (the raw insert rate of SecantusDB, about
-2,800 documents/s in development, is the ceiling for a fresh import); and the next
-batch's files are read while the ledger writes the current batch (different
-processes, so on two cores they overlap; 990 -> 1,390 trials/s in one development
+is 3 of the CLI's 17 s. **Since fixed** (services/submitter/connections.py):
+`try_open_nats` gives up at once when every server refuses the TCP connection (a
+plain connect before nats-py's, which retried it until the timeout), so an import
+without a running stack no longer waits 3 s; the CLI's fixed cost left is the
+interpreter start and imports (about 1 s: the CLI and in-process rates of this
+page's run, 1,311 and 1,526 trials/s, differ by that). **Fixed while measuring:**
+the ledger write is an insert for new trials (see the pipeline section), which is
+why the import can beat the raw bulk-*upsert* ceiling measured beside it (the raw
+insert rate of SecantusDB, about 2,800 documents/s in development, is the ceiling
+for a fresh import); and the next batch's files are read while the ledger writes the
+current batch (different processes, so on two cores they overlap; 990 -> 1,390
+trials/s in one development
 comparison). **What would fix the rest:** build records in a process pool (the work
 is pure Python under one GIL), fewer filesystem calls per trial, and real MongoDB
 for large imports (run with `--mongo-url` to measure it beside).
@@ -899,9 +1038,10 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
     (
         "waiting trials in flight",
         "10,000 on 4 runners: efficiency ~0.09, trials started up to 7 times",
-        "10,000 on 1/2/4/8 runners (the issue's size, 2026-11-27 00:13, load 0-4): "
-        "efficiency 0.54/0.48/0.48/0.49, wall 70-76 s for an ideal of 37 s, every trial "
-        "started once, no runner error, 0-839 hand-backs, 20-25 KiB per trial in flight; "
+        "10,000 on 1/2/4/8 runners (the issue's size, 2026-11-27 02:31, load 1-3, three "
+        "runs per size): efficiency 0.42-0.51 (medians 0.48/0.50/0.47/0.47), wall 70-88 s "
+        "for ideals of 35-38 s, every trial started once, no runner error, 0-536 "
+        "hand-backs, 20-26 KiB per trial in flight; 0.48-0.54 the sitting before; "
         "2,000 on 1/2/4/8: 0.81/0.87/0.85/0.84 (2026-11-26 21:36, load 1-3; 0-3 "
         "hand-backs); before the handler change 0.47/0.49/0.49/0.45 with 22-379 "
         "redeliveries (one sitting)",
@@ -913,14 +1053,17 @@ BEFORE_AFTER_ROWS: list[tuple[str, str, str, str]] = [
     (
         "pipeline, instant trials",
         "793 trials/s, ~3.5 ms CPU per trial",
-        "190 trials/s (2026-11-27 00:36, load 2-4; the ledger's ceiling 1,469 docs/s "
-        "that sitting, 0.13 of it), 301 trials/s (2026-11-26 21:39, load 1-3), 227-281 "
-        "in earlier quiet sittings; 6.2-8.9 ms of stack CPU per trial",
+        "203 trials/s (192-212; 2026-11-27 02:50, right after the capacity runs; the "
+        "ledger's ceiling 1,567 docs/s, 0.13 of it), 190 and 301 trials/s in the two "
+        "sittings before, 227-281 in earlier quiet ones; 6.2-8.9 ms of stack CPU per "
+        "trial",
         "the object store is in the path (pack/put/get/unpack): runner 2.8-3.1 ms and "
         "importer 2.1-2.4 ms CPU per trial; one lookup per put, direct-get reads, one "
         "resolution per job folder and a read by size in packing took its path from "
         "2.34 to 1.80 ms per trial; a third round (conditional put, batched folder "
-        "deletion, lazy delivery counts, pipelined announcements) 7.73 -> 6.95 ms",
+        "deletion, lazy delivery counts, pipelined announcements) 7.73 -> 6.95 ms; the "
+        "importer's durable narrowed to its four event types (two thirds fewer "
+        "deliveries, its CPU per trial 2.1 -> 1.95 ms); a profile of both processes",
     ),
     (
         "trial folder through the object store",

@@ -150,6 +150,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         summary_table(report),
         "",
+        prose.MISSES.strip(),
+        "",
         prose.METHOD.strip(),
         "",
         "## The benchmarks",
