@@ -21,7 +21,8 @@ number misses one, the section says where the time goes and what would fix it.
 MISSES_ROWS: list[tuple[str, str, str, str]] = [
     (
         "overhead: median <= +5 %, every run <= +10 %",
-        "+10.1 % (runs +18.6, -16.4, +13.3); +4.4 % in another sitting of the same code",
+        "+10.1 % (runs +18.6, -16.4, +13.3); in other sittings +4.4 % and, on this "
+        "stop's code, +15.7 % (+19.5, +0.8, +20.8)",
         "Bare Harbor's own job time moves 19-28 s between sittings, more than the bar; "
         "per trial, 123-133 ms pass before Harbor's trial starts, about 59 ms of it "
         "Harbor's `Trial.create` hashing the task's content (py-spy)",
@@ -57,7 +58,8 @@ MISSES_ROWS: list[tuple[str, str, str, str]] = [
     ),
     (
         "import: >= 2,000 trials/s",
-        "1,311 trials/s (in process 1,526)",
+        "1,311 trials/s (in process 1,526); 1,036 on this stop's code at load 5 "
+        "(ledger ceiling 1,282)",
         "the ledger's insert rate sets the pace (1,340 documents/s raw in the same run); "
         "building a record is 0.35-0.39 ms of CPU",
         "real MongoDB for large imports (`--mongo-url` measures it beside); records built"
@@ -65,7 +67,7 @@ MISSES_ROWS: list[tuple[str, str, str, str]] = [
     ),
     (
         "latency: p50 <= 3 ms, idle stack",
-        "4.8 ms observed, 3.1 ms the runner's part",
+        "4.8 ms observed, 3.1 ms the runner's part; 5.3 / 3.4 ms on this stop's code",
         "the publish, stream write and delivery (about 1.4 ms, three loopback round "
         "trips), the stored-ending read and the first attempt's write, and TrialStarted's"
         " trip back to the observer (1.7 ms)",
@@ -74,7 +76,7 @@ MISSES_ROWS: list[tuple[str, str, str, str]] = [
     ),
     (
         "fleet: p50 <= 3 ms, p99 <= 25 ms with 1,000 runner connections",
-        "3.8 / 296 ms (one connection: 1.9 / 2.7 ms)",
+        "3.8 / 296 ms (one connection: 1.9 / 2.7 ms); 6.5 / 550 ms on this stop's code",
         "1,000 idle runners renew three class polls a second: 2,800 requests/s, 0.4 core "
         "of nats-server and 0.8 of the simulated runners; a trial that reaches a loop "
         "busy renewing waits its turn",
@@ -94,7 +96,7 @@ MISSES_ROWS: list[tuple[str, str, str, str]] = [
     ),
     (
         "scheduling (issue 14): urgent trials behind batch ones <= 1.10",
-        "1.12",
+        "1.12; 1.07 (1.10, 1.06, 1.07) on this stop's code, which meets the bar",
         "the first urgent start waits for the next preemption look (0.5-1.5 s, a random "
         "phase per runner), and two runners preempt at different looks; one trial length "
         "is 20 % of B's 10 s, so the lag shows in B's last wave",
@@ -118,7 +120,21 @@ below the import target.
 |---|---|---|---|
 """
     + "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in MISSES_ROWS)
-    + "\n"
+    + """
+"On this stop's code": the benchmarks this stop did not re-render were run again on
+its final code (2026-11-27 03:27-03:49, `python -m benchmarks --only
+overhead,latency,fleet,submit,import,objects,dispatch,dashboard,scheduling --runs 3`;
+load average 0.7-6.1 before each, the stack's own previous benchmark). Every figure
+of that sitting: overhead +15.7 % (runs +19.5, +0.8, +20.8); submit 0.78 s (met);
+import 1,036 trials/s (in process 1,184; ledger ceiling 1,282); latency p50 5.3 ms,
+p99 14.4 ms, runner's part 3.4 ms; objects 7.3 ms (met); dispatch ratio 0.17 (met);
+dashboard first paint 312 ms (met); scheduling 1.07 (met; behind a non-preemptible A
+1.41); fleet p50 6.5 ms and p99 550 ms with 1,000 connections (one connection: 2.4 /
+5.7 ms). The sections below keep the earlier sitting, whose prose cites its numbers;
+the two sittings differ by the machine's scatter (nothing in these paths changed but
+the importer's filter and refactors that run the same operations), which is itself
+the reason a 5 % overhead bar cannot be settled with three runs here.
+"""
 )
 
 METHOD = """
