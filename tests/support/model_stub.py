@@ -291,7 +291,18 @@ class ModelStub:
                 await super().startup(sockets)
                 ready.set()
 
-        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", access_log=False)
+        # Idle keep-alive connections stay open: with uvicorn's default 5 s, a client
+        # retrying after a 4-15 s backoff (Harbor's LiteLLM retry) could send on the
+        # pooled connection just as the stub closed it, and the SDK would spend one of
+        # its retries on that reset, one request fewer than the layers' product that
+        # test_provider_failures_are_classified counts (seen once: 53 of 54).
+        config = uvicorn.Config(
+            self.app(),
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_keep_alive=600,
+        )
         self._server = _Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="model-stub", daemon=True
