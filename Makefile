@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml uv.lock
 	@{ command -v bwrap && command -v slirp4netns && command -v tmux && command -v ip && command -v chromium && /sbin/ldconfig -p | grep -q 'libseccomp\.so\.2 '; } >/dev/null || { \
 	  echo "installing bubblewrap, slirp4netns, libseccomp2, tmux, iproute2 and chromium (Debian packages, for the local environment and its seccomp filter; terminus-2 drives tmux; the multi-host tests use ip netns; the dashboard's browser test drives chromium) ..."; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap slirp4netns libseccomp2 tmux iproute2 chromium >/dev/null; }
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap slirp4netns libseccomp2 tmux iproute2 chromium >/dev/null; }
 	$(UV) sync --frozen --quiet
 	@touch $@
 
