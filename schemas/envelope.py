@@ -19,6 +19,8 @@ from pydantic import (
     model_serializer,
 )
 
+from schemas.documented import DOCUMENTED
+
 SCHEMA_VERSION = 2
 """Version of the event contract this code writes and the newest it reads."""
 
@@ -49,29 +51,20 @@ def type_tag(value: str) -> Any:
 class Envelope(BaseModel):
     """Fields every event carries."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", **DOCUMENTED)
 
-    event_id: str = Field(
-        default_factory=_new_id, description="Unique id of this event (uuid4, hex)."
-    )
-    occurred_at: AwareDatetime = Field(
-        default_factory=_utcnow, description="When the event happened (timezone-aware, UTC)."
-    )
-    schema_version: int = Field(
-        default=SCHEMA_VERSION,
-        ge=1,
-        le=SCHEMA_VERSION,
-        description="Event contract version; newer versions are refused, not guessed.",
-    )
-    experiment_id: str = Field(
-        pattern=EXPERIMENT_ID_PATTERN, description="Experiment the event belongs to."
-    )
-    trial_id: str | None = Field(
-        default=None, pattern=TRIAL_ID_PATTERN, description="Trial, where one applies."
-    )
-    correlation_id: str = Field(
-        default="", description="Id shared by all events caused by one submission."
-    )
+    event_id: str = Field(default_factory=_new_id)
+    """Unique id of this event (uuid4, hex)."""
+    occurred_at: AwareDatetime = Field(default_factory=_utcnow)
+    """When the event happened (timezone-aware, UTC)."""
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
+    """Event contract version; newer versions are refused, not guessed."""
+    experiment_id: str = Field(pattern=EXPERIMENT_ID_PATTERN)
+    """Experiment the event belongs to."""
+    trial_id: str | None = Field(default=None, pattern=TRIAL_ID_PATTERN)
+    """Trial, where one applies."""
+    correlation_id: str = ""
+    """Id shared by all events caused by one submission."""
 
     def dedup_id(self) -> str:
         """JetStream Nats-Msg-Id: the natural key of the event, so retries dedupe."""
@@ -81,11 +74,9 @@ class Envelope(BaseModel):
 class TrialEvent(Envelope):
     """An event about one trial: ``trial_id`` is required."""
 
-    trial_id: str = Field(
-        pattern=TRIAL_ID_PATTERN,
-        description="Trial the event is about: deterministic in (experiment, task, agent, "
-        "model, repetition), also Harbor's trial name.",
-    )
+    trial_id: str = Field(pattern=TRIAL_ID_PATTERN)
+    """Trial the event is about: deterministic in (experiment, task, agent, model, repetition), also
+    Harbor's trial name."""
 
 
 class RunEvent(TrialEvent):
@@ -97,13 +88,9 @@ class RunEvent(TrialEvent):
     while another attempt, or another run, publishes a new event.
     """
 
-    run_id: str = Field(
-        default="",
-        pattern=RUN_ID_PATTERN,
-        description="Id of the run (work message) the event belongs to: trial_id for a "
-        "trial's first run, trial_id:resume:<n> for a re-run, empty meaning trial_id; "
-        "keys the run's events for dedup.",
-    )
+    run_id: str = Field(default="", pattern=RUN_ID_PATTERN)
+    """Id of the run (work message) the event belongs to: trial_id for a trial's first run,
+    trial_id:resume:<n> for a re-run, empty meaning trial_id; keys the run's events for dedup."""
 
     @property
     def run_key(self) -> str:

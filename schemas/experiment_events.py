@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import field_validator
 
 from schemas.constraints import Count
 from schemas.envelope import Envelope, type_tag
@@ -18,12 +18,14 @@ class ExperimentSubmitted(Envelope):
     """An experiment was validated and its trials published."""
 
     type: Literal["experiment_submitted"] = type_tag("experiment_submitted")
-    name: str = Field(description="Experiment name from the manifest.")
-    n_trials: Count = Field(description="Number of trials the manifest expands to.")
-    n_published: Count = Field(
-        description="Trials published by this submission (resume skips scored ones)."
-    )
-    manifest: dict[str, Any] = Field(description="The normalized manifest (no secrets).")
+    name: str
+    """Experiment name from the manifest."""
+    n_trials: Count
+    """Number of trials the manifest expands to."""
+    n_published: Count
+    """Trials published by this submission (resume skips scored ones)."""
+    manifest: dict[str, Any]
+    """The normalized manifest (no secrets)."""
 
     @field_validator("manifest")
     @classmethod
@@ -40,9 +42,12 @@ class ExperimentCompleted(Envelope):
     """Every trial of the experiment has a ledger record."""
 
     type: Literal["experiment_completed"] = type_tag("experiment_completed")
-    n_trials: Count = Field(description="Trials the experiment expands to.")
-    n_scored: Count = Field(description="Trials whose record carries a valid reward.")
-    n_partial: Count = Field(description="Trials whose record is partial.")
+    n_trials: Count
+    """Trials the experiment expands to."""
+    n_scored: Count
+    """Trials whose record carries a valid reward."""
+    n_partial: Count
+    """Trials whose record is partial."""
 
     def dedup_id(self) -> str:
         """Keyed by the counts: the same completion announced twice dedupes."""

@@ -12,9 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.documented import DOCUMENTED
+
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, **DOCUMENTED)
 
 
 class HarborTiming(_Lenient):

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # MAX_INT64 is re-exported: modules that check ledger-storable numbers import it from here.
 from schemas.constraints import MAX_INT64 as MAX_INT64
 from schemas.constraints import DelaySeconds, PositiveFinite
+from schemas.documented import DOCUMENTED
 from schemas.ids import agent_key
 from schemas.subjects import CLASS_PATTERN, DEFAULT_POOL, POOL_PATTERN
 
@@ -51,7 +52,7 @@ LOCAL_ENVIRONMENT_IMPORT_PATH = "services.localenv.environment:LocalEnvironment"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, **DOCUMENTED)
 
 
 def _reject_inline_secrets(where: str, values: dict[str, Any]) -> None:
@@ -98,33 +99,26 @@ def _reject_secret_value(where: str, key: str, value: Any) -> None:
 class TaskPath(_Strict):
     """A Harbor task folder, or a glob of them, relative to the manifest's folder."""
 
-    path: str = Field(
-        max_length=MAX_PATH_CHARS, description="Task folder or glob (e.g. 'tasks/*')."
-    )
+    path: str = Field(max_length=MAX_PATH_CHARS)
+    """Task folder or glob (e.g. 'tasks/*')."""
 
 
 class DatasetRef(_Strict):
     """A Harbor registry dataset, e.g. ``terminal-bench@2.0``."""
 
-    dataset: str = Field(
-        max_length=MAX_PATH_CHARS, description="Dataset name with optional '@version'."
-    )
-    task_names: list[str] | None = Field(
-        default=None, description="Only these tasks of the dataset (default: all)."
-    )
+    dataset: str = Field(max_length=MAX_PATH_CHARS)
+    """Dataset name with optional '@version'."""
+    task_names: list[str] | None = None
+    """Only these tasks of the dataset (default: all)."""
 
 
 class StoredTask(_Strict):
     """A task already in the tasks bucket (uploaded with ``POST /tasks``), by checksum."""
 
-    name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
-        description="The task's name (its folder name on the runners), as uploaded.",
-    )
-    checksum: str = Field(
-        pattern=r"^[0-9a-f]{64}$",
-        description="The checksum POST /tasks answered (sha256 over the task's files).",
-    )
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    """The task's name (its folder name on the runners), as uploaded."""
+    checksum: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """The checksum POST /tasks answered (sha256 over the task's files)."""
 
 
 TaskSpec = Annotated[TaskPath | DatasetRef | StoredTask, Field(union_mode="left_to_right")]
@@ -133,30 +127,19 @@ TaskSpec = Annotated[TaskPath | DatasetRef | StoredTask, Field(union_mode="left_
 class AgentSpec(_Strict):
     """One agent configuration to evaluate."""
 
-    name: str | None = Field(
-        default=None,
-        max_length=MAX_NAME_CHARS,
-        description="Harbor agent name (oracle, nop, ...).",
-    )
-    import_path: str | None = Field(
-        default=None,
-        max_length=MAX_NAME_CHARS,
-        description="'module:Class' of a custom Harbor agent.",
-    )
-    model: str | None = Field(
-        default=None, max_length=MAX_NAME_CHARS, description="Model name passed to the agent."
-    )
-    label: str | None = Field(
-        default=None,
-        max_length=MAX_NAME_CHARS,
-        description="Display name in reports (default: name or import path).",
-    )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Agent kwargs.")
-    api_key_env: list[str] = Field(
-        default_factory=list,
-        description="NAMES of environment variables the runner passes to the agent. "
-        "Values never appear in manifests, events, records or logs.",
-    )
+    name: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    """Harbor agent name (oracle, nop, ...)."""
+    import_path: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    """'module:Class' of a custom Harbor agent."""
+    model: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    """Model name passed to the agent."""
+    label: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    """Display name in reports (default: name or import path)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Agent kwargs."""
+    api_key_env: list[str] = Field(default_factory=list)
+    """NAMES of environment variables the runner passes to the agent. Values never appear in
+    manifests, events, records or logs."""
 
     @model_validator(mode="after")
     def _one_of_name_or_import_path(self) -> AgentSpec:
@@ -195,61 +178,35 @@ class AgentSpec(_Strict):
 class ComputeSpec(_Strict):
     """Where and how trials run."""
 
-    environment: str = Field(
-        default=LOCAL_ENVIRONMENT_ALIAS,
-        description="'local' (trialbus bubblewrap sandbox), a Harbor environment type "
-        "(docker, daytona, ...) or 'module:Class'.",
-    )
-    environment_kwargs: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Passed to the environment; values that look like credentials are refused.",
-    )
-    n_concurrent_trials: int = Field(
-        default=4,
-        ge=1,
-        le=MAX_CONCURRENT_TRIALS,
-        description="Concurrency budget of the experiment: trials running at once across "
-        "all runners.",
-    )
-    timeout_multiplier: PositiveFinite = Field(
-        default=1.0,
-        le=100,
-        description="Harbor's timeout multiplier, applied to the task's own timeouts.",
-    )
-    pool: str = Field(
-        default=DEFAULT_POOL,
-        pattern=POOL_PATTERN,
-        description="Runner pool the trials go to (its own work subject); only that "
-        "pool's runners take them. Lowercase letters, digits and '-', at most 32.",
-    )
+    environment: str = LOCAL_ENVIRONMENT_ALIAS
+    """'local' (trialbus bubblewrap sandbox), a Harbor environment type (docker, daytona, ...) or
+    'module:Class'."""
+    environment_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Passed to the environment; values that look like credentials are refused."""
+    n_concurrent_trials: int = Field(default=4, ge=1, le=MAX_CONCURRENT_TRIALS)
+    """Concurrency budget of the experiment: trials running at once across all runners."""
+    timeout_multiplier: PositiveFinite = Field(default=1.0, le=100)
+    """Harbor's timeout multiplier, applied to the task's own timeouts."""
+    pool: str = Field(default=DEFAULT_POOL, pattern=POOL_PATTERN)
+    """Runner pool the trials go to (its own work subject); only that pool's runners take them.
+    Lowercase letters, digits and '-', at most 32."""
     requires: list[Annotated[str, Field(pattern=CAPABILITY_PATTERN)]] = Field(
-        default_factory=list,
-        max_length=MAX_REQUIRES,
-        description="Capabilities a runner of the pool must offer (e.g. 'docker', "
-        "'gpu'); the submitter refuses the manifest when no live runner has them all.",
+        default_factory=list, max_length=MAX_REQUIRES
     )
+    """Capabilities a runner of the pool must offer (e.g. 'docker', 'gpu'); the submitter refuses
+    the manifest when no live runner has them all."""
     priority_class: str | None = Field(
-        default=None,
-        pattern=CLASS_PATTERN,
-        # Left out of the wire form when unset: an unclassed TrialRequested keeps the
-        # exact bytes (and the parse by older runners) it had before classes existed.
-        exclude_if=lambda v: v is None,
-        description="Priority class of the experiment's trials (e.g. 'urgent', "
-        "'batch'; the operator's TRIALBUS_PRIORITY_CLASSES): runners take higher "
-        "classes first by weight, never starving a lower one. Unset: the "
-        "installation's default class ('normal'). Over HTTP, the token must allow it.",
+        default=None, pattern=CLASS_PATTERN, exclude_if=lambda v: v is None
     )
+    """Priority class of the experiment's trials (e.g. 'urgent', 'batch'; the operator's
+    TRIALBUS_PRIORITY_CLASSES): runners take higher classes first by weight, never starving a lower
+    one. Unset: the installation's default class ('normal'). Over HTTP, the token must allow it."""
 
-    preemptible: bool = Field(
-        default=False,
-        # Left out of the wire form when false: a TrialRequested of an experiment that
-        # does not opt in keeps the exact bytes it had before preemption existed.
-        exclude_if=lambda v: not v,
-        description="Whether a runner may stop a running trial of this experiment to "
-        "give its slot to a waiting trial of a higher priority class (docs/scheduling.md). "
-        "The stopped trial goes back to the queue, its attempt is not counted and it is "
-        "never scored as a failure; it runs again later from the start.",
-    )
+    preemptible: bool = Field(default=False, exclude_if=lambda v: not v)
+    """Whether a runner may stop a running trial of this experiment to give its slot to a waiting
+    trial of a higher priority class (docs/scheduling.md). The stopped trial goes back to the queue,
+    its attempt is not counted and it is never scored as a failure; it runs again later from the
+    start."""
 
     @field_validator("environment_kwargs")
     @classmethod
@@ -271,34 +228,22 @@ class ComputeSpec(_Strict):
 class RetrySpec(_Strict):
     """Retries of transient infrastructure failures (agent/verifier outcomes are results)."""
 
-    max_attempts: int = Field(
-        default=3, ge=1, le=20, description="Attempts per run, the first one included."
-    )
-    backoff_seconds: DelaySeconds = Field(
-        default=2.0,
-        description="Delay before the second attempt; it doubles for each later one.",
-    )
-    max_backoff_seconds: DelaySeconds = Field(
-        default=60.0,
-        description="Upper bound of the delay between attempts.",
-    )
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    """Attempts per run, the first one included."""
+    backoff_seconds: DelaySeconds = 2.0
+    """Delay before the second attempt; it doubles for each later one."""
+    max_backoff_seconds: DelaySeconds = 60.0
+    """Upper bound of the delay between attempts."""
 
 
 class BudgetSpec(_Strict):
     """A spending limit for the whole experiment, enforced by the runners."""
 
-    max_cost_usd: PositiveFinite | None = Field(
-        default=None,
-        description="Stop starting trials once the experiment's attempts cost this much "
-        "(USD, as the agents report it; attempts without a price count tokens only).",
-    )
-    max_tokens: int | None = Field(
-        default=None,
-        gt=0,
-        le=MAX_INT64,
-        description="Stop starting trials once the experiment's attempts used this many "
-        "input + output tokens.",
-    )
+    max_cost_usd: PositiveFinite | None = None
+    """Stop starting trials once the experiment's attempts cost this much (USD, as the agents report
+    it; attempts without a price count tokens only)."""
+    max_tokens: int | None = Field(default=None, gt=0, le=MAX_INT64)
+    """Stop starting trials once the experiment's attempts used this many input + output tokens."""
 
     @model_validator(mode="after")
     def _some_limit(self) -> BudgetSpec:
@@ -310,41 +255,27 @@ class BudgetSpec(_Strict):
 class ExperimentManifest(_Strict):
     """An experiment: tasks x agents x repetitions."""
 
-    experiment_id: str | None = Field(
-        default=None,
-        description="Stable id; generated from the manifest's content when absent, so "
-        "resubmitting the same manifest addresses the same experiment.",
-    )
-    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS, description="Name shown in reports.")
-    description: str | None = Field(
-        default=None, max_length=MAX_DESCRIPTION_CHARS, description="Free text."
-    )
-    tasks: list[TaskSpec] = Field(
-        min_length=1,
-        description="Task folders or globs relative to the manifest's folder (a plain "
-        "string is a path), or registry datasets.",
-    )
-    agents: list[AgentSpec] = Field(
-        min_length=1, description="Agent configurations; each runs every task."
-    )
-    repetitions: int = Field(
-        default=1, ge=1, le=100, description="Trials per task and agent (for pass@k, spread)."
-    )
-    compute: ComputeSpec = Field(
-        default_factory=ComputeSpec, description="Where and how the trials run."
-    )
-    retry: RetrySpec = Field(
-        default_factory=RetrySpec,
-        description="Retries of transient infrastructure failures.",
-    )
-    budget: BudgetSpec | None = Field(
-        default=None,
-        # Absent stays absent in the stored manifest and in ExperimentSubmitted, so a
-        # manifest without a budget keeps its bytes (and its derived experiment id).
-        exclude_if=lambda v: v is None,
-        description="Spending limit (USD and/or tokens). Once reached, trials not yet "
-        "started end unscored as BudgetExceeded; trials running finish.",
-    )
+    experiment_id: str | None = None
+    """Stable id; generated from the manifest's content when absent, so resubmitting the same
+    manifest addresses the same experiment."""
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    """Name shown in reports."""
+    description: str | None = Field(default=None, max_length=MAX_DESCRIPTION_CHARS)
+    """Free text."""
+    tasks: list[TaskSpec] = Field(min_length=1)
+    """Task folders or globs relative to the manifest's folder (a plain string is a path), or
+    registry datasets."""
+    agents: list[AgentSpec] = Field(min_length=1)
+    """Agent configurations; each runs every task."""
+    repetitions: int = Field(default=1, ge=1, le=100)
+    """Trials per task and agent (for pass@k, spread)."""
+    compute: ComputeSpec = Field(default_factory=ComputeSpec)
+    """Where and how the trials run."""
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+    """Retries of transient infrastructure failures."""
+    budget: BudgetSpec | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Spending limit (USD and/or tokens). Once reached, trials not yet started end unscored as
+    BudgetExceeded; trials running finish."""
 
     @field_validator("experiment_id")
     @classmethod

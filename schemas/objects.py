@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.constraints import Count
+from schemas.documented import DOCUMENTED
 
 OBJECT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=:/-]{0,254}$"
 """Object names trialbus writes: no spaces, no '..' segments (checked by the model)."""
@@ -20,11 +21,13 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 class ObjectRef(BaseModel):
     """Where a stored object is and how to check it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", **DOCUMENTED)
 
-    bucket: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Object store bucket name.")
-    name: str = Field(pattern=OBJECT_NAME_PATTERN, description="Object name inside the bucket.")
-    size: Count = Field(description="Size of the object in bytes.")
-    sha256: str = Field(
-        pattern=SHA256_PATTERN, description="sha256 of the object's bytes (lowercase hex)."
-    )
+    bucket: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Object store bucket name."""
+    name: str = Field(pattern=OBJECT_NAME_PATTERN)
+    """Object name inside the bucket."""
+    size: Count
+    """Size of the object in bytes."""
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    """sha256 of the object's bytes (lowercase hex)."""

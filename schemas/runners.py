@@ -16,6 +16,7 @@ from typing import Annotated, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
 
+from schemas.documented import DOCUMENTED
 from schemas.manifest import CAPABILITY_PATTERN, MAX_CONCURRENT_TRIALS
 from schemas.subjects import DEFAULT_POOL, POOL_PATTERN, check_pool
 
@@ -101,19 +102,15 @@ def forbidden_secret_name(name: str) -> bool:
 class EnvironmentRule(BaseModel):
     """What a manifest may set in ``compute.environment_kwargs`` for one environment."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", **DOCUMENTED)
 
-    kwargs: list[Annotated[str, Field(max_length=64)]] = Field(
-        default_factory=list,
-        max_length=64,
-        description="Keys a manifest may set (values as given); any other key is refused.",
-    )
+    kwargs: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=64)
+    """Keys a manifest may set (values as given); any other key is refused."""
     path_kwargs: dict[Annotated[str, Field(max_length=64)], list[str]] = Field(
-        default_factory=dict,
-        max_length=16,
-        description="Keys whose value is a host path, each with the absolute folders the "
-        "value must lie in (e.g. cache_dir: [/srv/layers]). None by default.",
+        default_factory=dict, max_length=16
     )
+    """Keys whose value is a host path, each with the absolute folders the value must lie in (e.g.
+    cache_dir: [/srv/layers]). None by default."""
 
 
 class RunnerPolicy(BaseModel):
@@ -122,46 +119,32 @@ class RunnerPolicy(BaseModel):
     Published in the runner registry so the submitter refuses early what runners
     would refuse."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", **DOCUMENTED)
 
     environments: dict[ImportPath, EnvironmentRule] = Field(
         default_factory=lambda: {"local": EnvironmentRule(), "docker": EnvironmentRule()},
         max_length=64,
-        description="Allowed compute.environment values (a name or 'module:Class') and the "
-        "environment_kwargs each accepts. Default: local and docker, no kwargs.",
     )
-    agent_names: PolicyList[AgentName] | None = Field(
-        default=None,
-        description="Allowed Harbor agent names; None: every agent Harbor ships.",
-    )
-    agent_import_paths: PolicyList[ImportPath] = Field(
-        default_factory=list,
-        description="Allowed agent 'module:Class' import paths (imported on the runner). "
-        "None by default.",
-    )
-    secret_names: PolicyList[EnvName] = Field(
-        default_factory=lambda: list(DEFAULT_SECRET_NAMES),
-        description="Runner variables an agent's api_key_env, and a task's ${NAME} "
-        "templates, may name. Default: common model provider keys.",
-    )
-    extra_secret_names: PolicyList[EnvName] = Field(
-        default_factory=list,
-        description="Added to secret_names (the operator's own keys, e.g. MYLLM_API_KEY).",
-    )
-    endpoint_hosts: PolicyList[HostName] = Field(
-        default_factory=list,
-        description="Hosts (or host:port) agent kwargs may send requests to (api_base, "
-        "base_url, any URL). None by default: agents use their provider's endpoint.",
-    )
+    """Allowed compute.environment values (a name or 'module:Class') and the environment_kwargs each
+    accepts. Default: local and docker, no kwargs."""
+    agent_names: PolicyList[AgentName] | None = None
+    """Allowed Harbor agent names; None: every agent Harbor ships."""
+    agent_import_paths: PolicyList[ImportPath] = Field(default_factory=list)
+    """Allowed agent 'module:Class' import paths (imported on the runner). None by default."""
+    secret_names: PolicyList[EnvName] = Field(default_factory=lambda: list(DEFAULT_SECRET_NAMES))
+    """Runner variables an agent's api_key_env, and a task's ${NAME} templates, may name. Default:
+    common model provider keys."""
+    extra_secret_names: PolicyList[EnvName] = Field(default_factory=list)
+    """Added to secret_names (the operator's own keys, e.g. MYLLM_API_KEY)."""
+    endpoint_hosts: PolicyList[HostName] = Field(default_factory=list)
+    """Hosts (or host:port) agent kwargs may send requests to (api_base, base_url, any URL). None by
+    default: agents use their provider's endpoint."""
 
-    pass_env: PolicyList[EnvName] = Field(
-        default_factory=list,
-        description="Runner variables every trial's process keeps besides the base list "
-        "(PATH, HOME, locale, TMPDIR, Docker's, ...) and its agent's api_key_env: e.g. "
-        "HTTPS_PROXY, or a cloud environment's credentials. Visible to agents and "
-        "Harbor, never redacted. None by default: the rest of the runner's environment "
-        "is removed from trials (docs/security.md).",
-    )
+    pass_env: PolicyList[EnvName] = Field(default_factory=list)
+    """Runner variables every trial's process keeps besides the base list (PATH, HOME, locale,
+    TMPDIR, Docker's, ...) and its agent's api_key_env: e.g. HTTPS_PROXY, or a cloud environment's
+    credentials. Visible to agents and Harbor, never redacted. None by default: the rest of the
+    runner's environment is removed from trials (docs/security.md)."""
 
     @field_validator("secret_names", "extra_secret_names", "pass_env")
     @classmethod
@@ -188,53 +171,36 @@ def _utcnow() -> datetime:
 class RunnerInfo(BaseModel):
     """One live runner process: where it is, which pool it serves, what it can run."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", **DOCUMENTED)
 
-    runner_id: str = Field(
-        pattern=RUNNER_ID_PATTERN,
-        description="The runner's id (settings.runner_id, default host-pid); unique.",
-    )
-    host: str = Field(max_length=255, description="Host name the runner runs on.")
-    pool: str = Field(
-        default=DEFAULT_POOL, pattern=POOL_PATTERN, description="Pool whose work it takes."
-    )
-    capabilities: Capabilities = Field(
-        default_factory=list,
-        description="Environments it was found able to run (detected at start, e.g. "
-        "'local' when bubblewrap works, 'docker' when the Docker daemon answers).",
-    )
-    labels: Capabilities = Field(
-        default_factory=list,
-        description="Operator-declared capabilities (settings), e.g. 'gpu'.",
-    )
-    harbor_version: str | None = Field(
-        default=None, max_length=64, description="Version of Harbor the runner uses."
-    )
-    concurrency: int = Field(ge=1, le=MAX_CONCURRENT_TRIALS, description="Trials it runs at once.")
-    policy: RunnerPolicy | None = Field(
-        default=None,
-        description="What manifests may ask of this runner (its policy file, or the safe "
-        "default); None from runners older than the policy: not checked at submit.",
-    )
-    started_at: AwareDatetime = Field(
-        default_factory=_utcnow, description="When the runner process started (UTC)."
-    )
-    last_seen: AwareDatetime = Field(
-        default_factory=_utcnow, description="When this record was written (UTC)."
-    )
-    in_flight: NonNegativeInt | None = Field(
-        default=None,
-        description="Trials it is running now, as of last_seen (None: a runner older "
-        "than this field).",
-    )
-    done: NonNegativeInt | None = Field(
-        default=None,
-        description="Attempts it ran to the end (TrialCompleted) since it started.",
-    )
-    failed: NonNegativeInt | None = Field(
-        default=None,
-        description="Attempts that ended in TrialFailed (final or retried) since it started.",
-    )
+    runner_id: str = Field(pattern=RUNNER_ID_PATTERN)
+    """The runner's id (settings.runner_id, default host-pid); unique."""
+    host: str = Field(max_length=255)
+    """Host name the runner runs on."""
+    pool: str = Field(default=DEFAULT_POOL, pattern=POOL_PATTERN)
+    """Pool whose work it takes."""
+    capabilities: Capabilities = Field(default_factory=list)
+    """Environments it was found able to run (detected at start, e.g. 'local' when bubblewrap works,
+    'docker' when the Docker daemon answers)."""
+    labels: Capabilities = Field(default_factory=list)
+    """Operator-declared capabilities (settings), e.g. 'gpu'."""
+    harbor_version: str | None = Field(default=None, max_length=64)
+    """Version of Harbor the runner uses."""
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENT_TRIALS)
+    """Trials it runs at once."""
+    policy: RunnerPolicy | None = None
+    """What manifests may ask of this runner (its policy file, or the safe default); None from
+    runners older than the policy: not checked at submit."""
+    started_at: AwareDatetime = Field(default_factory=_utcnow)
+    """When the runner process started (UTC)."""
+    last_seen: AwareDatetime = Field(default_factory=_utcnow)
+    """When this record was written (UTC)."""
+    in_flight: NonNegativeInt | None = None
+    """Trials it is running now, as of last_seen (None: a runner older than this field)."""
+    done: NonNegativeInt | None = None
+    """Attempts it ran to the end (TrialCompleted) since it started."""
+    failed: NonNegativeInt | None = None
+    """Attempts that ended in TrialFailed (final or retried) since it started."""
 
     @property
     def offers(self) -> frozenset[str]:
@@ -253,11 +219,14 @@ class RunnerInfo(BaseModel):
 class RunnerLoad(BaseModel):
     """What a runner is doing, counted since it started (its heartbeat carries it)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, **DOCUMENTED)
 
-    in_flight: NonNegativeInt = Field(default=0, description="Trials running now.")
-    done: NonNegativeInt = Field(default=0, description="Attempts that ended in TrialCompleted.")
-    failed: NonNegativeInt = Field(default=0, description="Attempts that ended in TrialFailed.")
+    in_flight: NonNegativeInt = 0
+    """Trials running now."""
+    done: NonNegativeInt = 0
+    """Attempts that ended in TrialCompleted."""
+    failed: NonNegativeInt = 0
+    """Attempts that ended in TrialFailed."""
 
 
 def registry_key(pool: str, runner_id: str) -> str:

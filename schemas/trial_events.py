@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.constraints import Count, FiniteAmount, PositiveCount
+from schemas.documented import DOCUMENTED
 from schemas.envelope import TRIAL_ID_PATTERN, RunEvent, TrialEvent, type_tag
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
 from schemas.objects import SHA256_PATTERN, ObjectRef
@@ -49,14 +50,13 @@ class TaskRef(BaseModel):
     their own cache, so a runner needs no disk shared with the submitter.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", **DOCUMENTED)
 
-    name: str = Field(pattern=TASK_NAME_PATTERN, description="Task name (its folder's name).")
-    checksum: str = Field(
-        pattern=SHA256_PATTERN,
-        description="sha256 over the task folder's relative paths and file contents at "
-        "submit time; also the name of its archive in the tasks bucket.",
-    )
+    name: str = Field(pattern=TASK_NAME_PATTERN)
+    """Task name (its folder's name)."""
+    checksum: str = Field(pattern=SHA256_PATTERN)
+    """sha256 over the task folder's relative paths and file contents at submit time; also the name
+    of its archive in the tasks bucket."""
 
 
 TEAM_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$"
@@ -73,50 +73,40 @@ class TeamRef(BaseModel):
     instead when there are some, so a changed quota reaches queued work.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", **DOCUMENTED)
 
-    name: str = Field(pattern=TEAM_PATTERN, description="The team (its API token's ``team``).")
-    max_concurrent_trials: PositiveCount | None = Field(
-        default=None,
-        description="At most this many of the team's trials run at once across every "
-        "runner (a team slot in the leases bucket). Absent: no team slot is taken.",
-    )
-    max_spend_usd_per_day: FiniteAmount | None = Field(
-        default=None,
-        description="The team's spend cap over the last 24 h (US dollars): runners add "
-        "each attempt's cost to the team's tally and, once it is reached, hold the "
-        "team's queued trials back unstarted. Absent: no team spend is tallied.",
-    )
+    name: str = Field(pattern=TEAM_PATTERN)
+    """The team (its API token's ``team``)."""
+    max_concurrent_trials: PositiveCount | None = None
+    """At most this many of the team's trials run at once across every runner (a team slot in the
+    leases bucket). Absent: no team slot is taken."""
+    max_spend_usd_per_day: FiniteAmount | None = None
+    """The team's spend cap over the last 24 h (US dollars): runners add each attempt's cost to the
+    team's tally and, once it is reached, hold the team's queued trials back unstarted. Absent: no
+    team spend is tallied."""
 
 
 class TrialRequested(RunEvent):
     """Work: run one trial. Published to the work stream with the run key as dedup id."""
 
     type: Literal["trial_requested"] = type_tag("trial_requested")
-    task: TaskRef = Field(description="The Harbor task to run, as the submitter resolved it.")
-    agent: AgentSpec = Field(
-        description="The agent configuration from the manifest (secrets only by NAME)."
-    )
-    repetition: Count = Field(description="0-based repetition index.")
-    compute: ComputeSpec = Field(description="Where and how the trial runs (from the manifest).")
-    retry: RetrySpec = Field(
-        description="How often and how soon a transient infrastructure failure is retried."
-    )
-    experiment_trials: PositiveCount | None = Field(
-        default=None,
-        description="How many trials the submission expanded to. When it is at most "
-        "compute.n_concurrent_trials the limit cannot bind, and runners take no "
-        "concurrency slot for the trial. Absent: a slot is taken.",
-    )
-    team: TeamRef | None = Field(
-        default=None,
-        # Left out of the wire form when unset: a trial of no quota'd team keeps the exact
-        # bytes (and the parse by older runners) it had before quotas existed.
-        exclude_if=lambda v: v is None,
-        description="The submitting team and its quotas that runners enforce (a team "
-        "concurrency slot, the daily spend cap), from the submitter's identity. Absent: "
-        "no team quota applies on the runners.",
-    )
+    task: TaskRef
+    """The Harbor task to run, as the submitter resolved it."""
+    agent: AgentSpec
+    """The agent configuration from the manifest (secrets only by NAME)."""
+    repetition: Count
+    """0-based repetition index."""
+    compute: ComputeSpec
+    """Where and how the trial runs (from the manifest)."""
+    retry: RetrySpec
+    """How often and how soon a transient infrastructure failure is retried."""
+    experiment_trials: PositiveCount | None = None
+    """How many trials the submission expanded to. When it is at most compute.n_concurrent_trials
+    the limit cannot bind, and runners take no concurrency slot for the trial. Absent: a slot is
+    taken."""
+    team: TeamRef | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The submitting team and its quotas that runners enforce (a team concurrency slot, the daily
+    spend cap), from the submitter's identity. Absent: no team quota applies on the runners."""
 
     def limit_binds(self) -> bool:
         """Whether the experiment's concurrency limit can bind (a slot is needed)."""
@@ -128,8 +118,10 @@ class TrialStarted(RunEvent):
     """A runner began an attempt of a trial."""
 
     type: Literal["trial_started"] = type_tag("trial_started")
-    runner_id: str = Field(description="Id of the runner process (default: <host>-<pid>).")
-    host: str = Field(description="Host name of the machine the runner runs on.")
+    runner_id: str
+    """Id of the runner process (default: <host>-<pid>)."""
+    host: str
+    """Host name of the machine the runner runs on."""
     attempt: PositiveCount = Field(description=_ATTEMPT)
     handed_back: Count = _handed_back_field()
 
@@ -141,9 +133,12 @@ class TrialLog(TrialEvent):
     """A chunk of a running trial's output (logs stream)."""
 
     type: Literal["trial_log"] = type_tag("trial_log")
-    phase: str = Field(description="agent_setup | agent | verification")
-    stream: Literal["stdout", "stderr"] = Field(description="Output stream the text came from.")
-    text: str = Field(description="The output chunk, decoded as UTF-8.")
+    phase: str
+    """agent_setup | agent | verification"""
+    stream: Literal["stdout", "stderr"]
+    """Output stream the text came from."""
+    text: str
+    """The output chunk, decoded as UTF-8."""
 
 
 class TrialCompleted(RunEvent):
@@ -152,23 +147,19 @@ class TrialCompleted(RunEvent):
     type: Literal["trial_completed"] = type_tag("trial_completed")
     result: ObjectRef = Field(description=_RESULT)
     trial_name: str = Field(pattern=TRIAL_ID_PATTERN, description=_TRIAL_NAME)
-    source: Literal["runner", "external"] = Field(
-        default="runner", description="'external': found by the watcher, not run by trialbus."
-    )
-    runner_host: str | None = Field(
-        default=None, description="Host of the runner that ran the trial (None: external)."
-    )
-    harbor_version: str | None = Field(
-        default=None, description="Version of Harbor that ran the trial, when known."
-    )
-    environment: str | None = Field(default=None, description="Environment type/import path.")
-    agent_label: str | None = Field(
-        default=None, description="The agent's display name in reports, when known."
-    )
+    source: Literal["runner", "external"] = "runner"
+    """'external': found by the watcher, not run by trialbus."""
+    runner_host: str | None = None
+    """Host of the runner that ran the trial (None: external)."""
+    harbor_version: str | None = None
+    """Version of Harbor that ran the trial, when known."""
+    environment: str | None = None
+    """Environment type/import path."""
+    agent_label: str | None = None
+    """The agent's display name in reports, when known."""
     attempt: PositiveCount = Field(default=1, description=_ATTEMPT)
-    repetition: Count | None = Field(
-        default=None, description="The request's 0-based repetition index."
-    )
+    repetition: Count | None = None
+    """The request's 0-based repetition index."""
 
     def _dedup_suffix(self) -> tuple[str, ...]:
         return ("completed", str(self.attempt))
@@ -178,32 +169,26 @@ class TrialFailed(RunEvent):
     """A trial could not produce a Harbor result (or gave up after its retries)."""
 
     type: Literal["trial_failed"] = type_tag("trial_failed")
-    failure_class: Literal["agent", "verifier", "infrastructure", "cancelled"] = Field(
-        description="What failed, by Harbor's error policy; only infrastructure is retried."
-    )
-    error_type: str = Field(
-        max_length=200, description="Exception class name ('UnknownError' when none)."
-    )
-    message: str = Field(
-        max_length=MAX_MESSAGE_CHARS, description="The exception's message (may be empty)."
-    )
+    failure_class: Literal["agent", "verifier", "infrastructure", "cancelled"]
+    """What failed, by Harbor's error policy; only infrastructure is retried."""
+    error_type: str = Field(max_length=200)
+    """Exception class name ('UnknownError' when none)."""
+    message: str = Field(max_length=MAX_MESSAGE_CHARS)
+    """The exception's message (may be empty)."""
     attempt: PositiveCount = Field(description=_ATTEMPT)
-    final: bool = Field(description="False: the trial will be retried; True: it gives up.")
+    final: bool
+    """False: the trial will be retried; True: it gives up."""
     result: ObjectRef | None = Field(
         default=None, description=_RESULT + " None when the attempt left no folder."
     )
-    task: TaskRef | None = Field(
-        default=None, description="The request's task, so a record can be written from this."
-    )
-    agent: AgentSpec | None = Field(
-        default=None, description="The request's agent, so a record can be written from this."
-    )
-    repetition: Count | None = Field(
-        default=None, description="The request's 0-based repetition index."
-    )
-    runner_host: str | None = Field(
-        default=None, description="Host of the runner that made the attempt."
-    )
+    task: TaskRef | None = None
+    """The request's task, so a record can be written from this."""
+    agent: AgentSpec | None = None
+    """The request's agent, so a record can be written from this."""
+    repetition: Count | None = None
+    """The request's 0-based repetition index."""
+    runner_host: str | None = None
+    """Host of the runner that made the attempt."""
     handed_back: Count = _handed_back_field()
 
     def _dedup_suffix(self) -> tuple[str, ...]:
@@ -224,15 +209,15 @@ class ResultImported(TrialEvent):
     """The importer upserted a trial's record into the ledger."""
 
     type: Literal["result_imported"] = type_tag("result_imported")
-    status: Literal["complete", "partial"] = Field(
-        description="The record's status: complete (result read in full) or partial "
-        "(something missing or malformed; the record's errors say what)."
-    )
-    scored: bool = Field(description="The record carries a valid reward.")
-    main_reward: float | None = Field(
-        default=None, description="The record's main reward (None when it has none)."
-    )
-    changed: bool = Field(description="False when the ledger already held this record.")
+    status: Literal["complete", "partial"]
+    """The record's status: complete (result read in full) or partial (something missing or
+    malformed; the record's errors say what)."""
+    scored: bool
+    """The record carries a valid reward."""
+    main_reward: float | None = None
+    """The record's main reward (None when it has none)."""
+    changed: bool
+    """False when the ledger already held this record."""
 
     def dedup_id(self) -> str:
         """Keyed by event id: every import is its own message, even of the same record."""

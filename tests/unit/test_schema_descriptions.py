@@ -14,9 +14,10 @@ from types import ModuleType
 from typing import Any, Literal
 
 import pytest
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from schemas import envelope, events, experiment_events, manifest, record, runners, trial_events
+from schemas.documented import DOCUMENTED
 
 # schemas.harbor_result is not part of the contract: it reads Harbor's files leniently.
 CONTRACT_MODULES: tuple[ModuleType, ...] = (
@@ -123,3 +124,36 @@ def test_missing_blank_and_nested_descriptions_are_reported() -> None:
 def test_a_model_without_descriptions_in_an_event_union_is_reported() -> None:
     union = TypeAdapter(events.TrialStarted | _Inner)
     assert undescribed(union.json_schema(), "union") == ["_Inner.bare"]
+
+
+# -- field docstrings: a wrapped one is one description ----------------------------------
+
+
+class _Wrapped(BaseModel):
+    model_config = ConfigDict(**DOCUMENTED)
+
+    budget: int = 0
+    """Stop starting trials once the experiment's attempts cost this much, as the agents
+    report it, attempts without a price counting tokens only."""
+    short: int = 0
+    """One line."""
+
+
+class _WrappedUnfolded(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    budget: int = 0
+    """Stop starting trials once the experiment's attempts cost this much, as the agents
+    report it, attempts without a price counting tokens only."""
+
+
+def test_a_wrapped_field_docstring_is_one_line_in_the_schema() -> None:
+    props = _Wrapped.model_json_schema()["properties"]
+    assert props["budget"]["description"] == (
+        "Stop starting trials once the experiment's attempts cost this much, as the agents "
+        "report it, attempts without a price counting tokens only."
+    )
+    assert props["short"]["description"] == "One line."
+    # Control: without the fold, pydantic keeps the docstring's line break.
+    unfolded = _WrappedUnfolded.model_json_schema()["properties"]["budget"]["description"]
+    assert "\n" in unfolded
