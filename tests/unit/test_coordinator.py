@@ -47,6 +47,32 @@ class World:
         return await self.b.acquire("exp", 1, "r2") is not None
 
 
+@dataclass(frozen=True)
+class Flag:
+    """An experiment-wide flag of the coordinator: cancelled or paused."""
+
+    setter: str
+    lifter: str
+    reader: str
+
+    async def set(self, coordinator: Coordinator, experiment_id: str) -> None:
+        await getattr(coordinator, self.setter)(experiment_id)
+
+    async def lift(self, coordinator: Coordinator, experiment_id: str) -> None:
+        await getattr(coordinator, self.lifter)(experiment_id)
+
+    async def read(
+        self, coordinator: Coordinator, experiment_id: str, *, fresh: bool = True
+    ) -> bool:
+        """Read as another runner would (``fresh``), or from the setter's own view."""
+        seen: bool = await getattr(coordinator, self.reader)(experiment_id, fresh=fresh)
+        return seen
+
+
+CANCEL = Flag("cancel", "uncancel", "is_cancelled")
+PAUSE = Flag("pause", "resume", "is_paused")
+
+
 class CoordinatorContract:
     """Assertions every Coordinator adapter must pass (subclasses provide ``world``)."""
 
@@ -146,31 +172,27 @@ class CoordinatorContract:
         assert await world.b.record_ending("t1", b"mine") == b"mine"
         assert await world.a.next_attempt(run) == 1
 
-    async def test_cancel_is_seen_by_every_runner_and_can_be_lifted(self, world: World) -> None:
-        # Negative control: nothing is cancelled until someone cancels it.
-        assert not await world.b.is_cancelled("exp", fresh=True)
-        await world.a.cancel("exp")
-        assert await world.a.is_cancelled("exp")
-        assert await world.b.is_cancelled("exp", fresh=True)
-        assert not await world.b.is_cancelled("exp-other", fresh=True)
-        await world.a.uncancel("exp")
-        assert not await world.a.is_cancelled("exp")
-        assert not await world.b.is_cancelled("exp", fresh=True)
-        await world.b.uncancel("never-cancelled")
-
-    async def test_pause_is_seen_by_every_runner_and_can_be_lifted(self, world: World) -> None:
-        # Negative control: nothing is paused until someone pauses it.
-        assert not await world.b.is_paused("exp", fresh=True)
-        await world.a.pause("exp")
-        assert await world.a.is_paused("exp")
-        assert await world.b.is_paused("exp", fresh=True)
-        assert not await world.b.is_paused("exp-other", fresh=True)
-        # A pause is not a cancellation (runners hand paused work back, not end it).
-        assert not await world.b.is_cancelled("exp", fresh=True)
-        await world.a.resume("exp")
-        assert not await world.a.is_paused("exp")
-        assert not await world.b.is_paused("exp", fresh=True)
-        await world.b.resume("never-paused")
+    @pytest.mark.parametrize(
+        ("flag", "other"),
+        [(CANCEL, PAUSE), (PAUSE, CANCEL)],
+        ids=["cancel", "pause"],
+    )
+    async def test_a_flag_is_seen_by_every_runner_and_can_be_lifted(
+        self, world: World, flag: Flag, other: Flag
+    ) -> None:
+        # Negative control: nothing is flagged until someone sets the flag.
+        assert not await flag.read(world.b, "exp")
+        await flag.set(world.a, "exp")
+        assert await flag.read(world.a, "exp", fresh=False)
+        assert await flag.read(world.b, "exp")
+        assert not await flag.read(world.b, "exp-other")
+        # A pause is not a cancellation (runners hand paused work back, not end it), and
+        # a cancellation is not a pause.
+        assert not await other.read(world.b, "exp")
+        await flag.lift(world.a, "exp")
+        assert not await flag.read(world.a, "exp", fresh=False)
+        assert not await flag.read(world.b, "exp")
+        await flag.lift(world.b, "never-flagged")
 
     async def test_one_trial_paused_is_seen_by_every_runner_and_lifted(self, world: World) -> None:
         # Negative control: no trial is paused until someone pauses it.
