@@ -1,6 +1,6 @@
 """Named bounds of the schemas' numbers, so each bound is written (and changed) once.
 
-A field keeps its own default and description at the field, so a reader (and mypy's
+A field keeps its own default and docstring at the field, so a reader (and mypy's
 pydantic plugin) sees there whether it is optional; the alias carries only the
 bounds. Pydantic merges the alias's ``Field`` with the field's own: the JSON schema
 is the one the bounds written at the field gave (``trialbus api-docs --check``).
