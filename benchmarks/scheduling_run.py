@@ -38,6 +38,7 @@ from services.common.adapters.nats_objects import BucketSettings, NatsObjectStor
 from services.common.priority import DEFAULT_CLASSES, PriorityClasses
 from services.common.quotas import Quotas, TeamQuota, load_quotas
 from services.submitter import handlers
+from services.submitter.handlers import SubmitterPorts
 from services.submitter.manifest_io import load_manifest
 from services.submitter.submit import prepare
 
@@ -240,7 +241,7 @@ class SchedulingStack:
         self._quotas: Quotas | None = load_quotas(quotas_file) if quotas_file else None
         self._nc: Client | None = None
         self._ledger: MongoLedger | None = None
-        self._submit: Callable[..., Any] | None = None
+        self._ports: SubmitterPorts | None = None
 
     async def __aenter__(self) -> SchedulingStack:
         await asyncio.to_thread(self.bench.start)
@@ -252,14 +253,8 @@ class SchedulingStack:
             self._ledger = MongoLedger(self.bench.ledger_url or "", "bench")
             coordinator = await NatsCoordinator.open(js, topo, lease_ttl_s=60.0)
             tasks = await NatsObjectStore.open(js, topo.tasks_bucket, create=BucketSettings())
-            bus, ledger = JetStreamBus(js, topo), self._ledger
-
-            async def submit(prepared: Any) -> Any:
-                return await handlers.submit(
-                    prepared, bus, ledger, coordinator, tasks, quotas=self._quotas
-                )
-
-            self._submit = submit
+            bus = JetStreamBus(js, topo)
+            self._ports = SubmitterPorts(bus, self._ledger, coordinator, tasks, quotas=self._quotas)
         except BaseException:
             await self._close()
             raise
@@ -311,10 +306,10 @@ class SchedulingStack:
 
     async def submit(self, manifest: Path, team: str | None = None) -> str:
         """Submit as the submitter service does, for ``team``; returns the experiment id."""
-        assert self._submit is not None, "use SchedulingStack as an async context manager"
+        assert self._ports is not None, "use SchedulingStack as an async context manager"
         prepared = prepare(load_manifest(manifest), manifest.parent)
         if team is not None:
             prepared = dataclasses.replace(prepared, team=team)
-        result = await self._submit(prepared)
+        result = await handlers.submit(prepared, self._ports)
         self.published[prepared.experiment_id] = result.n_published
         return prepared.experiment_id

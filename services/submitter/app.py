@@ -57,7 +57,8 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
                 coordinator,
                 await nats.tasks(),
                 await nats.runners(),
-                ReportCache(settings.report_cache_mib * 2**20),
+                quotas,
+                reports=ReportCache(settings.report_cache_mib * 2**20),
             )
             app.state.nats = nats  # the dashboard's live feeds subscribe on it
             log.info("submitter ready", port=settings.http_port)
@@ -69,7 +70,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
         lifespan=lifespan,
         exception_handlers=ERROR_HANDLERS,
     )
-    app.include_router(build_router(settings, quotas))
+    app.include_router(build_router(settings))
     app.include_router(build_dashboard(settings, quotas))
     http_metrics = HttpMetrics()
 

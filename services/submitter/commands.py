@@ -24,8 +24,9 @@ from services.importer.export import export_experiment
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.connections import open_ledger, open_nats, try_open_nats
-from services.submitter.handlers import EventFeed, Printer, SubmitOutcome
+from services.submitter.handlers import EventFeed, Printer, SubmitOutcome, SubmitterPorts
 from services.submitter.manifest_io import load_manifest
+from services.submitter.resolve import TaskFolders
 from services.submitter.submit import PreparedExperiment, prepare
 
 
@@ -86,17 +87,11 @@ async def submit_and_wait(
             nats.events_of(prepared.experiment_id) if wait else contextlib.nullcontext()
         )
         async with feeds as feed:
+            ports = SubmitterPorts(
+                nats.bus, ledger, coordinator, await nats.tasks(), await nats.runners(), quotas
+            )
             return await handlers.submit_and_wait(
-                prepared,
-                nats.bus,
-                ledger,
-                coordinator,
-                await nats.tasks(),
-                feed,
-                timeout_s=timeout_s,
-                progress=progress,
-                runners=await nats.runners(),
-                quotas=quotas,
+                prepared, ports, feed, timeout_s=timeout_s, progress=progress
             )
 
 
@@ -165,16 +160,9 @@ async def retry_trial(
     quotas = load_quotas(sub.quotas_file) if sub.quotas_file is not None else None
     async with open_nats(settings, "trialbus-retry") as nats, open_ledger(settings) as ledger:
         tasks = await nats.tasks()
+        ports = SubmitterPorts(nats.bus, ledger, await nats.coordinator(), tasks, quotas=quotas)
         return await retry(
-            ledger,
-            nats.bus,
-            tasks,
-            experiment_id,
-            trial_id,
-            base_dir=base_dir,
-            coordinator=await nats.coordinator(),
-            quotas=quotas,
-            team=sub.cli_team,
+            ports, experiment_id, trial_id, folders=TaskFolders(base_dir), team=sub.cli_team
         )
 
 

@@ -1,5 +1,7 @@
 """The submitter's decisions, written against the ports (no nats, no pymongo here).
 
+- ``SubmitterPorts``: what the writes work with (the CLI's commands.py, the HTTP API's
+  routes.py and retry.py hand them the same).
 - ``submit``: lift an earlier cancellation, then publish the experiment (resume-aware).
 - ``submit_and_wait``: the same, then follow it until every trial is recorded, and
   decide the exit code (README's table).
@@ -53,6 +55,25 @@ class Printer(Protocol):
         """Print one line."""
 
 
+@dataclass(frozen=True, slots=True)
+class SubmitterPorts:
+    """The ports a submission (or a retry) works with, and the team quotas it is held to.
+
+    The CLI opens them per command (commands.py), the HTTP API once (app.py's lifespan,
+    as routes.Ports).
+    """
+
+    bus: EventBus
+    ledger: Ledger
+    coordinator: Coordinator
+    tasks: ObjectStore
+    """The tasks bucket: the archives trials run from."""
+    runners: RunnerRegistry | None = None
+    """The live runners; None: a manifest is not checked against them."""
+    quotas: Quotas | None = None
+    """The team quotas; None: none apply."""
+
+
 @dataclass(slots=True)
 class SubmitOutcome:
     """A submission's summary (``submit --json``), exit code, and when waited for,
@@ -89,22 +110,15 @@ async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -
         raise ManifestError(refusal)
 
 
-async def submit(
-    prepared: PreparedExperiment,
-    bus: EventBus,
-    ledger: Ledger,
-    coordinator: Coordinator,
-    tasks: ObjectStore,
-    runners: RunnerRegistry | None = None,
-    quotas: Quotas | None = None,
-) -> SubmitResult:
+async def submit(prepared: PreparedExperiment, ports: SubmitterPorts) -> SubmitResult:
     """Upload its tasks and publish a prepared experiment; resubmitting lifts an
     earlier cancellation and agent stops, and stores the manifest's budget. With
-    ``runners``, a manifest no live runner can run is refused before anything is
-    published; with ``quotas``, one that would pass its team's daily quotas
+    ``ports.runners``, a manifest no live runner can run is refused before anything is
+    published; with ``ports.quotas``, one that would pass its team's daily quotas
     (QuotaExceeded, before anything is published or any flag changed)."""
-    if runners is not None:
-        await check_runners(prepared, runners)
+    coordinator, quotas = ports.coordinator, ports.quotas
+    if ports.runners is not None:
+        await check_runners(prepared, ports.runners)
     quota = quotas.for_team(prepared.team) if quotas is not None else None
     gate = QuotaGate(coordinator, prepared.team, quota) if prepared.team and quota else None
     if gate is not None:
@@ -122,7 +136,7 @@ async def submit(
     team = prepared.team
     share = quotas.share_of(team) if quotas is not None and team else DEFAULT_SHARE
     await coordinator.set_share(prepared.experiment_id, TeamShare(team, share) if team else None)
-    return await publish_experiment(prepared, bus, ledger, tasks, gate)
+    return await publish_experiment(prepared, ports.bus, ports.ledger, ports.tasks, gate)
 
 
 def exit_code_for(counts: dict[str, int]) -> int:
@@ -134,27 +148,22 @@ def exit_code_for(counts: dict[str, int]) -> int:
 
 async def submit_and_wait(
     prepared: PreparedExperiment,
-    bus: EventBus,
-    ledger: Ledger,
-    coordinator: Coordinator,
-    tasks: ObjectStore,
+    ports: SubmitterPorts,
     feed: EventFeed | None,
     *,
     timeout_s: float,
     progress: Printer | None,
-    runners: RunnerRegistry | None = None,
-    quotas: Quotas | None = None,
 ) -> SubmitOutcome:
     """Submit; with a ``feed`` (opened before this call, so no completion slips past),
     follow the experiment until every trial is recorded or ``timeout_s`` passes."""
-    result = await submit(prepared, bus, ledger, coordinator, tasks, runners, quotas)
+    result = await submit(prepared, ports)
     summary = result.as_dict()
     if feed is None:
         return SubmitOutcome(summary, E.EXIT_OK)
-    counts = await follow(feed, ledger, result, timeout_s, progress)
+    counts = await follow(feed, ports.ledger, result, timeout_s, progress)
     summary["status"] = counts
     # Not required: after a timeout the ledger may hold nothing of it yet (exit 4).
-    _, rows = await experiment_leaderboard(ledger, result.experiment_id, required=False)
+    _, rows = await experiment_leaderboard(ports.ledger, result.experiment_id, required=False)
     summary["leaderboard"] = rows
     return SubmitOutcome(summary, exit_code_for(counts), rows, counts)
 

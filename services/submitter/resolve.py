@@ -33,6 +33,19 @@ class ResolvedTask:
     """None: already in the tasks bucket (a manifest's ``{name, checksum}`` entry)."""
 
 
+@dataclass(frozen=True, slots=True)
+class TaskFolders:
+    """Where a manifest's relative task folders are on this machine: ``base_dir``, and
+    the ``tasks_root`` every folder must stay within (the HTTP API's; None: anywhere)."""
+
+    base_dir: Path
+    tasks_root: Path | None = None
+
+    def resolve(self, manifest: ExperimentManifest) -> list[ResolvedTask]:
+        """The manifest's task folders, resolved against these (``resolve_tasks``)."""
+        return resolve_tasks(manifest, self.base_dir, self.tasks_root)
+
+
 def check_task_dir(task_dir: Path, where: str) -> None:
     """Raise ManifestError naming what is missing from a Harbor task folder."""
     if not task_dir.is_dir():

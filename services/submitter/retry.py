@@ -13,7 +13,6 @@ the old record, a retry that fails (a partial record) never erases a complete on
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,10 +21,10 @@ from schemas.events import TaskRef, TrialRequested
 from schemas.manifest import ExperimentManifest, StoredTask
 from schemas.record import TrialRecord
 from services.common.errors import ExperimentNotFound, ManifestError, UserInputError
-from services.common.ports import Coordinator, EventBus, ExperimentInfo, Ledger, ObjectStore
-from services.common.quotas import Quotas
+from services.common.ports import ExperimentInfo, ObjectStore
+from services.submitter.handlers import SubmitterPorts
 from services.submitter.quota_gate import QuotaGate
-from services.submitter.resolve import resolve_tasks
+from services.submitter.resolve import TaskFolders
 from services.submitter.submit import expand_trials
 
 
@@ -45,9 +44,7 @@ async def task_ref(
     manifest: ExperimentManifest,
     record: TrialRecord,
     tasks: ObjectStore,
-    *,
-    base_dir: Path | None = None,
-    tasks_root: Path | None = None,
+    folders: TaskFolders | None = None,
 ) -> TaskRef:
     """The archive the trial's task runs from, in this order:
 
@@ -55,9 +52,9 @@ async def task_ref(
     2. the record's ``provenance.task_checksum`` when the tasks bucket holds an archive
        of that name (a runner's failure records carry trialbus's checksum; Harbor's
        result.json carries its own, which names no archive);
-    3. the manifest's task folder, resolved again on this machine (``base_dir``, within
-       ``tasks_root`` for the HTTP API) when its archive is in the bucket: the same
-       content as was run, or the retry is refused.
+    3. the manifest's task folder, resolved again on this machine (in ``folders``)
+       when its archive is in the bucket: the same content as was run, or the retry
+       is refused.
     """
     name = record.provenance.task_name
     for spec in manifest.tasks:
@@ -66,9 +63,9 @@ async def task_ref(
     checksum = record.provenance.task_checksum
     if checksum and await tasks.info(checksum) is not None:
         return TaskRef(name=name, checksum=checksum)
-    if base_dir is not None:
+    if folders is not None:
         try:
-            resolved = resolve_tasks(manifest, base_dir, tasks_root)
+            resolved = folders.resolve(manifest)
         except ManifestError:
             resolved = []
         for task in resolved:
@@ -94,26 +91,23 @@ def retried(trial: TrialRequested) -> TrialRequested:
 
 
 async def retry_trial(
-    ledger: Ledger,
-    bus: EventBus,
-    tasks: ObjectStore,
+    ports: SubmitterPorts,
     experiment_id: str,
     trial_id: str,
     *,
-    base_dir: Path | None = None,
-    tasks_root: Path | None = None,
-    coordinator: Coordinator | None = None,
-    quotas: Quotas | None = None,
+    folders: TaskFolders | None = None,
     team: str | None = None,
 ) -> dict[str, Any]:
     """Publish a new run of one finished trial; what was published (``retry --json``).
 
     Raises ExperimentNotFound for an unknown experiment or a trial with no record in
-    it (queued or running trials are not retried: they have not finished). With
-    ``quotas`` (and the ``coordinator`` keeping the tallies), the run counts against
-    the team recorded as the experiment's submitter, else ``team`` (the CLI's), and
-    carries its limits like a submission's trials (QuotaExceeded when it would pass).
+    it (queued or running trials are not retried: they have not finished). ``folders``:
+    where the manifest's task folders are, for a task the ledger names no archive of
+    (``task_ref``). With ``ports.quotas``, the run counts against the team recorded as
+    the experiment's submitter, else ``team`` (the CLI's), and carries its limits like
+    a submission's trials (QuotaExceeded when it would pass).
     """
+    ledger, quotas = ports.ledger, ports.quotas
     info = await ledger.get_experiment(experiment_id)
     if info is None:
         raise ExperimentNotFound(f"no experiment {experiment_id!r} in the ledger")
@@ -124,7 +118,7 @@ async def retry_trial(
             "running trial has no record yet; `trialbus status` lists the experiment)"
         )
     manifest = stored_manifest(info)
-    ref = await task_ref(manifest, record, tasks, base_dir=base_dir, tasks_root=tasks_root)
+    ref = await task_ref(manifest, record, ports.tasks, folders)
     correlation_id = uuid.uuid4().hex
     matches = [
         t
@@ -139,13 +133,13 @@ async def retry_trial(
     run = retried(matches[0])
     owner_team = recorded_team(info) or team
     quota = quotas.for_team(owner_team) if quotas is not None else None
-    if coordinator is not None and owner_team is not None and quota is not None:
-        gate = QuotaGate(coordinator, owner_team, quota)
+    if owner_team is not None and quota is not None:
+        gate = QuotaGate(ports.coordinator, owner_team, quota)
         await gate.check_spend()
         limits = await gate.admit(1)
         if limits is not None:
             run = run.model_copy(update={"team": limits})
-    await bus.publish(run)
+    await ports.bus.publish(run)
     return {
         "experiment_id": experiment_id,
         "trial_id": trial_id,

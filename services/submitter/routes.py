@@ -36,15 +36,8 @@ from services.common.errors import (
     UserInputError,
 )
 from services.common.logging import get_logger
-from services.common.ports import (
-    Coordinator,
-    EventBus,
-    ExperimentInfo,
-    Ledger,
-    ObjectStore,
-    RunnerRegistry,
-)
-from services.common.quotas import QuotaExceeded, Quotas
+from services.common.ports import ExperimentInfo
+from services.common.quotas import QuotaExceeded
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
@@ -52,8 +45,10 @@ from services.reports.report_cache import ReportCache
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.follow import fleet, read_queue, spend_capped_of
+from services.submitter.handlers import SubmitterPorts
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
+from services.submitter.resolve import TaskFolders
 from services.submitter.retry import retry_trial
 from services.submitter.submit import PreparedExperiment, prepare
 from services.submitter.task_uploads import accept_task_upload
@@ -75,14 +70,10 @@ class UnsupportedMediaType(UserInputError):
 
 
 @dataclass(frozen=True, slots=True)
-class Ports:
-    """What the routes work with (app.state.ports)."""
+class Ports(SubmitterPorts):
+    """What the routes work with (app.state.ports): the submitter's ports and quotas,
+    and the report cache."""
 
-    bus: EventBus
-    ledger: Ledger
-    coordinator: Coordinator
-    tasks: ObjectStore
-    runners: RunnerRegistry | None = None
     reports: ReportCache = dataclasses.field(default_factory=ReportCache)
     """Computed reports by content version, for the JSON routes and the dashboard."""
 
@@ -167,7 +158,14 @@ def prepare_body(body: bytes, content_type: str, settings: SubmitterSettings) ->
             f"Content-Type {declared or '(none)'} is not accepted; send the manifest as "
             "application/json or application/yaml"
         )
-    return prepare(parsed, settings.tasks_root or Path.cwd(), settings.tasks_root)
+    folders = posted_task_folders(settings)
+    return prepare(parsed, folders.base_dir, folders.tasks_root)
+
+
+def posted_task_folders(settings: SubmitterSettings) -> TaskFolders:
+    """Where the task folders of a manifest posted over HTTP are: under
+    ``TRIALBUS_TASKS_ROOT``, or the service's working folder when it is unset."""
+    return TaskFolders(settings.tasks_root or Path.cwd(), settings.tasks_root)
 
 
 def check_owner(
@@ -191,9 +189,9 @@ def check_owner(
     return owner
 
 
-def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> APIRouter:
-    """The routes; http_security's guard authenticates every one but /healthz.
-    ``quotas``: the team quotas a submission is held to (None: none)."""
+def build_router(settings: SubmitterSettings) -> APIRouter:
+    """The routes; http_security's guard authenticates every one but /healthz. The team
+    quotas a submission is held to are the ports' (``Ports.quotas``; None: none)."""
     router = APIRouter()
 
     @router.get("/healthz")
@@ -220,15 +218,7 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
         # The team whose quotas apply is the identity's, never the manifest's.
         team = by.get("team") if by else None
         prepared = dataclasses.replace(prepared, submitted_by=by, team=team)
-        result = await handlers.submit(
-            prepared,
-            ports.bus,
-            ports.ledger,
-            ports.coordinator,
-            ports.tasks,
-            ports.runners,
-            quotas,
-        )
+        result = await handlers.submit(prepared, ports)
         log.info("experiment submitted", experiment_id=result.experiment_id, by=identity.label)
         return result.as_dict()
 
@@ -296,15 +286,7 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
         """Run one finished trial again as a new run (as `trialbus retry --json`)."""
         await owned(experiment_id, ports, identity, "trial retried")
         return await retry_trial(
-            ports.ledger,
-            ports.bus,
-            ports.tasks,
-            experiment_id,
-            trial_id,
-            base_dir=settings.tasks_root or Path.cwd(),
-            tasks_root=settings.tasks_root,
-            coordinator=ports.coordinator,
-            quotas=quotas,
+            ports, experiment_id, trial_id, folders=posted_task_folders(settings)
         )
 
     @router.get("/experiments/{experiment_id}/status")
@@ -320,7 +302,7 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
             experiment_id,
             paused_of=ports.coordinator.is_paused,
             paused_trials_of=ports.coordinator.paused_trials,
-            team_capped_of=spend_capped_of(ports.coordinator, quotas),
+            team_capped_of=spend_capped_of(ports.coordinator, ports.quotas),
         )
 
     @router.get("/experiments/{experiment_id}/leaderboard")
@@ -371,6 +353,6 @@ def build_router(settings: SubmitterSettings, quotas: Quotas | None = None) -> A
         pool offers what it needs), `concurrency_limit` (its n_concurrent_trials are
         running), `over_share` (its team runs more than its fair share while another
         team waits) or `priority` (behind other work)."""
-        return (await read_queue(request.app.state.nats, ports.ledger, quotas)).as_dict()
+        return (await read_queue(request.app.state.nats, ports.ledger, ports.quotas)).as_dict()
 
     return router

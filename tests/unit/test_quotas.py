@@ -6,6 +6,7 @@ Each invariant has its negative control: the same situation without the quota.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -233,7 +234,7 @@ async def test_a_team_at_its_spend_cap_holds_its_trials_back(tmp_path: Path) -> 
 
 # -- retry -------------------------------------------------------------------------------
 async def test_a_retry_counts_against_and_carries_the_recorded_team() -> None:
-    prepared, ledger, bus, tasks = await _submitted()
+    prepared, ports, ledger, bus = await _submitted()
     info = await ledger.get_experiment(prepared.experiment_id)
     assert info is not None
     info.manifest["submitted_by"] = {"user": "alice", "team": "red"}
@@ -243,14 +244,15 @@ async def test_a_retry_counts_against_and_carries_the_recorded_team() -> None:
         "q.yaml", b"teams: {red: {max_concurrent_trials: 2, max_trials_per_day: 1}}"
     )
     exp, trial = prepared.experiment_id, prepared.trials[0].trial_id
+    held = dataclasses.replace(ports, coordinator=coord, quotas=quotas)
     # The CLI's team does not replace the recorded one.
-    await retry_trial(ledger, bus, tasks, exp, trial, coordinator=coord, quotas=quotas, team="x")
+    await retry_trial(held, exp, trial, team="x")
     [run] = bus.of_type(TrialRequested)
     assert run.team == TeamRef(name="red", max_concurrent_trials=2)
     assert await coord.tally("trials", "red") == 1
     with pytest.raises(QuotaExceeded, match="max_trials_per_day of team 'red': 1 of 1"):
-        await retry_trial(ledger, bus, tasks, exp, trial, coordinator=coord, quotas=quotas)
+        await retry_trial(held, exp, trial)
     assert len(bus.of_type(TrialRequested)) == 1  # nothing published
     # Negative control: without quotas the retry carries no team and counts nothing.
-    await retry_trial(ledger, bus, tasks, exp, trial)
+    await retry_trial(ports, exp, trial)
     assert bus.of_type(TrialRequested)[-1].team is None

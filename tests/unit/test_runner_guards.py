@@ -22,6 +22,7 @@ from services.common.failures import classify, is_retryable, stops_agent
 from services.common.ports import ExecutionOutcome, Spend
 from services.runner import guards
 from services.submitter import handlers as submitter
+from services.submitter.handlers import SubmitterPorts
 from services.submitter.submit import experiment_id_of, prepare
 from tests.unit.runner_support import ScriptedExecutor, make_request
 from tests.unit.test_runner_handlers import World
@@ -163,9 +164,8 @@ async def test_a_resubmission_lifts_the_stop(tmp_path: Path) -> None:
     for key in keys:
         await coord.stop_agent(exp, key, b'{"kind": "authentication"}')
     await coord.stop_agent("exp-other", keys[0], b"{}")
-    await submitter.submit(
-        prepared, RecordingBus(), InMemoryLedger(), coord, InMemoryObjectStore("TASKS")
-    )
+    tasks = InMemoryObjectStore("TASKS")
+    await submitter.submit(prepared, SubmitterPorts(RecordingBus(), InMemoryLedger(), coord, tasks))
     assert [await coord.agent_stop(exp, key) for key in keys] == [None, None]
     # Negative control: another experiment's stop stays.
     assert await coord.agent_stop("exp-other", keys[0]) is not None

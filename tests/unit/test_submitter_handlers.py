@@ -28,6 +28,7 @@ from services.common.ports import ExperimentInfo
 from services.common.unpack import unpack_task
 from services.reports.queries import load_experiment
 from services.submitter import handlers
+from services.submitter.handlers import SubmitterPorts
 from services.submitter.submit import PreparedExperiment, SubmitResult, longest_size, prepare
 from tests.support.event_builders import result_imported, trial_failed
 from tests.support.records import single_reward
@@ -105,15 +106,10 @@ async def _submit_and_wait(
     progress: Lines | None = None,
 ) -> handlers.SubmitOutcome:
     """``handlers.submit_and_wait`` with a recording bus and a fresh coordinator."""
+    coordinator, tasks = InMemoryCoordinator(lease_ttl_s=60), InMemoryObjectStore("TASKS")
+    ports = SubmitterPorts(RecordingBus(), ledger, coordinator, tasks)
     return await handlers.submit_and_wait(
-        prepared,
-        RecordingBus(),
-        ledger,
-        InMemoryCoordinator(lease_ttl_s=60),
-        InMemoryObjectStore("TASKS"),
-        feed,
-        timeout_s=timeout_s,
-        progress=progress,
+        prepared, ports, feed, timeout_s=timeout_s, progress=progress
     )
 
 
@@ -127,7 +123,7 @@ async def test_submit_lifts_an_earlier_cancellation_and_publishes_every_trial(
     assert await coordinator.is_cancelled(prepared.experiment_id)  # the control: it was set
 
     tasks = InMemoryObjectStore("TASKS")
-    result = await handlers.submit(prepared, bus, ledger, coordinator, tasks)
+    result = await handlers.submit(prepared, SubmitterPorts(bus, ledger, coordinator, tasks))
 
     assert not await coordinator.is_cancelled(prepared.experiment_id)
     # Every task's archive is stored, named by its checksum, before its trials go out.
@@ -148,9 +144,8 @@ async def test_resubmitting_skips_scored_trials() -> None:
     bus, ledger = RecordingBus(), InMemoryLedger()
     await ledger.upsert_records([_record(prepared, 0, 1.0), _record(prepared, 1, None, "verifier")])
 
-    result = await handlers.submit(
-        prepared, bus, ledger, InMemoryCoordinator(lease_ttl_s=60), InMemoryObjectStore("TASKS")
-    )
+    coordinator, tasks = InMemoryCoordinator(lease_ttl_s=60), InMemoryObjectStore("TASKS")
+    result = await handlers.submit(prepared, SubmitterPorts(bus, ledger, coordinator, tasks))
 
     assert result.n_already_scored == 1
     assert [t.trial_id for t in bus.of_type(TrialRequested)] == [prepared.trials[1].trial_id]
@@ -263,7 +258,9 @@ async def test_a_manifest_no_live_runner_can_run_is_refused_before_anything_is_p
         """Submit ``prepared`` to ``bus``, checked against ``runners``, on fresh ports."""
         ledger, tasks = InMemoryLedger(), InMemoryObjectStore("TASKS")
         coordinator = InMemoryCoordinator(lease_ttl_s=60)
-        return await handlers.submit(prepared, bus, ledger, coordinator, tasks, runners)
+        return await handlers.submit(
+            prepared, SubmitterPorts(bus, ledger, coordinator, tasks, runners)
+        )
 
     with pytest.raises(ManifestError, match=r"no live runner in pool 'default'.*gpu \(local\)"):
         await submit()

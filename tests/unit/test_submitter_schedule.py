@@ -19,6 +19,8 @@ from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.ports import ExperimentInfo
 from services.reports import queries
 from services.submitter import handlers
+from services.submitter.handlers import SubmitterPorts
+from services.submitter.resolve import TaskFolders
 from services.submitter.retry import retry_trial
 from services.submitter.submit import PreparedExperiment, canonical_manifest, prepare
 from tests.support.records import single_reward
@@ -46,9 +48,8 @@ async def test_a_resubmission_does_not_lift_a_pause() -> None:
     coord = InMemoryCoordinator(lease_ttl_s=60)
     await coord.pause(prepared.experiment_id)
     await coord.cancel(prepared.experiment_id)
-    await handlers.submit(
-        prepared, RecordingBus(), InMemoryLedger(), coord, InMemoryObjectStore("TASKS")
-    )
+    tasks = InMemoryObjectStore("TASKS")
+    await handlers.submit(prepared, SubmitterPorts(RecordingBus(), InMemoryLedger(), coord, tasks))
     assert await coord.is_paused(prepared.experiment_id)
     assert not await coord.is_cancelled(prepared.experiment_id)  # the control: it lifts this
 
@@ -78,11 +79,13 @@ def _record(
 
 async def _submitted(
     checksum: str | None = None,
-) -> tuple[PreparedExperiment, InMemoryLedger, RecordingBus, InMemoryObjectStore]:
-    """An experiment submitted (its task archive stored) and both trials recorded, scored."""
+) -> tuple[PreparedExperiment, SubmitterPorts, InMemoryLedger, RecordingBus]:
+    """An experiment submitted (its task archive stored) and both trials recorded, scored;
+    the ports it was submitted with (a retry's), and its ledger and bus."""
     prepared = _prepared()
     ledger, bus, tasks = InMemoryLedger(), RecordingBus(), InMemoryObjectStore("TASKS")
-    await handlers.submit(prepared, bus, ledger, InMemoryCoordinator(lease_ttl_s=60), tasks)
+    ports = SubmitterPorts(bus, ledger, InMemoryCoordinator(lease_ttl_s=60), tasks)
+    await handlers.submit(prepared, ports)
     manifest = canonical_manifest(prepared.manifest)
     manifest |= {"experiment_id": prepared.experiment_id, "submitted_by": {"user": "alice"}}
     await ledger.upsert_experiment(ExperimentInfo(prepared.experiment_id, "unit", 2, manifest))
@@ -91,14 +94,14 @@ async def _submitted(
     ]
     await ledger.upsert_records(records)
     bus.published.clear()
-    return prepared, ledger, bus, tasks
+    return prepared, ports, ledger, bus
 
 
 async def test_a_retry_publishes_the_same_trial_as_a_new_run_each_time() -> None:
-    prepared, ledger, bus, tasks = await _submitted()
+    prepared, ports, _, bus = await _submitted()
     trial = prepared.trials[1]
-    first = await retry_trial(ledger, bus, tasks, prepared.experiment_id, trial.trial_id)
-    second = await retry_trial(ledger, bus, tasks, prepared.experiment_id, trial.trial_id)
+    first = await retry_trial(ports, prepared.experiment_id, trial.trial_id)
+    second = await retry_trial(ports, prepared.experiment_id, trial.trial_id)
     runs = bus.of_type(TrialRequested)
     assert [r.trial_id for r in runs] == [trial.trial_id] * 2
     assert first["run_id"] != second["run_id"]
@@ -112,29 +115,29 @@ async def test_a_retry_publishes_the_same_trial_as_a_new_run_each_time() -> None
 
 
 async def test_a_harbor_checksum_falls_back_to_the_manifests_task_folder() -> None:
-    prepared, ledger, bus, tasks = await _submitted(HARBOR_CHECKSUM)
+    prepared, ports, _, bus = await _submitted(HARBOR_CHECKSUM)
     trial = prepared.trials[0]
     # Negative control: without the folder, nothing in the ledger names an archive.
     with pytest.raises(UserInputError, match="no archive in the tasks bucket"):
-        await retry_trial(ledger, bus, tasks, prepared.experiment_id, trial.trial_id)
+        await retry_trial(ports, prepared.experiment_id, trial.trial_id)
     assert bus.published == []
-    await retry_trial(ledger, bus, tasks, prepared.experiment_id, trial.trial_id, base_dir=TASKS)
+    await retry_trial(ports, prepared.experiment_id, trial.trial_id, folders=TaskFolders(TASKS))
     (run,) = bus.of_type(TrialRequested)
     assert run.task == trial.task
 
 
 async def test_only_a_finished_trial_of_a_known_experiment_is_retried() -> None:
-    prepared, ledger, bus, tasks = await _submitted()
+    prepared, ports, _, bus = await _submitted()
     with pytest.raises(ExperimentNotFound, match="no experiment"):
-        await retry_trial(ledger, bus, tasks, "nope", prepared.trials[0].trial_id)
+        await retry_trial(ports, "nope", prepared.trials[0].trial_id)
     with pytest.raises(ExperimentNotFound, match="no finished trial"):
-        await retry_trial(ledger, bus, tasks, prepared.experiment_id, "exp:unknown-trial")
+        await retry_trial(ports, prepared.experiment_id, "exp:unknown-trial")
     assert bus.published == []
 
 
 async def test_the_retrys_record_replaces_the_old_one_unless_it_failed() -> None:
     """record_order: the run that finished last wins; a failure never erases a result."""
-    prepared, ledger, _, _ = await _submitted()
+    prepared, _, ledger, _ = await _submitted()
     trial = prepared.trials[0]
     newer = _record(trial, trial.task.checksum, finished=T0 + timedelta(minutes=5), reward=0.0)
     assert (await ledger.upsert_records([newer])).updated == [trial.trial_id]
