@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from infra.nats_permissions import kv_stream
 from schemas.events import TrialLog
@@ -222,7 +222,7 @@ class LogLine:
 
     def as_dict(self) -> dict[str, str]:
         """JSON form (``logs --json``: one object per line)."""
-        return {"phase": self.phase, "stream": self.stream, "text": self.text}
+        return asdict(self)
 
 
 async def trial_logs(
