@@ -58,16 +58,11 @@ class Progress:
         return self.state in ("complete", "cancelled")
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON form (the live updates carry it)."""
-        return {
-            "total": self.total,
-            "done": self.done,
-            "running": self.running,
-            "queued": self.queued,
-            "scored": self.scored,
-            "unscored": self.unscored,
-            "state": self.state,
-        }
+        """JSON form (the live updates carry it): the counts, then ``state``, which
+        stands for ``cancelled`` and ``paused``."""
+        counts = asdict(self)
+        del counts["cancelled"], counts["paused"]
+        return {**counts, "state": self.state}
 
 
 @dataclass(frozen=True, slots=True)

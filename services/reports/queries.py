@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -116,17 +117,41 @@ async def derived[T](
     return exp_id, value
 
 
+StartedOf = Callable[[str], Awaitable[Iterable[str]]]
+"""Ids of an experiment's trials that started (from the bus: LiveFeeds.started_trials)."""
+PausedOf = Callable[[str], Awaitable[bool]]
+"""Whether an experiment is paused (the coordinator's flag: Coordinator.is_paused)."""
+PausedTrialsOf = Callable[[str], Awaitable[Iterable[str]]]
+"""An experiment's trials paused one by one (Coordinator.paused_trials)."""
+TeamCappedOf = Callable[[str], Awaitable[bool]]
+"""Whether a team has reached its ``max_spend_usd_per_day`` (follow.spend_capped_of)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lookups:
+    """What only the bus knows, asked by the reports as they need it: which trials
+    started, and the coordinator's pause flags and spend caps. A member None is not
+    known (NATS out of reach, or no quotas file): ``experiment_status`` leaves out
+    its key, ``experiment_progress`` counts nothing started and nothing paused.
+    ``follow.lookups_of`` builds one from a Coordinator. By keyword only: two members
+    have the same type."""
+
+    started_of: StartedOf | None = None
+    paused_of: PausedOf | None = None
+    paused_trials_of: PausedTrialsOf | None = None
+    team_capped_of: TeamCappedOf | None = None
+
+
+NOTHING_KNOWN = Lookups()
+"""``Lookups`` with every member unknown (the ledger's numbers alone)."""
+
+
 async def experiment_status(
-    ledger: Ledger,
-    experiment_id: str,
-    *,
-    paused_of: PausedOf | None = None,
-    paused_trials_of: PausedTrialsOf | None = None,
-    team_capped_of: TeamCappedOf | None = None,
+    ledger: Ledger, experiment_id: str, lookups: Lookups = NOTHING_KNOWN
 ) -> dict[str, int | str | bool]:
     """Counts of an experiment's trials by state (``status_counts``); with a budget in
     the manifest, ``budget``: what the recorded trials spent of it; when the manifest
-    names a priority class, ``priority_class``; with ``paused_of``
+    names a priority class, ``priority_class``; with ``lookups.paused_of``
     (the coordinator's flag), ``paused``: whether its queued trials wait for a resume.
 
     Read from the experiment's tally (``Ledger.experiment_tally``), not its records:
@@ -151,15 +176,17 @@ async def experiment_status(
     named = priority_class_of(info)
     if named is not None:  # absent: the installation's default class
         status["priority_class"] = named
-    if paused_of is not None:
-        status["paused"] = bool(counts["pending"] and await paused_of(experiment_id))
-    if paused_trials_of is not None and counts["pending"]:
-        held = await unrecorded(ledger, experiment_id, set(await paused_trials_of(experiment_id)))
+    if lookups.paused_of is not None:
+        status["paused"] = bool(counts["pending"] and await lookups.paused_of(experiment_id))
+    if lookups.paused_trials_of is not None and counts["pending"]:
+        paused = set(await lookups.paused_trials_of(experiment_id))
+        held = await unrecorded(ledger, experiment_id, paused)
         if held:
             status["paused_trials"] = len(held)
-    if team_capped_of is not None and counts["pending"]:
+    if lookups.team_capped_of is not None and counts["pending"]:
         owner = owner_from_record(info.manifest.get("submitted_by")) if info else None
-        if owner is not None and owner.team is not None and await team_capped_of(owner.team):
+        team = owner.team if owner is not None else None
+        if team is not None and await lookups.team_capped_of(team):
             status["team_spend_capped"] = True
     return status
 
@@ -184,35 +211,20 @@ async def unrecorded(ledger: Ledger, experiment_id: str, trial_ids: set[str]) ->
     }
 
 
-TeamCappedOf = Callable[[str], Awaitable[bool]]
-"""Whether a team has reached its ``max_spend_usd_per_day`` (follow.spend_capped_of)."""
-StartedOf = Callable[[str], Awaitable[Iterable[str]]]
-"""Ids of an experiment's trials that started (from the bus: LiveFeeds.started_trials)."""
-
-
-PausedOf = Callable[[str], Awaitable[bool]]
-"""Whether an experiment is paused (the coordinator's flag: Coordinator.is_paused)."""
-
-
-PausedTrialsOf = Callable[[str], Awaitable[Iterable[str]]]
-"""An experiment's trials paused one by one (Coordinator.paused_trials)."""
-
-
 async def experiment_progress(
     ledger: Ledger,
     experiment_id: str,
-    started_of: StartedOf,
+    lookups: Lookups = NOTHING_KNOWN,
     *,
     required: bool = True,
     now: datetime | None = None,
-    paused_of: PausedOf | None = None,
     cache: ReportCache | None = None,
 ) -> ExperimentRow:
     """One experiment's row of the experiments list (progress, started, duration).
 
-    ``started_of`` and ``paused_of`` are asked only while some trial has no record: a
-    finished experiment costs no read of the bus. With ``cache``, what the records
-    say is kept per content version (``progress_basis``).
+    ``lookups.started_of`` and ``paused_of`` are asked only while some trial has no
+    record: a finished experiment costs no read of the bus. With ``cache``, what the
+    records say is kept per content version (``progress_basis``).
     """
     exp_id, (info, recorded) = await derived(
         ledger,
@@ -224,7 +236,8 @@ async def experiment_progress(
         codec=stored.PROGRESS_CODEC,
     )
     incomplete = len(recorded.trial_ids) < (info.n_trials if info else 0)
-    started = await started_of(exp_id) if incomplete else ()
+    started_of, paused_of = lookups.started_of, lookups.paused_of
+    started = await started_of(exp_id) if incomplete and started_of is not None else ()
     paused = bool(incomplete and paused_of is not None and await paused_of(exp_id))
     return experiment_row_of(exp_id, info, recorded, started, now, paused)
 
@@ -238,17 +251,14 @@ def progress_basis(
 
 async def experiment_rows(
     ledger: Ledger,
-    started_of: StartedOf,
+    lookups: Lookups = NOTHING_KNOWN,
     *,
     now: datetime | None = None,
-    paused_of: PausedOf | None = None,
     cache: ReportCache | None = None,
 ) -> list[ExperimentRow]:
     """Every experiment's row, newest first (``trialbus experiments``, the dashboard)."""
     return [
-        await experiment_progress(
-            ledger, exp_id, started_of, required=False, now=now, paused_of=paused_of, cache=cache
-        )
+        await experiment_progress(ledger, exp_id, lookups, required=False, now=now, cache=cache)
         for exp_id in await ledger.experiment_ids()
     ]
 

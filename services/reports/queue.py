@@ -69,7 +69,7 @@ class WaitingExperiment:
     user: str | None
     queued: int
     running: int
-    limit: int | None
+    n_concurrent_trials: int | None
     """Its ``compute.n_concurrent_trials`` (None: the ledger does not know the experiment)."""
     paused_trials: int
     """Its unfinished trials paused one by one (``trialbus pause EXP --trial T``)."""
@@ -77,21 +77,8 @@ class WaitingExperiment:
     detail: str
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON form (``trialbus queue --json``, ``GET /queue``)."""
-        return {
-            "experiment_id": self.experiment_id,
-            "name": self.name,
-            "pool": self.pool,
-            "priority_class": self.priority_class,
-            "team": self.team,
-            "user": self.user,
-            "queued": self.queued,
-            "running": self.running,
-            "n_concurrent_trials": self.limit,
-            "paused_trials": self.paused_trials,
-            "reason": self.reason,
-            "detail": self.detail,
-        }
+        """JSON form (``trialbus queue --json``, ``GET /queue``): the fields as they are."""
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +292,7 @@ def queue_view(
                 user=owner.user if owner else None,
                 queued=count - running,
                 running=running,
-                limit=limit,
+                n_concurrent_trials=limit,
                 paused_trials=held,
                 reason=reason,
                 detail=detail,

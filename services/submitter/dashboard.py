@@ -47,6 +47,7 @@ from services.submitter.dashboard_live_pages import (
     runners_context,
 )
 from services.submitter.dashboard_stream import (
+    PageSources,
     experiment_stream,
     log_stream,
     page_row,
@@ -55,6 +56,7 @@ from services.submitter.dashboard_stream import (
 )
 from services.submitter.dashboard_trial import timeline
 from services.submitter.dashboard_views import experiment_url, trial_url
+from services.submitter.follow import lookups_of
 from services.submitter.http_security import SESSION_COOKIE, ApiAccess, identify_token
 from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
 from services.submitter.routes import Ports
@@ -241,14 +243,11 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
     async def experiment_events(request: Request, experiment_id: str, page: int = 1) -> Response:
         if not valid_experiment_id(experiment_id):
             return _not_found(request, f"{experiment_id!r} is not an experiment id.")
-        stream = experiment_stream(
-            ports(request).ledger,
-            feeds(request),
-            experiment_id,
-            ports(request).coordinator.is_paused,
-            ports(request).reports,
-            page,
+        found = ports(request)
+        sources = PageSources(
+            found.ledger, feeds(request), lookups_of(found.coordinator), found.reports
         )
+        stream = experiment_stream(sources, experiment_id, page)
         return _sse(stream)
 
     @router.get("/compare")

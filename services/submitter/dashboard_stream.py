@@ -265,23 +265,30 @@ def describe(event: Envelope) -> dict[str, Any] | None:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class PageSources:
+    """Where the experiment page's live feed reads: the ledger, through ``cache`` (the
+    submitter's ReportCache: an unchanged experiment is not read again); the bus's
+    live feeds (the experiment's events, its started trials); and the coordinator's
+    ``lookups`` (its pause flag, for the state)."""
+
+    ledger: Ledger
+    live: LiveFeeds
+    lookups: queries.Lookups = queries.NOTHING_KNOWN
+    cache: ReportCache | None = None
+
+
 async def progress_event(
-    ledger: Ledger,
-    live: LiveFeeds,
-    experiment_id: str,
-    paused_of: queries.PausedOf | None = None,
-    shown: Shown | None = None,
-    cache: ReportCache | None = None,
-    page: int = 1,
+    sources: PageSources, experiment_id: str, shown: Shown | None = None, page: int = 1
 ) -> str:
-    """The ``progress`` event: counts and the tables, as the ledger holds them now
-    (``paused_of``: the coordinator's pause flag, for the state; ``cache``: the
-    submitter's, so an unchanged experiment is not read again); with ``shown``, what
-    the page shows already, only what changed since (``Shown.changes``), else every
-    section; ``page``: the trial table's page the browser shows (only it is sent)."""
-    view = await page_view(ledger, experiment_id, cache, required=False)
-    started = await live.started_trials(experiment_id)
+    """The ``progress`` event: counts and the tables, as the ledger holds them now;
+    with ``shown``, what the page shows already, only what changed since
+    (``Shown.changes``), else every section; ``page``: the trial table's page the
+    browser shows (only it is sent)."""
+    view = await page_view(sources.ledger, experiment_id, sources.cache, required=False)
+    started = await sources.live.started_trials(experiment_id)
     parts = view_sections(experiment_id, view, started, page)
+    paused_of = sources.lookups.paused_of
     paused = paused_of is not None and await paused_of(experiment_id)
     row = page_row(experiment_id, view, started, paused=paused)
     counts = {
@@ -294,20 +301,13 @@ async def progress_event(
 
 
 async def experiment_stream(
-    ledger: Ledger,
-    live: LiveFeeds,
-    experiment_id: str,
-    paused_of: queries.PausedOf | None = None,
-    cache: ReportCache | None = None,
-    page: int = 1,
+    sources: PageSources, experiment_id: str, page: int = 1
 ) -> AsyncIterator[str]:
     """The experiment page's live feed (see the module doc), for the trial table's
     page ``page``."""
     shown = Shown()  # this page's own: a reconnect starts afresh and gets everything
-    progress = partial(
-        progress_event, ledger, live, experiment_id, paused_of, shown=shown, cache=cache, page=page
-    )
-    async with live.experiment_events(experiment_id) as feed:
+    progress = partial(progress_event, sources, experiment_id, shown, page)
+    async with sources.live.experiment_events(experiment_id) as feed:
         yield await progress()
         dirty, last = False, time.monotonic()
         while True:

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from infra.nats_permissions import kv_stream
 from schemas.events import TrialLog
@@ -81,6 +81,20 @@ def spend_capped_of(coordinator: Coordinator, quotas: Quotas | None) -> queries.
     return capped
 
 
+def lookups_of(
+    coordinator: Coordinator, *, quotas: Quotas | None = None, live: LiveFeeds | None = None
+) -> queries.Lookups:
+    """The reports' ``queries.Lookups`` from the coordinator: its pause flags, and with
+    ``quotas`` the teams' spend caps (``spend_capped_of``); with ``live``, the started
+    trials (``started_of``)."""
+    return queries.Lookups(
+        started_of=started_of(live) if live is not None else None,
+        paused_of=coordinator.is_paused,
+        paused_trials_of=coordinator.paused_trials,
+        team_capped_of=spend_capped_of(coordinator, quotas),
+    )
+
+
 def cli_quotas(settings: CommonSettings) -> Quotas | None:
     """The submitter's quotas file (``TRIALBUS_QUOTAS_FILE``), read as ``submit`` does;
     None when unset."""
@@ -94,11 +108,9 @@ async def list_experiments(settings: CommonSettings) -> list[ExperimentRow]:
         open_nats(settings, "trialbus-experiments") as nats,
         open_ledger(settings) as ledger,
     ):
-        coordinator = await nats.coordinator()
+        live = LiveFeeds(nats.nc, nats.settings.topology)
         return await queries.experiment_rows(
-            ledger,
-            started_of(LiveFeeds(nats.nc, nats.settings.topology)),
-            paused_of=coordinator.is_paused,
+            ledger, lookups_of(await nats.coordinator(), live=live)
         )
 
 
@@ -115,14 +127,10 @@ async def experiment_status(
         open_ledger(settings) as ledger,
         try_open_nats(settings, "trialbus-status") as nats,
     ):
-        coordinator = await nats.coordinator() if nats is not None else None
-        status = await queries.experiment_status(
-            ledger,
-            experiment_id,
-            paused_of=coordinator.is_paused if coordinator else None,
-            paused_trials_of=coordinator.paused_trials if coordinator else None,
-            team_capped_of=spend_capped_of(coordinator, quotas) if coordinator else None,
-        )
+        lookups = queries.NOTHING_KNOWN
+        if nats is not None:
+            lookups = lookups_of(await nats.coordinator(), quotas=quotas)
+        status = await queries.experiment_status(ledger, experiment_id, lookups)
         return status, nats is not None
 
 
@@ -148,17 +156,14 @@ async def follow_status(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     async with open_nats(settings, "trialbus-status") as nats, open_ledger(settings) as ledger:
         live = LiveFeeds(nats.nc, nats.settings.topology)
-        started = started_of(live)
-        paused = (await nats.coordinator()).is_paused
+        lookups = lookups_of(await nats.coordinator(), live=live)
         # A refresh without a new record reads the content version, not every record.
         cache = ReportCache()
         async with (
             live.experiment_events(experiment_id) as feed,
             _lines(live, experiment_id, on_line),
         ):
-            row = await queries.experiment_progress(
-                ledger, experiment_id, started, paused_of=paused, cache=cache
-            )
+            row = await queries.experiment_progress(ledger, experiment_id, lookups, cache=cache)
             on_update(row)
             while not row.progress.finished:
                 left = REFRESH_S if deadline is None else deadline - time.monotonic()
@@ -170,9 +175,7 @@ async def follow_status(
                     until = time.monotonic() + UPDATE_INTERVAL_S
                     while (rest := until - time.monotonic()) > 0 and await feed.next(rest):
                         pass
-                row = await queries.experiment_progress(
-                    ledger, experiment_id, started, paused_of=paused, cache=cache
-                )
+                row = await queries.experiment_progress(ledger, experiment_id, lookups, cache=cache)
                 on_update(row)
     return row
 
@@ -222,7 +225,7 @@ class LogLine:
 
     def as_dict(self) -> dict[str, str]:
         """JSON form (``logs --json``: one object per line)."""
-        return {"phase": self.phase, "stream": self.stream, "text": self.text}
+        return asdict(self)
 
 
 async def trial_logs(

@@ -44,7 +44,7 @@ from services.reports.html import render_html
 from services.reports.report_cache import ReportCache
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
-from services.submitter.follow import fleet, read_queue, spend_capped_of
+from services.submitter.follow import fleet, lookups_of, read_queue
 from services.submitter.handlers import SubmitterPorts
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
 from services.submitter.manifest_io import parse_manifest, parse_manifest_text
@@ -298,11 +298,7 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         `trialbus status --json`)."""
         # bool first: pydantic's union keeps True a bool rather than reading it as 1.
         return await queries.experiment_status(
-            ports.ledger,
-            experiment_id,
-            paused_of=ports.coordinator.is_paused,
-            paused_trials_of=ports.coordinator.paused_trials,
-            team_capped_of=spend_capped_of(ports.coordinator, ports.quotas),
+            ports.ledger, experiment_id, lookups_of(ports.coordinator, quotas=ports.quotas)
         )
 
     @router.get("/experiments/{experiment_id}/leaderboard")

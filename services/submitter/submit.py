@@ -18,7 +18,7 @@ import hashlib
 import json
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,10 @@ def expand_trials(
     return trials
 
 
+_ID_LISTS = frozenset({"trial_ids", "published_ids"})
+"""``SubmitResult``'s fields its JSON form leaves out."""
+
+
 @dataclass(slots=True)
 class SubmitResult:
     """What a submission did."""
@@ -97,15 +101,9 @@ class SubmitResult:
     published_ids: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "experiment_id": self.experiment_id,
-            "name": self.name,
-            "n_trials": self.n_trials,
-            "n_published": self.n_published,
-            "n_duplicates": self.n_duplicates,
-            "n_already_scored": self.n_already_scored,
-            "correlation_id": self.correlation_id,
-        }
+        """JSON form (``submit --json``, ``POST /experiments``): every field but the
+        trial id lists (one id per trial: thousands in a large experiment)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _ID_LISTS}
 
 
 @dataclass(frozen=True, slots=True)

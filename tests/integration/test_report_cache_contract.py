@@ -94,8 +94,10 @@ async def test_the_experiments_list_row_follows_every_write(ledger: Ledger) -> N
     await ledger.upsert_records([make_record("t1")])
     cache = ReportCache()
 
-    async def started(_exp: str) -> list[str]:
+    async def started_of(_exp: str) -> list[str]:
         return ["t1", "t2"]
+
+    started = queries.Lookups(started_of=started_of)
 
     now = datetime(2026, 2, 1, tzinfo=UTC)  # a running experiment's duration runs to now
     row = await queries.experiment_progress(ledger, "exp-a", started, cache=cache, now=now)

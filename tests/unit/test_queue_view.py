@@ -154,7 +154,7 @@ def test_running_trials_are_not_queued_and_unknown_experiments_still_show() -> N
     # Every message of "all" is a running trial: nothing of it waits.
     rows = view({"qv.work.default.all": 2, "qv.work.default.x": 1}, {}, leases={"all": 2})
     assert "all" not in rows
-    assert (rows["x"].name, rows["x"].team, rows["x"].limit) == ("x", None, None)
+    assert (rows["x"].name, rows["x"].team, rows["x"].n_concurrent_trials) == ("x", None, None)
     assert view({}, {})["_groups"] == []
 
 

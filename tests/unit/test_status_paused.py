@@ -24,20 +24,23 @@ async def _world(n_records: int) -> tuple[InMemoryLedger, InMemoryCoordinator]:
 
 async def test_status_says_paused_while_trials_wait() -> None:
     ledger, coord = await _world(1)
-    status = await queries.experiment_status(ledger, "exp", paused_of=coord.is_paused)
+    flag = queries.Lookups(paused_of=coord.is_paused)
+    status = await queries.experiment_status(ledger, "exp", flag)
     assert status["paused"] is False  # negative control: not paused
     await coord.pause("exp")
-    status = await queries.experiment_status(ledger, "exp", paused_of=coord.is_paused)
+    status = await queries.experiment_status(ledger, "exp", flag)
     assert status["paused"] is True and status["pending"] == 1
     await coord.pause("other")  # another experiment's flag is not this one's
     await coord.resume("exp")
-    assert not (await queries.experiment_status(ledger, "exp", paused_of=coord.is_paused))["paused"]
+    assert not (await queries.experiment_status(ledger, "exp", flag))["paused"]
 
 
 async def test_a_finished_experiment_is_not_paused_and_unknown_is_not_false() -> None:
     ledger, coord = await _world(2)
     await coord.pause("exp")
-    status = await queries.experiment_status(ledger, "exp", paused_of=coord.is_paused)
+    status = await queries.experiment_status(
+        ledger, "exp", queries.Lookups(paused_of=coord.is_paused)
+    )
     assert status["paused"] is False  # nothing waits any more, as the dashboard's state
     # Without the flag's reader (NATS out of reach) the key is absent, never False.
     assert "paused" not in await queries.experiment_status(ledger, "exp")
@@ -47,9 +50,8 @@ async def test_status_counts_the_unfinished_trials_paused_one_by_one() -> None:
     ledger, coord = await _world(1)  # hello__0 recorded, one trial pending
 
     async def read() -> dict[str, int | str | bool]:
-        return await queries.experiment_status(
-            ledger, "exp", paused_of=coord.is_paused, paused_trials_of=coord.paused_trials
-        )
+        lookups = queries.Lookups(paused_of=coord.is_paused, paused_trials_of=coord.paused_trials)
+        return await queries.experiment_status(ledger, "exp", lookups)
 
     assert "paused_trials" not in await read()  # negative control: none paused
     await coord.pause_trial("exp", "hello__0")  # finished: nothing of it waits

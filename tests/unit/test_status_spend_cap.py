@@ -23,9 +23,8 @@ async def test_status_says_the_team_is_at_its_spend_cap_only_while_it_is() -> No
     coord = InMemoryCoordinator(lease_ttl_s=60)
 
     async def status(quotas: Quotas | None) -> dict[str, int | str | bool]:
-        return await queries.experiment_status(
-            ledger, "exp", team_capped_of=spend_capped_of(coord, quotas)
-        )
+        lookups = queries.Lookups(team_capped_of=spend_capped_of(coord, quotas))
+        return await queries.experiment_status(ledger, "exp", lookups)
 
     await coord.add_tally("spend", "red", 4.99)
     assert "team_spend_capped" not in await status(QUOTAS)  # control: a cent under

@@ -160,16 +160,16 @@ async def test_the_experiments_state_shows_a_pause_while_trials_wait() -> None:
     async def nothing_started(_: str) -> list[str]:
         return []
 
+    lookups = queries.Lookups(started_of=nothing_started, paused_of=coord.is_paused)
+
     async def row_state() -> str:
-        row = await queries.experiment_progress(
-            ledger, prepared.experiment_id, nothing_started, paused_of=coord.is_paused
-        )
+        row = await queries.experiment_progress(ledger, prepared.experiment_id, lookups)
         return row.progress.state
 
     assert await row_state() == "running"  # negative control: not paused
     await coord.pause(prepared.experiment_id)
     assert await row_state() == "paused"
-    rows = await queries.experiment_rows(ledger, nothing_started, paused_of=coord.is_paused)
+    rows = await queries.experiment_rows(ledger, lookups)
     assert [r.progress.state for r in rows] == ["paused"]
     # A cancellation wins over a pause; a finished experiment is not shown paused.
     trial = prepared.trials[0]
