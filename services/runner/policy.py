@@ -43,16 +43,6 @@ class Decision:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """The attempt a runner's event reports: the run's work message, which start of the
-    run it was (its number and the starts handed back before it) and the runner's host."""
-
-    request: TrialRequested
-    start: AttemptStart
-    host: str
-
-
 class RunFields(TypedDict):
     """The fields by which every event a runner publishes about a run names that run."""
 
@@ -71,6 +61,66 @@ def run_fields(request: TrialRequested) -> RunFields:
         correlation_id=request.correlation_id,
         run_id=request.dedup_id(),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The attempt a runner's event reports: the run's work message, which start of the
+    run it was (its number and the starts handed back before it) and the runner's host."""
+
+    request: TrialRequested
+    start: AttemptStart
+    host: str
+
+    def completed(self, result: ObjectRef, harbor_version: str) -> TrialCompleted:
+        """The TrialCompleted of the attempt, pointing at its stored trial folder."""
+        request = self.request
+        return TrialCompleted(
+            **run_fields(request),
+            result=result,
+            trial_name=request.trial_id,
+            repetition=request.repetition,
+            runner_host=self.host,
+            harbor_version=harbor_version,
+            environment=request.compute.environment,
+            agent_label=request.agent.display,
+            attempt=self.start.attempt,
+        )
+
+    def failed(
+        self,
+        outcome: ExecutionOutcome,
+        *,
+        final: bool,
+        failure_class: FailureClass | None = None,
+        result: ObjectRef | None = None,
+    ) -> TrialFailed:
+        """The TrialFailed of the attempt; the failure class follows Harbor's error policy
+        unless ``failure_class`` names it. It names the starts of the run handed back
+        before this one: its dedup id keeps them apart."""
+        request = self.request
+        failure = failure_class or classify(outcome.exception_type)
+        return TrialFailed(
+            **run_fields(request),
+            # A failed attempt with no exception at all still failed: count it against
+            # the infrastructure, never as an agent's or a verifier's result.
+            failure_class="infrastructure" if failure == "none" else failure,
+            error_type=(outcome.exception_type or "UnknownError")[:200],
+            message=(outcome.message or "")[:MAX_MESSAGE_CHARS],
+            attempt=self.start.attempt,
+            final=final,
+            result=result,
+            task=request.task,
+            agent=request.agent,
+            repetition=request.repetition,
+            runner_host=self.host,
+            handed_back=self.start.handed_back,
+        )
+
+    @classmethod
+    def first(cls, request: TrialRequested, host: str) -> Attempt:
+        """The attempt of a trial refused before it starts: none was counted, so the first."""
+        return cls(request, AttemptStart(1), host)
 
 
 def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
@@ -98,8 +148,7 @@ def decide(
 
     ``harbor_version``: the runner's Harbor, named by a TrialCompleted. ``result``: the
     stored trial folder of an attempt that ends the run (required for a completed one:
-    TrialCompleted points at it). A TrialFailed names the starts of the run handed back
-    before this one (``attempt.start``): its dedup id keeps them apart.
+    TrialCompleted points at it).
 
     - retryable and attempts left: TrialFailed(final=False), nak after the backoff;
     - completed (Harbor wrote result.json): TrialCompleted, ack;
@@ -109,25 +158,14 @@ def decide(
     if should_retry(request, number, outcome):
         retry = request.retry
         delay = backoff_delay(number, retry.backoff_seconds, retry.max_backoff_seconds)
-        return Decision((failed_event(attempt, outcome, final=False),), nak(delay, "retry"))
+        return Decision((attempt.failed(outcome, final=False),), nak(delay, "retry"))
     if outcome.kind == "completed":
         if result is None:
             raise InternalError(
                 f"trial {request.trial_id} completed without its stored trial folder"
             )
-        completed = TrialCompleted(
-            **run_fields(request),
-            result=result,
-            trial_name=request.trial_id,
-            repetition=request.repetition,
-            runner_host=attempt.host,
-            harbor_version=harbor_version,
-            environment=request.compute.environment,
-            agent_label=request.agent.display,
-            attempt=number,
-        )
-        return Decision((completed,), ACK)
-    return Decision((failed_event(attempt, outcome, final=True, result=result),), ACK)
+        return Decision((attempt.completed(result, harbor_version),), ACK)
+    return Decision((attempt.failed(outcome, final=True, result=result),), ACK)
 
 
 def handed_back(attempt: Attempt, reason: Reason) -> Decision:
@@ -140,7 +178,7 @@ def handed_back(attempt: Attempt, reason: Reason) -> Decision:
         message=f"{reason}: {_HANDED_BACK_WHY[reason]} on {attempt.host}; the trial runs "
         "again from the start and this attempt is not counted",
     )
-    event = failed_event(attempt, outcome, final=False, failure_class="cancelled")
+    event = attempt.failed(outcome, final=False, failure_class="cancelled")
     return Decision((event,), nak(0.0, "handback"))
 
 
@@ -155,12 +193,8 @@ def cancelled(request: TrialRequested, attempt: int, host: str) -> Decision:
     outcome = ExecutionOutcome(
         kind="failed", exception_type="CancelledError", message="experiment cancelled"
     )
-    event = failed_event(
-        Attempt(request, AttemptStart(attempt), host),
-        outcome,
-        final=True,
-        failure_class="cancelled",
-    )
+    this = Attempt(request, AttemptStart(attempt), host)
+    event = this.failed(outcome, final=True, failure_class="cancelled")
     return Decision((event,), ACK)
 
 
@@ -177,7 +211,7 @@ def lacking(request: TrialRequested, host: str, missing: list[str]) -> Decision:
         f"{', '.join(repr(m) for m in missing)}; give every runner of a pool the same "
         "environments and labels",
     )
-    return Decision((failed_event(_first(request, host), outcome, final=True),), ACK)
+    return Decision((Attempt.first(request, host).failed(outcome, final=True),), ACK)
 
 
 AGENT_STOPPED = "AgentStopped"
@@ -188,39 +222,6 @@ def refused(request: TrialRequested, host: str, error_type: str, message: str) -
     """The trial ends before it starts (final, ack, unscored infrastructure): its agent
     was stopped (AGENT_STOPPED) or its experiment's budget is spent (BUDGET_EXCEEDED)."""
     outcome = ExecutionOutcome(kind="failed", exception_type=error_type, message=message)
-    event = failed_event(_first(request, host), outcome, final=True, failure_class="infrastructure")
+    first = Attempt.first(request, host)
+    event = first.failed(outcome, final=True, failure_class="infrastructure")
     return Decision((event,), ACK)
-
-
-def _first(request: TrialRequested, host: str) -> Attempt:
-    # A trial refused before it starts: no attempt was counted, so it is the first.
-    return Attempt(request, AttemptStart(1), host)
-
-
-def failed_event(
-    attempt: Attempt,
-    outcome: ExecutionOutcome,
-    *,
-    final: bool,
-    failure_class: FailureClass | None = None,
-    result: ObjectRef | None = None,
-) -> TrialFailed:
-    """The TrialFailed of an attempt; the failure class follows Harbor's error policy."""
-    request = attempt.request
-    failure = failure_class or classify(outcome.exception_type)
-    return TrialFailed(
-        **run_fields(request),
-        # A failed attempt with no exception at all still failed: count it against
-        # the infrastructure, never as an agent's or a verifier's result.
-        failure_class="infrastructure" if failure == "none" else failure,
-        error_type=(outcome.exception_type or "UnknownError")[:200],
-        message=(outcome.message or "")[:MAX_MESSAGE_CHARS],
-        attempt=attempt.start.attempt,
-        final=final,
-        result=result,
-        task=request.task,
-        agent=request.agent,
-        repetition=request.repetition,
-        runner_host=attempt.host,
-        handed_back=attempt.start.handed_back,
-    )

@@ -151,3 +151,14 @@ def test_backoff_doubles_and_is_capped(attempt: int, expected: float) -> None:
 def test_a_zero_backoff_hands_back_without_delay(tmp_path: Path) -> None:
     decision = decide(at(make_request(backoff_s=0.0)), failed(RETRYABLE), HARBOR)
     assert decision.settle == Settle("nak", 0.0, "retry")
+
+
+def test_a_start_after_a_hand_back_names_it_and_dedups_apart() -> None:
+    req = make_request()
+    after = Attempt(req, AttemptStart(1, handed_back=1), "node-a")
+    event = only(decide(after, failed(NOT_RETRYABLE), HARBOR))
+    assert isinstance(event, TrialFailed) and event.handed_back == 1
+    # Negative control: the same attempt with no start handed back before it.
+    plain = only(decide(at(req), failed(NOT_RETRYABLE), HARBOR))
+    assert isinstance(plain, TrialFailed) and plain.handed_back == 0
+    assert event.dedup_id() != plain.dedup_id()
