@@ -48,7 +48,7 @@ from schemas.events import EventDecodeError, TrialRequested, parse_event
 from services.common.errors import Settle, settle_error
 from services.common.logging import get_logger
 from services.common.ports import Coordinator, EventBus, Executor, LogSink
-from services.common.priority import DEFAULT_CLASSES, PriorityClasses
+from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 from services.common.trial_folders import TrialFolders
 from services.runner import guards, policy
 from services.runner.admission import Admission
@@ -93,7 +93,7 @@ class TrialHandler:
         log_sinks: LogSinks | None = None,
         rng: random.Random | None = None,
         running: Running | None = None,
-        classes: PriorityClasses | None = None,
+        classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
         fair_share: FairShare | None = None,
     ) -> None:
         self._bus = bus
@@ -120,7 +120,7 @@ class TrialHandler:
         # Where running trials are listed for preemption and stop notices (None: the
         # runner never hands a running trial back; services.runner.preemption).
         self._running = running
-        self._classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
+        self._classes = classes
         # Set-aside folders waiting for deletion, and the one task deleting them.
         self._to_discard: list[Path] = []
         self._discarder: asyncio.Task[None] | None = None
