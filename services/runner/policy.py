@@ -1,11 +1,12 @@
 """The runner's decision, as a pure function: what one attempt's outcome means.
 
-Given the request, the attempt number and the ExecutionOutcome, ``decide`` says which
-events the runner publishes (TrialCompleted, or TrialFailed final or not) and how the
-work message is settled (ack, or nak with the retry backoff). No I/O happens here:
-the handler publishes ``Decision.events`` in order, then the consumer applies
-``Decision.settle``. Harbor's error policy (services.common.failures) decides which
-failures are worth another attempt; the request's ``retry`` policy bounds how many.
+Given the ``Attempt`` (the request, which start of its run, the host) and the
+ExecutionOutcome, ``decide`` says which events the runner publishes (TrialCompleted, or
+TrialFailed final or not) and how the work message is settled (ack, or nak with the
+retry backoff). No I/O happens here: the handler publishes ``Decision.events`` in
+order, then the consumer applies ``Decision.settle``. Harbor's error policy
+(services.common.failures) decides which failures are worth another attempt; the
+request's ``retry`` policy bounds how many.
 """
 
 from __future__ import annotations
