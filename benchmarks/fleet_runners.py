@@ -28,6 +28,7 @@ from services.common.errors import ACK, Settle
 from services.common.logging import configure_logging
 from services.runner.attempt import KeepAlive
 from services.runner.consumer import IDLE_FETCH_TIMEOUT_S, WorkConsumer
+from services.runner.policy import run_fields
 
 HOST = socket.gethostname()
 
@@ -43,15 +44,7 @@ def _consumer(nc: NatsClient, topo: Topology, runner_id: str) -> WorkConsumer:
         request = parse_event(data)
         assert isinstance(request, TrialRequested)
         await bus.publish(
-            TrialStarted(
-                experiment_id=request.experiment_id,
-                trial_id=request.trial_id,
-                correlation_id=request.correlation_id,
-                runner_id=runner_id,
-                host=HOST,
-                attempt=1,
-                run_id=request.dedup_id(),
-            )
+            TrialStarted(**run_fields(request), runner_id=runner_id, host=HOST, attempt=1)
         )
         return ACK
 

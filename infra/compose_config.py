@@ -35,7 +35,7 @@ from pathlib import Path
 from infra.nats_auth import AuthFiles, write_auth
 from infra.tls import DEFAULT_HOSTS, TlsFiles, write_certs
 from schemas.subjects import Topology
-from services.common.priority import PriorityClasses
+from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 from services.common.private_files import write_private
 
 NODES = ("nats-1", "nats-2", "nats-3")
@@ -171,7 +171,7 @@ def write_compose_config(
     rotate: bool = False,
     ledger_db: str = "trialbus",
     service_uid: int | None = SERVICE_UID,
-    classes: PriorityClasses | None = None,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
 ) -> ComposeFiles:
     """Write (or refresh) every file compose.yaml mounts; see the module docstring.
 

@@ -42,7 +42,7 @@ from infra.nats_permissions import (
     user_name,
 )
 from schemas.subjects import DEFAULT_POOL, Topology
-from services.common.priority import PriorityClasses
+from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 from services.common.private_files import write_private
 
 AUTH_CONF = "auth.conf"
@@ -108,7 +108,7 @@ def render_server_config(
     topology: Topology,
     credentials: Mapping[str, RoleCredentials],
     js_domain: str | None = None,
-    classes: PriorityClasses | None = None,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
 ) -> str:
     """The ``authorization`` block (nats-server config syntax) for these credentials.
 
@@ -180,7 +180,7 @@ def write_auth(
     pools: Sequence[str] = (),
     js_domain: str | None = None,
     ca_file: str | None = None,
-    classes: PriorityClasses | None = None,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
 ) -> AuthFiles:
     """Write the server config include and one credentials file per role (all 0600).
 

@@ -46,7 +46,7 @@ import re
 from dataclasses import dataclass
 
 from schemas.subjects import DEFAULT_POOL, Topology, check_pool, checked_token
-from services.common.priority import DEFAULT_CLASSES, PriorityClasses
+from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 
 ROLES = ("admin", "submitter", "runner", "importer", "watcher", "subscriber")
 """Every role, in the order they are written into the server config."""
@@ -181,10 +181,11 @@ def _events(topology: Topology, *types: str) -> list[str]:
 
 
 def runner_durables(
-    topology: Topology, pool: str = DEFAULT_POOL, classes: PriorityClasses | None = None
+    topology: Topology,
+    pool: str = DEFAULT_POOL,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
 ) -> tuple[str, ...]:
     """The durables the runners of ``pool`` fetch through: one per priority class."""
-    classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
     return tuple(topology.runner_durable_for(pool, classes.durable_class(c)) for c in classes.names)
 
 
@@ -193,7 +194,7 @@ def role_permissions(
     role: str,
     pool: str = DEFAULT_POOL,
     js_domain: str | None = None,
-    classes: PriorityClasses | None = None,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
 ) -> Permissions:
     """The exact allow lists of ``role`` for ``topology`` (a runner: of ``pool``, with a
     fetch right on its pool's durable of each of ``classes``; default: the default

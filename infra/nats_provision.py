@@ -25,7 +25,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import ensure_streams, kv_config
 from services.common.logging import get_logger
-from services.common.priority import DEFAULT_CLASSES, PriorityClasses
+from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 from services.importer.handlers import importer_filters
 from services.runner.durables import consumer_filters, ensure_runner_durables
 
@@ -86,7 +86,7 @@ async def provision(
     runners_ttl_s: float | None = None,
     replicas: int = 1,
     pools: Sequence[str] = (DEFAULT_POOL,),
-    classes: PriorityClasses | None = None,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
 ) -> None:
     """Create the streams, buckets and durables that are missing; leave the rest alone.
 
@@ -116,9 +116,7 @@ async def provision(
                 bucket, ObjectStoreConfig(storage=StorageType.FILE, replicas=replicas)
             )
             log.info("object store created", bucket=bucket)
-    await ensure_runner_durables(
-        js, topology, runner_ack_wait_s, pools, classes or PriorityClasses.parse(DEFAULT_CLASSES)
-    )
+    await ensure_runner_durables(js, topology, runner_ack_wait_s, pools, classes)
     for config in events_durable_configs(topology):
         await _ensure_events_durable(js, topology, config)
 

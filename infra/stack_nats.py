@@ -22,7 +22,12 @@ from infra.managed_process import LOOPBACK
 from infra.nats_auth import AuthFiles, connect_as, include_directive, load_credentials, write_auth
 from infra.nats_provision import provision
 from schemas.subjects import Topology
-from services.common.priority import DEFAULT_CLASS, DEFAULT_CLASSES, PriorityClasses
+from services.common.priority import (
+    DEFAULT_CLASS,
+    DEFAULT_CLASSES,
+    DEFAULT_PRIORITY_CLASSES,
+    PriorityClasses,
+)
 from services.common.settings import RunnerSettings
 
 __all__ = [
@@ -57,7 +62,7 @@ def start_authenticated_nats(
     port: int | None,
     ack_wait_s: float,
     host: str = LOOPBACK,
-    classes: PriorityClasses | None = None,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
 ) -> tuple[NatsServer, AuthFiles]:
     """nats-server in ``nats_dir`` with the users written to ``auth_dir``, provisioned.
 
@@ -82,7 +87,7 @@ async def _provision(
     auth: AuthFiles,
     topology: Topology,
     ack_wait_s: float,
-    classes: PriorityClasses | None = None,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
 ) -> None:
     nc = await connect_stack(url, auth)
     try:

@@ -11,6 +11,7 @@ durable per (pool, class), and each runner weighs its fetches by these weights
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from schemas.subjects import check_class
 
@@ -85,3 +86,8 @@ class PriorityClasses:
         """The class token of ``name``'s durable: None for the default class (it keeps
         the pool's durable name from before classes existed)."""
         return None if name == self.default else name
+
+
+DEFAULT_PRIORITY_CLASSES: Final = PriorityClasses.parse(DEFAULT_CLASSES)
+"""The classes of an installation that sets none: ``DEFAULT_CLASSES``, default class
+``DEFAULT_CLASS``."""

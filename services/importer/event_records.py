@@ -28,6 +28,8 @@ oddity to pass, short enough that an experiment does not wait on a bug for long)
 
 
 def _context_for_completed(ev: TrialCompleted) -> RecordContext:
+    """What the event tells a record beyond the trial's files (it names no task folder:
+    ``task_path`` stays None, as for every record the importer builds from an event)."""
     return RecordContext(
         experiment_id=ev.experiment_id,
         trial_id=ev.trial_id,
@@ -37,7 +39,6 @@ def _context_for_completed(ev: TrialCompleted) -> RecordContext:
         harbor_version=ev.harbor_version,
         runner_host=ev.runner_host,
         source=ev.source,
-        task_path=None,
         attempts=ev.attempt,
         archive=ev.result,
     )

@@ -179,14 +179,11 @@ class Admission:
         announced = asyncio.create_task(
             self.bus.publish(
                 TrialStarted(
-                    experiment_id=request.experiment_id,
-                    trial_id=request.trial_id,
-                    correlation_id=request.correlation_id,
+                    **policy.run_fields(request),
                     runner_id=self.runner_id,
                     host=self.host,
                     attempt=start.attempt,
                     handed_back=start.handed_back,
-                    run_id=request.dedup_id(),
                 )
             )
         )

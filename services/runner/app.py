@@ -38,6 +38,7 @@ from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
 from services.runner.live_logs import CoreNatsLogSinks
 from services.runner.preemption import Running
+from services.runner.trial_process import Sandbox
 
 log = get_logger(__name__)
 
@@ -53,17 +54,20 @@ def build_executor(
     """The executor named by settings: Harbor (enforcing ``policy``), or a
     'module:factory' called with them."""
     if settings.executor == "harbor":
+        sandbox = Sandbox(
+            scratch_dir=settings.sandbox_dir,
+            hidden_paths=tuple(settings.hidden_from_trials()),
+            disk_mb=settings.sandbox_disk_mb,
+            userns_base=(
+                settings.sandbox_userns_base if settings.sandbox_userns == "shifted" else None
+            ),
+        )
         return HarborExecutor(
             trial_folders_root(settings),
             tasks,
-            settings.sandbox_dir,
+            sandbox,
             policy=policy,
             secrets=TrialSecrets.from_settings(settings),
-            hidden_paths=settings.hidden_from_trials(),
-            sandbox_disk_mb=settings.sandbox_disk_mb,
-            sandbox_userns_base=(
-                settings.sandbox_userns_base if settings.sandbox_userns == "shifted" else None
-            ),
         )
     executor = load_factory(settings.executor)(settings)
     return executor  # type: ignore[return-value]

@@ -44,7 +44,7 @@ from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.adapters.jetstream import apply_settle
 from services.common.errors import Settle, settle_error
 from services.common.logging import get_logger
-from services.common.priority import DEFAULT_CLASSES, PriorityClasses
+from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 from services.runner.attempt import KeepAlive
 from services.runner.durables import ensure_runner_durables
 from services.runner.handlers import TRANSIENT_RETRY_DELAY_S
@@ -82,7 +82,7 @@ async def ensure_runner_consumers(
     topology: Topology,
     ack_wait_s: float,
     pool: str = DEFAULT_POOL,
-    classes: PriorityClasses | None = None,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
 ) -> None:
     """Create the pool's shared durables (one per priority class) that do not exist yet.
 
@@ -90,7 +90,6 @@ async def ensure_runner_consumers(
     ones left from before pools or classes); then this only looks. Without users, it
     also narrows a durable left from before classes, as provisioning does.
     """
-    classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
     await ensure_runner_durables(js, topology, ack_wait_s, [pool], classes)
 
 
@@ -146,10 +145,6 @@ def buffered(psub: JetStreamContext.PullSubscription) -> list[Msg]:
     return found
 
 
-def _default_classes() -> PriorityClasses:
-    return PriorityClasses.parse(DEFAULT_CLASSES)
-
-
 @dataclass(eq=False)
 class WorkConsumer:
     """Fetches work messages for free slots only, from the priority classes by weight,
@@ -162,7 +157,7 @@ class WorkConsumer:
     concurrency: int
     runner_id: str = ""
     pool: str = DEFAULT_POOL
-    classes: PriorityClasses = field(default_factory=_default_classes)
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES
     in_flight: set[asyncio.Task[None]] = field(init=False, default_factory=set)
     _weights: dict[str, int] = field(init=False)
     _slots: asyncio.Semaphore = field(init=False)

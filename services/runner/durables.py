@@ -19,7 +19,7 @@ from nats.js.errors import NotFoundError
 
 from schemas.subjects import DEFAULT_POOL, Topology
 from services.common.logging import get_logger
-from services.common.priority import DEFAULT_CLASSES, PriorityClasses
+from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 
 log = get_logger(__name__)
 
@@ -36,12 +36,11 @@ def runner_durable_config(
     topology: Topology,
     ack_wait_s: float,
     pool: str = DEFAULT_POOL,
-    classes: PriorityClasses | None = None,
+    classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
     priority_class: str | None = None,
 ) -> ConsumerConfig:
     """The durable pull consumer shared by the runners of ``pool`` for ``priority_class``
-    (None: the default class of ``classes``; default classes when None)."""
-    classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
+    (None: the default class of ``classes``)."""
     name = classes.resolve(priority_class)
     durable = topology.runner_durable_for(pool, classes.durable_class(name))
     filters = topology.work_class_filters(pool, name, default=name == classes.default)

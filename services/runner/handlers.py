@@ -47,8 +47,8 @@ from typing import Any
 from schemas.events import EventDecodeError, TrialRequested, parse_event
 from services.common.errors import Settle, settle_error
 from services.common.logging import get_logger
-from services.common.ports import AttemptStart, Coordinator, EventBus, Executor, LogSink
-from services.common.priority import DEFAULT_CLASSES, PriorityClasses
+from services.common.ports import Coordinator, EventBus, Executor, LogSink
+from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 from services.common.trial_folders import TrialFolders
 from services.runner import guards, policy
 from services.runner.admission import Admission
@@ -93,7 +93,7 @@ class TrialHandler:
         log_sinks: LogSinks | None = None,
         rng: random.Random | None = None,
         running: Running | None = None,
-        classes: PriorityClasses | None = None,
+        classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
         fair_share: FairShare | None = None,
     ) -> None:
         self._bus = bus
@@ -101,7 +101,8 @@ class TrialHandler:
         self._coord = coordinator
         self._folders = folders
         self.runner_id = runner_id
-        self._who = policy.RunnerIdentity(host=host, harbor_version=executor.version)
+        self._host = host
+        self._harbor_version = executor.version  # what its TrialCompleted events name
         self._heartbeat_s = heartbeat_s
         self._admission = Admission(
             bus,
@@ -119,7 +120,7 @@ class TrialHandler:
         # Where running trials are listed for preemption and stop notices (None: the
         # runner never hands a running trial back; services.runner.preemption).
         self._running = running
-        self._classes = classes or PriorityClasses.parse(DEFAULT_CLASSES)
+        self._classes = classes
         # Set-aside folders waiting for deletion, and the one task deleting them.
         self._to_discard: list[Path] = []
         self._discarder: asyncio.Task[None] | None = None
@@ -152,6 +153,7 @@ class TrialHandler:
             return admitted
         start, lease, announced = admitted.start, admitted.leases, admitted.announced
         attempt = start.attempt
+        this = policy.Attempt(request, start, self._host)
         bound = bound.bind(attempt=attempt)
         try:
             sink = self._log_sinks(request) if self._log_sinks is not None else None
@@ -174,9 +176,9 @@ class TrialHandler:
             # is stored or published, so consumers see it first.
             await announced
             if outcome is None and trial is not None and trial.reason is not None:
-                return await self._hand_back(request, start, trial.reason, bound)
+                return await self._hand_back(this, trial.reason, bound)
             if outcome is None:
-                decision = policy.cancelled(request, attempt, self._who.host)
+                decision = policy.cancelled(request, attempt, self._host)
                 verdict = await self._publish(request, decision, bound)
                 bound.info("trial cancelled")
                 return verdict
@@ -186,9 +188,7 @@ class TrialHandler:
                 retry = policy.should_retry(request, attempt, outcome)
                 if outcome.trial_dir is not None and not retry:
                     result = await self._folders.upload(request, attempt, outcome.trial_dir)
-                decision = policy.decide(
-                    request, attempt, outcome, self._who, result, handed_back=start.handed_back
-                )
+                decision = policy.decide(this, outcome, self._harbor_version, result)
                 verdict = await self._publish(request, decision, bound)
             if outcome.trial_dir is not None:
                 self._discard_later(outcome.trial_dir)
@@ -262,15 +262,11 @@ class TrialHandler:
         self._running.add(trial)
         return trial
 
-    async def _hand_back(
-        self, request: TrialRequested, start: AttemptStart, reason: Reason, bound: Any
-    ) -> Settle:
+    async def _hand_back(self, attempt: policy.Attempt, reason: Reason, bound: Any) -> Settle:
         """The runner stopped this attempt to hand the trial back (preemption, a stop
         notice): uncount the attempt, record why, and nak with no delay."""
-        taken_back = await self._coord.take_back_attempt(request.dedup_id())
-        decision = policy.handed_back(
-            request, start.attempt, start.handed_back, self._who.host, reason
-        )
+        taken_back = await self._coord.take_back_attempt(attempt.request.dedup_id())
+        decision = policy.handed_back(attempt, reason)
         for event in decision.events:
             await self._bus.publish(event)
         bound.warning("trial handed back", reason=reason, taken_back=taken_back)

@@ -24,7 +24,6 @@ the redacted text only.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
@@ -37,7 +36,12 @@ from services.common.redaction import TrialSecrets
 from services.common.task_cache import TaskCache
 from services.common.unpack import ArchiveError
 from services.runner.isolation import TrialProcesses
-from services.runner.trial_process import MissingSecretError, TrialJob
+from services.runner.trial_process import (
+    BARE_SANDBOX,
+    MissingSecretError,
+    Sandbox,
+    TrialJob,
+)
 
 __all__ = ["HarborExecutor", "MissingSecretError", "task_time_bound"]
 
@@ -81,29 +85,21 @@ class HarborExecutor:
         self,
         jobs_root: Path,
         tasks: TaskCache,
-        sandbox_dir: Path | None = None,
+        sandbox: Sandbox = BARE_SANDBOX,
         processes: TrialProcesses | None = None,
         policy: RunnerPolicy | None = None,
         secrets: TrialSecrets | None = None,
-        hidden_paths: Sequence[Path] = (),
-        sandbox_disk_mb: int = 0,
-        sandbox_userns_base: int | None = None,
     ) -> None:
-        """``secrets``: redact exception messages with them (None: messages as they are);
-        ``hidden_paths``: host paths no local-environment trial may see;
-        ``sandbox_disk_mb``: a local-environment trial's disk quota (0: none);
-        ``sandbox_userns_base``: root inside a local trial is this host uid (None: 0)."""
+        """``sandbox``: what every trial's environment is given and held to;
+        ``secrets``: redact exception messages with them (None: messages as they are)."""
         self._jobs_root = jobs_root
         # What manifests may ask of this runner; enforced in each trial's process
         # before Harbor sees the request (None: the safe default policy).
         self._policy_json = policy.model_dump_json() if policy is not None else None
         self._tasks = tasks
-        self._sandbox_dir = sandbox_dir
+        self._sandbox = sandbox
         self._processes = processes or TrialProcesses()
         self._secrets = secrets
-        self._hidden = tuple(str(p) for p in hidden_paths)
-        self._disk_mb = sandbox_disk_mb
-        self._userns_base = sandbox_userns_base
         self.version = dist_version("harbor")
         # Per running attempt (run id): the most it may take, from its executor start
         # (None: unknown). Read by a stop notice (services.runner.preemption).
@@ -150,12 +146,9 @@ class HarborExecutor:
                     attempt=attempt,
                     task_dir=str(task_dir),
                     jobs_root=str(self._jobs_root),
-                    sandbox_dir=str(self._sandbox_dir) if self._sandbox_dir is not None else None,
+                    sandbox=self._sandbox,
                     live_logs=on_log is not None,
                     policy_json=self._policy_json,
-                    hidden_paths=self._hidden,
-                    sandbox_disk_mb=self._disk_mb,
-                    sandbox_userns_base=self._userns_base,
                 )
                 outcome = await self._processes.run(
                     job, on_log, llm=request.agent.model is not None

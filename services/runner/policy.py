@@ -1,16 +1,18 @@
 """The runner's decision, as a pure function: what one attempt's outcome means.
 
-Given the request, the attempt number and the ExecutionOutcome, ``decide`` says which
-events the runner publishes (TrialCompleted, or TrialFailed final or not) and how the
-work message is settled (ack, or nak with the retry backoff). No I/O happens here:
-the handler publishes ``Decision.events`` in order, then the consumer applies
-``Decision.settle``. Harbor's error policy (services.common.failures) decides which
-failures are worth another attempt; the request's ``retry`` policy bounds how many.
+Given the ``Attempt`` (the request, which start of its run, the host) and the
+ExecutionOutcome, ``decide`` says which events the runner publishes (TrialCompleted, or
+TrialFailed final or not) and how the work message is settled (ack, or nak with the
+retry backoff). No I/O happens here: the handler publishes ``Decision.events`` in
+order, then the consumer applies ``Decision.settle``. Harbor's error policy
+(services.common.failures) decides which failures are worth another attempt; the
+request's ``retry`` policy bounds how many.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from schemas.events import TrialCompleted, TrialFailed, TrialRequested
 from schemas.objects import ObjectRef
@@ -18,7 +20,7 @@ from schemas.record import FailureClass
 from schemas.trial_events import MAX_MESSAGE_CHARS
 from services.common.errors import ACK, InternalError, Settle, nak
 from services.common.failures import classify, is_retryable, stops_agent
-from services.common.ports import ExecutionOutcome
+from services.common.ports import AttemptStart, ExecutionOutcome
 from services.runner.preemption import ERROR_TYPE, Reason
 
 # Not a Harbor exception: the executor's name for "Harbor finished without writing
@@ -42,12 +44,84 @@ class Decision:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class RunnerIdentity:
-    """What the runner's events say about where a trial ran."""
+class RunFields(TypedDict):
+    """The fields by which every event a runner publishes about a run names that run."""
 
+    experiment_id: str
+    trial_id: str
+    correlation_id: str
+    run_id: str
+
+
+def run_fields(request: TrialRequested) -> RunFields:
+    """The run's names, as its work message gives them (``run_id`` keys the events'
+    dedup ids: schemas.envelope.RunEvent)."""
+    return RunFields(
+        experiment_id=request.experiment_id,
+        trial_id=request.trial_id,
+        correlation_id=request.correlation_id,
+        run_id=request.dedup_id(),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The attempt a runner's event reports: the run's work message, which start of the
+    run it was (its number and the starts handed back before it) and the runner's host."""
+
+    request: TrialRequested
+    start: AttemptStart
     host: str
-    harbor_version: str
+
+    def completed(self, result: ObjectRef, harbor_version: str) -> TrialCompleted:
+        """The TrialCompleted of the attempt, pointing at its stored trial folder."""
+        request = self.request
+        return TrialCompleted(
+            **run_fields(request),
+            result=result,
+            trial_name=request.trial_id,
+            repetition=request.repetition,
+            runner_host=self.host,
+            harbor_version=harbor_version,
+            environment=request.compute.environment,
+            agent_label=request.agent.display,
+            attempt=self.start.attempt,
+        )
+
+    def failed(
+        self,
+        outcome: ExecutionOutcome,
+        *,
+        final: bool,
+        failure_class: FailureClass | None = None,
+        result: ObjectRef | None = None,
+    ) -> TrialFailed:
+        """The TrialFailed of the attempt; the failure class follows Harbor's error policy
+        unless ``failure_class`` names it. It names the starts of the run handed back
+        before this one: its dedup id keeps them apart."""
+        request = self.request
+        failure = failure_class or classify(outcome.exception_type)
+        return TrialFailed(
+            **run_fields(request),
+            # A failed attempt with no exception at all still failed: count it against
+            # the infrastructure, never as an agent's or a verifier's result.
+            failure_class="infrastructure" if failure == "none" else failure,
+            error_type=(outcome.exception_type or "UnknownError")[:200],
+            message=(outcome.message or "")[:MAX_MESSAGE_CHARS],
+            attempt=self.start.attempt,
+            final=final,
+            result=result,
+            task=request.task,
+            agent=request.agent,
+            repetition=request.repetition,
+            runner_host=self.host,
+            handed_back=self.start.handed_back,
+        )
+
+    @classmethod
+    def first(cls, request: TrialRequested, host: str) -> Attempt:
+        """The attempt of a trial refused before it starts: none was counted, so the first."""
+        return cls(request, AttemptStart(1), host)
 
 
 def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
@@ -66,82 +140,46 @@ def should_retry(request: TrialRequested, attempt: int, outcome: ExecutionOutcom
 
 
 def decide(
-    request: TrialRequested,
-    attempt: int,
+    attempt: Attempt,
     outcome: ExecutionOutcome,
-    who: RunnerIdentity,
+    harbor_version: str,
     result: ObjectRef | None = None,
-    *,
-    handed_back: int = 0,
 ) -> Decision:
-    """The events and the verdict for attempt ``attempt`` that ended with ``outcome``.
+    """The events and the verdict for ``attempt``, which ended with ``outcome``.
 
-    ``result``: the stored trial folder of an attempt that ends the run (required for
-    a completed one: TrialCompleted points at it). ``handed_back``: starts of the run
-    handed back before this one (its TrialFailed's dedup id keeps them apart).
+    ``harbor_version``: the runner's Harbor, named by a TrialCompleted. ``result``: the
+    stored trial folder of an attempt that ends the run (required for a completed one:
+    TrialCompleted points at it).
 
     - retryable and attempts left: TrialFailed(final=False), nak after the backoff;
     - completed (Harbor wrote result.json): TrialCompleted, ack;
     - otherwise: TrialFailed(final=True), ack.
     """
-    if should_retry(request, attempt, outcome):
+    request, number = attempt.request, attempt.start.attempt
+    if should_retry(request, number, outcome):
         retry = request.retry
-        delay = backoff_delay(attempt, retry.backoff_seconds, retry.max_backoff_seconds)
-        return Decision(
-            (
-                failed_event(
-                    request, attempt, outcome, who.host, final=False, handed_back=handed_back
-                ),
-            ),
-            nak(delay, "retry"),
-        )
+        delay = backoff_delay(number, retry.backoff_seconds, retry.max_backoff_seconds)
+        return Decision((attempt.failed(outcome, final=False),), nak(delay, "retry"))
     if outcome.kind == "completed":
         if result is None:
             raise InternalError(
                 f"trial {request.trial_id} completed without its stored trial folder"
             )
-        completed = TrialCompleted(
-            experiment_id=request.experiment_id,
-            trial_id=request.trial_id,
-            correlation_id=request.correlation_id,
-            result=result,
-            trial_name=request.trial_id,
-            repetition=request.repetition,
-            runner_host=who.host,
-            harbor_version=who.harbor_version,
-            environment=request.compute.environment,
-            agent_label=request.agent.display,
-            attempt=attempt,
-            run_id=request.dedup_id(),
-        )
-        return Decision((completed,), ACK)
-    final = failed_event(
-        request, attempt, outcome, who.host, final=True, result=result, handed_back=handed_back
-    )
-    return Decision((final,), ACK)
+        return Decision((attempt.completed(result, harbor_version),), ACK)
+    return Decision((attempt.failed(outcome, final=True, result=result),), ACK)
 
 
-def handed_back(
-    request: TrialRequested, attempt: int, handed_back_before: int, host: str, reason: Reason
-) -> Decision:
-    """The runner stopped the attempt to hand the trial back (services.runner.preemption):
+def handed_back(attempt: Attempt, reason: Reason) -> Decision:
+    """The runner stopped ``attempt`` to hand the trial back (services.runner.preemption):
     a non-final TrialFailed (class ``cancelled``: stopped by trialbus, never scored)
     naming the reason, then a nak with no delay so another slot runs it at once."""
     outcome = ExecutionOutcome(
         kind="failed",
         exception_type=ERROR_TYPE[reason],
-        message=f"{reason}: {_HANDED_BACK_WHY[reason]} on {host}; the trial runs again "
-        "from the start and this attempt is not counted",
+        message=f"{reason}: {_HANDED_BACK_WHY[reason]} on {attempt.host}; the trial runs "
+        "again from the start and this attempt is not counted",
     )
-    event = failed_event(
-        request,
-        attempt,
-        outcome,
-        host,
-        final=False,
-        failure_class="cancelled",
-        handed_back=handed_back_before,
-    )
+    event = attempt.failed(outcome, final=False, failure_class="cancelled")
     return Decision((event,), nak(0.0, "handback"))
 
 
@@ -156,14 +194,8 @@ def cancelled(request: TrialRequested, attempt: int, host: str) -> Decision:
     outcome = ExecutionOutcome(
         kind="failed", exception_type="CancelledError", message="experiment cancelled"
     )
-    event = failed_event(
-        request,
-        attempt,
-        outcome,
-        host,
-        final=True,
-        failure_class="cancelled",
-    )
+    this = Attempt(request, AttemptStart(attempt), host)
+    event = this.failed(outcome, final=True, failure_class="cancelled")
     return Decision((event,), ACK)
 
 
@@ -180,7 +212,7 @@ def lacking(request: TrialRequested, host: str, missing: list[str]) -> Decision:
         f"{', '.join(repr(m) for m in missing)}; give every runner of a pool the same "
         "environments and labels",
     )
-    return Decision((failed_event(request, 1, outcome, host, final=True),), ACK)
+    return Decision((Attempt.first(request, host).failed(outcome, final=True),), ACK)
 
 
 AGENT_STOPPED = "AgentStopped"
@@ -191,39 +223,6 @@ def refused(request: TrialRequested, host: str, error_type: str, message: str) -
     """The trial ends before it starts (final, ack, unscored infrastructure): its agent
     was stopped (AGENT_STOPPED) or its experiment's budget is spent (BUDGET_EXCEEDED)."""
     outcome = ExecutionOutcome(kind="failed", exception_type=error_type, message=message)
-    event = failed_event(request, 1, outcome, host, final=True, failure_class="infrastructure")
+    first = Attempt.first(request, host)
+    event = first.failed(outcome, final=True, failure_class="infrastructure")
     return Decision((event,), ACK)
-
-
-def failed_event(
-    request: TrialRequested,
-    attempt: int,
-    outcome: ExecutionOutcome,
-    host: str,
-    *,
-    final: bool,
-    failure_class: FailureClass | None = None,
-    result: ObjectRef | None = None,
-    handed_back: int = 0,
-) -> TrialFailed:
-    """The TrialFailed of an attempt; the failure class follows Harbor's error policy."""
-    failure = failure_class or classify(outcome.exception_type)
-    return TrialFailed(
-        experiment_id=request.experiment_id,
-        trial_id=request.trial_id,
-        correlation_id=request.correlation_id,
-        # A failed attempt with no exception at all still failed: count it against
-        # the infrastructure, never as an agent's or a verifier's result.
-        failure_class="infrastructure" if failure == "none" else failure,
-        error_type=(outcome.exception_type or "UnknownError")[:200],
-        message=(outcome.message or "")[:MAX_MESSAGE_CHARS],
-        attempt=attempt,
-        final=final,
-        result=result,
-        task=request.task,
-        agent=request.agent,
-        repetition=request.repetition,
-        runner_host=host,
-        run_id=request.dedup_id(),
-        handed_back=handed_back,
-    )

@@ -23,11 +23,10 @@ import ctypes
 import os
 import shutil
 import signal
-from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from schemas.events import TrialRequested
 from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH
@@ -49,6 +48,25 @@ class MissingSecretError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class Sandbox:
+    """What the runner gives and imposes on every trial's environment (RunnerSettings)."""
+
+    scratch_dir: Path | None = None
+    """Scratch root of an environment that takes one (RunnerSettings.sandbox_dir)."""
+    hidden_paths: tuple[Path, ...] = ()
+    """Host paths the local sandbox hides from the trial (RunnerSettings.hidden_from_trials)."""
+    disk_mb: int = 0
+    """A local-environment trial's disk quota in MB (RunnerSettings.sandbox_disk_mb; 0: none)."""
+    userns_base: int | None = None
+    """Host uid of root inside a local trial (RunnerSettings.sandbox_userns; None: uid 0)."""
+
+
+BARE_SANDBOX: Final = Sandbox()
+"""A sandbox no setting shapes: no scratch root, nothing hidden, no disk quota, root
+inside a local trial is uid 0."""
+
+
+@dataclass(frozen=True, slots=True)
 class TrialJob:
     """What the child needs to run one attempt (pickled to it)."""
 
@@ -56,16 +74,10 @@ class TrialJob:
     attempt: int
     task_dir: str
     jobs_root: str
-    sandbox_dir: str | None
+    sandbox: Sandbox
     live_logs: bool
     policy_json: str | None = None
     """The runner's policy (schemas.runners.RunnerPolicy as JSON); None: the safe default."""
-    hidden_paths: tuple[str, ...] = ()
-    """Host paths the local sandbox hides from the trial (RunnerSettings.hidden_from_trials)."""
-    sandbox_disk_mb: int = 0
-    """A local-environment trial's disk quota in MB (RunnerSettings.sandbox_disk_mb; 0: none)."""
-    sandbox_userns_base: int | None = None
-    """Host uid of root inside a local trial (RunnerSettings.sandbox_userns; None: uid 0)."""
 
 
 Outcome = dict[str, Any]
@@ -83,19 +95,9 @@ def failed(exception_type: str, message: str, trial_dir: str | None = None) -> O
     }
 
 
-def trial_config(
-    req: TrialRequested,
-    task_dir: Path,
-    job_dir: Path,
-    sandbox_dir: str | None,
-    hidden_paths: Sequence[str] = (),
-    disk_mb: int = 0,
-    userns_base: int | None = None,
-) -> Any:
-    """Harbor's TrialConfig for one request (the agent's secrets stay templates).
-
-    ``disk_mb``: the runner's disk quota for a local-environment trial (0: none);
-    ``userns_base``: the runner's shifted root inside (None: the manifest's kwargs)."""
+def trial_config(req: TrialRequested, task_dir: Path, job_dir: Path, sandbox: Sandbox) -> Any:
+    """Harbor's TrialConfig for one request (the agent's secrets stay templates), in
+    the runner's ``sandbox``."""
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 
     # os.environ is the trial's by now (restrict_environ): it keeps every allowed
@@ -108,20 +110,21 @@ def trial_config(
         )
     compute = req.compute
     env_kwargs = dict(compute.environment_kwargs)
-    if compute.environment_import_path and sandbox_dir is not None:
-        env_kwargs.setdefault("scratch_dir", sandbox_dir)
+    if compute.environment_import_path and sandbox.scratch_dir is not None:
+        env_kwargs.setdefault("scratch_dir", str(sandbox.scratch_dir))
     if compute.environment_import_path == LOCAL_ENVIRONMENT_IMPORT_PATH:
         # The runner's own paths are always hidden: a manifest may add, never remove.
         asked = env_kwargs.get("hidden_paths")
-        env_kwargs["hidden_paths"] = [*hidden_paths, *(asked if isinstance(asked, list) else [])]
+        hidden = [str(p) for p in sandbox.hidden_paths]
+        env_kwargs["hidden_paths"] = [*hidden, *(asked if isinstance(asked, list) else [])]
         # The runner's quota is a ceiling: a manifest may lower it, never raise or lift it.
         asked_disk = env_kwargs.get("disk_mb")
-        quotas = [m for m in (asked_disk, disk_mb) if type(m) is int and m > 0]
+        quotas = [m for m in (asked_disk, sandbox.disk_mb) if type(m) is int and m > 0]
         env_kwargs["disk_mb"] = min(quotas) if quotas else 0
-        if userns_base is not None:
+        if sandbox.userns_base is not None:
             # The runner's shifted root is a floor: a manifest cannot turn it back.
             env_kwargs["userns"] = "shifted"
-            env_kwargs["userns_base"] = userns_base
+            env_kwargs["userns_base"] = sandbox.userns_base
     return TrialConfig(
         task=TaskConfig(path=task_dir),
         trial_name=req.trial_id,
@@ -214,15 +217,7 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
         attempts_dir.mkdir(exist_ok=True)
         shutil.move(trial_dir, attempts_dir / f"{request.trial_id}.{job.attempt - 1}")
     try:
-        config = trial_config(
-            request,
-            Path(job.task_dir),
-            job_dir,
-            job.sandbox_dir,
-            job.hidden_paths,
-            job.sandbox_disk_mb,
-            job.sandbox_userns_base,
-        )
+        config = trial_config(request, Path(job.task_dir), job_dir, job.sandbox)
         trial = await Trial.create(config)
     except Exception as exc:  # noqa: BLE001 - every cause becomes a TrialFailed
         return failed(type(exc).__name__, str(exc)[:2000] or type(exc).__name__)

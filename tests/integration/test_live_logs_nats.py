@@ -34,7 +34,7 @@ from services.common.adapters.jetstream import ensure_streams
 from services.common.settings import RunnerSettings
 from services.runner.isolation import TrialProcesses
 from services.runner.live_logs import CoreNatsLogSinks, TrialLogSink
-from services.runner.trial_process import TrialJob
+from services.runner.trial_process import BARE_SANDBOX, TrialJob
 from tests.support.work_requests import hello_file_request
 
 pytestmark = pytest.mark.integration
@@ -186,7 +186,12 @@ async def test_the_end_of_a_trial_process_closes_its_sink(
     assert publish.count == 1  # "sk-" may begin the key: kept back
     # A real trial process (forkserver child) whose job cannot even be decoded: it
     # reports a failure and its pipe ends, which must close the sink.
-    known: dict[str, Any] = {"request_json": "{}", "attempt": 1, "live_logs": True}
+    known: dict[str, Any] = {
+        "request_json": "{}",
+        "attempt": 1,
+        "live_logs": True,
+        "sandbox": BARE_SANDBOX,
+    }
     # Other fields (folders) are never reached: the child fails decoding the request.
     job = TrialJob(**{f.name: known.get(f.name, str(tmp_path)) for f in fields(TrialJob)})
     outcome = await TrialProcesses(cancel_grace_s=5).run(job, sink)

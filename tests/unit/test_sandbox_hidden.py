@@ -14,7 +14,7 @@ from infra.embedded_stack import EmbeddedStack
 from schemas.manifest import ComputeSpec
 from services.common.settings import RunnerSettings
 from services.localenv.spec import Bind, Overlay, SandboxSpec, hidden_targets
-from services.runner.trial_process import trial_config
+from services.runner.trial_process import Sandbox, trial_config
 from tests.unit.runner_support import make_request
 
 
@@ -73,6 +73,10 @@ def test_the_runner_hides_its_own_paths_and_the_operators(
     }
 
 
+HIDING = Sandbox(hidden_paths=(Path("/var/lib/trialbus"),))
+"""A runner whose data folder is /var/lib/trialbus."""
+
+
 @pytest.mark.parametrize("asked", [None, ["/srv/extra"]])
 def test_local_trials_get_the_runners_hidden_paths_and_a_manifest_only_adds(
     tmp_path: Path, asked: list[str] | None
@@ -81,10 +85,10 @@ def test_local_trials_get_the_runners_hidden_paths_and_a_manifest_only_adds(
     req = make_request().model_copy(
         update={"compute": ComputeSpec(environment="local", environment_kwargs=kwargs)}
     )
-    config = trial_config(req, tmp_path, tmp_path, None, ["/var/lib/trialbus"])
+    config = trial_config(req, tmp_path, tmp_path, HIDING)
     assert config.environment.kwargs["hidden_paths"] == ["/var/lib/trialbus", *(asked or [])]
     # Docker trials (another environment class) are not given the kwarg.
-    docker = trial_config(make_request(), tmp_path, tmp_path, None, ["/var/lib/trialbus"])
+    docker = trial_config(make_request(), tmp_path, tmp_path, HIDING)
     assert "hidden_paths" not in docker.environment.kwargs
 
 

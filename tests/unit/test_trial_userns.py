@@ -9,8 +9,11 @@ import pytest
 from schemas.events import TrialRequested
 from schemas.manifest import ComputeSpec
 from services.common.settings import RunnerSettings
-from services.runner.trial_process import trial_config
+from services.runner.trial_process import BARE_SANDBOX, Sandbox, trial_config
 from tests.unit.runner_support import make_request
+
+SHIFTED = Sandbox(userns_base=100000)
+"""A runner with TRIALBUS_SANDBOX_USERNS=shifted: root inside is host uid 100000."""
 
 
 def _local(kwargs: dict[str, object]) -> TrialRequested:
@@ -24,14 +27,14 @@ def test_a_shifted_runner_shifts_every_local_trial_whatever_the_manifest_says(
 ) -> None:
     for asked in ({}, {"userns": "identity", "userns_base": 70000}):
         req = _local(asked)
-        config = trial_config(req, tmp_path, tmp_path, None, [], 0, 100000)
+        config = trial_config(req, tmp_path, tmp_path, SHIFTED)
         kwargs = config.environment.kwargs
         assert (kwargs["userns"], kwargs["userns_base"]) == ("shifted", 100000)
     # Control: a runner left at the default adds nothing (the identity map).
-    config = trial_config(_local({}), tmp_path, tmp_path, None, [], 0, None)
+    config = trial_config(_local({}), tmp_path, tmp_path, BARE_SANDBOX)
     assert "userns" not in config.environment.kwargs
     # Docker trials (another environment class) are not given the kwarg.
-    docker = trial_config(make_request(), tmp_path, tmp_path, None, [], 0, 100000)
+    docker = trial_config(make_request(), tmp_path, tmp_path, SHIFTED)
     assert "userns" not in docker.environment.kwargs
 
 
