@@ -38,7 +38,7 @@ from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
 from services.runner.live_logs import CoreNatsLogSinks
 from services.runner.preemption import Running
-from services.runner.trial_process import Sandbox
+from services.runner.trial_process import SandboxSettings
 
 log = get_logger(__name__)
 
@@ -54,7 +54,7 @@ def build_executor(
     """The executor named by settings: Harbor (enforcing ``policy``), or a
     'module:factory' called with them."""
     if settings.executor == "harbor":
-        sandbox = Sandbox(
+        sandbox = SandboxSettings(
             scratch_dir=settings.sandbox_dir,
             hidden_paths=tuple(settings.hidden_from_trials()),
             disk_mb=settings.sandbox_disk_mb,

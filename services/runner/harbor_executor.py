@@ -39,7 +39,7 @@ from services.runner.isolation import TrialProcesses
 from services.runner.trial_process import (
     BARE_SANDBOX,
     MissingSecretError,
-    Sandbox,
+    SandboxSettings,
     TrialJob,
 )
 
@@ -85,7 +85,7 @@ class HarborExecutor:
         self,
         jobs_root: Path,
         tasks: TaskCache,
-        sandbox: Sandbox = BARE_SANDBOX,
+        sandbox: SandboxSettings = BARE_SANDBOX,
         processes: TrialProcesses | None = None,
         policy: RunnerPolicy | None = None,
         secrets: TrialSecrets | None = None,

@@ -48,7 +48,7 @@ class MissingSecretError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
-class Sandbox:
+class SandboxSettings:
     """What the runner gives and imposes on every trial's environment (RunnerSettings)."""
 
     scratch_dir: Path | None = None
@@ -61,7 +61,7 @@ class Sandbox:
     """Host uid of root inside a local trial (RunnerSettings.sandbox_userns; None: uid 0)."""
 
 
-BARE_SANDBOX: Final = Sandbox()
+BARE_SANDBOX: Final = SandboxSettings()
 """A sandbox no setting shapes: no scratch root, nothing hidden, no disk quota, root
 inside a local trial is uid 0."""
 
@@ -74,7 +74,7 @@ class TrialJob:
     attempt: int
     task_dir: str
     jobs_root: str
-    sandbox: Sandbox
+    sandbox: SandboxSettings
     live_logs: bool
     policy_json: str | None = None
     """The runner's policy (schemas.runners.RunnerPolicy as JSON); None: the safe default."""
@@ -95,7 +95,9 @@ def failed(exception_type: str, message: str, trial_dir: str | None = None) -> O
     }
 
 
-def trial_config(req: TrialRequested, task_dir: Path, job_dir: Path, sandbox: Sandbox) -> Any:
+def trial_config(
+    req: TrialRequested, task_dir: Path, job_dir: Path, sandbox: SandboxSettings
+) -> Any:
     """Harbor's TrialConfig for one request (the agent's secrets stay templates), in
     the runner's ``sandbox``."""
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig

@@ -27,7 +27,7 @@ from services.common.failures import is_retryable
 from services.common.runner_policy import compute_refusals
 from services.common.task_cache import TaskCache, upload_task
 from services.runner.harbor_executor import HarborExecutor
-from services.runner.trial_process import Sandbox
+from services.runner.trial_process import SandboxSettings
 from tests.e2e.cli import ROOT
 
 HELLO_FILE = ROOT / "examples" / "tasks" / "hello-file"
@@ -84,7 +84,7 @@ async def executor(tmp_path: Path) -> tuple[HarborExecutor, TaskRef, TaskRef]:
         for folder in (HELLO_FILE, templated)
     ]
     cache = TaskCache(tmp_path / "task-cache", store, budget_bytes=1 << 30)
-    sandbox = Sandbox(scratch_dir=tmp_path / "sandboxes")
+    sandbox = SandboxSettings(scratch_dir=tmp_path / "sandboxes")
     run = HarborExecutor(tmp_path / "jobs", cache, sandbox, policy=policy(tmp_path))
     return run, task, bad_task
 

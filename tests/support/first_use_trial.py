@@ -45,7 +45,7 @@ def child(work: Path) -> None:
     """Run the trial, write the new modules and the outcome kind; never return."""
     from services.localenv.seccomp import filter_program
     from services.runner.isolation import incomplete_harbor_models
-    from services.runner.trial_process import Sandbox, TrialJob, run_trial
+    from services.runner.trial_process import SandboxSettings, TrialJob, run_trial
 
     unbuilt = {m.__qualname__ for m in incomplete_harbor_models()}
     before = set(sys.modules)
@@ -63,7 +63,7 @@ def child(work: Path) -> None:
         attempt=1,
         task_dir=str(HELLO_FILE),
         jobs_root=str(work / "jobs"),
-        sandbox=Sandbox(scratch_dir=work / "sandboxes"),
+        sandbox=SandboxSettings(scratch_dir=work / "sandboxes"),
         live_logs=False,
     )
     _recv, send = Pipe(duplex=False)  # nothing is read: live_logs is off

@@ -31,7 +31,7 @@ from services.common.task_cache import TaskCache, upload_task
 from services.common.trial_folders import TrialFolders
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
-from services.runner.trial_process import Sandbox
+from services.runner.trial_process import SandboxSettings
 from tests.support.leak_agent import SHOWN
 from tests.support.live_log_trial import HELLO_FILE
 
@@ -60,7 +60,7 @@ async def main(nats_url: str, prefix: str, work: Path) -> None:
     executor = HarborExecutor(
         work / "jobs",
         TaskCache(work / "tasks", tasks_store, budget_bytes=64 * 2**20),
-        Sandbox(scratch_dir=work / "sandbox"),
+        SandboxSettings(scratch_dir=work / "sandbox"),
         policy=RunnerPolicy(agent_import_paths=[AGENT], extra_secret_names=["MYLLM_CRED"]),
         secrets=secrets,
     )

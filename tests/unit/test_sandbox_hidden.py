@@ -14,7 +14,7 @@ from infra.embedded_stack import EmbeddedStack
 from schemas.manifest import ComputeSpec
 from services.common.settings import RunnerSettings
 from services.localenv.spec import Bind, Overlay, SandboxSpec, hidden_targets
-from services.runner.trial_process import Sandbox, trial_config
+from services.runner.trial_process import SandboxSettings, trial_config
 from tests.unit.runner_support import make_request
 
 
@@ -73,7 +73,7 @@ def test_the_runner_hides_its_own_paths_and_the_operators(
     }
 
 
-HIDING = Sandbox(hidden_paths=(Path("/var/lib/trialbus"),))
+HIDING = SandboxSettings(hidden_paths=(Path("/var/lib/trialbus"),))
 """A runner whose data folder is /var/lib/trialbus."""
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from schemas.manifest import ComputeSpec
 from services.common.settings import RunnerSettings
-from services.runner.trial_process import Sandbox, trial_config
+from services.runner.trial_process import SandboxSettings, trial_config
 from tests.unit.runner_support import make_request
 
 
@@ -33,10 +33,10 @@ def test_the_manifest_may_only_lower_the_runners_quota(
     req = make_request().model_copy(
         update={"compute": ComputeSpec(environment="local", environment_kwargs=kwargs)}
     )
-    config = trial_config(req, tmp_path, tmp_path, Sandbox(disk_mb=runner_mb))
+    config = trial_config(req, tmp_path, tmp_path, SandboxSettings(disk_mb=runner_mb))
     assert config.environment.kwargs["disk_mb"] == expected
     # Docker trials (another environment class) are not given the kwarg.
-    docker = trial_config(make_request(), tmp_path, tmp_path, Sandbox(disk_mb=runner_mb))
+    docker = trial_config(make_request(), tmp_path, tmp_path, SandboxSettings(disk_mb=runner_mb))
     assert "disk_mb" not in docker.environment.kwargs
 
 

@@ -26,7 +26,7 @@ from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
 from schemas.runners import RunnerPolicy
 from services.runner.harbor_executor import HarborExecutor
 from services.runner.isolation import TrialProcesses
-from services.runner.trial_process import Sandbox
+from services.runner.trial_process import SandboxSettings
 from tests.e2e.cli import ROOT
 from tests.support.tasks import stored_task
 
@@ -74,7 +74,7 @@ async def probe_executor(
             for a in ("ProbeAgent", "SleepyAgent", "LingeringAgent")
         ]
     )
-    sandbox = Sandbox(scratch_dir=tmp_path / "sandboxes")
+    sandbox = SandboxSettings(scratch_dir=tmp_path / "sandboxes")
     executor = HarborExecutor(tmp_path / "jobs", cache, sandbox, processes=processes, policy=policy)
     return executor, task
 

@@ -9,10 +9,10 @@ import pytest
 from schemas.events import TrialRequested
 from schemas.manifest import ComputeSpec
 from services.common.settings import RunnerSettings
-from services.runner.trial_process import BARE_SANDBOX, Sandbox, trial_config
+from services.runner.trial_process import BARE_SANDBOX, SandboxSettings, trial_config
 from tests.unit.runner_support import make_request
 
-SHIFTED = Sandbox(userns_base=100000)
+SHIFTED = SandboxSettings(userns_base=100000)
 """A runner with TRIALBUS_SANDBOX_USERNS=shifted: root inside is host uid 100000."""
 
 
