@@ -209,24 +209,13 @@ def span_of(
 def experiment_row(
     experiment_id: str,
     info: ExperimentInfo | None,
-    records: Sequence[TrialRecord],
-    started: Iterable[str],
-    now: datetime | None = None,
-    paused: bool = False,
-) -> ExperimentRow:
-    """The list's line for one experiment (``paused``: its pause flag)."""
-    return experiment_row_of(experiment_id, info, recorded_of(records, info), started, now, paused)
-
-
-def experiment_row_of(
-    experiment_id: str,
-    info: ExperimentInfo | None,
     recorded: Recorded,
     started: Iterable[str],
     now: datetime | None = None,
     paused: bool = False,
 ) -> ExperimentRow:
-    """``experiment_row`` from what the records said (``recorded_of``)."""
+    """The list's line for one experiment, from what its records said (``recorded_of``;
+    ``paused``: its pause flag)."""
     p = progress_of(recorded, started, paused)
     first, duration = span_of(recorded, not p.finished, now or datetime.now(UTC))
     return ExperimentRow(

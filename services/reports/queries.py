@@ -30,7 +30,7 @@ from services.reports.leaderboard import counts_of_tally, leaderboard
 from services.reports.progress import (
     ExperimentRow,
     Recorded,
-    experiment_row_of,
+    experiment_row,
     priority_class_of,
     recorded_of,
 )
@@ -239,7 +239,7 @@ async def experiment_progress(
     started_of, paused_of = lookups.started_of, lookups.paused_of
     started = await started_of(exp_id) if incomplete and started_of is not None else ()
     paused = bool(incomplete and paused_of is not None and await paused_of(exp_id))
-    return experiment_row_of(exp_id, info, recorded, started, now, paused)
+    return experiment_row(exp_id, info, recorded, started, now, paused)
 
 
 def progress_basis(

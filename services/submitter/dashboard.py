@@ -33,7 +33,7 @@ from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.quotas import Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries, stored
-from services.reports.progress import experiment_row_of
+from services.reports.progress import experiment_row
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_artifacts import (
     ListingCache,
@@ -199,7 +199,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
             ):
                 started = await live.started_trials(exp_id)
                 paused = await ports(request).coordinator.is_paused(exp_id)
-            row = experiment_row_of(exp_id, info, recorded, started, paused=paused)
+            row = experiment_row(exp_id, info, recorded, started, paused=paused)
             if row.matches(q):
                 rows.append(
                     {

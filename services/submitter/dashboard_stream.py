@@ -36,7 +36,7 @@ from schemas.events import (
 from schemas.record import TrialRecord
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import formatting, queries, stored
-from services.reports.progress import Recorded, experiment_row_of, recorded_of
+from services.reports.progress import Recorded, experiment_row, recorded_of
 from services.reports.report_cache import ReportCache
 from services.reports.stored import Codec
 from services.submitter import dashboard_charts as charts
@@ -197,7 +197,7 @@ def page_row(
     paused: bool = False,
 ) -> views.ExperimentRow:
     """The experiment's row (progress, started, duration) as the list shows it."""
-    return experiment_row_of(experiment_id, view.info, view.recorded, started, paused=paused)
+    return experiment_row(experiment_id, view.info, view.recorded, started, paused=paused)
 
 
 def view_sections(

@@ -9,6 +9,7 @@ the events stream and the ledger, never from the test's own bookkeeping.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,8 @@ from typing import Any
 import yaml
 
 from benchmarks.instant_executor import EXECUTOR_SPEC as INSTANT_EXECUTOR
-from infra.nats_auth import RoleCredentials
 from infra.stack import EmbeddedStack
+from schemas.events import Event
 from schemas.ids import trial_id_for
 from schemas.manifest import ExperimentManifest, TaskPath
 from schemas.subjects import Topology
@@ -107,16 +108,16 @@ async def judge(
     submitted: Submitted,
     *,
     recovery_s: float | None = None,
-    nats_url: str | None = None,
-    credentials: RoleCredentials | None = None,
+    events: Sequence[Event] | None = None,
 ) -> LedgerCheck:
-    """Check the experiment (events read afresh + ledger), print and keep its figures.
+    """Check the experiment (events + ledger), print and keep its figures.
 
-    The ``fault:`` line is what docs/reliability.md quotes. ``credentials``: the role
-    to read the events as, when the stack's nats-server has users (its admin).
+    The ``fault:`` line is what docs/reliability.md quotes. ``events``: the stream as
+    the caller read it afresh where the stack's own URL cannot read it (a cluster whose
+    first node was killed, a server with users); by default it is read from the stack.
     """
-    topo = Topology(stack.prefix)
-    events = await read_events(nats_url or stack.nats_url or "", topo, credentials)
+    if events is None:
+        events = await read_events(stack.nats_url or "", Topology(stack.prefix))
     records = await ledger_records(stack, submitted.experiment_id)
     check = check_ledger(submitted.experiment_id, set(submitted.trial_ids), events, records)
     rec = f" recovery_s={recovery_s:.1f}" if recovery_s is not None else ""

@@ -29,7 +29,7 @@ from schemas.events import (
 from schemas.record import TrialRecord
 from schemas.subjects import Topology
 from tests.e2e.conftest import Stacks
-from tests.e2e.events import EventTap, starts_of
+from tests.e2e.events import EventTap, read_events, starts_of
 from tests.e2e.faultkit import (
     instant_runner_env,
     judge,
@@ -153,7 +153,9 @@ async def survives_mid_run(
     await fault(tap)
     over_at = time.monotonic()
     await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 120)
-    check = await judge(name, stack, sub, recovery_s=time.monotonic() - over_at, nats_url=judge_url)
+    took = time.monotonic() - over_at
+    events = await read_events(judge_url, Topology(stack.prefix)) if judge_url else None
+    check = await judge(name, stack, sub, recovery_s=took, events=events)
     assert check.ok, check.explain()
     assert count(tap.since(mark), TrialCompleted) > 0, "the fault came after the work"
     return check

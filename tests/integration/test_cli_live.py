@@ -32,7 +32,7 @@ from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.ports import ExperimentInfo
-from services.reports.progress import experiment_row
+from services.reports.progress import experiment_row, recorded_of
 from tests.e2e.cli import ROOT, run_module
 from tests.support.event_builders import result_imported
 from tests.support.servers import Servers
@@ -123,7 +123,7 @@ async def test_experiments_lists_progress_as_the_dashboard_computes_it(world: Wo
     assert (row["state"], row["started"]) == ("running", T0.isoformat())
     # The dashboard's function on the same ledger gives the same counts.
     info, records = await world.ledger.get_experiment(EXP), await world.ledger.records_for(EXP)
-    dash = experiment_row(EXP, info, records, TRIALS[:2]).progress.as_dict()
+    dash = experiment_row(EXP, info, recorded_of(records, info), TRIALS[:2]).progress.as_dict()
     assert {k: dash[k] for k in expected} == expected
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from services.common.adapters.memory import InMemoryLedger
 from services.common.ports import ExperimentInfo
 from services.reports import queries
-from services.reports.progress import experiment_row
+from services.reports.progress import experiment_row, recorded_of
 
 
 async def _status_and_row(manifest: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -16,7 +16,7 @@ async def _status_and_row(manifest: dict[str, Any]) -> tuple[dict[str, Any], dic
     info = ExperimentInfo("exp", "p", 1, manifest)
     await ledger.upsert_experiment(info)
     status = dict(await queries.experiment_status(ledger, "exp"))
-    return status, experiment_row("exp", info, [], []).as_dict()
+    return status, experiment_row("exp", info, recorded_of([], info), []).as_dict()
 
 
 async def test_a_named_class_is_shown_and_an_unnamed_one_is_the_default() -> None:

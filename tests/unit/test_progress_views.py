@@ -15,6 +15,7 @@ from services.reports.progress import (
     STALE_AFTER_HEARTBEATS,
     experiment_row,
     rate_and_eta,
+    recorded_of,
     runner_rows,
 )
 from services.submitter import dashboard_views
@@ -48,7 +49,7 @@ def _text(renderable: object) -> str:
 def test_rate_and_eta_from_the_first_start_while_running() -> None:
     # 4 of 10 recorded, the first started 120 s ago: 2 a minute, 6 left: 180 s.
     recs = [_rec(i, 120, 60 - i) for i in range(4)]
-    row = experiment_row("exp", INFO, recs, ["t4", "t5"], NOW)
+    row = experiment_row("exp", INFO, recorded_of(recs, INFO), ["t4", "t5"], NOW)
     assert (row.progress.done, row.progress.running, row.progress.queued) == (4, 2, 4)
     rate, eta = rate_and_eta(row)
     assert rate == 2.0 and eta == 180.0
@@ -62,11 +63,10 @@ def test_rate_and_eta_from_the_first_start_while_running() -> None:
 
 
 def test_no_rate_before_a_record_and_no_time_left_when_complete() -> None:
-    waiting = experiment_row("exp", INFO, [], ["t0"], NOW)
+    waiting = experiment_row("exp", INFO, recorded_of([], INFO), ["t0"], NOW)
     assert rate_and_eta(waiting) == (None, None)
-    done = experiment_row(
-        "exp", ExperimentInfo("exp", "d", 2, {}), [_rec(0, 60, 30), _rec(1, 50, 0)], [], NOW
-    )
+    two = ExperimentInfo("exp", "d", 2, {})
+    done = experiment_row("exp", two, recorded_of([_rec(0, 60, 30), _rec(1, 50, 0)], two), [], NOW)
     assert done.progress.state == "complete" and done.duration_s == 60.0  # to the last end
     assert rate_and_eta(done) == (2.0, 0.0)
 
@@ -74,7 +74,9 @@ def test_no_rate_before_a_record_and_no_time_left_when_complete() -> None:
 def test_the_dashboard_uses_the_shared_functions() -> None:
     # One implementation: the dashboard's names are the reports' functions, not copies.
     assert dashboard_views.experiment_row is experiment_row
-    assert dashboard_views.Progress is type(experiment_row("e", None, [], []).progress)
+    assert dashboard_views.Progress is type(
+        experiment_row("e", None, recorded_of([], None), []).progress
+    )
 
 
 def test_a_runner_is_stale_after_two_missed_heartbeats() -> None:
@@ -90,7 +92,7 @@ def test_a_runner_is_stale_after_two_missed_heartbeats() -> None:
 
 
 def test_tables_show_the_rows_and_print_names_as_text() -> None:
-    row = experiment_row("exp", INFO, [_rec(0, 120, 60)], [], NOW)
+    row = experiment_row("exp", INFO, recorded_of([_rec(0, 120, 60)], INFO), [], NOW)
     text = _text(experiments_table([row]))
     assert "demo <b>" in text and "alice (red)" in text and "running" in text
     runner = RunnerInfo(
@@ -112,13 +114,14 @@ def test_the_list_filter_finds_team_and_class() -> None:
         1,
         {"compute": {"priority_class": "batch"}, "submitted_by": {"user": "bo", "team": "blue"}},
     )
-    row = experiment_row("exp", info, [], [], NOW)
+    row = experiment_row("exp", info, recorded_of([], info), [], NOW)
     assert (row.team, row.priority_class) == ("blue", "batch")
     assert row.matches("batch") and row.matches("BLUE")
     assert not row.matches("urgent")  # control: another class
     assert row.as_dict()["team"] == "blue"
     text = _text(experiments_table([row], "normal"))
     assert "blue" in text and "batch" in text
-    unset = experiment_row("e2", ExperimentInfo("e2", "d", 1, {}), [], [], NOW)
+    one = ExperimentInfo("e2", "d", 1, {})
+    unset = experiment_row("e2", one, recorded_of([], one), [], NOW)
     assert unset.class_shown("normal") == "normal" and unset.as_dict()["priority_class"] is None
     assert "normal" in _text(experiments_table([unset], "normal"))

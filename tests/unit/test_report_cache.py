@@ -12,6 +12,7 @@ import pytest
 from schemas.events import TrialStarted
 from services.common.adapters.memory import InMemoryLedger
 from services.common.ports import ExperimentInfo
+from services.reports.progress import recorded_of
 from services.reports.report_cache import ReportCache, deep_size
 from services.submitter import dashboard_views
 from services.submitter.dashboard_stream import page_row, page_view, sections, view_sections
@@ -122,7 +123,10 @@ async def test_the_page_from_a_cached_view_is_the_page_from_the_records(
     assert pager == expected.context["pager"]
     assert pager["total"] == 10 and pager["pages"] == -(-10 // page_rows)
     info = await ledger.get_experiment("exp")
-    row, from_records = page_row("exp", view, live), experiment_row("exp", info, records, live)
+    row, from_records = (
+        page_row("exp", view, live),
+        experiment_row("exp", info, recorded_of(records, info), live),
+    )
     assert (row.progress, row.started, row.name) == (
         from_records.progress,
         from_records.started,
