@@ -54,7 +54,6 @@ __all__ = [
     "span",
     "submitter_label",
     "trial_page",
-    "trial_rows",
     "trial_url",
     "when",
 ]
@@ -74,13 +73,6 @@ class TrialRow:
     failure_class: str
     attempts: str
     runner_host: str
-
-
-def trial_rows(
-    records: Sequence[TrialRecord], started: Mapping[str, TrialStarted]
-) -> list[TrialRow]:
-    """Running trials first (they have no record yet), then the records by task and agent."""
-    return running_rows(started, {r.trial_id for r in records}) + record_rows(records)
 
 
 def running_rows(started: Mapping[str, TrialStarted], recorded: Set[str]) -> list[TrialRow]:
