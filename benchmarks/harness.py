@@ -58,8 +58,10 @@ def _meets(value: float, target: float, op: TargetOp) -> bool:
 class BenchResult:
     """One benchmark's outcome: the headline value against its target, plus context.
 
-    ``value`` is the median of ``runs``; ``peers`` are the figures it is judged
-    against or explained by (bare Harbor, raw ceilings, ...), measured in the same run.
+    ``value`` is the headline figure, most often the median of ``runs`` (the overhead's
+    is the ratio of the runs' total walls, the capacity's the worst size's median);
+    ``peers`` are the figures it is judged against or explained by (bare Harbor, raw
+    ceilings, ...), measured in the same run.
     """
 
     name: str
