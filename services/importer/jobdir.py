@@ -77,7 +77,6 @@ class TrialDirInfo:
     trial_dir: Path
     trial_id: str
     experiment_id: str
-    has_result: bool
     context: RecordContext
 
 
@@ -201,7 +200,6 @@ def scan_job_dir(job_dir: Path, *, as_new: bool = False) -> list[TrialDirInfo]:
                 trial_dir=child,
                 trial_id=trial_id,
                 experiment_id=experiment_id,
-                has_result=(child / "result.json").exists(),
                 context=context,
             )
         )

@@ -60,8 +60,6 @@ def test_scan_lists_trial_folders_including_unfinished_ones(job_dir: Path) -> No
         "never-ending__oracle",
     ]
     by_id = {f.trial_id: f for f in found}
-    assert not by_id["hello-file__unfinished"].has_result
-    assert by_id["hello-file__oracle"].has_result
     assert {f.experiment_id for f in found} == {"harbor-my-job-2026-01-02"}
     ctx = by_id["hello-file__oracle"].context
     assert ctx == RecordContext(
