@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.nats_auth import AuthFiles, write_auth
-from infra.tls import DEFAULT_HOSTS, TlsFiles, write_certs
+from infra.tls import DEFAULT_HOSTS, TlsFiles, tls_files, write_certs
 from schemas.subjects import Topology
 from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 from services.common.private_files import write_private
@@ -58,6 +58,13 @@ class NodeTls:
     cert_file: str
     key_file: str
     ca_file: str
+
+    @classmethod
+    def in_folder(cls, folder: Path) -> NodeTls:
+        """The server certificate, its key and the CA of a certificate folder
+        (:func:`infra.tls.tls_files` names them), as seen at ``folder``."""
+        files = tls_files(folder)
+        return cls(str(files.server_cert), str(files.server_key), str(files.ca_cert))
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +205,7 @@ def write_compose_config(
     os.chmod(nats_dir, 0o700)
     route_auth = _route_auth(nats_dir / "route.json", rotate)
     write_private(nats_dir / "auth.conf", auth.server_config.read_text(encoding="utf-8"))
-    tls = NodeTls(
-        f"{CONTAINER_TLS}/server.pem", f"{CONTAINER_TLS}/server-key.pem", f"{CONTAINER_TLS}/ca.pem"
-    )
+    tls = NodeTls.in_folder(Path(CONTAINER_TLS))
     configs: dict[str, Path] = {}
     for node in NODES:
         configs[node] = nats_dir / f"{node}.conf"

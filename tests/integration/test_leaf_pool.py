@@ -32,15 +32,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import ServiceUnavailableError
 
 from infra.embedded import NatsServer, ServerStartupError, leaf_remote_url
-from infra.nats_auth import AuthFiles
 from schemas.subjects import DEFAULT_POOL, Topology
-from tests.support.bus_roles import (
-    RoleBus,
-    connect_role,
-    require_nats_server,
-    role_credentials,
-    role_server,
-)
+from tests.support.bus_roles import RoleBus, require_nats_server, role_server
 
 pytestmark = pytest.mark.integration
 
@@ -67,10 +60,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleBus]:
         yield hub
 
 
-async def _as(url: str, files: AuthFiles, principal: str) -> NatsClient:
-    return await connect_role(url, files, principal, name=f"hub-{principal}")
-
-
 @asynccontextmanager
 async def leaf_client(hub: RoleBus, principal: str) -> AsyncIterator[NatsClient]:
     """A leaf server authenticating to the hub as ``principal``, and a client of it.
@@ -78,7 +67,7 @@ async def leaf_client(hub: RoleBus, principal: str) -> AsyncIterator[NatsClient]
     The client connects to the leaf without credentials (the leaf has no users of its
     own); it uses the principal's inbox, the only one whose replies the hub sends over.
     """
-    cred = role_credentials(hub.files, principal)
+    cred = hub.credentials(principal)
     data = hub.root / f"leaf-{principal}-{uuid.uuid4().hex[:6]}"
     data.mkdir()
     remote = leaf_remote_url(hub.server.leafnode_url, cred.user, cred.password)
@@ -127,7 +116,7 @@ async def _hub_jetstream_reachable(nc: NatsClient) -> None:
 async def _publish_work(hub: RoleBus, exp: str) -> dict[str, str]:
     """One TrialRequested-like message per pool, as the submitter role publishes it."""
     subjects = {pool: TOPO.work_subject(exp, pool) for pool in (DEFAULT_POOL, POOL)}
-    nc = await _as(hub.server.url, hub.files, "submitter")
+    nc = await hub.connect("submitter", name="hub-submitter")
     try:
         js = nc.jetstream()
         for pool, subject in subjects.items():
@@ -141,7 +130,7 @@ async def _publish_work(hub: RoleBus, exp: str) -> dict[str, str]:
 
 async def _pending(hub: RoleBus, pool: str) -> int:
     """Messages pool's durable has not delivered yet (seen by the hub's admin)."""
-    nc = await _as(hub.server.url, hub.files, "admin")
+    nc = await hub.connect("admin", name="hub-admin")
     try:
         info = await nc.jetstream().consumer_info(TOPO.work_stream, TOPO.runner_durable_for(pool))
         return int(info.num_pending) + int(info.num_ack_pending)

@@ -48,7 +48,7 @@ from services.common.settings import CommonSettings
 from services.runner.consumer import ensure_runner_consumers
 from services.submitter.connections import NatsSide
 from services.submitter.follow import read_queue
-from tests.support.bus_roles import RoleBus, connect_role, require_nats_server, role_server
+from tests.support.bus_roles import RoleBus, require_nats_server, role_server
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +133,7 @@ async def roles(bus: RoleBus) -> AsyncIterator[dict[str, Role]]:
         async def on_error(exc: Exception, queue: asyncio.Queue[str] = queue) -> None:
             await queue.put(str(exc))
 
-        nc = await connect_role(bus.url, bus.files, name, name=f"test-{name}", error_cb=on_error)
+        nc = await bus.connect(name, name=f"test-{name}", error_cb=on_error)
         out[name] = Role(name, nc, queue)
     try:
         yield out

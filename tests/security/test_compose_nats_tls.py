@@ -88,12 +88,6 @@ def _node(
     return NatsServer(data, server_name=name, config=config)
 
 
-def _tls(folder: Path) -> NodeTls:
-    return NodeTls(
-        str(folder / "server.pem"), str(folder / "server-key.pem"), str(folder / "ca.pem")
-    )
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     require_nats_server()
@@ -101,9 +95,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     files = write_compose_config(root / "compose", TOPO, hosts=[LOOPBACK, "localhost"])
     route_auth = read_route_auth(files.folder / "nats" / "route.json")
     ports = [free_port() for _ in range(3)]
+    tls = NodeTls.in_folder(files.tls.folder)
     nodes = [
-        _node(root / f"n{i}", f"n{i}", ports[i], ports, files, route_auth, _tls(files.tls.folder))
-        for i in range(3)
+        _node(root / f"n{i}", f"n{i}", ports[i], ports, files, route_auth, tls) for i in range(3)
     ]
     try:
         for node in nodes:
@@ -235,12 +229,12 @@ def test_a_server_without_the_route_password_cannot_join(cluster: Cluster, tmp_p
         cluster.route_ports,
         files,
         wrong,
-        _tls(files.tls.folder),
+        NodeTls.in_folder(files.tls.folder),
     )
     # Negative control: the same setup with the right password joins.
     member = _node(
         tmp_path / "member", "member", free_port(), cluster.route_ports, files, good,
-        _tls(files.tls.folder),
+        NodeTls.in_folder(files.tls.folder),
     )  # fmt: skip
     target = cluster.nodes[0]
     with member, intruder:

@@ -23,7 +23,7 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.settings import CommonSettings
 from services.submitter.connections import NatsSide
 from services.submitter.dashboard_live_pages import queue_context, runners_context
-from tests.support.bus_roles import RoleBus, connect_role, require_nats_server, role_server
+from tests.support.bus_roles import RoleBus, require_nats_server, role_server
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +49,9 @@ async def test_the_push_reads_with_the_submitters_rights_and_cannot_watch(
     async def on_error(exc: Exception) -> None:
         await refusals.put(str(exc))
 
-    runner = await connect_role(bus.url, bus.files, "runner", name="t-runner")
-    submitter = await connect_role(
-        bus.url, bus.files, "submitter", name="t-submitter", error_cb=on_error
-    )
-    admin = await connect_role(bus.url, bus.files, "admin", name="t-admin")
+    runner = await bus.connect("runner", name="t-runner")
+    submitter = await bus.connect("submitter", name="t-submitter", error_cb=on_error)
+    admin = await bus.connect("admin", name="t-admin")
     try:
         registry = await NatsRunnerRegistry.open(runner.jetstream(), TOPO)
         await registry.announce(RunnerInfo(runner_id="r-1", host="h", concurrency=1))

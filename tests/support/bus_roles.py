@@ -42,21 +42,6 @@ def require_nats_server() -> None:
         skip_unless(str(exc))
 
 
-def role_credentials(files: AuthFiles, principal: str) -> RoleCredentials:
-    """``principal``'s credentials, checked to be that role's file.
-
-    A pool's runner (``runner-remote``) is a runner: its file names the runner role.
-    """
-    return load_credentials(files.credentials[principal], principal.split("-")[0])
-
-
-async def connect_role(
-    url: str, files: AuthFiles, principal: str, *, name: str, **options: Any
-) -> NatsClient:
-    """A connection to ``url`` as ``principal`` (``options`` go to ``nats.connect``)."""
-    return await connect_as([url], role_credentials(files, principal), name=name, **options)
-
-
 @dataclass(slots=True)
 class RoleBus:
     """A running nats-server with role users, and the files :func:`role_server` wrote."""
@@ -70,6 +55,17 @@ class RoleBus:
     def url(self) -> str:
         """The server's client URL."""
         return self.server.url
+
+    def credentials(self, principal: str) -> RoleCredentials:
+        """``principal``'s credentials, checked to be that role's file.
+
+        A pool's runner (``runner-remote``) is a runner: its file names the runner role.
+        """
+        return load_credentials(self.files.credentials[principal], principal.split("-")[0])
+
+    async def connect(self, principal: str, *, name: str, **options: Any) -> NatsClient:
+        """A connection to the server as ``principal`` (``options`` go to ``nats.connect``)."""
+        return await connect_as([self.url], self.credentials(principal), name=name, **options)
 
 
 @contextmanager
@@ -92,14 +88,13 @@ def role_server(
     if js_domain is not None:
         config += f"jetstream {{ domain: {js_domain} }}\n"
     with NatsServer(data, config=config, **server_options) as server:
-        asyncio.run(_provision(server.url, files, topo, (DEFAULT_POOL, *pools), ack_wait_s))
-        yield RoleBus(server, files, root)
+        bus = RoleBus(server, files, root)
+        asyncio.run(_provision(bus, topo, (DEFAULT_POOL, *pools), ack_wait_s))
+        yield bus
 
 
-async def _provision(
-    url: str, files: AuthFiles, topo: Topology, pools: Sequence[str], ack_wait_s: float
-) -> None:
-    nc = await connect_role(url, files, "admin", name="admin")
+async def _provision(bus: RoleBus, topo: Topology, pools: Sequence[str], ack_wait_s: float) -> None:
+    nc = await bus.connect("admin", name="admin")
     try:
         await provision(
             nc.jetstream(),
