@@ -86,7 +86,7 @@ def _never_ending_task(dest: Path) -> Path:
     return dest
 
 
-async def _run_trials(job_dir: Path, specs: list[TrialSpec]) -> None:
+async def run_trials(job_dir: Path, specs: list[TrialSpec]) -> None:
     # Imported here so that merely collecting tests does not import Harbor.
     from harbor.models.trial.config import (
         AgentConfig,
@@ -151,7 +151,7 @@ def _build(root: Path) -> None:
     job_dir = root / JOB_FOLDER
     job_dir.mkdir(parents=True)
     _never_ending_task(root / "tasks" / "never-ending")
-    asyncio.run(_run_trials(job_dir, _specs(root)))
+    asyncio.run(run_trials(job_dir, _specs(root)))
 
 
 def _load(root: Path) -> HarborTrials:

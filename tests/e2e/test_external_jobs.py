@@ -10,7 +10,7 @@ from schemas.ids import slug
 from services.common.harbor_jobs import write_job_result
 from tests.e2e.conftest import Stacks
 from tests.e2e.faultkit import ledger_records
-from tests.harbor_fixtures import EXAMPLE_TASKS, TrialSpec, _run_trials
+from tests.harbor_fixtures import EXAMPLE_TASKS, TrialSpec, run_trials
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +27,7 @@ async def test_external_harbor_job_is_imported_by_the_watcher(stacks: Stacks) ->
         TrialSpec("hello-file__ext2", EXAMPLE_TASKS / "hello-file", "nop"),
         TrialSpec("broken-verifier__ext3", EXAMPLE_TASKS / "broken-verifier", "oracle"),
     ]
-    await _run_trials(job, trials)
+    await run_trials(job, trials)
     experiment_id = f"harbor-{slug(job.name)}"
     await asyncio.to_thread(write_job_result, job, experiment_id, 3)
     await tap.all_imported(experiment_id, {t.name for t in trials}, 60)

@@ -22,7 +22,7 @@ from services.common.adapters.memory import InMemoryLedger
 from services.common.harbor_jobs import write_job_result
 from services.importer.jobdir import import_job_dir
 from services.reports.leaderboard import LeaderboardRow, leaderboard
-from tests.harbor_fixtures import EXAMPLE_TASKS, TrialSpec, _run_trials
+from tests.harbor_fixtures import EXAMPLE_TASKS, TrialSpec, run_trials
 
 REPETITIONS = 4
 
@@ -66,12 +66,12 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("agreement")
     clean = root / "clean-job"
     clean.mkdir()
-    asyncio.run(_run_trials(clean, _specs(root)))
+    asyncio.run(run_trials(clean, _specs(root)))
     mixed = root / "mixed-job"
     shutil.copytree(clean, mixed)
     broken = EXAMPLE_TASKS / "broken-verifier"
     asyncio.run(
-        _run_trials(mixed, [TrialSpec(f"broken__oracle__{i}", broken, "oracle") for i in range(2)])
+        run_trials(mixed, [TrialSpec(f"broken__oracle__{i}", broken, "oracle") for i in range(2)])
     )
     return {"clean": clean, "mixed": mixed}
 
