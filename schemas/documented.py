@@ -1,7 +1,8 @@
 """Fields are documented by a docstring under each field, as any Python attribute.
 
-Every model and settings class reads those docstrings as its fields' descriptions
-(pydantic's ``use_attribute_docstrings``), so the type and default stay on the field's
+The contract's models, the service settings and the operator's files (team quotas, API
+tokens) read those docstrings as their fields' descriptions (pydantic's
+``use_attribute_docstrings``), so the type and default stay on the field's
 own line and its documentation below it, where editors show it too. A docstring
 wrapped over several lines is one description: the JSON schema (the API docs,
 ``trialbus api-docs``) gets it on one line, as it was written before the wrap.

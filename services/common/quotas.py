@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
+from schemas.documented import DOCUMENTED
 from schemas.events import TeamRef
 from services.common.errors import UserInputError
 from services.common.small_files import read_small_file
@@ -54,11 +55,14 @@ class QuotaExceeded(UserInputError):
 class TeamQuota(BaseModel):
     """One team's limits; an absent field is no limit."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", **DOCUMENTED)
 
     max_concurrent_trials: int | None = Field(default=None, ge=1, le=1_000_000)
+    """At most this many of the team's trials run at once across every runner."""
     max_trials_per_day: int | None = Field(default=None, ge=0, le=1_000_000_000)
+    """At most this many trials submitted by the team in the last 24 hours."""
     max_spend_usd_per_day: float | None = Field(default=None, ge=0)
+    """The team's trials stop starting once its spend in the last 24 hours reaches this (USD)."""
     share: float | None = Field(default=None, gt=0, le=1_000_000)
     """The team's fair share of a pool while other teams wait (None: 1, equal shares;
     services/common/fair_share.py)."""
@@ -72,10 +76,14 @@ class TeamQuota(BaseModel):
 
 
 class _QuotasFile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """The team quotas file (``TRIALBUS_QUOTAS_FILE``, YAML or JSON)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", **DOCUMENTED)
 
     teams: dict[str, TeamQuota] = Field(default_factory=dict)
+    """Each named team's limits."""
     default: TeamQuota | None = None
+    """The limits of a team the file does not name (None: no limits)."""
 
     @field_validator("teams")
     @classmethod

@@ -33,6 +33,7 @@ class StackFileSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRIALBUS_", extra="ignore", frozen=True)
 
     stack_file: Path = DEFAULT_STACK_FILE
+    """The file `trialbus up` writes its running stack's URLs to, for the CLI to find."""
 
 
 def stack_file() -> Path:

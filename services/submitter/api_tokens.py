@@ -38,6 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from schemas.documented import DOCUMENTED
 from schemas.subjects import CLASS_PATTERN
 from services.common.errors import UserInputError
 from services.common.priority import PriorityClasses
@@ -117,15 +118,23 @@ def owner_from_record(value: Any) -> Identity | None:
 
 
 class _Entry(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """One token of the tokens file: the digest it is known by and who it acts as."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, **DOCUMENTED)
 
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """The token's SHA-256 in hex; the token itself is never stored."""
     user: str | None = Field(default=None, pattern=NAME_PATTERN)
+    """The user the token acts as (recorded as the submitter of what it submits)."""
     team: str | None = Field(default=None, pattern=NAME_PATTERN)
+    """The team the token acts as: its quotas apply to what the token submits."""
     admin: StrictBool = False
+    """May change every experiment, whoever submitted it, and submit in every class."""
     priority_classes: list[Annotated[str, Field(pattern=CLASS_PATTERN)]] | None = Field(
         default=None, max_length=64
     )
+    """The priority classes the token may submit in (None: the installation's default class
+    and every class of no greater weight)."""
 
     @model_validator(mode="after")
     def _named(self) -> _Entry:
@@ -135,9 +144,12 @@ class _Entry(BaseModel):
 
 
 class _TokensFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """The API's tokens file (``TRIALBUS_API_TOKENS_FILE``, mode 0600)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, **DOCUMENTED)
 
     tokens: list[_Entry] = Field(min_length=1)
+    """Every token the HTTP API accepts."""
 
 
 def _message(err: ErrorDetails) -> str | None:
