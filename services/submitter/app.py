@@ -71,7 +71,7 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
         exception_handlers=ERROR_HANDLERS,
     )
     app.include_router(build_router(settings))
-    app.include_router(build_dashboard(settings, quotas))
+    app.include_router(build_dashboard(settings))
     http_metrics = HttpMetrics()
 
     # Prometheus text, not part of the JSON API (so not in docs/openapi.json); behind

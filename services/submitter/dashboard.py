@@ -30,7 +30,6 @@ from pydantic import BaseModel
 
 from schemas.record import TrialRecord
 from services.common.errors import ExperimentNotFound, UserInputError
-from services.common.quotas import Quotas
 from services.common.settings import SubmitterSettings
 from services.reports import queries, stored
 from services.reports.progress import experiment_row
@@ -128,9 +127,9 @@ def record_sections(record: TrialRecord) -> list[dict[str, Any]]:
     ]
 
 
-def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -> APIRouter:
-    """The dashboard's routes, under ``/ui``; ``quotas``: the team quotas the queue
-    page judges spend caps by (None: none)."""
+def build_dashboard(settings: SubmitterSettings) -> APIRouter:
+    """The dashboard's routes, under ``/ui``; the queue page judges spend caps by the
+    ports' team quotas (``Ports.quotas``)."""
     router = APIRouter(prefix="/ui", include_in_schema=False)
     topology = settings.topology
     listings = ListingCache()  # the trial pages' archive listings, by digest
@@ -285,7 +284,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
 
     @router.get("/queue")
     async def queue(request: Request) -> Response:
-        view = await queue_context(request.app, quotas)
+        view = await queue_context(request.app)
         data = {"live-url": "/ui/queue/events"}
         return render("queue.html", request, title="Queue", data=data, **view)
 
@@ -315,7 +314,7 @@ def build_dashboard(settings: SubmitterSettings, quotas: Quotas | None = None) -
         return _sse(log_stream(feeds(request), trial_id))
 
     router.include_router(build_artifact_routes(render, SECURITY_HEADERS))
-    router.include_router(build_live_page_routes(quotas, _sse))
+    router.include_router(build_live_page_routes(_sse))
     return router
 
 

@@ -21,7 +21,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from services.common.quotas import Quotas
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_stream import KEEPALIVE_S, sse
 from services.submitter.follow import fleet, read_queue
@@ -92,14 +91,16 @@ async def runners_context(app: Any) -> dict[str, Any]:
     return views.fleet_view(await fleet(registry), registry.heartbeat_s)
 
 
-async def queue_context(app: Any, quotas: Quotas | None) -> dict[str, Any]:
-    """The queue page's context (``follow.read_queue``, the read path of ``GET /queue``)."""
-    view = await read_queue(app.state.nats, app.state.ports.ledger, quotas)
+async def queue_context(app: Any) -> dict[str, Any]:
+    """The queue page's context (``follow.read_queue``, the read path of ``GET /queue``),
+    spend caps judged by the ports' team quotas."""
+    ports = app.state.ports
+    view = await read_queue(app.state.nats, ports.ledger, ports.quotas)
     return view.as_dict()
 
 
 def build_live_page_routes(
-    quotas: Quotas | None, stream_response: Callable[[AsyncIterator[str]], Response]
+    stream_response: Callable[[AsyncIterator[str]], Response],
 ) -> APIRouter:
     """``GET /runners/events`` and ``GET /queue/events`` (under ``/ui``, behind the
     dashboard's guard); ``stream_response``: the dashboard's SSE answer."""
@@ -113,7 +114,7 @@ def build_live_page_routes(
             if part == "_runners.html":
                 context = await runners_context(app)
             else:
-                context = await queue_context(app, quotas)
+                context = await queue_context(app)
             return views.PAGES.get_template(part).render(**context)
 
         if part not in shared:  # one per app: the router is built once per app

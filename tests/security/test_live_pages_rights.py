@@ -61,11 +61,11 @@ async def test_the_push_reads_with_the_submitters_rights_and_cannot_watch(
             submitter.jetstream(), TOPO
         ))  # fmt: skip
         app = SimpleNamespace(state=SimpleNamespace(nats=side, ports=SimpleNamespace(
-            ledger=InMemoryLedger()
+            ledger=InMemoryLedger(), quotas=None
         )))  # fmt: skip
         fleet = await runners_context(app)
         assert [r["runner_id"] for r in fleet["rows"]] == ["r-1"]
-        queue = await queue_context(app, None)
+        queue = await queue_context(app)
         assert queue["experiments"] == []
         assert refusals.empty(), refusals.get_nowait()
 
