@@ -164,10 +164,7 @@ class ComposeFiles:
 
     folder: Path
     tls: TlsFiles
-    node_configs: dict[str, Path]
     auth: AuthFiles
-    ledger_env: Path
-    mongo: dict[str, Path]
 
 
 def write_compose_config(
@@ -206,9 +203,7 @@ def write_compose_config(
     route_auth = _route_auth(nats_dir / "route.json", rotate)
     write_private(nats_dir / "auth.conf", auth.server_config.read_text(encoding="utf-8"))
     tls = NodeTls.in_folder(Path(CONTAINER_TLS))
-    configs: dict[str, Path] = {}
     for node in NODES:
-        configs[node] = nats_dir / f"{node}.conf"
         text = render_node_config(
             node,
             routes=[f"{n}:6222" for n in NODES],
@@ -218,7 +213,7 @@ def write_compose_config(
             auth_include="auth.conf",
             route_auth=route_auth,
         )
-        write_private(configs[node], text)
+        write_private(nats_dir / f"{node}.conf", text)
 
     mongo = _write_mongo(folder / "mongo", rotate)
     ledger_password = mongo["ledger-password"].read_text(encoding="utf-8").strip()
@@ -232,7 +227,7 @@ def write_compose_config(
     if service_uid is not None and os.geteuid() == 0:
         for path in (auth_dir, *auth.credentials.values(), auth_dir / CA_COPY):
             os.chown(path, service_uid, service_uid)
-    return ComposeFiles(folder, certs, configs, auth, ledger_env, mongo)
+    return ComposeFiles(folder, certs, auth)
 
 
 def read_route_auth(path: Path) -> RouteAuth:

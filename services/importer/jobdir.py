@@ -72,11 +72,10 @@ def scoped_trial_id(experiment_id: str, name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TrialDirInfo:
-    """One trial folder found in a job directory."""
+    """One trial folder found in a job directory, and what trialbus knows of it (its
+    ``context`` names the trial and its experiment)."""
 
     trial_dir: Path
-    trial_id: str
-    experiment_id: str
     context: RecordContext
 
 
@@ -190,19 +189,9 @@ def scan_job_dir(job_dir: Path, *, as_new: bool = False) -> list[TrialDirInfo]:
             continue
         trial_id = scoped_trial_id(experiment_id, child.name) if as_new else child.name
         context = RecordContext(
-            experiment_id=experiment_id,
-            trial_id=trial_id,
-            source=source,
-            job_dir=job_dir,
+            experiment_id=experiment_id, trial_id=trial_id, source=source, job_dir=job_dir
         )
-        found.append(
-            TrialDirInfo(
-                trial_dir=child,
-                trial_id=trial_id,
-                experiment_id=experiment_id,
-                context=context,
-            )
-        )
+        found.append(TrialDirInfo(child, context))
     return found
 
 
@@ -247,7 +236,7 @@ def _stored_copy(record: TrialRecord, known: TrialRecord | None) -> TrialRecord:
 def _build_all(infos: list[TrialDirInfo], known: dict[str, TrialRecord]) -> list[TrialRecord]:
     records = []
     for i in infos:
-        old = known.get(i.trial_id)
+        old = known.get(i.context.trial_id)
         built = build_record(i.trial_dir, _with_known(i.context, old, i.trial_dir))
         records.append(_stored_copy(built, old))
     return records

@@ -130,7 +130,7 @@ class Watcher:
             if not trials:
                 self._announced_jobs.add(job)
                 continue
-            experiment_id = trials[0].experiment_id
+            experiment_id = trials[0].context.experiment_id
             await self._bus.publish(
                 ExperimentSubmitted(
                     experiment_id=experiment_id,
@@ -142,18 +142,19 @@ class Watcher:
                 msg_id=f"{experiment_id}:external-submitted",
             )
             for t in trials:
-                if await self._ledger.get_record(t.trial_id) is not None:
+                trial_id = t.context.trial_id
+                if await self._ledger.get_record(trial_id) is not None:
                     continue
                 # Redacted as a runner's trial folders are (result.json, logs).
                 stored = await self._folders.store_as(
-                    f"external/{experiment_id}/{t.trial_id}.tar.gz",
+                    f"external/{experiment_id}/{trial_id}.tar.gz",
                     t.trial_dir,
                     self._redactor.redact_file if self._redactor.needles else None,
                 )
                 await self._bus.publish(
                     TrialCompleted(
                         experiment_id=experiment_id,
-                        trial_id=t.trial_id,
+                        trial_id=trial_id,
                         result=stored,
                         trial_name=t.trial_dir.name,
                         source="external",

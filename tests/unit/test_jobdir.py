@@ -49,7 +49,7 @@ def job_dir(harbor_trials: HarborTrials, tmp_path: Path) -> Path:
 def test_scan_lists_trial_folders_including_unfinished_ones(job_dir: Path) -> None:
     found = scan_job_dir(job_dir)
 
-    assert [f.trial_id for f in found] == [
+    assert [f.context.trial_id for f in found] == [
         "broken-verifier__oracle",
         "hello-file__garbage",
         "hello-file__nop",
@@ -59,8 +59,8 @@ def test_scan_lists_trial_folders_including_unfinished_ones(job_dir: Path) -> No
         "multi-metric__oracle",
         "never-ending__oracle",
     ]
-    by_id = {f.trial_id: f for f in found}
-    assert {f.experiment_id for f in found} == {"harbor-my-job-2026-01-02"}
+    by_id = {f.context.trial_id: f for f in found}
+    assert {f.context.experiment_id for f in found} == {"harbor-my-job-2026-01-02"}
     ctx = by_id["hello-file__oracle"].context
     assert ctx == RecordContext(
         experiment_id="harbor-my-job-2026-01-02",
@@ -75,7 +75,7 @@ def test_trialbus_marker_gives_the_experiment_id(job_dir: Path) -> None:
         json.dumps({"experiment_id": "exp-42", "name": "Exp 42", "job_id": "x"})
     )
     found = scan_job_dir(job_dir)
-    assert {f.experiment_id for f in found} == {"exp-42"}
+    assert {f.context.experiment_id for f in found} == {"exp-42"}
     assert {f.context.source for f in found} == {"runner"}
 
 
