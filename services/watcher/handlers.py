@@ -28,7 +28,7 @@ from services.common.logging import bound_event, get_logger
 from services.common.ports import EventBus, Ledger
 from services.common.redaction import Redactor
 from services.common.trial_folders import TrialFolders
-from services.importer.jobdir import scan_job_dir
+from services.importer.jobdir import TrialDirInfo, scan_job_dir
 from services.watcher.logic import RecordTally, completion_of, finished_external_jobs
 
 log = get_logger(__name__)
@@ -60,6 +60,8 @@ class Watcher:
         self._refused_reads: set[str] = set()  # logged once each, not on every scan
         self._tallies: dict[str, RecordTally] = {}
         self._correlation: dict[str, str] = {}
+        # Trial id -> the experiment this process announced it for (external jobs).
+        self._claimed: dict[str, str] = {}
 
     async def check(
         self,
@@ -104,7 +106,9 @@ class Watcher:
         Returns how many TrialCompleted were published. A job is announced once per
         process, and a trial the ledger already holds is not announced again. Each
         trial folder is stored in the results bucket first: the importer may run on
-        another machine.
+        another machine. Trials that are another experiment's (a copied or renamed job
+        folder: its folders' names are their trial ids) are left out of the job's
+        experiment, with a warning, so that it can still complete (``_own_trials``).
         """
         n = 0
         refused: list[str] = []
@@ -127,6 +131,7 @@ class Watcher:
                     job=redact(str(job)),
                 )
                 trials = []
+            trials, recorded = await self._own_trials(job, trials)
             if not trials:
                 self._announced_jobs.add(job)
                 continue
@@ -143,7 +148,7 @@ class Watcher:
             )
             for t in trials:
                 trial_id = t.context.trial_id
-                if await self._ledger.get_record(trial_id) is not None:
+                if trial_id in recorded:
                     continue
                 # Redacted as a runner's trial folders are (result.json, logs).
                 stored = await self._folders.store_as(
@@ -164,6 +169,48 @@ class Watcher:
             self._announced_jobs.add(job)
             log.info("external harbor job announced", job=redact(str(job)), trials=len(trials))
         return n
+
+    async def _own_trials(
+        self, job: Path, trials: list[TrialDirInfo]
+    ) -> tuple[list[TrialDirInfo], set[str]]:
+        """(the trials of ``job`` that are its experiment's, the ids of those recorded).
+
+        A trial is another experiment's when the ledger holds its record under that
+        experiment, or when this process announced it for another job. The importer
+        refuses to move a record between experiments, so announcing it here would leave
+        the job's experiment waiting forever for a record it cannot get.
+        """
+        if not trials:
+            return [], set()
+        experiment_id = trials[0].context.experiment_id
+        own: list[TrialDirInfo] = []
+        recorded: set[str] = set()
+        elsewhere: set[str] = set()
+        for t in trials:
+            trial_id = t.context.trial_id
+            record = await self._ledger.get_record(trial_id)
+            if record is None:
+                owner = self._claimed.get(trial_id, experiment_id)
+            else:
+                owner = record.experiment_id
+            if owner != experiment_id:
+                elsewhere.add(owner)
+                continue
+            own.append(t)
+            if record is not None:
+                recorded.add(trial_id)
+        if elsewhere:
+            log.warning(
+                "external harbor job: trials that are another experiment's are left out "
+                "(a copied or renamed job folder?); `trialbus import --as-new` files the "
+                "folder as a new experiment with trial ids of its own",
+                job=self._redactor.redact(str(job)),
+                experiment_id=experiment_id,
+                left_out=len(trials) - len(own),
+                other_experiments=sorted(elsewhere),
+            )
+        self._claimed.update((t.context.trial_id, experiment_id) for t in own)
+        return own, recorded
 
 
 async def handle_batch(

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import structlog
 
 from schemas.events import (
     ExperimentCompleted,
@@ -173,6 +174,59 @@ async def test_scan_picks_up_a_job_once_it_finishes(tmp_path: Path) -> None:
     (job / "result.json").write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z"}))
     assert await watcher.scan_external() == 1
     assert [c.trial_id for c in bus.of_type(TrialCompleted)] == ["t-1"]
+
+
+LEFT_OUT = "external harbor job: trials that are another experiment's are left out"
+
+
+async def test_a_copied_job_leaves_out_the_trials_another_experiment_holds(
+    tmp_path: Path,
+) -> None:
+    # The folders' names are the trial ids: a copy of a job names the original's trials.
+    # The importer refuses to move a record between experiments, so announcing them
+    # would leave the copy's experiment waiting forever for records it cannot get.
+    jobs = tmp_path / "jobs"
+    harbor_job(jobs, "My Job copy", ["t-1", "t-2", "t-9"])
+    ledger, bus = InMemoryLedger(), RecordingBus()
+    await ledger.upsert_records([record(t, experiment_id="harbor-my-job") for t in ["t-1", "t-2"]])
+    watcher = Watcher(ledger, bus, jobs, folders())
+
+    with structlog.testing.capture_logs() as logs:
+        assert await watcher.scan_external() == 1
+    [submitted] = bus.of_type(ExperimentSubmitted)
+    assert (submitted.experiment_id, submitted.n_trials) == ("harbor-my-job-copy", 1)
+    assert [c.trial_id for c in bus.of_type(TrialCompleted)] == ["t-9"]
+    [warned] = [e for e in logs if e["event"].startswith(LEFT_OUT)]
+    assert (warned["left_out"], warned["other_experiments"]) == (2, ["harbor-my-job"])
+    # Control: the same trials recorded under the job's own experiment count in it
+    # (announced already, so not again), and nothing is left out.
+    own = tmp_path / "own"
+    harbor_job(own, "My Job", ["t-1", "t-2", "t-9"])
+    bus = RecordingBus()
+    with structlog.testing.capture_logs() as logs:
+        assert await Watcher(ledger, bus, own, folders()).scan_external() == 1
+    [submitted] = bus.of_type(ExperimentSubmitted)
+    assert (submitted.experiment_id, submitted.n_trials) == ("harbor-my-job", 3)
+    assert not [e for e in logs if e["event"].startswith(LEFT_OUT)]
+
+
+async def test_two_jobs_naming_the_same_trials_in_one_scan_announce_them_once(
+    tmp_path: Path,
+) -> None:
+    # Nothing is in the ledger yet: the first job (in name order) claims the trials.
+    jobs = tmp_path / "jobs"
+    harbor_job(jobs, "a", ["t-1", "t-2"])
+    harbor_job(jobs, "b", ["t-1", "t-2"])
+    watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs, folders())
+
+    assert await watcher.scan_external() == 2
+    assert [(e.experiment_id, e.n_trials) for e in bus.of_type(ExperimentSubmitted)] == [
+        ("harbor-a", 2)
+    ]
+    assert {c.experiment_id for c in bus.of_type(TrialCompleted)} == {"harbor-a"}
+    # The job left empty is done with: a later scan does not look at it again.
+    assert await watcher.scan_external() == 0
+    assert len(bus.of_type(ExperimentSubmitted)) == 1
 
 
 # -- one verdict per message ---------------------------------------------------------------
