@@ -52,7 +52,7 @@ LOCAL_ENVIRONMENT_IMPORT_PATH = "services.localenv.environment:LocalEnvironment"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, **DOCUMENTED)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, **DOCUMENTED)
 
 
 def _reject_inline_secrets(where: str, values: dict[str, Any]) -> None:

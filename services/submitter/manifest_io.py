@@ -3,11 +3,13 @@ file, the field and the fix."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
@@ -46,15 +48,42 @@ class _ManifestLoader(yaml.SafeLoader):
         return node
 
     def flatten_mapping(self, node: Any) -> None:
+        first_line: dict[tuple[str, str], int] = {}
         for key_node, _ in node.value:
+            line = key_node.start_mark.line + 1
             if key_node.tag == "tag:yaml.org,2002:merge":
-                raise _MergeKey(key_node.start_mark.line + 1)
+                raise _MergeKey(line)
+            if isinstance(key_node, yaml.ScalarNode):
+                # PyYAML keeps the last of two equal keys without a word: a manifest
+                # with ``agents:`` twice would lose the first list of agents.
+                key = (key_node.tag, key_node.value)
+                if key in first_line:
+                    raise DuplicateKey(key_node.value, line, first_line[key])
+                first_line[key] = line
         super().flatten_mapping(node)
 
 
 class _MergeKey(Exception):
     def __init__(self, line: int) -> None:
         self.line = line
+
+
+class DuplicateKey(Exception):
+    """A mapping gives ``key`` twice (``line``, ``first_line``: where, in YAML)."""
+
+    def __init__(self, key: str, line: int = 0, first_line: int = 0) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: an object, or DuplicateKey."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 class _TooBig(Exception):
@@ -68,9 +97,34 @@ _MESSAGES = {
 }
 
 
+_NUMERIC = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$")
+_NUMBER_TYPES = {"int_type": "a valid integer", "float_type": "a valid number"}
+
+
+def _message(err: ErrorDetails) -> str | None:
+    """Our words for an error, or None for pydantic's.
+
+    Manifest fields are strict (schemas.manifest): a number must be written as one.
+    The error then says what was written instead, since YAML turns ``yes``/``true``
+    into a boolean and a quoted number into text without a word.
+    """
+    if err["type"] in _NUMBER_TYPES:
+        value = err["input"]
+        if isinstance(value, bool):
+            got = f"{str(value).lower()}, a boolean"
+        elif isinstance(value, str):
+            got = f"the text {value!r}"
+            if _NUMERIC.match(value):
+                got += " (write the number without quotes)"
+        else:
+            got = repr(value)
+        return f"Input should be {_NUMBER_TYPES[err['type']]}, got {got}"
+    return _MESSAGES.get(err["type"])
+
+
 def format_validation_error(source: str, exc: ValidationError) -> str:
     """One line per problem: ``<source>: <field>: <message>``."""
-    return problem_lines(source, exc, lambda err: _MESSAGES.get(err["type"]))
+    return problem_lines(source, exc, _message)
 
 
 def _check_size(data: Any, source: str) -> None:
@@ -124,6 +178,12 @@ def parse_manifest_text(text: str, source: str) -> ExperimentManifest:
         raise ManifestError(
             f"{source}: line {exc.line}: YAML merge keys ('<<') are not allowed in a "
             "manifest; write the fields out (or use a plain alias '*name' for a whole value)"
+        ) from None
+    except DuplicateKey as exc:
+        raise ManifestError(
+            f"{source}: line {exc.line}: key {exc.key!r} is given twice in one mapping "
+            f"(first at line {exc.first_line}); YAML would keep only the last one, so "
+            "write it once"
         ) from None
     except _TooBig as exc:
         raise ManifestError(

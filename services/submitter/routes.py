@@ -47,7 +47,12 @@ from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.follow import fleet, lookups_of, read_queue
 from services.submitter.handlers import SubmitterPorts
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
-from services.submitter.manifest_io import parse_manifest, parse_manifest_text
+from services.submitter.manifest_io import (
+    DuplicateKey,
+    parse_manifest,
+    parse_manifest_text,
+    unique_keys,
+)
 from services.submitter.resolve import TaskFolders
 from services.submitter.retry import retry_trial
 from services.submitter.submit import PreparedExperiment, prepare
@@ -125,7 +130,12 @@ HTTP's "too many requests"), a body neither JSON nor YAML 415, unknown experimen
 def decode_json(body: bytes) -> Any:
     """JSON bytes to data, or a ManifestError naming the body and where it broke."""
     try:
-        return json.loads(body)
+        return json.loads(body, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise ManifestError(
+            f"{SOURCE}: key {exc.key!r} is given twice in one object; JSON decoders keep "
+            "only the last one, so write it once"
+        ) from None
     except json.JSONDecodeError as exc:
         raise ManifestError(
             f"{SOURCE}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"

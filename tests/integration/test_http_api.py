@@ -208,6 +208,18 @@ async def test_every_bad_manifest_of_the_corpus_is_a_422_naming_the_field(
             "request body: agents[0].envv: unknown field",
             id="unknown-field",
         ),
+        pytest.param(
+            json.dumps(_as_mapping())[:-1] + ', "agents": [{"name": "nop"}]}',
+            422,
+            "request body: key 'agents' is given twice in one object",
+            id="duplicate-key",
+        ),
+        pytest.param(
+            json.dumps({**_as_mapping(), "repetitions": True}),
+            422,
+            "request body: repetitions: Input should be a valid integer, got true, a boolean",
+            id="boolean-count",
+        ),
         pytest.param(json.dumps(["hello-file"]), 422, "must be a mapping", id="json-list"),
         pytest.param(
             "{not json",

@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import structlog
 
 from schemas.events import TrialCompleted
 from services.common.adapters.memory import InMemoryLedger, RecordingBus
@@ -22,12 +21,14 @@ from services.common.folder_reads import MAX_FILE_BYTES
 from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES, read_marker, write_job_result
 from services.common.trial_folders import TrialFolders
 from services.importer.jobdir import JobDirError, experiment_id_for_job
+from services.watcher import handlers as watcher_handlers
 from services.watcher.handlers import Watcher
 from services.watcher.logic import finished_external_jobs
 from tests import harbor_fixtures
 from tests.harbor_fixtures import HarborTrials
 from tests.security import reads_support
 from tests.security.reads_support import bounded
+from tests.support.log_recorder import LogRecorder
 
 harbor_trials = harbor_fixtures.harbor_trials  # the session's real Harbor trial folders
 host = reads_support.host
@@ -106,7 +107,9 @@ def test_the_job_summary_counts_no_linked_trial_result(
     assert write_job_result(job, "exp", 3)["stats"]["n_completed_trials"] == 2
 
 
-async def test_the_watcher_says_once_which_job_result_it_did_not_read(tmp_path: Path) -> None:
+async def test_the_watcher_says_once_which_job_result_it_did_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     jobs = tmp_path / "jobs"
     (tmp_path / "host.json").write_text(json.dumps({"finished_at": "2026-01-01T00:00:00Z"}))
     for name in ("linked", "regular"):
@@ -116,9 +119,10 @@ async def test_the_watcher_says_once_which_job_result_it_did_not_read(tmp_path: 
     shutil.copyfile(tmp_path / "host.json", jobs / "regular" / "result.json")  # control
     folders = TrialFolders(InMemoryObjectStore("RESULTS"), cap_bytes=1 << 20, retry_delays_s=())
     watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs, folders)
-    with structlog.testing.capture_logs() as logs:
-        assert await watcher.scan_external() == 1
-        assert await watcher.scan_external() == 0
+    monkeypatch.setattr(watcher_handlers, "log", recorder := LogRecorder())
+    assert await watcher.scan_external() == 1
+    assert await watcher.scan_external() == 0
+    logs = recorder.entries
     [announced] = bus.of_type(TrialCompleted)
     assert announced.result.name.startswith("external/harbor-regular/")
     warned = [e["problem"] for e in logs if e["event"] == "external job result not read"]

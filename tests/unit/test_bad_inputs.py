@@ -88,7 +88,9 @@ async def test_bad_manifest_is_refused_naming_file_and_field(case: Case, tmp_pat
 
 @pytest.mark.parametrize("case", cases("tasks"), ids=_ids(cases("tasks")))
 def test_bad_task_folder_is_refused_naming_what_is_wrong(case: Case) -> None:
-    manifest = ExperimentManifest(name="x", tasks=[case.name], agents=[{"name": "oracle"}])
+    manifest = ExperimentManifest.model_validate(
+        {"name": "x", "tasks": [case.name], "agents": [{"name": "oracle"}]}
+    )
     with pytest.raises(ManifestError) as exc:
         resolve_tasks(manifest, TASKS_ROOT, TASKS_ROOT)
     message = str(exc.value)

@@ -11,7 +11,6 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -49,6 +48,7 @@ from services.importer.handlers import (
 )
 from services.importer.records import RecordContext, build_failed_record, build_record
 from tests.support.event_builders import trial_failed
+from tests.support.log_recorder import LogRecorder
 
 
 class RefusingLedger(InMemoryLedger):
@@ -264,20 +264,6 @@ def test_within_a_batch_the_ledgers_order_decides() -> None:
 def forged_failure(trial_id: str, experiment_id: str) -> bytes:
     """A final failure naming ``experiment_id`` (forged when the trial is another's)."""
     return encode_event(trial_failed(trial_id, experiment_id=experiment_id))
-
-
-class LogRecorder:
-    """Stands in for the handlers' logger: structlog's capture_logs cannot see a logger
-    that an earlier test's configure_logging cached (cache_logger_on_first_use)."""
-
-    def __init__(self) -> None:
-        self.entries: list[dict[str, Any]] = []
-
-    def __getattr__(self, level: str) -> Any:
-        def emit(event: str, **kw: Any) -> None:
-            self.entries.append({"event": event, "log_level": level, **kw})
-
-        return emit
 
 
 async def test_an_event_for_another_experiments_trial_is_acked_logged_and_not_announced(

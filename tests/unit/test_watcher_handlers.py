@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-import structlog
 
 from schemas.events import (
     ExperimentCompleted,
@@ -30,8 +29,10 @@ from services.common.errors import (
 from services.common.ports import ExperimentInfo
 from services.common.trial_folders import TrialFolders
 from services.common.unpack import unpack_trial
+from services.watcher import handlers
 from services.watcher.handlers import Watcher, handle_batch
 from tests.support.event_builders import result_imported
+from tests.support.log_recorder import LogRecorder
 from tests.unit.test_watcher_logic import record
 
 DELAY = 2.0
@@ -180,7 +181,7 @@ LEFT_OUT = "external harbor job: trials that are another experiment's are left o
 
 
 async def test_a_copied_job_leaves_out_the_trials_another_experiment_holds(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The folders' names are the trial ids: a copy of a job names the original's trials.
     # The importer refuses to move a record between experiments, so announcing them
@@ -191,8 +192,9 @@ async def test_a_copied_job_leaves_out_the_trials_another_experiment_holds(
     await ledger.upsert_records([record(t, experiment_id="harbor-my-job") for t in ["t-1", "t-2"]])
     watcher = Watcher(ledger, bus, jobs, folders())
 
-    with structlog.testing.capture_logs() as logs:
-        assert await watcher.scan_external() == 1
+    monkeypatch.setattr(handlers, "log", recorder := LogRecorder())
+    assert await watcher.scan_external() == 1
+    logs = recorder.entries
     [submitted] = bus.of_type(ExperimentSubmitted)
     assert (submitted.experiment_id, submitted.n_trials) == ("harbor-my-job-copy", 1)
     assert [c.trial_id for c in bus.of_type(TrialCompleted)] == ["t-9"]
@@ -203,8 +205,9 @@ async def test_a_copied_job_leaves_out_the_trials_another_experiment_holds(
     own = tmp_path / "own"
     harbor_job(own, "My Job", ["t-1", "t-2", "t-9"])
     bus = RecordingBus()
-    with structlog.testing.capture_logs() as logs:
-        assert await Watcher(ledger, bus, own, folders()).scan_external() == 1
+    monkeypatch.setattr(handlers, "log", recorder := LogRecorder())
+    assert await Watcher(ledger, bus, own, folders()).scan_external() == 1
+    logs = recorder.entries
     [submitted] = bus.of_type(ExperimentSubmitted)
     assert (submitted.experiment_id, submitted.n_trials) == ("harbor-my-job", 3)
     assert not [e for e in logs if e["event"].startswith(LEFT_OUT)]
