@@ -25,7 +25,7 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.adapters.nats_objects import open_bucket
 from services.common.adapters.nats_registry import NatsRunnerRegistry
-from services.common.errors import TransientError, UserInputError
+from services.common.errors import LedgerUnavailable, TransientError, UserInputError
 from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
 from services.common.settings import CommonSettings
 
@@ -128,6 +128,10 @@ async def open_ledger(settings: CommonSettings) -> AsyncIterator[Ledger]:
     ledger = MongoLedger(settings.ledger_url, settings.ledger_db)
     try:
         yield ledger
+    except LedgerUnavailable as exc:
+        raise LedgerUnavailable(
+            f"{exc}; start the embedded stack with `trialbus up` (or `make up`), or set LEDGER_URL"
+        ) from exc
     finally:
         await ledger.close()
 

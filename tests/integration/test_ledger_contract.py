@@ -464,12 +464,18 @@ async def test_mongo_retries_an_item_that_lost_a_race(
 async def test_mongo_unreachable_server_raises_ledger_unavailable() -> None:
     # A port nothing listens on: connection refused until server selection gives up
     # (PyMongo waits ~0.5 s per operation whatever the timeout: its minimum heartbeat).
-    ledger = MongoLedger(
-        f"mongodb://127.0.0.1:{free_port()}", "nowhere", server_selection_timeout_ms=100
-    )
+    port = free_port()
+    ledger = MongoLedger(f"mongodb://127.0.0.1:{port}", "nowhere", server_selection_timeout_ms=100)
     try:
-        with pytest.raises(LedgerUnavailable, match="upsert_records"):
+        with pytest.raises(LedgerUnavailable, match="upsert_records") as raised:
             await ledger.upsert_records([make_record("t1")])
+        # One line a person reads: the server and why, not pymongo's topology dump.
+        message = str(raised.value)
+        assert message.startswith(f"ledger unreachable during upsert_records: 127.0.0.1:{port}: ")
+        assert "Connect call failed" in message or "refused" in message, message
+        assert "Topology Description" not in message and "configured timeouts" not in message
+        assert len(message) < 200, message
+        assert "Topology Description" in str(raised.value.__cause__)  # what was cut
         with pytest.raises(LedgerUnavailable):
             await ledger.scored_trial_ids("exp-a")
     finally:

@@ -134,3 +134,20 @@ async def test_the_cli_submits_and_imports_with_its_documented_output(
     assert lines[0] == "experiment harbor-cli-text: 2 trials: 2 imported, 0 unchanged, 2 partial"
     assert [line.split(":")[0] for line in lines[1:-1]] == [f"  {t}" for t in TRIALS]
     assert lines[-1] == "NATS unreachable: recorded in the ledger without ResultImported events"
+
+
+async def test_a_read_with_no_ledger_says_where_it_looked_and_how_to_start_one(
+    servers: Servers,
+) -> None:
+    port = free_port()
+    env = {**servers.cli().env, "LEDGER_URL": f"mongodb://127.0.0.1:{port}"}
+    proc = await asyncio.to_thread(run_module, env, "leaderboard")
+    assert proc.returncode == 3, proc.stderr  # EXIT_UNAVAILABLE
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(
+        f"unavailable: ledger unreachable during experiment_ids: 127.0.0.1:{port}:"
+    )
+    assert line.endswith(
+        "start the embedded stack with `trialbus up` (or `make up`), or set LEDGER_URL"
+    )
+    assert "Topology Description" not in line

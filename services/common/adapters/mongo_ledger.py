@@ -39,6 +39,7 @@ Connection problems surface as ``LedgerUnavailable``; anything else propagates.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -91,7 +92,15 @@ async def _translate_errors(action: str) -> AsyncIterator[None]:
     try:
         yield
     except ConnectionFailure as exc:
-        raise LedgerUnavailable(f"ledger unreachable during {action}: {exc}") from exc
+        raise LedgerUnavailable(f"ledger unreachable during {action}: {_cause(exc)}") from exc
+
+
+def _cause(exc: ConnectionFailure) -> str:
+    """The failure without pymongo's topology dump: a server selection timeout's text
+    is each server's error, then the timeout and a description of every server (about
+    800 characters for one server), then the configured socket timeouts per server."""
+    text = str(exc).split(", Timeout: ", 1)[0]
+    return re.sub(r" \(configured timeouts: [^)]*\)", "", text)
 
 
 class MongoLedger:
