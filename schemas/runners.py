@@ -186,6 +186,9 @@ class RunnerInfo(BaseModel):
     """Operator-declared capabilities (settings), e.g. 'gpu'."""
     harbor_version: str | None = Field(default=None, max_length=64)
     """Version of Harbor the runner uses."""
+    harbor_agents: PolicyList[AgentName] | None = None
+    """The agent names the runner's Harbor ships; None from runners older than this field: not
+    checked at submit."""
     concurrency: int = Field(ge=1, le=MAX_CONCURRENT_TRIALS)
     """Trials it runs at once."""
     policy: RunnerPolicy | None = None

@@ -62,6 +62,9 @@ NOT_RETRYABLE_TRIALBUS = frozenset(
         # The runner's policy refused the request (services/common/runner_policy.py):
         # the same request meets the same policy on every attempt.
         "PolicyRefused",
+        # The agent's name is not one the runner's Harbor ships: a typo, or a Harbor
+        # older than the manifest expects; every attempt fails the same way.
+        "UnknownAgent",
         # Ended before starting: the agent was stopped, the budget spent
         # (services/runner/guards.py). A resubmission re-runs them.
         "AgentStopped",

@@ -8,7 +8,8 @@ Cloud environments and ``module:Class`` ones are not detectable, so they add not
 
 The submitter calls :func:`pool_refusal` with the live records
 (``RunnerRegistry.live_runners()``) before publishing, and refuses with its message;
-then :func:`policy_refusal`: what those runners' policies would refuse anyway.
+then :func:`agent_name_refusal`: agent names their Harbor does not ship; then
+:func:`policy_refusal`: what those runners' policies would refuse anyway.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from services.common.runner_policy import (
     compute_refusals,
     task_templates,
     template_refusals,
+    unknown_agent,
 )
 
 DETECTED_ENVIRONMENTS = frozenset({LOCAL_ENVIRONMENT_ALIAS, "docker"})
@@ -73,6 +75,34 @@ def live_pools_summary(runners: Sequence[RunnerInfo]) -> str:
     groups = Counter((r.pool, ", ".join(sorted(r.offers)) or "nothing") for r in runners)
     parts = [f"{pool} ({offers}) x{n}" for (pool, offers), n in sorted(groups.items())]
     return "live pools: " + ", ".join(parts)
+
+
+def agent_name_refusal(manifest: ExperimentManifest, runners: Sequence[RunnerInfo]) -> str | None:
+    """None when the live runners of the manifest's pool that offer what it needs ship
+    every agent it names (``RunnerInfo.harbor_agents``); else which names no such
+    runner's Harbor knows, with the names closest to each. Runners that do not say
+    (older ones) are not second-guessed, as for policies."""
+    compute = manifest.compute
+    needed = set(required_capabilities(compute))
+    members = [r for r in runners if r.pool == compute.pool and needed <= r.offers]
+    if not members:
+        return None  # pool_refusal says so
+    shipped: set[str] = set()
+    for runner in members:
+        if runner.harbor_agents is None:
+            return None
+        shipped.update(runner.harbor_agents)
+    problems = [
+        f"agents[{i}].name: {why}"
+        for i, agent in enumerate(manifest.agents)
+        if agent.name is not None and (why := unknown_agent(agent.name, shipped)) is not None
+    ]
+    if not problems:
+        return None
+    versions = ", ".join(sorted({r.harbor_version or "unknown" for r in members}))
+    return "; ".join(problems) + (
+        f" (Harbor {versions} on the live runners of pool {compute.pool!r})"
+    )
 
 
 def policy_refusal(

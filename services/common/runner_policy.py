@@ -17,11 +17,12 @@ name the field and the rule, never a value that could be a secret.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +41,8 @@ from services.common.small_files import FileTooLarge, read_small_file
 
 POLICY_REFUSED = "PolicyRefused"
 """exception_type of a trial the runner refused (final: services.common.failures)."""
+UNKNOWN_AGENT = "UnknownAgent"
+"""exception_type of a trial whose agent name the runner's Harbor does not ship (final)."""
 
 MAX_POLICY_BYTES = 1 << 20
 
@@ -107,6 +110,25 @@ def request_refusals(
         *agent_refusals(policy, agent, where),
         *compute_refusals(policy, compute, on_host=on_host),
     ]
+
+
+def harbor_agent_names() -> frozenset[str]:
+    """The agent names this process's Harbor ships (``harbor run --agent``'s choices)."""
+    from harbor.models.agent.name import AgentName
+
+    return frozenset(a.value for a in AgentName)
+
+
+def unknown_agent(name: str, known: Collection[str]) -> str | None:
+    """Why ``name`` cannot be run by a Harbor that ships ``known`` (None: it can)."""
+    if name in known:
+        return None
+    close = difflib.get_close_matches(name, sorted(known), n=3)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return (
+        f"{name!r} is not an agent Harbor ships ({hint}Harbor's agents: "
+        f"{', '.join(sorted(known))}; or name the agent's class with import_path)"
+    )
 
 
 def agent_refusals(policy: RunnerPolicy, agent: AgentSpec, where: str = "agent") -> list[str]:

@@ -24,7 +24,7 @@ from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
 from services.common.redaction import TrialSecrets
 from services.common.runner_metrics import RunnerMetrics, exporter
-from services.common.runner_policy import PolicyFileError, load_policy
+from services.common.runner_policy import PolicyFileError, harbor_agent_names, load_policy
 from services.common.service import install_stop_signals, load_factory, running_beside
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
@@ -136,6 +136,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             capabilities=await asyncio.to_thread(detect_environments),
             labels=settings.labels,
             harbor_version=executor.version,
+            harbor_agents=sorted(harbor_agent_names()),
             concurrency=settings.concurrency,
             policy=policy,
         )

@@ -34,9 +34,12 @@ from schemas.runners import RunnerPolicy, forbidden_secret_name
 from services.common.harbor_jobs import ensure_job_dir, job_dir_for, job_uuid
 from services.common.runner_policy import (
     POLICY_REFUSED,
+    UNKNOWN_AGENT,
+    harbor_agent_names,
     request_refusals,
     task_template_refusals,
     task_templates,
+    unknown_agent,
 )
 from services.runner.trial_env import restrict_environ
 
@@ -204,6 +207,12 @@ async def run_trial(job: TrialJob, conn: Connection) -> Outcome:
     refusals = policy_refusals(job, request)
     if refusals:
         return failed(POLICY_REFUSED, ("runner policy: " + "; ".join(refusals))[:2000])
+    name = request.agent.name
+    unknown = unknown_agent(name, harbor_agent_names()) if name is not None else None
+    if unknown is not None:
+        # Harbor would raise a bare ValueError in Trial.create, which reads as an
+        # infrastructure failure and is retried; every attempt fails the same way.
+        return failed(UNKNOWN_AGENT, f"agent.name: {unknown}"[:2000])
     job_dir = job_dir_for(Path(job.jobs_root), request.experiment_id)
     ensure_job_dir(
         job_dir,

@@ -35,7 +35,7 @@ MANIFEST = """\
 name: {name}
 tasks: [hello-file]
 agents:
-  - name: nop
+  - name: {agent}
 {agent_extra}
 compute:
   environment: local
@@ -63,8 +63,9 @@ async def runner(
 
         await until("the runner's registry record", live, proc, 90)
         [me] = [r for r in await registry.live_runners() if r.runner_id == RUNNER_ID]
-        # What it publishes is its policy file's, not a default.
+        # What it publishes is its policy file's, not a default, and its Harbor's agents.
         assert me.policy is not None and "MYLLM_API_KEY" in me.policy.allowed_secrets
+        assert me.harbor_agents is not None and {"oracle", "nop"} <= set(me.harbor_agents)
         yield proc
     finally:
         await nc.close()
@@ -80,8 +81,10 @@ def client(servers: Servers) -> Client:
     return open_client
 
 
-def manifest(name: str, agent_extra: str = "", compute_extra: str = "") -> str:
-    return MANIFEST.format(name=name, agent_extra=agent_extra, compute_extra=compute_extra)
+def manifest(name: str, agent_extra: str = "", compute_extra: str = "", agent: str = "nop") -> str:
+    return MANIFEST.format(
+        name=name, agent=agent, agent_extra=agent_extra, compute_extra=compute_extra
+    )
 
 
 async def post(api: httpx.AsyncClient, text: str) -> httpx.Response:
@@ -148,4 +151,28 @@ async def test_the_submitter_refuses_early_and_the_runner_refuses_again(
         failed.message
     )
     assert not HOST_PATH.exists()
+    assert time.monotonic() - started < 60, "a refusal is never retried with backoff"
+
+
+async def test_a_misspelt_agent_is_refused_at_submit_and_by_the_runner(
+    runner: ServiceProcess, client: Client, nats_url: str, topology: Topology
+) -> None:
+    # Before, both were accepted: each trial failed with Harbor's bare ValueError,
+    # read as an infrastructure failure and retried with backoff.
+    async with client(check_runners=True) as api:
+        refused = await post(api, manifest("agent-typo", agent="orcale"))
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error.startswith(
+            "agents[0].name: 'orcale' is not an agent Harbor ships (did you mean 'oracle'?"
+        ), error
+        assert "on the live runners of pool 'default')" in error
+    async with client(check_runners=False) as api:
+        bypass = await post(api, manifest("agent-typo-bypass", agent="orcale"))
+        assert bypass.status_code == 202, bypass.text
+        started = time.monotonic()
+        failed = await ending(nats_url, topology, bypass.json()["experiment_id"], runner)
+    assert isinstance(failed, TrialFailed), failed
+    assert (failed.error_type, failed.final, failed.attempt) == ("UnknownAgent", True, 1)
+    assert "did you mean 'oracle'?" in failed.message
     assert time.monotonic() - started < 60, "a refusal is never retried with backoff"

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from schemas.manifest import ComputeSpec
+from schemas.manifest import ComputeSpec, ExperimentManifest
 from schemas.runners import RunnerInfo
-from services.common.pools import pool_refusal, required_capabilities
+from services.common.pools import agent_name_refusal, pool_refusal, required_capabilities
 
 
 def _runner(
@@ -80,3 +80,34 @@ def test_capabilities_are_validated(bad: str) -> None:
         ComputeSpec(requires=[bad])
     with pytest.raises(ValueError):
         _runner("a", caps=[bad])
+
+
+def _manifest(*agents: dict[str, Any]) -> ExperimentManifest:
+    return ExperimentManifest.model_validate(
+        {"name": "m", "tasks": ["hello-file"], "agents": list(agents)}
+    )
+
+
+def test_an_agent_name_no_live_runners_harbor_ships_is_named_with_the_closest() -> None:
+    shipped = ["oracle", "nop", "claude-code"]
+    runners = [_runner("a", caps=["local"], harbor_agents=shipped, harbor_version="0.25.0")]
+    typo = _manifest({"name": "orcale"}, {"name": "nop"}, {"name": "clade-code"})
+    message = agent_name_refusal(typo, runners)
+    assert message is not None
+    assert message.startswith(
+        "agents[0].name: 'orcale' is not an agent Harbor ships (did you mean 'oracle'? "
+    )
+    assert "; agents[2].name: 'clade-code' is not an agent Harbor ships (did you mean " in message
+    assert "agents[1]" not in message
+    assert message.endswith("(Harbor 0.25.0 on the live runners of pool 'default')")
+    # Controls: shipped names pass; an import_path agent is the runner policy's business;
+    # a runner that does not say what its Harbor ships (older) is not second-guessed;
+    # a runner of another pool, or one that cannot run the environment, does not count.
+    assert agent_name_refusal(_manifest({"name": "oracle"}, {"name": "nop"}), runners) is None
+    assert agent_name_refusal(_manifest({"import_path": "m:Agent"}), runners) is None
+    assert agent_name_refusal(typo, [*runners, _runner("old", caps=["local"])]) is None
+    elsewhere = _runner("x", "other", ["local"], harbor_agents=["orcale"])
+    assert agent_name_refusal(typo, [*runners, elsewhere]) is not None
+    # One runner of the pool shipping a name is enough (a newer Harbor there).
+    newer = _runner("n", caps=["local"], harbor_agents=[*shipped, "orcale", "clade-code"])
+    assert agent_name_refusal(typo, [*runners, newer]) is None
