@@ -124,11 +124,11 @@ def unknown_agent(name: str, known: Collection[str]) -> str | None:
     if name in known:
         return None
     close = difflib.get_close_matches(name, sorted(known), n=3)
-    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-    return (
-        f"{name!r} is not an agent Harbor ships ({hint}Harbor's agents: "
-        f"{', '.join(sorted(known))}; or name the agent's class with import_path)"
-    )
+    if close:
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? Or"
+    else:
+        hint = f"Harbor's agents: {', '.join(sorted(known))}; or"
+    return f"{name!r} is not an agent Harbor ships ({hint} name the agent's class with import_path)"
 
 
 def agent_refusals(policy: RunnerPolicy, agent: AgentSpec, where: str = "agent") -> list[str]:

@@ -96,6 +96,11 @@ def test_an_agent_name_no_live_runners_harbor_ships_is_named_with_the_closest() 
     assert message is not None
     assert message.startswith(
         "agents[0].name: 'orcale' is not an agent Harbor ships (did you mean 'oracle'? "
+        "Or name the agent's class with import_path); "
+    )
+    # A name close to nothing lists what there is.
+    assert "(Harbor's agents: claude-code, nop, oracle; or name" in (
+        agent_name_refusal(_manifest({"name": "xyzzy"}), runners) or ""
     )
     assert "; agents[2].name: 'clade-code' is not an agent Harbor ships (did you mean " in message
     assert "agents[1]" not in message
