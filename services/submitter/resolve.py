@@ -7,7 +7,10 @@ content checksum (``TaskRef``, what events carry) and keeps the folder beside it
 
 from __future__ import annotations
 
+import difflib
 import glob
+import itertools
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -71,6 +74,29 @@ def check_task_dir(task_dir: Path, where: str) -> None:
         raise ManifestError(f"{where}: {toml_path}: not valid TOML: {exc}") from None
 
 
+_SIBLINGS_READ = 10_000
+"""Entries of a missing folder's parent looked at for a close name, at most."""
+
+
+def _closest_folder(missing: Path, root: Path | None) -> str | None:
+    """The name of a folder beside ``missing`` that is close to its name (a typo), if
+    any; only inside ``root``, so a reply never names a folder the caller may not use."""
+    parent = missing.parent
+    if root is not None and not parent.is_relative_to(root):
+        return None
+    try:
+        with os.scandir(parent) as entries:
+            names = [
+                e.name
+                for e in itertools.islice(entries, _SIBLINGS_READ)
+                if e.is_dir(follow_symlinks=False)
+            ]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(missing.name, names, n=1)
+    return close[0] if close else None
+
+
 def resolve_tasks(
     manifest: ExperimentManifest, base_dir: Path, tasks_root: Path | None = None
 ) -> list[ResolvedTask]:
@@ -119,6 +145,12 @@ def resolve_tasks(
             if root is not None and not task_dir.is_relative_to(root):
                 raise ManifestError(
                     f"{where}: {spec.path!r} resolves to {task_dir}, outside the tasks root {root}"
+                )
+            if not task_dir.exists():
+                hint = _closest_folder(task_dir, root)
+                raise ManifestError(
+                    f"{where}: task folder {task_dir} does not exist"
+                    + (f"; did you mean {str(Path(spec.path).with_name(hint))!r}?" if hint else "")
                 )
             check_task_dir(task_dir, where)
             if str(task_dir) in seen:

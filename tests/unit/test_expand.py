@@ -219,6 +219,18 @@ def test_missing_folder_names_the_entry() -> None:
     assert resolve_error(m, EXAMPLES) == f"tasks[1]: task folder {missing} does not exist"
 
 
+def test_a_misspelt_folder_is_named_with_the_closest_one_as_written() -> None:
+    missing = (EXAMPLE_TASKS / "helo-file").resolve()
+    assert resolve_error(make(tasks=["tasks/helo-file"]), EXAMPLES) == (
+        f"tasks[0]: task folder {missing} does not exist; did you mean 'tasks/hello-file'?"
+    )
+    # Never a folder outside the tasks root: those are not the caller's to hear about
+    # (here the missing folder is the root itself; its siblings lie outside).
+    assert resolve_error(make(tasks=["tasks/helo-file"]), EXAMPLES, missing) == (
+        f"tasks[0]: task folder {missing} does not exist"
+    )
+
+
 def test_glob_matching_nothing_names_the_entry() -> None:
     assert resolve_error(make(tasks=["tasks/zz-*"]), EXAMPLES) == (
         f"tasks[0]: glob 'tasks/zz-*' matches no task folder under {EXAMPLES.resolve()}"
