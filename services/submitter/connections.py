@@ -35,6 +35,11 @@ CLI_CONNECT_TIMEOUT_S = 10.0
 PROBE_CONNECT_TIMEOUT_S = 3.0
 """``trialbus import`` tries NATS this long, then imports into the ledger alone."""
 
+REFUSED_WINDOW_S = 2.0
+"""A command gives up at once when every NATS server refused connections for this long:
+nothing listens there (no stack started). A server restarting is back well within it
+(``trialbus up`` restarts its nats-server in about a second)."""
+
 LEASE_TTL_S = 60.0
 """TTL of the leases bucket if the submitter is the first to create it (the runners'
 default ack_wait); the submitter itself takes no lease."""
@@ -144,6 +149,16 @@ async def open_nats(
 
     Raises TransientError naming the URL and the fix when NATS cannot be reached.
     """
+    if timeout_s is not None and await refused_throughout(
+        settings.nats_servers, min(REFUSED_WINDOW_S, timeout_s)
+    ):
+        # nats-py would retry the refused connection until the timeout: 10 s of every
+        # command run before `trialbus up`, for the same answer.
+        raise TransientError(
+            f"cannot reach NATS at {settings.nats_url} (connection refused: nothing listens "
+            "there): start the embedded stack with `trialbus up` (or `make up`), or set "
+            "NATS_URL"
+        )
     refused: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
@@ -207,6 +222,17 @@ async def try_open_nats(
         except TransientError:
             side = None
         yield side
+
+
+async def refused_throughout(servers: list[str], window_s: float) -> bool:
+    """True when every server refused every connection tried over ``window_s``; False
+    at the first answer of any other kind (then nats-py connects, or says why not)."""
+    deadline = asyncio.get_running_loop().time() + window_s
+    while await _all_refused(servers):
+        if asyncio.get_running_loop().time() >= deadline:
+            return True
+        await asyncio.sleep(0.25)
+    return False
 
 
 async def _all_refused(servers: list[str]) -> bool:

@@ -19,6 +19,7 @@ from schemas.events import ResultImported, parse_event
 from schemas.subjects import Topology
 from services.common.settings import CommonSettings
 from services.submitter.commands import import_job
+from services.submitter.connections import refused_throughout
 from tests.e2e.cli import run_module
 from tests.support.servers import Servers
 
@@ -151,3 +152,40 @@ async def test_a_read_with_no_ledger_says_where_it_looked_and_how_to_start_one(
         "start the embedded stack with `trialbus up` (or `make up`), or set LEDGER_URL"
     )
     assert "Topology Description" not in line
+
+
+async def test_a_command_with_nothing_listening_at_nats_says_so_without_waiting_it_out(
+    servers: Servers,
+) -> None:
+    port = free_port()
+    env = {**servers.cli().env, "NATS_URL": f"nats://127.0.0.1:{port}"}
+    proc = await asyncio.to_thread(
+        run_module, env, "submit", str(REPO / "examples/experiment.yaml")
+    )
+    assert proc.returncode == 3, proc.stderr  # EXIT_UNAVAILABLE
+    # The refused-connection answer, not nats-py's 10 s connect timeout running out.
+    assert (
+        f"cannot reach NATS at nats://127.0.0.1:{port} (connection refused: nothing listens "
+        "there): start the embedded stack with `trialbus up`"
+    ) in proc.stderr
+
+
+async def test_a_server_that_starts_listening_within_the_window_is_waited_for() -> None:
+    # A nats-server restarting under `trialbus up` refuses for about a second: a command
+    # started then must connect, not give up.
+    port = free_port()
+    url = [f"nats://127.0.0.1:{port}"]
+    assert await refused_throughout(url, 0.5)  # control: nothing ever listens
+    listening: list[asyncio.Server] = []
+
+    async def start_late() -> None:
+        await asyncio.sleep(0.5)
+        listening.append(await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", port))
+
+    late = asyncio.create_task(start_late())
+    try:
+        assert not await refused_throughout(url, 30)
+    finally:
+        await late
+        for server in listening:
+            server.close()
