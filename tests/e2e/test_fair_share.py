@@ -6,16 +6,18 @@ slots. The quotas file gives red share 3 and blue share 1. Red submits RED_TRIAL
 trials with ``trialbus submit`` (``TRIALBUS_CLI_TEAM=red``) and, alone, takes all 4
 slots; then blue submits BLUE_TRIALS. Judged along the events stream (a start is
 published after the trial's share mark is held, an ending before it is released):
-while both teams have trials not yet started, red's part of the trials in flight is
-within TOLERANCE (0.2) of 3/4. Negative control, the same submissions with fair share off
-on the runners (``TRIALBUS_FAIR_SHARE=false``, first come first served): red keeps the
-pool and the same check fails. The ledger check finds every trial once, none re-run.
+while both teams have trials not yet started, red's part of the trials in flight
+(time-weighted) is within TOLERANCE (0.15) of 3/4. Negative control, the same
+submissions with fair share off on the runners (``TRIALBUS_FAIR_SHARE=false``, first
+come first served): red keeps the pool and the same check fails. The ledger check finds
+every trial once, none re-run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -31,24 +33,22 @@ pytestmark = pytest.mark.e2e
 
 SLOTS = 4  # two runners of concurrency 2
 SHARES = {"red": 3.0, "blue": 1.0}
-RED_TRIALS = 40  # 40 s alone on 4 slots: longer than a CLI start under load
+RED_TRIALS = 40  # 20 s alone on 4 slots: longer than a CLI start under load
 BLUE_TRIALS = 8
-TRIAL_S = 4.0
-"""Long beside the runners' sub-second scheduling delays (below), which is what real
-trials of minutes are; with 2 s trials, a full `make test` measured red's part at 0.57."""
-TOLERANCE = 0.2
+TRIAL_S = 2.0
+TOLERANCE = 0.15
 """Red's part of the trials in flight may differ from 3/4 by this much: a held-back
-trial comes back after 0.2-1 s and the runners' pool view is up to 0.5 s old, so a
-team below its share can find its queued trials away and a slot idles meanwhile
-(services/runner/fair_share.py; red, the team held back, loses most). Measured with
-4 s trials on an idle machine: 0.64 and 0.71. The bounds still tell 3:1 from the two
-wrong answers: first come, first served gives 1.0 (the control below), equal shares
-0.5 or less."""
+trial comes back after 0.2-1 s and the runners' pool view is up to 0.5 s old. Measured
+time-weighted: 0.737 (twice, idle machine), 0.747 with 4 s trials. The bounds tell 3:1
+from first come, first served (1.0, the control below) and equal shares (0.5).
+Sampled at each event instead, the same runs read 0.57-0.72 (waves of endings count
+as idle slots) and a full ``make test`` failed on it."""
 
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    """What ran at once while both teams waited, sampled after every start and end."""
+    """What ran at once while both teams waited: time-weighted means of each team's
+    trials in flight (``samples``: the spans between two starts or ends counted)."""
 
     samples: int
     red_mean: float
@@ -62,36 +62,46 @@ class Split:
 
 
 def both_waiting_split(events: Sequence[Event], subs: dict[str, Submitted]) -> Split:
-    """In-flight trials per team after each start or end, from blue's submission until
-    one team has started all its trials (then it no longer waits)."""
+    """In-flight trials per team, weighted by how long each count held (the events'
+    ``occurred_at``), from blue's submission until one team has started all its trials
+    (then it no longer waits).
+
+    Weighted by time, not sampled at each event: four trials ending together and four
+    starting after them would count 3, 2, 1, 0, 1, 2, 3, 4 (a mean of 2 on four busy
+    slots) when the slots were idle for milliseconds.
+    """
     team_of = {s.experiment_id: team for team, s in subs.items()}
     totals = {team: len(s.trial_ids) for team, s in subs.items()}
     running = dict.fromkeys(subs, 0)
     started = dict.fromkeys(subs, 0)
-    window = False
-    samples: list[dict[str, int]] = []
+    area = dict.fromkeys(subs, 0.0)
+    since: datetime | None = None  # set at blue's submission: the window is open
+    span, samples = 0.0, 0
     for e in events:
         team = team_of.get(e.experiment_id)
         if team is None:
             continue
         if isinstance(e, ExperimentSubmitted) and team == "blue":
-            window = True
+            since = e.occurred_at
             continue
         if isinstance(e, TrialStarted):
-            running[team] += 1
-            started[team] += 1
+            change = (1, 1)
         elif isinstance(e, TrialCompleted) or (isinstance(e, TrialFailed) and e.final):
-            running[team] -= 1
+            change = (-1, 0)
         else:
             continue
-        if window and all(started[t] < totals[t] for t in subs):
-            samples.append(dict(running))
-    n = len(samples) or 1
-    return Split(
-        len(samples),
-        sum(s["red"] for s in samples) / n,
-        sum(s["blue"] for s in samples) / n,
-    )
+        if since is not None and all(started[t] < totals[t] for t in subs):
+            dt = max(0.0, (e.occurred_at - since).total_seconds())
+            for t in subs:
+                area[t] += running[t] * dt
+            span += dt
+            samples += 1
+        running[team] += change[0]
+        started[team] += change[1]
+        if since is not None:
+            since = max(since, e.occurred_at)
+    span = span or 1.0
+    return Split(samples, area["red"] / span, area["blue"] / span)
 
 
 @pytest.mark.parametrize("fair", [True, False], ids=["shares-3-1", "control-fair-share-off"])
