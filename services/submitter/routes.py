@@ -47,6 +47,7 @@ from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.follow import fleet, lookups_of, read_queue
 from services.submitter.handlers import SubmitterPorts
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
+from services.submitter.live_feeds import LiveFeeds
 from services.submitter.manifest_io import (
     DuplicateKey,
     parse_manifest,
@@ -298,6 +299,15 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         return await retry_trial(
             ports, experiment_id, trial_id, folders=posted_task_folders(settings)
         )
+
+    @router.get("/experiments")
+    async def experiments(request: Request, ports: PortsDep) -> list[dict[str, Any]]:
+        """Every experiment, newest first: id, name, submitter, its counts by state,
+        started, duration, priority class and team (as `trialbus experiments --json`)."""
+        live = LiveFeeds(request.app.state.nats.nc, settings.topology)
+        lookups = lookups_of(ports.coordinator, quotas=ports.quotas, live=live)
+        rows = await queries.experiment_rows(ports.ledger, lookups, cache=ports.reports)
+        return [row.as_dict() for row in rows]
 
     @router.get("/experiments/{experiment_id}/status")
     async def status(experiment_id: str, ports: PortsDep) -> dict[str, bool | int | str]:

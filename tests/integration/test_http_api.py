@@ -297,7 +297,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
         await nc.close()
     env = servers.cli().env
     page = tmp_path / "report.html"
-    status, board, report, unknown = await asyncio.gather(
+    status, board, report, unknown, listed = await asyncio.gather(
         *(
             asyncio.to_thread(run_module, env, *args)
             for args in (
@@ -305,6 +305,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
                 ("leaderboard", experiment_id, "--json"),
                 ("report", experiment_id, "--json", "--html", str(page)),
                 ("status", "no-such-experiment", "--json"),
+                ("experiments", "--json"),
             )
         )
     )
@@ -315,6 +316,8 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
         http_report = await api.get(base + "/report", headers=auth)
         http_page = await api.get(base + "/report.html", headers=auth)
         missing = await api.get("/experiments/no-such-experiment/status", headers=auth)
+        http_list = await api.get("/experiments", headers=auth)
+        unauthenticated = await api.get("/experiments")
 
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout) == http["/status"].json()
@@ -324,6 +327,17 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     assert [r["agent"] for r in http["/leaderboard"].json()] == ["oracle", "nop"]
     assert json.loads(report.stdout) == http_report.json()
     assert page.read_text(encoding="utf-8") == http_page.text
+    # The list: the same rows, this test's experiment among them, paused, 12 of 13 done.
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == http_list.json()
+    [mine] = [r for r in http_list.json() if r["experiment_id"] == experiment_id]
+    assert (mine["name"], mine["state"], mine["done"], mine["total"]) == (
+        "one read path",
+        "paused",
+        12,
+        13,
+    )
+    assert unauthenticated.status_code == 401
     # An unknown experiment: exit 2 on the command line, 404 over HTTP, same words.
     assert unknown.returncode == 2
     assert "no experiment 'no-such-experiment' in the ledger" in unknown.stderr
