@@ -218,7 +218,22 @@ async def follow(
                 waiting.discard(ev.trial_id)
                 next_check = 0.0 if not waiting else next_check
         elif isinstance(ev, TrialFailed) and not ev.final and progress is not None:
-            progress.print(f"  retrying {ev.trial_id}: {ev.error_type}", highlight=False)
+            # Plain text: a message may hold brackets ([redacted:NAME]) rich would read.
+            progress.print(retry_line(ev), highlight=False, markup=False)
+
+
+RETRY_DETAIL_CHARS = 160
+"""How much of a retried attempt's message ``submit --wait`` shows (its first line)."""
+
+
+def retry_line(ev: TrialFailed) -> str:
+    """The progress line of an attempt that will be retried: the trial, which attempt,
+    the error type and the first line of its message (the runner redacted it)."""
+    first = ev.message.strip().split("\n", 1)[0] if ev.message else ""
+    if len(first) > RETRY_DETAIL_CHARS:
+        first = first[: RETRY_DETAIL_CHARS - 3] + "..."
+    detail = f": {first}" if first else ""
+    return f"  retrying {ev.trial_id} after attempt {ev.attempt}: {ev.error_type}{detail}"
 
 
 async def cancel(ledger: Ledger, coordinator: Coordinator, experiment_id: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from rich.text import Text
 
 from schemas.events import (
     ExperimentSubmitted,
@@ -56,13 +57,15 @@ class QueueFeed:
 
 
 class Lines:
-    """A Printer that keeps what it is given."""
+    """A Printer that keeps what it is given, as a rich Console shows it (markup read
+    unless ``markup=False``: ``[redacted:NAME]`` would vanish as a tag)."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
 
-    def print(self, *objects: object, **_kwargs: object) -> None:
-        self.lines.append(" ".join(str(o) for o in objects))
+    def print(self, *objects: object, markup: bool = True, **_kwargs: object) -> None:
+        text = " ".join(str(o) for o in objects)
+        self.lines.append(Text.from_markup(text).plain if markup else text)
 
 
 def _prepared(repetitions: int = 2) -> PreparedExperiment:
@@ -179,7 +182,7 @@ async def test_wait_counts_only_this_submissions_results() -> None:
             correlation_id=prepared.correlation_id,
             failure_class="infrastructure",
             error_type="EnvironmentStartTimeoutError",
-            message="",
+            message="sandbox did not start within 60 s [redacted:API_KEY]\nTraceback ...",
             final=False,
         ),
         _imported(prepared, 0, prepared.correlation_id),
@@ -192,7 +195,10 @@ async def test_wait_counts_only_this_submissions_results() -> None:
     assert outcome.exit_code == E.EXIT_TRIALS_UNSCORED  # both records are unscored
     assert outcome.summary["status"] == outcome.counts
     assert [r["n_trials"] for r in outcome.summary["leaderboard"]] == [2]
-    assert f"  retrying {first}: EnvironmentStartTimeoutError" in progress.lines
+    assert (
+        f"  retrying {first} after attempt 1: EnvironmentStartTimeoutError: sandbox did not "
+        "start within 60 s [redacted:API_KEY]"
+    ) in progress.lines
 
 
 async def test_wait_times_out_on_results_of_another_submission() -> None:
