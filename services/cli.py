@@ -52,10 +52,10 @@ def _run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
     try:
         return asyncio.run(coro_fn())  # type: ignore[arg-type]
     except UserInputError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(E.EXIT_USER_ERROR) from None
     except (TransientError, LedgerUnavailable, ConnectionError, OSError) as exc:
-        err.print(f"[red]unavailable:[/red] {exc}", highlight=False)
+        err.print(f"[red]unavailable:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(E.EXIT_UNAVAILABLE) from None
     except KeyboardInterrupt:
         raise typer.Exit(E.EXIT_INTERRUPTED) from None
@@ -149,9 +149,11 @@ def _write(path: Path, body: bytes) -> None:
     try:
         path.write_bytes(body)
     except OSError as exc:
-        err.print(f"[red]error:[/red] cannot write {path}: {exc.strerror}", highlight=False)
+        err.print(
+            f"[red]error:[/red] cannot write {escape(str(path))}: {exc.strerror}", highlight=False
+        )
         raise typer.Exit(E.EXIT_USER_ERROR) from None
-    err.print(f"wrote {path}", highlight=False)
+    err.print(f"wrote {path}", highlight=False, markup=False)
 
 
 @app.command()
@@ -246,7 +248,7 @@ def import_(
         highlight=False,
     )
     for line in summary.get("errors", [])[:20]:
-        err.print(f"  {line}", highlight=False)
+        err.print(f"  {line}", highlight=False, markup=False)
     if not summary["announced"]:
         err.print("NATS unreachable: recorded in the ledger without ResultImported events")
 
@@ -280,7 +282,7 @@ def export(
             highlight=False,
         )
     for trial_id, why in list(summary["unavailable"].items())[:20]:
-        err.print(f"  {trial_id}: not exported: {why}", highlight=False)
+        err.print(f"  {trial_id}: not exported: {why}", highlight=False, markup=False)
 
 
 @app.command()

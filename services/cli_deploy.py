@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from services.common import errors as E
 
@@ -51,7 +52,7 @@ def register(app: typer.Typer, run: Runner, err: Console) -> None:
         try:
             files = write_certs(folder, _hosts(hosts), rotate=rotate)
         except TlsError as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(E.EXIT_USER_ERROR) from None
         print(f"CA (give to clients): {files.ca_cert}")
         print(f"server certificate:   {files.server_cert} (key {files.server_key}, 0600)")
@@ -86,7 +87,7 @@ def register(app: typer.Typer, run: Runner, err: Console) -> None:
                 classes=CommonSettings().classes,
             )
         except TlsError as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(E.EXIT_USER_ERROR) from None
         print(f"wrote {files.folder} (NATS TLS, users and routes; MongoDB secrets; ledger.env)")
         if os.geteuid() != 0 and os.getuid() != SERVICE_UID:

@@ -189,3 +189,15 @@ async def test_a_server_that_starts_listening_within_the_window_is_waited_for() 
         await late
         for server in listening:
             server.close()
+
+
+def test_an_error_is_printed_as_written_not_read_as_rich_markup(tmp_path: Path) -> None:
+    # The console reads '[...]' as a style tag: the pattern's '[a-z0-9]' and the
+    # value's '[bold]' vanished, leaving "experiment_id 'ab' must match ^{0,63}$".
+    manifest = tmp_path / "bad-id.yaml"
+    manifest.write_text(
+        'name: x\nexperiment_id: "a[bold]b"\ntasks: [hello-file]\nagents:\n  - name: oracle\n'
+    )
+    proc = run_module({}, "submit", str(manifest))
+    assert proc.returncode == 2, proc.stderr
+    assert "experiment_id 'a[bold]b' must match ^[a-z0-9][a-z0-9_-]{0,63}$" in proc.stderr
