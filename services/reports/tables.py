@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Group, JustifyMethod, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -50,8 +51,8 @@ def leaderboard_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
     for i, r in enumerate(rows, 1):
         cells: list[str | Text] = [
             str(i),
-            r["agent"],
-            r["model"] or "-",
+            escape(r["agent"]),
+            escape(r["model"] or "-"),
             f"{r['n_scored']} / {r['n_trials']}",
             unscored(r),
             _estimate(r, with_ci(r["mean_reward"], r.get("mean_reward_ci"))),
@@ -85,7 +86,7 @@ def _per_agent_table(
     for col in columns:
         table.add_column(col, justify=justify)
     for r in rows:
-        table.add_row(r["agent"], r["model"] or "-", *cells(r))
+        table.add_row(escape(r["agent"]), escape(r["model"] or "-"), *cells(r))
     return table
 
 
@@ -152,7 +153,7 @@ def task_table(report: dict[str, Any]) -> Table | None:
     table = Table(title="per task: passed / scored (+ unscored)")
     table.add_column("task")
     for row in report["leaderboard"]:
-        table.add_column(row["agent"] + (f" ({row['model']})" if row["model"] else ""))
+        table.add_column(escape(row["agent"] + (f" ({row['model']})" if row["model"] else "")))
     for t in tasks:
         cells = []
         for c in t["cells"]:
@@ -177,7 +178,7 @@ def failures_table(report: dict[str, Any]) -> Table | None:
             f["exception_type"],
             str(f["count"]),
             "yes (agent's fault)" if f["scored"] else "no",
-            ", ".join(f"{a}: {n}" for a, n in f["by_agent"].items()),
+            escape(", ".join(f"{a}: {n}" for a, n in f["by_agent"].items())),
         )
     return table
 
@@ -185,7 +186,7 @@ def failures_table(report: dict[str, Any]) -> Table | None:
 def report_renderable(report: dict[str, Any]) -> Group:
     """Everything ``trialbus report`` prints."""
     title = f"report: {report['experiment_id']}" + (
-        f" ({report['name']})" if report.get("name") else ""
+        f" ({escape(report['name'])})" if report.get("name") else ""
     )
     s = report["status"]
     parts: list[RenderableType] = [
@@ -211,7 +212,7 @@ def report_renderable(report: dict[str, Any]) -> Group:
 
 def comparison_renderable(cmp: dict[str, Any]) -> Group:
     """Everything ``trialbus compare`` prints."""
-    a, b = cmp["a"]["label"], cmp["b"]["label"]
+    a, b = escape(cmp["a"]["label"]), escape(cmp["b"]["label"])
     table = Table(title=f"A = {a}   vs   B = {b}")
     for col in ("", "A", "B", "A - B [95% CI]"):
         table.add_column(col)

@@ -117,6 +117,21 @@ def test_cli_tables_render_every_section() -> None:
         assert expected in text, expected
 
 
+def test_cli_tables_show_names_as_written_not_as_rich_markup() -> None:
+    # A label or model may hold '[...]', which the console reads as a style tag.
+    label, model = "mine [v2]", "openai/[bold]gpt"
+    odd = [
+        report_record(single_reward(1.0), task=t, agent="a", label=label, model=model)
+        for t in ("hello-file", "count-words")
+    ]
+    info = ExperimentInfo("exp", "sweep [draft]", 2, {})
+    console = Console(record=True, width=300)
+    console.print(report_renderable(build_report("exp", odd, info)))
+    text = console.export_text()
+    assert label in text and model in text and "report: exp (sweep [draft])" in text
+    assert f"{label} ({model})" in text  # the per-task table's column
+
+
 def test_comparison_renders_its_verdict() -> None:
     records = demo_records()
     cmp = compare(
