@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,7 +35,10 @@ if TYPE_CHECKING:
     from services.common.ports import Ledger
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
-out = Console()
+OUTPUT_WIDTH = 200
+"""Columns of the tables when stdout is not a terminal (a CI log, a pipe) and COLUMNS is
+unset: rich's default there is 80, which cut every id in a table to a few letters."""
+out = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else OUTPUT_WIDTH)
 err = Console(stderr=True, soft_wrap=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]

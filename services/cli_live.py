@@ -32,7 +32,9 @@ def experiments_table(rows: list[ExperimentRow], default_class: str = DEFAULT_CL
     """The experiments list, with the dashboard's columns and numbers (an unset priority
     class shown as ``default_class``, the installation's)."""
     table = Table(title="experiments (newest first)")
-    for col in ("id", "name", "submitted by", "team", "class", "state"):
+    # Ids wrap rather than end in '…': the id is what the next command needs.
+    table.add_column("id", overflow="fold")
+    for col in ("name", "submitted by", "team", "class", "state"):
         table.add_column(col)
     for col in ("done", "running", "queued", "unscored", "total"):
         table.add_column(col, justify="right")
@@ -95,7 +97,8 @@ def runners_table(rows: list[RunnerRow]) -> Table:
     """The runner fleet: one line per live runner record, stale ones marked."""
     table = Table(title="runners", caption="stale: missed a heartbeat (it drops out after its TTL)")
     numbers = ("concurrency", "in flight", "done", "failed")
-    for col in ("id", "host", "pool", "capabilities", *numbers, "last seen", "state"):
+    table.add_column("id", overflow="fold")
+    for col in ("host", "pool", "capabilities", *numbers, "last seen", "state"):
         table.add_column(col, justify="right" if col in numbers else "left")
     for r in rows:
         offers = ", ".join([*r.capabilities, *(f"{label} (label)" for label in r.labels)])
@@ -130,7 +133,8 @@ def queue_tables(view: QueueView) -> list[Table]:
             escape(reasons),
         )
     waiting = Table(title="why they wait")
-    for col in ("experiment", "name", "pool", "class", "team", "queued", "running", "reason"):
+    waiting.add_column("experiment", overflow="fold")
+    for col in ("name", "pool", "class", "team", "queued", "running", "reason"):
         waiting.add_column(col, justify="right" if col in ("queued", "running") else "left")
     waiting.add_column("detail", overflow="fold")
     for e in view.experiments:

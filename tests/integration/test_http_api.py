@@ -295,9 +295,10 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
         )
     finally:
         await nc.close()
-    env = servers.cli().env
+    # COLUMNS out: the piped table's width is the CLI's own choice here.
+    env = {k: v for k, v in servers.cli().env.items() if k != "COLUMNS"}
     page = tmp_path / "report.html"
-    status, board, report, unknown, listed = await asyncio.gather(
+    status, board, report, unknown, listed, table = await asyncio.gather(
         *(
             asyncio.to_thread(run_module, env, *args)
             for args in (
@@ -306,6 +307,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
                 ("report", experiment_id, "--json", "--html", str(page)),
                 ("status", "no-such-experiment", "--json"),
                 ("experiments", "--json"),
+                ("experiments",),
             )
         )
     )
@@ -338,6 +340,9 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
         13,
     )
     assert unauthenticated.status_code == 401
+    # The table, piped (not a terminal): ids whole, not cut to 80 columns' worth.
+    assert table.returncode == 0, table.stderr
+    assert f"│ {experiment_id} " in table.stdout, table.stdout
     # An unknown experiment: exit 2 on the command line, 404 over HTTP, same words.
     assert unknown.returncode == 2
     assert "no experiment 'no-such-experiment' in the ledger" in unknown.stderr
