@@ -226,7 +226,8 @@ class SubmitterSettings(CommonSettings):
     """Comma-separated Host header values the HTTP API answers (DNS rebinding); default: http_host,
     localhost, 127.0.0.1 and ::1. '*' turns it off."""
     tasks_root: Path | None = None
-    """When set, task paths must stay inside this folder."""
+    """Task paths must stay inside this folder. Unset: a manifest posted over HTTP must stay inside
+    the service's working folder, and one given to the command line may name any folder."""
     quotas_file: Path | None = None
     """YAML/JSON file of team quotas (max_concurrent_trials, max_trials_per_day,
     max_spend_usd_per_day per team, and a default for teams not listed; services/common/quotas.py).

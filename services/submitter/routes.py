@@ -174,9 +174,12 @@ def prepare_body(body: bytes, content_type: str, settings: SubmitterSettings) ->
 
 
 def posted_task_folders(settings: SubmitterSettings) -> TaskFolders:
-    """Where the task folders of a manifest posted over HTTP are: under
-    ``TRIALBUS_TASKS_ROOT``, or the service's working folder when it is unset."""
-    return TaskFolders(settings.tasks_root or Path.cwd(), settings.tasks_root)
+    """Where the task folders of a manifest posted over HTTP are, and what they must
+    stay inside: ``TRIALBUS_TASKS_ROOT``, or the service's working folder when it is
+    unset. Never anywhere: a token holder would name any task folder on this host
+    (another team's private tasks, their solutions and tests)."""
+    root = settings.tasks_root or Path.cwd()
+    return TaskFolders(root, root)
 
 
 def check_owner(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,6 +92,8 @@ def start_api(base_env: dict[str, str], tokens_file: Path, tmp_path: Path) -> It
             **overrides,
         }
         env = service_env(base_env, **{k: v for k, v in settings.items() if v != ""})
+        for name in [k for k, v in settings.items() if v == ""]:
+            env.pop(name, None)  # removed, base_env's value included
         log_path = tmp_path / f"api-{port}.log"
         api = ApiProcess(start_service("services.submitter", env, log_path), port, log_path)
         started.append(api)
@@ -371,3 +374,24 @@ async def test_yaml_parsing_does_not_stall_the_api(start_api: StartApi) -> None:
         f"/healthz waited {max(latencies):.2f} s during a {duration:.2f} s parse: "
         "the parse runs on the event loop"
     )
+
+
+async def test_without_a_tasks_root_a_posted_manifest_stays_in_the_working_folder(
+    start_api: StartApi, nats_url: str, topology: Topology, tmp_path: Path
+) -> None:
+    # Before, TRIALBUS_TASKS_ROOT unset meant any folder of the submitter's host: a token
+    # holder could submit another team's private task (solution and tests included).
+    private = tmp_path / "private" / "hello-file"
+    shutil.copytree(REPO / "examples" / "tasks" / "hello-file", private)
+    api = start_api(TRIALBUS_TASKS_ROOT="")  # the service runs in the repository
+    async with httpx.AsyncClient(base_url=api.base_url) as c:
+        outside = {**MANIFEST, "name": "outside", "tasks": [str(private)]}
+        refused = await c.post("/experiments", json=outside, headers=auth("alice"))
+        assert refused.status_code == 422, refused.text
+        assert f"outside the tasks root {REPO}" in refused.json()["error"]
+        assert await work_messages(nats_url, topology) == 0
+        # Control: a task folder inside the working folder is accepted.
+        inside = {**MANIFEST, "name": "inside", "tasks": ["examples/tasks/hello-file"]}
+        accepted = await c.post("/experiments", json=inside, headers=auth("alice"))
+        assert accepted.status_code == 202, accepted.text
+    assert await work_messages(nats_url, topology) == 1
