@@ -77,14 +77,22 @@ def live_pools_summary(runners: Sequence[RunnerInfo]) -> str:
     return "live pools: " + ", ".join(parts)
 
 
+def capable_runners(compute: ComputeSpec, runners: Sequence[RunnerInfo]) -> list[RunnerInfo]:
+    """The runners of ``compute``'s pool that offer everything it needs, by runner id."""
+    needed = set(required_capabilities(compute))
+    return sorted(
+        (r for r in runners if r.pool == compute.pool and needed <= r.offers),
+        key=lambda r: r.runner_id,
+    )
+
+
 def agent_name_refusal(manifest: ExperimentManifest, runners: Sequence[RunnerInfo]) -> str | None:
     """None when the live runners of the manifest's pool that offer what it needs ship
     every agent it names (``RunnerInfo.harbor_agents``); else which names no such
     runner's Harbor knows, with the names closest to each. Runners that do not say
     (older ones) are not second-guessed, as for policies."""
     compute = manifest.compute
-    needed = set(required_capabilities(compute))
-    members = [r for r in runners if r.pool == compute.pool and needed <= r.offers]
+    members = capable_runners(compute, runners)
     if not members:
         return None  # pool_refusal says so
     shipped: set[str] = set()
@@ -117,11 +125,7 @@ def policy_refusal(
     ones) are not second-guessed: the runner enforces its policy again either way.
     """
     compute = manifest.compute
-    needed = set(required_capabilities(compute))
-    members = sorted(
-        (r for r in runners if r.pool == compute.pool and needed <= r.offers),
-        key=lambda r: r.runner_id,
-    )
+    members = capable_runners(compute, runners)
     templates: list[tuple[str, list[tuple[str, str]]]] | None = None
     first: tuple[RunnerInfo, list[str]] | None = None
     for runner in members:
