@@ -49,12 +49,19 @@ class TaskFolders:
         return resolve_tasks(manifest, self.base_dir, self.tasks_root)
 
 
-def check_task_dir(task_dir: Path, where: str) -> None:
-    """Raise ManifestError naming what is missing from a Harbor task folder."""
+def check_task_dir(
+    task_dir: Path, where: str, *, written: str | None = None, root: Path | None = None
+) -> None:
+    """Raise ManifestError naming what is missing from a Harbor task folder. With
+    ``written`` (the path as the manifest gives it), a folder that does not exist is
+    named with the closest one beside it, inside ``root`` (``_closest_folder``)."""
     if not task_dir.is_dir():
         if task_dir.exists():
             raise ManifestError(f"{where}: {task_dir} is not a folder; list Harbor task folders")
-        raise ManifestError(f"{where}: task folder {task_dir} does not exist")
+        did_you_mean = ""
+        if written and (hint := _closest_folder(task_dir, root)):
+            did_you_mean = f"; did you mean {str(Path(written).with_name(hint))!r}?"
+        raise ManifestError(f"{where}: task folder {task_dir} does not exist{did_you_mean}")
     missing = [name for name in _REQUIRED if not (task_dir / name).is_file()]
     tests = task_dir / "tests"
     if not (tests / "test.sh").is_file() and not any(tests.glob("test.*")):
@@ -146,13 +153,7 @@ def resolve_tasks(
                 raise ManifestError(
                     f"{where}: {spec.path!r} resolves to {task_dir}, outside the tasks root {root}"
                 )
-            if not task_dir.exists():
-                hint = _closest_folder(task_dir, root)
-                raise ManifestError(
-                    f"{where}: task folder {task_dir} does not exist"
-                    + (f"; did you mean {str(Path(spec.path).with_name(hint))!r}?" if hint else "")
-                )
-            check_task_dir(task_dir, where)
+            check_task_dir(task_dir, where, written=spec.path, root=root)
             if str(task_dir) in seen:
                 continue
             name = task_dir.name
