@@ -5,14 +5,14 @@ Import them from ``schemas.events``, which also holds the ``Event`` union and th
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.constraints import Count, FiniteAmount, PositiveCount
 from schemas.documented import DOCUMENTED
 from schemas.envelope import TRIAL_ID_PATTERN, RunEvent, TrialEvent, type_tag
-from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+from schemas.manifest import MAX_NAME_CHARS, AgentSpec, ComputeSpec, RetrySpec
 from schemas.objects import SHA256_PATTERN, ObjectRef
 
 MAX_MESSAGE_CHARS = 4000
@@ -28,6 +28,11 @@ _HANDED_BACK = (
 
 def _handed_back_field() -> int:
     return Field(default=0, exclude_if=lambda v: not v, description=_HANDED_BACK)
+
+
+def _left_out_when_none(**constraints: Any) -> Any:
+    """An optional field that the wire form leaves out when it is None."""
+    return Field(default=None, exclude_if=lambda v: v is None, **constraints)
 
 
 TASK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -104,7 +109,7 @@ class TrialRequested(RunEvent):
     """How many trials the submission expanded to. When it is at most compute.n_concurrent_trials
     the limit cannot bind, and runners take no concurrency slot for the trial. Absent: a slot is
     taken."""
-    team: TeamRef | None = Field(default=None, exclude_if=lambda v: v is None)
+    team: TeamRef | None = _left_out_when_none()
     """The submitting team and its quotas that runners enforce (a team concurrency slot, the daily
     spend cap), from the submitter's identity. Absent: no team quota applies on the runners."""
 
@@ -124,6 +129,14 @@ class TrialStarted(RunEvent):
     """Host name of the machine the runner runs on."""
     attempt: PositiveCount = Field(description=_ATTEMPT)
     handed_back: Count = _handed_back_field()
+    task_name: str | None = _left_out_when_none(pattern=TASK_NAME_PATTERN)
+    """The task being run (its work message's task name), so a live view names a running trial's
+    task before its record exists. Absent from runners older than this field."""
+    agent_label: str | None = _left_out_when_none(max_length=MAX_NAME_CHARS)
+    """The agent as reports name it: the manifest's label, else its name or import path. Absent
+    from runners older than this field."""
+    model: str | None = _left_out_when_none(max_length=MAX_NAME_CHARS)
+    """The model the agent runs with, when the manifest names one."""
 
     def _dedup_suffix(self) -> tuple[str, ...]:
         return ("started", str(self.attempt), *_handed_back_suffix(self.handed_back))

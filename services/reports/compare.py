@@ -26,7 +26,7 @@ from typing import Any
 
 from schemas.record import TrialRecord
 from services.common.errors import UserInputError
-from services.reports import stats
+from services.reports import formatting, stats
 from services.reports.scoring import (
     MIN_SCORED,
     group_key,
@@ -231,7 +231,7 @@ def pick_side(experiment_id: str, records: Sequence[TrialRecord], selector: str 
     UserInputError naming the choices when the selection is missing or ambiguous.
     """
     rows = rows_of(records)
-    choices = ", ".join(a if m is None else f"{a}@{m}" for a, m in rows) or "none"
+    choices = ", ".join(formatting.agent_at(a, m) for a, m in rows) or "none"
     if selector is None:
         candidates = rows
     else:

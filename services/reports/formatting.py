@@ -17,6 +17,16 @@ def num(value: float | None, pct: bool = False) -> str:
     return f"{value:.1%}" if pct else f"{value:.3f}"
 
 
+def agent_at(agent: str, model: str | None) -> str:
+    """An agent as every report names it: ``agent@model``, or the agent alone."""
+    return f"{agent}@{model}" if model else agent
+
+
+def row_agent(row: dict[str, Any]) -> str:
+    """A leaderboard row's (or matrix cell's) agent, as ``agent_at`` names it."""
+    return agent_at(str(row["agent"]), row.get("model"))
+
+
 def with_ci(value: float | None, ci: Sequence[float] | None, pct: bool = False) -> str:
     """``value [low, high]``; the value alone without an interval; "-" for None."""
     if value is None:

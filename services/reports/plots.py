@@ -22,7 +22,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from services.reports.formatting import num
+from services.reports.formatting import num, row_agent
 
 METADATA_KEY: Final = "trialbus-report"
 """The PNG text chunk holding ``plot_data``'s JSON."""
@@ -91,10 +91,6 @@ class PlotData:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
 
-def _label(row: dict[str, Any]) -> str:
-    return f"{row['agent']}@{row['model']}" if row.get("model") else str(row["agent"])
-
-
 def plot_data(report: dict[str, Any]) -> PlotData:
     """The figure's numbers from ``build_report``'s data: the leaderboard's rows in its
     order, the matrix's first ``MATRIX_TASKS_MAX`` tasks."""
@@ -105,7 +101,7 @@ def plot_data(report: dict[str, Any]) -> PlotData:
         name=report.get("name"),
         bars=[
             Bar(
-                label=_label(r),
+                label=row_agent(r),
                 mean_reward=r["mean_reward"],
                 mean_reward_ci=r["mean_reward_ci"],
                 pass_rate=r["pass_rate"],
@@ -116,7 +112,7 @@ def plot_data(report: dict[str, Any]) -> PlotData:
             )
             for r in board
         ],
-        agents=[_label(r) for r in board],
+        agents=[row_agent(r) for r in board],
         tasks=[t["task"] for t in shown],
         cells=[
             [Cell(c["outcome"], c["n_passed"], c["n_scored"], c["n_recorded"]) for c in t["cells"]]

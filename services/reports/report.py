@@ -12,7 +12,7 @@ from typing import Any
 
 from schemas.record import TrialRecord
 from services.common.ports import ExperimentInfo
-from services.reports import stats
+from services.reports import formatting, stats
 from services.reports.budget import budget_usage
 from services.reports.leaderboard import LeaderboardRow, leaderboard, status_counts, usage_totals
 from services.reports.scoring import (
@@ -116,7 +116,7 @@ def failure_causes(records: Iterable[TrialRecord]) -> list[dict[str, Any]]:
         cls = unscored_cause(rec) if unscored else ev.failure_class
         etype = ev.exception_type or ("-" if ev.failure_class == "none" else "unknown")
         agent, model = group_key(rec)
-        label = agent if model is None else f"{agent}@{model}"
+        label = formatting.agent_at(agent, model)
         table[(cls, etype)][label] += 1
     return [
         {

@@ -184,6 +184,9 @@ class Admission:
                     host=self.host,
                     attempt=start.attempt,
                     handed_back=start.handed_back,
+                    task_name=request.task.name,
+                    agent_label=request.agent.display,
+                    model=request.agent.model,
                 )
             )
         )

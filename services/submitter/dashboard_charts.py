@@ -20,6 +20,7 @@ from typing import Any, Final
 from markupsafe import Markup, escape
 
 from services.reports import formatting
+from services.reports.formatting import row_agent
 
 BAR_WIDTH: Final = 220
 _PAD, _MEAN_Y, _RATE_Y, _AXIS_Y, _HEIGHT = 10, 9, 21, 30, 34
@@ -38,11 +39,6 @@ TOKEN_FIELDS: Final = (
     ("n_cache_tokens", "cache tokens"),
     ("n_output_tokens", "output tokens"),
 )
-
-
-def agent_label(row: dict[str, Any]) -> str:
-    """A leaderboard row's (or matrix cell's) ``agent@model``, as the leaderboard shows it."""
-    return f"{row['agent']}@{row['model']}" if row.get("model") else str(row["agent"])
 
 
 def mean_scale(rows: Sequence[dict[str, Any]]) -> tuple[float, float]:
@@ -146,12 +142,12 @@ def matrix(report: dict[str, Any], max_tasks: int = MATRIX_TASKS_MAX) -> dict[st
     rows = [
         {
             "task": t["task"],
-            "cells": [{**matrix_cell(c), "agent": agent_label(c)} for c in t["cells"]],
+            "cells": [{**matrix_cell(c), "agent": row_agent(c)} for c in t["cells"]],
         }
         for t in tasks[:max_tasks]
     ]
     return {
-        "agents": [agent_label(r) for r in report["leaderboard"]],
+        "agents": [row_agent(r) for r in report["leaderboard"]],
         "rows": rows,
         "hidden": max(0, len(tasks) - max_tasks),
     }
@@ -168,7 +164,7 @@ def usage_rows(board: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
         return []
     return [
         {
-            "agent": agent_label(r),
+            "agent": row_agent(r),
             "cost": formatting.cost(r, "/scored"),
             **{
                 name: formatting.usage_cell(name, (r.get("usage") or {}).get(name))
@@ -204,7 +200,7 @@ def unscored_causes(board: Sequence[dict[str, Any]]) -> dict[str, Any]:
     causes = sorted({c for r in board for c in r["unscored_by_cause"]})
     rows = [
         {
-            "agent": agent_label(r),
+            "agent": row_agent(r),
             "counts": [r["unscored_by_cause"].get(c, 0) for c in causes],
             "unscored": sum(r["unscored_by_cause"].values()),
             "pending": r["n_pending"],
@@ -223,7 +219,7 @@ def pass_at_k(board: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ks = sorted({int(k) for r in board for k in r.get("pass_at_k") or {}})
     rows = [
         {
-            "agent": agent_label(r),
+            "agent": row_agent(r),
             "tasks": r["pass_at_k_tasks"],
             "values": [formatting.num((r.get("pass_at_k") or {}).get(str(k))) for k in ks],
             "note": formatting.too_few(r) if r.get("too_few") else "",

@@ -230,7 +230,7 @@ def _context(experiment_id: str, report: dict[str, Any], table: views.TrialPage)
             "pager": table.pager(experiment_id),
             "experiment_id": experiment_id,
             "compare_url": experiment_compare_url(
-                experiment_id, [charts.agent_label(r) for r in board]
+                experiment_id, [formatting.row_agent(r) for r in board]
             ),
         }
     )

@@ -80,8 +80,8 @@ def running_rows(started: Mapping[str, TrialStarted], recorded: Set[str]) -> lis
     return [
         TrialRow(
             trial_id=trial_id,
-            task="-",
-            agent="-",
+            task=ev.task_name or "-",
+            agent=formatting.agent_at(ev.agent_label, ev.model) if ev.agent_label else "-",
             status="running",
             reward="-",
             failure_class="-",
@@ -176,13 +176,12 @@ def trial_page(
 def agent_label(rec: TrialRecord) -> str:
     """``label`` or ``name``, with ``@model`` when the record names one."""
     p = rec.provenance
-    name = p.agent_label or p.agent_name
-    return f"{name}@{p.model}" if p.model else name
+    return formatting.agent_at(p.agent_label or p.agent_name, p.model)
 
 
 def leaderboard_cells(row: dict[str, Any]) -> dict[str, str]:
     """A leaderboard row's cells as text, worded as the CLI and the HTML report word them."""
-    agent = f"{row['agent']}@{row['model']}" if row.get("model") else str(row["agent"])
+    agent = formatting.row_agent(row)
     few = formatting.too_few(row) if row["too_few"] else ""
     return {
         "agent": agent,

@@ -28,6 +28,16 @@ AGENT = AgentSpec(
 )
 
 
+STARTED_BY: dict[str, Any] = {"trial_id": "t1", "runner_id": "r-1", "host": "node-a"}
+"""The trial and the runner of the sample starts."""
+NAMED_RUN: dict[str, Any] = {
+    "task_name": "hello-file",
+    "agent_label": "t2",
+    "model": "anthropic/claude-sonnet-4",
+}
+"""What a start names of its run (runners since the fields exist)."""
+
+
 def env(n: int) -> dict[str, Any]:
     """Envelope fields with a fixed event_id and timestamp (the defaults are random)."""
     return {
@@ -86,12 +96,11 @@ def instances() -> dict[str, events.Envelope]:
                 name="red.team", max_concurrent_trials=4, max_spend_usd_per_day=25.0
             ),
         ),
-        "trial_started": events.TrialStarted(
-            **env(4), trial_id="t1", runner_id="r-1", host="node-a", attempt=2
-        ),
+        "trial_started": events.TrialStarted(**env(4), **STARTED_BY, attempt=2),
         "trial_started_resumed": events.TrialStarted(
-            **env(5), trial_id="t1", runner_id="r-1", host="node-a", attempt=1, run_id="t1:resume:2"
+            **env(5), **STARTED_BY, attempt=1, run_id="t1:resume:2"
         ),
+        "trial_started_named": events.TrialStarted(**env(16), **STARTED_BY, attempt=1, **NAMED_RUN),
         "trial_log": events.TrialLog(
             **env(6), trial_id="t1", phase="agent", stream="stderr", text='h\u00e9llo "q"\n'
         ),

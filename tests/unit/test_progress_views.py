@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from rich.console import Console
 
+from schemas.events import TrialStarted
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
 from services.cli_live import experiments_table, runners_table, status_line, status_text
@@ -125,3 +126,19 @@ def test_the_list_filter_finds_team_and_class() -> None:
     unset = experiment_row("e2", one, recorded_of([], one), [], NOW)
     assert unset.class_shown("normal") == "normal" and unset.as_dict()["priority_class"] is None
     assert "normal" in _text(experiments_table([unset], "normal"))
+
+
+def test_a_running_trial_s_row_names_its_task_and_agent_from_its_start() -> None:
+    named = TrialStarted(
+        experiment_id="exp", trial_id="t1", runner_id="r", host="node-a", attempt=2,
+        task_name="hello-file", agent_label="t2", model="anthropic/claude-sonnet-4",
+    )  # fmt: skip
+    older = TrialStarted(experiment_id="exp", trial_id="t2", runner_id="r", host="h", attempt=1)
+    done = older.model_copy(update={"trial_id": "t3"})
+    rows = dashboard_views.running_rows({"t1": named, "t2": older, "t3": done}, {"t3"})
+    cells = [(r.trial_id, r.task, r.agent, r.status, r.attempts, r.runner_host) for r in rows]
+    assert cells == [
+        ("t1", "hello-file", "t2@anthropic/claude-sonnet-4", "running", "2", "node-a"),
+        # A runner older than the names: dashes, as before.
+        ("t2", "-", "-", "running", "1", "h"),
+    ]

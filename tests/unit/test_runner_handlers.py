@@ -141,6 +141,8 @@ async def test_a_trial_runs_reports_and_is_acked(tmp_path: Path) -> None:
     started, done = world.bus.published
     assert isinstance(started, TrialStarted) and isinstance(done, TrialCompleted)
     assert (started.attempt, started.runner_id, started.host) == (1, "runner-1", "node-a")
+    # It names the task and the agent, for live views (the model: none in the manifest).
+    assert (started.task_name, started.agent_label, started.model) == ("hello", "oracle", None)
     assert (done.attempt, done.harbor_version, done.run_id) == (1, "9.9.9", req.dedup_id())
     # The live-log sink was built for this trial and handed to the executor.
     assert world.sinks == [req]

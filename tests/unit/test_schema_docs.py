@@ -171,9 +171,12 @@ def test_a_stale_table_is_reported_field_by_field() -> None:
     documented = table_after(_STALE, "### `trial_started`")
     assert set(documented) == {"trial_id", "runner_id", "host", "attempt", "worker"}
     assert sorted(drift(documented, payload_fields(TrialStarted), marks_required=True)) == [
+        "agent_label: not documented",
         "attempt: required in the model",
         "handed_back: not documented",
+        "model: not documented",
         "run_id: not documented",
+        "task_name: not documented",
         "worker: documented, not a field",
     ]
 

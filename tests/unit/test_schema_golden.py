@@ -94,6 +94,17 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
         b'"run_id":"t1:resume:2"}',
         "t1:resume:2:started:1",
     ),
+    # Added with the fields that name a running trial's task and agent (left out when
+    # unset, so the two instances above keep their bytes).
+    "trial_started_named": (
+        b'{"event_id":"00000000000000000000000000000010",'
+        b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
+        b'"experiment_id":"exp-1","trial_id":"t1","correlation_id":"corr-1",'
+        b'"type":"trial_started","runner_id":"r-1","host":"node-a","attempt":1,'
+        b'"task_name":"hello-file","agent_label":"t2","model":"anthropic/claude-sonnet-4",'
+        b'"run_id":""}',
+        "t1:started:1",
+    ),
     "trial_log": (
         b'{"event_id":"00000000000000000000000000000006",'
         b'"occurred_at":"2025-03-01T12:30:15.123456Z","schema_version":2,'
