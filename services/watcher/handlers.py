@@ -60,8 +60,15 @@ class Watcher:
         self._refused_reads: set[str] = set()  # logged once each, not on every scan
         self._tallies: dict[str, RecordTally] = {}
         self._correlation: dict[str, str] = {}
-        # Trial id -> the experiment this process announced it for (external jobs).
+        # Trial id -> the experiment this process announced it for (external jobs),
+        # until its record is seen: from then on the ledger says whose it is.
         self._claimed: dict[str, str] = {}
+
+    @property
+    def unrecorded_claims(self) -> int:
+        """How many external trials this process announced that it has not seen
+        recorded yet (what it remembers to keep a copied job from claiming them)."""
+        return len(self._claimed)
 
     async def check(
         self,
@@ -79,6 +86,8 @@ class Watcher:
         """
         tally = self._tallies.setdefault(experiment_id, RecordTally())
         tally.since.update(imported)
+        for trial_id in imported:  # recorded: the ledger knows whose it is now
+            self._claimed.pop(trial_id, None)
         self._correlation[experiment_id] = correlation_id
         if exact:
             tally.counted = None
@@ -193,6 +202,7 @@ class Watcher:
                 owner = self._claimed.get(trial_id, experiment_id)
             else:
                 owner = record.experiment_id
+                self._claimed.pop(trial_id, None)
             if owner != experiment_id:
                 elsewhere.add(owner)
                 continue
@@ -209,7 +219,9 @@ class Watcher:
                 left_out=len(trials) - len(own),
                 other_experiments=sorted(elsewhere),
             )
-        self._claimed.update((t.context.trial_id, experiment_id) for t in own)
+        self._claimed.update(
+            (t.context.trial_id, experiment_id) for t in own if t.context.trial_id not in recorded
+        )
         return own, recorded
 
 

@@ -232,6 +232,27 @@ async def test_two_jobs_naming_the_same_trials_in_one_scan_announce_them_once(
     assert len(bus.of_type(ExperimentSubmitted)) == 1
 
 
+async def test_an_announced_trial_is_forgotten_once_recorded_and_its_copy_still_left_out(
+    tmp_path: Path,
+) -> None:
+    # The watcher remembers whose an announced trial is only until its record exists:
+    # from then on the ledger says so, and the memory does not grow with every trial.
+    jobs = tmp_path / "jobs"
+    harbor_job(jobs, "a", ["t-1", "t-2"])
+    ledger = InMemoryLedger()
+    watcher = Watcher(ledger, bus := RecordingBus(), jobs, folders())
+    assert await watcher.scan_external() == 2
+    assert watcher.unrecorded_claims == 2
+    await ledger.upsert_records([record(t, experiment_id="harbor-a") for t in ["t-1", "t-2"]])
+    await watcher.check("harbor-a", "corr", imported=["t-1"])
+    assert watcher.unrecorded_claims == 1  # t-2's ResultImported is not seen yet
+    # A copy scanned now: both are recorded, so the ledger leaves them out.
+    harbor_job(jobs, "b", ["t-1", "t-2"])
+    assert await watcher.scan_external() == 0
+    assert watcher.unrecorded_claims == 0  # t-2's record was read: the claim is let go
+    assert [e.experiment_id for e in bus.of_type(ExperimentSubmitted)] == ["harbor-a"]
+
+
 # -- one verdict per message ---------------------------------------------------------------
 
 
