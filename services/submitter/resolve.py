@@ -50,17 +50,21 @@ class TaskFolders:
 
 
 def check_task_dir(
-    task_dir: Path, where: str, *, written: str | None = None, root: Path | None = None
+    task_dir: Path,
+    where: str,
+    *,
+    written: str | None = None,
+    base: Path | None = None,
+    root: Path | None = None,
 ) -> None:
     """Raise ManifestError naming what is missing from a Harbor task folder. With
-    ``written`` (the path as the manifest gives it), a folder that does not exist is
-    named with the closest one beside it, inside ``root`` (``_closest_folder``)."""
+    ``written`` (the path as the manifest gives it, relative to ``base``), a folder that
+    does not exist is named with the closest one inside ``root`` (``_did_you_mean``)."""
     if not task_dir.is_dir():
         if task_dir.exists():
             raise ManifestError(f"{where}: {task_dir} is not a folder; list Harbor task folders")
-        did_you_mean = ""
-        if written and (hint := _closest_folder(task_dir, root)):
-            did_you_mean = f"; did you mean {str(Path(written).with_name(hint))!r}?"
+        hint = _did_you_mean(task_dir, written, base, root) if written else None
+        did_you_mean = f"; did you mean {hint!r}?" if hint else ""
         raise ManifestError(f"{where}: task folder {task_dir} does not exist{did_you_mean}")
     missing = [name for name in _REQUIRED if not (task_dir / name).is_file()]
     tests = task_dir / "tests"
@@ -83,6 +87,39 @@ def check_task_dir(
 
 _SIBLINGS_READ = 10_000
 """Entries of a missing folder's parent looked at for a close name, at most."""
+_FOLDERS_DOWN = 2
+"""How many folders down from the manifest's folder a misplaced path is looked for."""
+_PLACES_READ = 200
+"""Places looked at for a misplaced path, at most (``_moved``)."""
+
+
+def _did_you_mean(missing: Path, written: str, base: Path | None, root: Path | None) -> str | None:
+    """What the manifest may have meant instead of ``written`` (as it would write it): a
+    folder beside ``missing`` with a close name (a typo), else the same task folder
+    relative to another folder (``_moved``). Never a folder outside ``root``."""
+    if close := _closest_folder(missing, root):
+        return str(Path(written).with_name(close))
+    if base is None or Path(written).is_absolute() or glob.has_magic(written):
+        return None
+    return _moved(Path(written), base, root)
+
+
+def _moved(written: Path, base: Path, root: Path | None) -> str | None:
+    """``written`` with leading folders dropped, or one or two added, where that names a
+    Harbor task folder under ``base`` (and ``root``): the path was written relative to
+    another folder (the current one instead of the manifest's, say)."""
+    parts = written.parts
+    tails = [Path(*parts[k:]) for k in range(1, len(parts))]
+    heads: list[Path] = []
+    for depth in range(1, _FOLDERS_DOWN + 1):
+        found = glob.glob(os.path.join(glob.escape(str(base)), *["*"] * depth, str(written)))
+        heads += sorted(Path(p).relative_to(base) for p in found[:_PLACES_READ])
+    for candidate in [*tails, *heads][:_PLACES_READ]:
+        folder = (base / candidate).resolve()
+        inside = folder.is_relative_to(root if root is not None else base)
+        if inside and ".." not in candidate.parts and (folder / "task.toml").is_file():
+            return str(candidate)
+    return None
 
 
 def _closest_folder(missing: Path, root: Path | None) -> str | None:
@@ -153,7 +190,7 @@ def resolve_tasks(
                 raise ManifestError(
                     f"{where}: {spec.path!r} resolves to {task_dir}, outside the tasks root {root}"
                 )
-            check_task_dir(task_dir, where, written=spec.path, root=root)
+            check_task_dir(task_dir, where, written=spec.path, base=base, root=root)
             if str(task_dir) in seen:
                 continue
             name = task_dir.name

@@ -231,6 +231,34 @@ def test_a_misspelt_folder_is_named_with_the_closest_one_as_written() -> None:
     )
 
 
+def test_a_path_written_relative_to_another_folder_is_named_as_it_should_read(
+    tmp_path: Path,
+) -> None:
+    # examples/tasks/hello-file from the repository's folder; tasks/hello-file from the
+    # manifest's (the mistake in both directions: a folder too many, or too few).
+    make_task(tmp_path / "suite" / "tasks" / "hello-file")
+    manifest_dir = tmp_path / "suite"
+    too_many = (manifest_dir / "suite" / "tasks" / "hello-file").resolve()
+    assert resolve_error(make(tasks=["suite/tasks/hello-file"]), manifest_dir) == (
+        f"tasks[0]: task folder {too_many} does not exist; did you mean 'tasks/hello-file'?"
+    )
+    too_few = (tmp_path / "tasks" / "hello-file").resolve()
+    assert resolve_error(make(tasks=["tasks/hello-file"]), tmp_path) == (
+        f"tasks[0]: task folder {too_few} does not exist; did you mean "
+        "'suite/tasks/hello-file'?"
+    )
+    # Only a Harbor task folder is named (a folder of the same name without task.toml
+    # is not), and never one outside the tasks root.
+    (tmp_path / "other" / "tasks" / "count").mkdir(parents=True)
+    missing = (tmp_path / "tasks" / "count").resolve()
+    assert resolve_error(make(tasks=["tasks/count"]), tmp_path) == (
+        f"tasks[0]: task folder {missing} does not exist"
+    )
+    assert resolve_error(make(tasks=["tasks/hello-file"]), tmp_path, tmp_path / "tasks") == (
+        f"tasks[0]: task folder {too_few} does not exist"
+    )
+
+
 def test_glob_matching_nothing_names_the_entry() -> None:
     assert resolve_error(make(tasks=["tasks/zz-*"]), EXAMPLES) == (
         f"tasks[0]: glob 'tasks/zz-*' matches no task folder under {EXAMPLES.resolve()}"
