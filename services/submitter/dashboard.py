@@ -31,8 +31,7 @@ from pydantic import BaseModel
 from schemas.record import TrialRecord
 from services.common.errors import ExperimentNotFound, UserInputError
 from services.common.settings import SubmitterSettings
-from services.reports import queries, stored
-from services.reports.progress import experiment_row
+from services.reports import queries
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_artifacts import (
     ListingCache,
@@ -179,34 +178,17 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
 
     @router.get("/")
     async def experiments(request: Request, q: str = "") -> Response:
-        ledger, live = ports(request).ledger, feeds(request)
-        rows = []
-        for exp_id in await ledger.experiment_ids():
-            _, (info, recorded) = await queries.derived(
-                ledger,
-                exp_id,
-                "progress",
-                queries.progress_basis,
-                cache=ports(request).reports,
-                required=False,
-                codec=stored.PROGRESS_CODEC,
-            )
-            started: dict[str, Any] = {}
-            paused = False
-            if len(recorded.trial_ids) < (info.n_trials if info else 0) and valid_experiment_id(
-                exp_id
-            ):
-                started = await live.started_trials(exp_id)
-                paused = await ports(request).coordinator.is_paused(exp_id)
-            row = experiment_row(exp_id, info, recorded, started, paused=paused)
-            if row.matches(q):
-                rows.append(
-                    {
-                        **_row_dict(row),
-                        "url": experiment_url(exp_id),
-                        "priority_class": row.class_shown(settings.classes.default),
-                    }
-                )
+        found = ports(request)
+        lookups = lookups_of(found.coordinator, live=feeds(request))
+        rows = [
+            {
+                **_row_dict(row),
+                "url": experiment_url(row.experiment_id),
+                "priority_class": row.class_shown(settings.classes.default),
+            }
+            for row in await queries.experiment_rows(found.ledger, lookups, cache=found.reports)
+            if row.matches(q)
+        ]
         return render("experiments.html", request, title="Experiments", rows=rows, q=q)
 
     @router.get("/experiments/{experiment_id}")

@@ -244,8 +244,7 @@ def test_a_path_written_relative_to_another_folder_is_named_as_it_should_read(
     )
     too_few = (tmp_path / "tasks" / "hello-file").resolve()
     assert resolve_error(make(tasks=["tasks/hello-file"]), tmp_path) == (
-        f"tasks[0]: task folder {too_few} does not exist; did you mean "
-        "'suite/tasks/hello-file'?"
+        f"tasks[0]: task folder {too_few} does not exist; did you mean 'suite/tasks/hello-file'?"
     )
     # Only a Harbor task folder is named (a folder of the same name without task.toml
     # is not), and never one outside the tasks root.
