@@ -4,7 +4,9 @@ A job directory holds one folder per trial, named after Harbor's ``trial_name``
 (trialbus sets it to its trial_id). A trial folder is any non-hidden subfolder with a
 ``result.json``, ``config.json`` or ``trial.log``; one without ``result.json`` is
 imported as a partial record, never skipped. Hidden folders (trialbus keeps earlier
-attempts of retried trials under ``.attempts/``) are not trials.
+attempts of retried trials under ``.attempts/``) are not trials. A folder that holds
+job folders (``is_job_folder``: ``trialbus export``'s destination, a jobs folder) is
+refused, naming one to import: its jobs' result.json are not trials' results.
 
 Experiment id: a job made by trialbus has a job-level ``trialbus.json`` holding
 ``{"experiment_id": ...}``; any other job gets ``"harbor-" + slug(job folder name)``.
@@ -36,6 +38,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -50,6 +53,8 @@ from services.importer.handlers import result_imported
 from services.importer.records import RecordContext, RecordSource, build_record
 
 _TRIAL_FILES: Final = ("result.json", "config.json", "trial.log")
+MAX_CONFIG_BYTES: Final = 1024 * 1024
+"""A larger config.json is not read to tell a job folder from a trial folder."""
 
 
 class JobDirError(UserInputError, ValueError):
@@ -169,6 +174,22 @@ def experiment_id_for_job(job_dir: Path) -> tuple[str, bool]:
     return experiment_id, True
 
 
+def is_job_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a Harbor job folder: trialbus's marker, or a ``config.json``
+    that is Harbor's JobConfig (``job_name``, ``jobs_dir``) rather than a trial's
+    TrialConfig (``trial_name``, ``trials_dir``)."""
+    if os.path.lexists(folder / MARKER):
+        return True
+    got = read_inside(folder, "config.json", MAX_CONFIG_BYTES)
+    if isinstance(got, Unread):
+        return False
+    try:
+        config = json.loads(got)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(config, dict) and "jobs_dir" in config and "trial_name" not in config
+
+
 def scan_job_dir(job_dir: Path, *, as_new: bool = False) -> list[TrialDirInfo]:
     """List the trial folders of a Harbor job directory, sorted by name.
 
@@ -181,10 +202,17 @@ def scan_job_dir(job_dir: Path, *, as_new: bool = False) -> list[TrialDirInfo]:
         raise JobDirError(f"{job_dir}: this is a trial folder, not a job folder; pass its parent")
     experiment_id, by_trialbus = experiment_id_for_job(job_dir)
     source: RecordSource = "runner" if by_trialbus else "import"
+    children = [c for c in sorted(job_dir.iterdir()) if not c.name.startswith(".") and c.is_dir()]
+    if jobs := [c.name for c in children if is_job_folder(c)]:
+        # A folder of jobs (`trialbus export`'s destination, a jobs folder): each job's
+        # result.json would be read as a trial's, into a record of nothing.
+        shown = ", ".join(jobs[:3]) + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else "")
+        raise JobDirError(
+            f"{job_dir}: holds Harbor job folders ({shown}), not trial folders; import "
+            f"each job folder on its own (e.g. {job_dir / jobs[0]})"
+        )
     found: list[TrialDirInfo] = []
-    for child in sorted(job_dir.iterdir()):
-        if child.name.startswith(".") or not child.is_dir():
-            continue
+    for child in children:
         if not any((child / name).exists() for name in _TRIAL_FILES):
             continue
         trial_id = scoped_trial_id(experiment_id, child.name) if as_new else child.name

@@ -28,7 +28,7 @@ from services.common.logging import bound_event, get_logger
 from services.common.ports import EventBus, Ledger
 from services.common.redaction import Redactor
 from services.common.trial_folders import TrialFolders
-from services.importer.jobdir import TrialDirInfo, scan_job_dir
+from services.importer.jobdir import JobDirError, TrialDirInfo, scan_job_dir
 from services.watcher.logic import RecordTally, completion_of, finished_external_jobs
 
 log = get_logger(__name__)
@@ -130,7 +130,19 @@ class Watcher:
         for job in finished:
             if job in self._announced_jobs:
                 continue
-            trials = await asyncio.to_thread(scan_job_dir, job)
+            try:
+                trials = await asyncio.to_thread(scan_job_dir, job)
+            except JobDirError as exc:
+                # Not the job's to hold up the jobs after it; looked at again next scan
+                # (the folder may be fixed), said once.
+                if (problem := redact(str(exc))) not in self._refused_reads:
+                    self._refused_reads.add(problem)
+                    log.warning(
+                        "external harbor job not announced: its folder cannot be imported",
+                        job=redact(str(job)),
+                        problem=problem,
+                    )
+                continue
             names = [job.name, *(t.trial_dir.name for t in trials)]
             if any(redact(name) != name for name in names):
                 # Ids and names are made of these: a redacted one would not be an id.

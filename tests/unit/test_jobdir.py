@@ -104,6 +104,31 @@ def test_not_a_job_folder(harbor_trials: HarborTrials, tmp_path: Path) -> None:
         scan_job_dir(harbor_trials["oracle"])
 
 
+async def test_a_folder_of_job_folders_is_refused_naming_one_to_import(
+    job_dir: Path, tmp_path: Path
+) -> None:
+    # `trialbus export EXP out/` writes out/<EXP>/; `trialbus import out/` read each job's
+    # result.json as a trial's and filed a partial record of nothing under "harbor-out".
+    out = tmp_path / "out"
+    by_harbor = shutil.copytree(job_dir, out / "harbor-run-job")
+    (by_harbor / "config.json").write_text(json.dumps({"job_name": "j", "jobs_dir": "out"}))
+    (by_harbor / "result.json").write_text(json.dumps({"finished_at": None}))
+    ledger = InMemoryLedger()
+    with pytest.raises(JobDirError) as info:
+        await import_job_dir(out, ledger)
+    assert str(info.value) == (
+        f"{out.absolute()}: holds Harbor job folders (harbor-run-job), not trial folders; "
+        f"import each job folder on its own (e.g. {by_harbor.absolute()})"
+    )
+    by_trialbus = shutil.copytree(job_dir, out / "exp-1")
+    (by_trialbus / "trialbus.json").write_text(json.dumps({"experiment_id": "exp-1"}))
+    with pytest.raises(JobDirError, match=r"\(exp-1, harbor-run-job\), not trial folders"):
+        scan_job_dir(out)
+    assert await ledger.experiment_ids() == []
+    # The job folder itself imports (its trials' config.json are TrialConfigs).
+    assert len(scan_job_dir(by_harbor)) == len(scan_job_dir(job_dir))
+
+
 async def test_import_twice_reports_unchanged_the_second_time(job_dir: Path) -> None:
     ledger = InMemoryLedger()
 

@@ -177,6 +177,34 @@ async def test_scan_picks_up_a_job_once_it_finishes(tmp_path: Path) -> None:
     assert [c.trial_id for c in bus.of_type(TrialCompleted)] == ["t-1"]
 
 
+async def test_a_folder_that_cannot_be_imported_is_named_once_and_the_jobs_after_it_announced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trial folder dropped straight into the jobs folder has a finished result.json,
+    # like a job; a job folder copied into another one holds a job, not trials. Neither
+    # can be imported; the jobs named after them in the folder must still be announced.
+    jobs = tmp_path / "jobs"
+    stray = harbor_job(jobs, "a-stray-trial", [])
+    (stray / "agent").mkdir()
+    nested = harbor_job(jobs, "b-jobs", [])
+    inner = harbor_job(nested, "inner", ["i-1"])
+    (inner / "config.json").write_text(json.dumps({"job_name": "inner", "jobs_dir": "x"}))
+    harbor_job(jobs, "c-job", ["t-1"])
+    watcher = Watcher(InMemoryLedger(), bus := RecordingBus(), jobs, folders())
+    monkeypatch.setattr(handlers, "log", recorder := LogRecorder())
+
+    assert await watcher.scan_external() == 1
+    assert [e.experiment_id for e in bus.of_type(ExperimentSubmitted)] == ["harbor-c-job"]
+    skipped = [e for e in recorder.entries if e["event"].startswith(NOT_IMPORTED)]
+    assert [e["job"] for e in skipped] == [str(stray), str(nested)]
+    assert "this is a trial folder" in skipped[0]["problem"]
+    assert "holds Harbor job folders (inner)" in skipped[1]["problem"]
+    # Said once: the next scans look again (the folder may be fixed) but log nothing.
+    assert await watcher.scan_external() == 0
+    assert len([e for e in recorder.entries if e["event"].startswith(NOT_IMPORTED)]) == 2
+
+
+NOT_IMPORTED = "external harbor job not announced: its folder cannot be imported"
 LEFT_OUT = "external harbor job: trials that are another experiment's are left out"
 
 
