@@ -63,18 +63,20 @@ async def task_ref(
     checksum = record.provenance.task_checksum
     if checksum and await tasks.info(checksum) is not None:
         return TaskRef(name=name, checksum=checksum)
+    why = "the task folder changed or is not on this machine"
     if folders is not None:
         try:
             resolved = folders.resolve(manifest)
-        except ManifestError:
+        except ManifestError as exc:
+            # Most often the folder the paths start from: say it, with what is missing.
             resolved = []
+            why = f"the manifest's task folders, read from {folders.base_dir}: {exc}"
         for task in resolved:
             if task.ref.name == name and await tasks.info(task.ref.checksum) is not None:
                 return task.ref
     raise UserInputError(
         f"task {name!r} of trial {record.trial_id!r}: no archive in the tasks bucket matches "
-        "what the ledger records (the task folder changed or is not on this machine); "
-        "resubmit the manifest to re-run its unscored trials"
+        f"what the ledger records ({why}); resubmit the manifest to re-run its unscored trials"
     )
 
 

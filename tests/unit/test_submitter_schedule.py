@@ -121,6 +121,15 @@ async def test_a_harbor_checksum_falls_back_to_the_manifests_task_folder() -> No
     with pytest.raises(UserInputError, match="no archive in the tasks bucket"):
         await retry_trial(ports, prepared.experiment_id, trial.trial_id)
     assert bus.published == []
+    # From the wrong folder: the error says where the paths were read from and why.
+    with pytest.raises(UserInputError) as info:
+        await retry_trial(
+            ports, prepared.experiment_id, trial.trial_id, folders=TaskFolders(TASKS.parent)
+        )
+    assert (
+        f"(the manifest's task folders, read from {TASKS.parent}: tasks[0]: task folder "
+        f"{TASKS.parent / 'hello-file'} does not exist; did you mean 'tasks/hello-file'?)"
+    ) in str(info.value)
     await retry_trial(ports, prepared.experiment_id, trial.trial_id, folders=TaskFolders(TASKS))
     (run,) = bus.of_type(TrialRequested)
     assert run.task == trial.task
