@@ -194,6 +194,10 @@ class RunnerInfo(BaseModel):
     policy: RunnerPolicy | None = None
     """What manifests may ask of this runner (its policy file, or the safe default); None from
     runners older than the policy: not checked at submit."""
+    secrets_set: PolicyList[EnvName] | None = None
+    """Which of its policy's secret names are set (not empty) in the runner's environment: names
+    only, never a value. An agent's api_key_env that no live runner of its pool has set is refused
+    at submit. None from runners older than this field: not checked."""
     started_at: AwareDatetime = Field(default_factory=_utcnow)
     """When the runner process started (UTC)."""
     last_seen: AwareDatetime = Field(default_factory=_utcnow)

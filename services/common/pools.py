@@ -9,7 +9,8 @@ Cloud environments and ``module:Class`` ones are not detectable, so they add not
 The submitter calls :func:`pool_refusal` with the live records
 (``RunnerRegistry.live_runners()``) before publishing, and refuses with its message;
 then :func:`agent_name_refusal`: agent names their Harbor does not ship; then
-:func:`policy_refusal`: what those runners' policies would refuse anyway.
+:func:`policy_refusal`: what those runners' policies would refuse anyway; then
+:func:`secret_refusal`: API key variables no such runner has set.
 """
 
 from __future__ import annotations
@@ -111,6 +112,29 @@ def agent_name_refusal(manifest: ExperimentManifest, runners: Sequence[RunnerInf
     return "; ".join(problems) + (
         f" (Harbor {versions} on the live runners of pool {compute.pool!r})"
     )
+
+
+def secret_refusal(manifest: ExperimentManifest, runners: Sequence[RunnerInfo]) -> str | None:
+    """None when every name in an agent's ``api_key_env`` is set on at least one live
+    runner of the manifest's pool that offers what it needs (``RunnerInfo.secrets_set``);
+    else which names none has. Its trials would each fail at once (MissingSecretError).
+    Runners that do not say (older ones) are not second-guessed."""
+    compute = manifest.compute
+    members = capable_runners(compute, runners)
+    held: set[str] = set()
+    for runner in members:
+        if runner.secrets_set is None:
+            return None
+        held.update(runner.secrets_set)
+    problems = [
+        f"agents[{i}].api_key_env[{j}]: {name} is set on no live runner of pool "
+        f"{compute.pool!r} (a runner reads it from its environment when it starts: set it "
+        "there, e.g. in the shell of `trialbus up`, and restart the runners)"
+        for i, agent in enumerate(manifest.agents)
+        for j, name in enumerate(agent.api_key_env)
+        if members and name not in held
+    ]
+    return "; ".join(problems) or None
 
 
 def policy_refusal(

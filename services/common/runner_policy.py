@@ -22,7 +22,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -129,6 +129,12 @@ def unknown_agent(name: str, known: Collection[str]) -> str | None:
     else:
         hint = f"Harbor's agents: {', '.join(sorted(known))}; or"
     return f"{name!r} is not an agent Harbor ships ({hint} name the agent's class with import_path)"
+
+
+def secrets_set(policy: RunnerPolicy, environ: Mapping[str, str]) -> list[str]:
+    """The policy's secret names that ``environ`` sets to something (an empty value is no
+    key), sorted: what a runner announces (``RunnerInfo.secrets_set``), names only."""
+    return sorted(name for name in policy.allowed_secrets if environ.get(name))
 
 
 def agent_refusals(policy: RunnerPolicy, agent: AgentSpec, where: str = "agent") -> list[str]:

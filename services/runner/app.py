@@ -24,7 +24,12 @@ from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
 from services.common.redaction import TrialSecrets
 from services.common.runner_metrics import RunnerMetrics, exporter
-from services.common.runner_policy import PolicyFileError, harbor_agent_names, load_policy
+from services.common.runner_policy import (
+    PolicyFileError,
+    harbor_agent_names,
+    load_policy,
+    secrets_set,
+)
 from services.common.service import install_stop_signals, load_factory, running_beside
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
@@ -139,6 +144,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             harbor_agents=sorted(harbor_agent_names()),
             concurrency=settings.concurrency,
             policy=policy,
+            secrets_set=secrets_set(policy, os.environ),
         )
         registry = await NatsRunnerRegistry.open(
             js, topo, create_ttl_s=settings.ack_wait_s, replicas=settings.stream_replicas

@@ -107,7 +107,7 @@ def trial_config(
 
     # os.environ is the trial's by now (restrict_environ): it keeps every allowed
     # api_key_env name the runner has, so a missing one is missing on the runner.
-    missing = [n for n in req.agent.api_key_env if n not in os.environ]
+    missing = [n for n in req.agent.api_key_env if not os.environ.get(n)]  # "" is no key
     if missing:
         raise MissingSecretError(
             f"runner has no environment variable {', '.join(missing)} "

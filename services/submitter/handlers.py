@@ -28,7 +28,12 @@ from schemas.ids import agent_key
 from services.common import errors as E
 from services.common.errors import ManifestError
 from services.common.fair_share import DEFAULT_SHARE, TeamShare
-from services.common.pools import agent_name_refusal, policy_refusal, pool_refusal
+from services.common.pools import (
+    agent_name_refusal,
+    policy_refusal,
+    pool_refusal,
+    secret_refusal,
+)
 from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
 from services.common.priority import PriorityClasses
 from services.common.quotas import Quotas
@@ -97,8 +102,9 @@ def check_priority_class(prepared: PreparedExperiment, classes: PriorityClasses)
 
 async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -> None:
     """Raise ManifestError when no live runner of the manifest's pool can run it: none
-    offers what it needs, their Harbor ships no agent of a name it gives, or their
-    policies refuse it (the runners would refuse each trial anyway)."""
+    offers what it needs, their Harbor ships no agent of a name it gives, their
+    policies refuse it (the runners would refuse each trial anyway), or none has an API
+    key variable an agent names set."""
     live = await runners.live_runners()
     refusal = pool_refusal(prepared.manifest.compute, live)
     if refusal is not None:
@@ -109,6 +115,9 @@ async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -
     folders = [(t.ref.name, t.folder) for t in prepared.tasks if t.folder is not None]
     # Reads each task's task.toml: off the event loop (the HTTP API awaits this).
     refusal = await asyncio.to_thread(policy_refusal, prepared.manifest, live, folders)
+    if refusal is not None:
+        raise ManifestError(refusal)
+    refusal = secret_refusal(prepared.manifest, live)
     if refusal is not None:
         raise ManifestError(refusal)
 

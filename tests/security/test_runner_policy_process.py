@@ -53,7 +53,7 @@ async def runner(
 ) -> AsyncIterator[ServiceProcess]:
     """A runner process under a policy file, live in the registry with its policy."""
     policy = write_policy(tmp_path / "policy", extra_secret_names=["MYLLM_API_KEY"])
-    proc = policy_runner(policy, RUNNER_ID)
+    proc = policy_runner(policy, RUNNER_ID, MYLLM_API_KEY="")  # allowed, but no key
     nc = await nats.connect(nats_url)
     try:
         registry = await NatsRunnerRegistry.open(nc.jetstream(), topology)
@@ -66,6 +66,7 @@ async def runner(
         # What it publishes is its policy file's, not a default, and its Harbor's agents.
         assert me.policy is not None and "MYLLM_API_KEY" in me.policy.allowed_secrets
         assert me.harbor_agents is not None and {"oracle", "nop"} <= set(me.harbor_agents)
+        assert me.secrets_set is not None and "MYLLM_API_KEY" not in me.secrets_set
         yield proc
     finally:
         await nc.close()
@@ -176,3 +177,26 @@ async def test_a_misspelt_agent_is_refused_at_submit_and_by_the_runner(
     assert (failed.error_type, failed.final, failed.attempt) == ("UnknownAgent", True, 1)
     assert "did you mean 'oracle'?" in failed.message
     assert time.monotonic() - started < 60, "a refusal is never retried with backoff"
+
+
+async def test_an_api_key_no_runner_has_is_refused_at_submit_and_by_the_runner(
+    runner: ServiceProcess, client: Client, nats_url: str, topology: Topology
+) -> None:
+    # Before, it was accepted and each trial ended at once as a final MissingSecretError:
+    # an experiment of unscored infrastructure failures, its cause only in the report.
+    keyed = "    api_key_env: [MYLLM_API_KEY]"
+    async with client(check_runners=True) as api:
+        refused = await post(api, manifest("key-missing", agent_extra=keyed))
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"] == (
+            "agents[0].api_key_env[0]: MYLLM_API_KEY is set on no live runner of pool "
+            "'default' (a runner reads it from its environment when it starts: set it "
+            "there, e.g. in the shell of `trialbus up`, and restart the runners)"
+        )
+    async with client(check_runners=False) as api:
+        bypass = await post(api, manifest("key-missing-bypass", agent_extra=keyed))
+        assert bypass.status_code == 202, bypass.text
+        failed = await ending(nats_url, topology, bypass.json()["experiment_id"], runner)
+    assert isinstance(failed, TrialFailed), failed
+    assert (failed.error_type, failed.final, failed.attempt) == ("MissingSecretError", True, 1)
+    assert "runner has no environment variable MYLLM_API_KEY" in failed.message

@@ -20,6 +20,7 @@ from services.common.runner_policy import (
     agent_refusals,
     compute_refusals,
     load_policy,
+    secrets_set,
     task_template_refusals,
 )
 
@@ -224,3 +225,16 @@ def test_the_submitter_refuses_what_every_capable_runner_refuses(tmp_path: Path)
     (tmp_path / "task.toml").write_text('[environment.env]\nA = "${NATS_TOKEN}"\n')
     refusal = policy_refusal(manifest(), [runner(DEFAULT)], [("t", tmp_path)])
     assert refusal is not None and "task t: task.toml environment.env.A: ${NATS_TOKEN}" in refusal
+
+
+def test_a_runner_announces_the_secret_names_it_has_set_and_nothing_else() -> None:
+    policy = RunnerPolicy(extra_secret_names=["MY_KEY"])
+    environ = {
+        "ANTHROPIC_API_KEY": "sk-value",
+        "OPENAI_API_KEY": "",  # set but empty: no key
+        "MY_KEY": "x",
+        "NATS_URL": "nats://h",  # the runner's own: not a secret name of the policy
+        "SOMETHING_ELSE": "y",
+    }
+    assert secrets_set(policy, environ) == ["ANTHROPIC_API_KEY", "MY_KEY"]
+    assert secrets_set(DEFAULT, environ) == ["ANTHROPIC_API_KEY"]

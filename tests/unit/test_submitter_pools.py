@@ -8,7 +8,12 @@ import pytest
 
 from schemas.manifest import ComputeSpec, ExperimentManifest
 from schemas.runners import RunnerInfo
-from services.common.pools import agent_name_refusal, pool_refusal, required_capabilities
+from services.common.pools import (
+    agent_name_refusal,
+    pool_refusal,
+    required_capabilities,
+    secret_refusal,
+)
 
 
 def _runner(
@@ -116,3 +121,23 @@ def test_an_agent_name_no_live_runners_harbor_ships_is_named_with_the_closest() 
     # One runner of the pool shipping a name is enough (a newer Harbor there).
     newer = _runner("n", caps=["local"], harbor_agents=[*shipped, "orcale", "clade-code"])
     assert agent_name_refusal(typo, [*runners, newer]) is None
+
+
+def test_an_api_key_no_live_runner_has_set_is_named_with_where_to_set_it() -> None:
+    llm = {"name": "terminus-2", "model": "m", "api_key_env": ["OPENAI_API_KEY", "MY_KEY"]}
+    runners = [_runner("a", caps=["local"], secrets_set=["MY_KEY"])]
+    assert secret_refusal(_manifest({"name": "oracle"}, llm), runners) == (
+        "agents[1].api_key_env[0]: OPENAI_API_KEY is set on no live runner of pool 'default' "
+        "(a runner reads it from its environment when it starts: set it there, e.g. in the "
+        "shell of `trialbus up`, and restart the runners)"
+    )
+    # Controls: one runner of the pool holding it is enough; a runner that does not say
+    # (older) is not second-guessed; one of another pool, or that cannot run the
+    # environment, does not count; no runner at all is pool_refusal's to say.
+    holder = _runner("b", caps=["local"], secrets_set=["OPENAI_API_KEY"])
+    assert secret_refusal(_manifest(llm), [*runners, holder]) is None
+    assert secret_refusal(_manifest(llm), [*runners, _runner("old", caps=["local"])]) is None
+    elsewhere = _runner("x", "other", ["local"], secrets_set=["OPENAI_API_KEY"])
+    unable = _runner("y", caps=[], secrets_set=["OPENAI_API_KEY"])
+    assert secret_refusal(_manifest(llm), [*runners, elsewhere, unable]) is not None
+    assert secret_refusal(_manifest(llm), []) is None
