@@ -226,22 +226,33 @@ async def follow(
             if ev.trial_id in waiting:
                 waiting.discard(ev.trial_id)
                 next_check = 0.0 if not waiting else next_check
-        elif isinstance(ev, TrialFailed) and not ev.final and progress is not None:
+        elif (
+            isinstance(ev, TrialFailed)
+            and progress is not None
+            and ev.correlation_id == result.correlation_id
+            and ev.failure_class != "cancelled"  # a cancellation says so itself
+        ):
             # Plain text: a message may hold brackets ([redacted:NAME]) rich would read.
-            progress.print(retry_line(ev), highlight=False, markup=False)
+            progress.print(failure_line(ev), highlight=False, markup=False)
 
 
 RETRY_DETAIL_CHARS = 160
 """How much of a retried attempt's message ``submit --wait`` shows (its first line)."""
 
 
-def retry_line(ev: TrialFailed) -> str:
-    """The progress line of an attempt that will be retried: the trial, which attempt,
-    the error type and the first line of its message (the runner redacted it)."""
+def failure_line(ev: TrialFailed) -> str:
+    """The progress line of a failed attempt: the trial, which attempt, whether it is
+    retried or the trial ends unscored, the error type and the first line of its
+    message (the runner redacted it)."""
     first = ev.message.strip().split("\n", 1)[0] if ev.message else ""
     if len(first) > RETRY_DETAIL_CHARS:
         first = first[: RETRY_DETAIL_CHARS - 3] + "..."
     detail = f": {first}" if first else ""
+    if ev.final:
+        return (
+            f"  {ev.trial_id} ended unscored ({ev.failure_class}) at attempt {ev.attempt}: "
+            f"{ev.error_type}{detail}"
+        )
     return f"  retrying {ev.trial_id} after attempt {ev.attempt}: {ev.error_type}{detail}"
 
 

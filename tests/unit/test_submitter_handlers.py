@@ -185,6 +185,22 @@ async def test_wait_counts_only_this_submissions_results() -> None:
             message="sandbox did not start within 60 s [redacted:API_KEY]\nTraceback ...",
             final=False,
         ),
+        *(
+            trial_failed(
+                prepared.trials[1].trial_id,
+                experiment_id=prepared.experiment_id,
+                correlation_id=correlation,
+                failure_class=failure_class,
+                error_type=error_type,
+                message="runner has no environment variable MY_KEY",
+                final=True,
+            )
+            for correlation, failure_class, error_type in [
+                (prepared.correlation_id, "infrastructure", "MissingSecretError"),
+                ("someone-else", "infrastructure", "OtherSubmissionsError"),
+                (prepared.correlation_id, "cancelled", "Cancelled"),
+            ]
+        ),
         _imported(prepared, 0, prepared.correlation_id),
         _imported(prepared, 1, prepared.correlation_id),
     )
@@ -199,6 +215,14 @@ async def test_wait_counts_only_this_submissions_results() -> None:
         f"  retrying {first} after attempt 1: EnvironmentStartTimeoutError: sandbox did not "
         "start within 60 s [redacted:API_KEY]"
     ) in progress.lines
+    # A trial that ends unscored says why as it happens (CI logs show the cause); not
+    # another submission's, nor a cancellation's.
+    second = prepared.trials[1].trial_id
+    failures = [line for line in progress.lines if "ended unscored" in line]
+    assert failures == [
+        f"  {second} ended unscored (infrastructure) at attempt 1: MissingSecretError: "
+        "runner has no environment variable MY_KEY"
+    ]
 
 
 async def test_wait_times_out_on_results_of_another_submission() -> None:
