@@ -69,7 +69,13 @@ def ensure_job_dir(
 
 def read_marker(job_dir: Path) -> dict[str, Any] | None:
     """The trialbus marker of a job folder, or None for jobs made outside trialbus."""
-    got = read_inside(job_dir, MARKER, MAX_MARKER_BYTES)
+    return read_json_object(job_dir, MARKER, MAX_MARKER_BYTES)
+
+
+def read_json_object(folder: Path, name: str, limit: int) -> dict[str, Any] | None:
+    """The JSON object in ``folder/name`` (read by ``read_inside``, at most ``limit``
+    bytes), or None when it is missing, unreadable, not JSON or not an object."""
+    got = read_inside(folder, name, limit)
     if isinstance(got, Unread):
         return None
     try:

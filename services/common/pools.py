@@ -16,7 +16,7 @@ then :func:`agent_name_refusal`: agent names their Harbor does not ship; then
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from schemas.manifest import LOCAL_ENVIRONMENT_ALIAS, ComputeSpec, ExperimentManifest
@@ -87,20 +87,33 @@ def capable_runners(compute: ComputeSpec, runners: Sequence[RunnerInfo]) -> list
     )
 
 
+def _announced(
+    compute: ComputeSpec,
+    runners: Sequence[RunnerInfo],
+    field: Callable[[RunnerInfo], Sequence[str] | None],
+) -> tuple[list[RunnerInfo], set[str]] | None:
+    """The runners of ``compute``'s pool that offer what it needs, and everything they
+    announce in ``field``; None when there is none (pool_refusal says so) or one does
+    not say (a runner older than the field): nothing is refused on a guess."""
+    members = capable_runners(compute, runners)
+    union: set[str] = set()
+    for runner in members:
+        said = field(runner)
+        if said is None:
+            return None
+        union.update(said)
+    return (members, union) if members else None
+
+
 def agent_name_refusal(manifest: ExperimentManifest, runners: Sequence[RunnerInfo]) -> str | None:
     """None when the live runners of the manifest's pool that offer what it needs ship
     every agent it names (``RunnerInfo.harbor_agents``); else which names no such
     runner's Harbor knows, with the names closest to each. Runners that do not say
     (older ones) are not second-guessed, as for policies."""
     compute = manifest.compute
-    members = capable_runners(compute, runners)
-    if not members:
-        return None  # pool_refusal says so
-    shipped: set[str] = set()
-    for runner in members:
-        if runner.harbor_agents is None:
-            return None
-        shipped.update(runner.harbor_agents)
+    if (announced := _announced(compute, runners, lambda r: r.harbor_agents)) is None:
+        return None
+    members, shipped = announced
     problems = [
         f"agents[{i}].name: {why}"
         for i, agent in enumerate(manifest.agents)
@@ -119,20 +132,17 @@ def secret_refusal(manifest: ExperimentManifest, runners: Sequence[RunnerInfo]) 
     runner of the manifest's pool that offers what it needs (``RunnerInfo.secrets_set``);
     else which names none has. Its trials would each fail at once (MissingSecretError).
     Runners that do not say (older ones) are not second-guessed."""
-    compute = manifest.compute
-    members = capable_runners(compute, runners)
-    held: set[str] = set()
-    for runner in members:
-        if runner.secrets_set is None:
-            return None
-        held.update(runner.secrets_set)
+    pool = manifest.compute.pool
+    if (announced := _announced(manifest.compute, runners, lambda r: r.secrets_set)) is None:
+        return None
+    _, held = announced
     problems = [
         f"agents[{i}].api_key_env[{j}]: {name} is set on no live runner of pool "
-        f"{compute.pool!r} (a runner reads it from its environment when it starts: set it "
+        f"{pool!r} (a runner reads it from its environment when it starts: set it "
         "there, e.g. in the shell of `trialbus up`, and restart the runners)"
         for i, agent in enumerate(manifest.agents)
         for j, name in enumerate(agent.api_key_env)
-        if members and name not in held
+        if name not in held
     ]
     return "; ".join(problems) or None
 

@@ -47,7 +47,7 @@ from schemas.ids import slug
 from schemas.record import TrialRecord
 from services.common.errors import UserInputError
 from services.common.folder_reads import Unread, read_inside
-from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES
+from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES, read_json_object
 from services.common.ports import EventBus, Ledger
 from services.importer.handlers import result_imported
 from services.importer.records import RecordContext, RecordSource, build_record
@@ -180,14 +180,8 @@ def is_job_folder(folder: Path) -> bool:
     TrialConfig (``trial_name``, ``trials_dir``)."""
     if os.path.lexists(folder / MARKER):
         return True
-    got = read_inside(folder, "config.json", MAX_CONFIG_BYTES)
-    if isinstance(got, Unread):
-        return False
-    try:
-        config = json.loads(got)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(config, dict) and "jobs_dir" in config and "trial_name" not in config
+    config = read_json_object(folder, "config.json", MAX_CONFIG_BYTES)
+    return config is not None and "jobs_dir" in config and "trial_name" not in config
 
 
 def scan_job_dir(job_dir: Path, *, as_new: bool = False) -> list[TrialDirInfo]:
