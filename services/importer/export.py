@@ -26,15 +26,22 @@ from services.importer.folders import place_trial
 
 @dataclass(slots=True)
 class ExportSummary:
-    """What an export wrote."""
+    """What an export wrote (``trialbus export --json``)."""
 
     experiment_id: str
     job_dir: str
+    """The Harbor job folder written: ``<dest>/<experiment_id>``."""
     trials: int = 0
+    """Records the ledger holds for the experiment."""
     written: int = 0
+    """Trial folders written into the job folder."""
     bytes_fetched: int = 0
+    """Archive bytes read from the results bucket."""
     without_folder: list[str] = field(default_factory=list)
+    """Trials whose record names no archive (an attempt that left no folder, or a record
+    imported from a job folder): nothing to write."""
     unavailable: dict[str, str] = field(default_factory=dict)
+    """Trial id -> why its archive could not be had (missing, corrupt, unsafe to unpack)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (``--json``)."""

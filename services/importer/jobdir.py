@@ -98,17 +98,26 @@ class TrialIssue:
 
 @dataclass(slots=True)
 class ImportSummary:
-    """What an import did. ``imported`` = inserted + updated."""
+    """What an import did (``trialbus import --json``). ``imported`` = inserted + updated."""
 
     job_dir: Path
     experiment_id: str
+    """The experiment the trials were filed under (the marker's, or ``harbor-<folder>``)."""
     total: int = 0
+    """Trial folders found."""
     inserted: int = 0
+    """Records the ledger did not hold before."""
     updated: int = 0
+    """Records whose content changed (a fixed trial folder, a better result)."""
     unchanged: int = 0
+    """Records the ledger already held with the same content, or a better one it kept."""
     partial: int = 0
+    """Records built as partial: the folder held no complete, readable result.json."""
     errors: list[TrialIssue] = field(default_factory=list)
-    conflicts: dict[str, str] = field(default_factory=dict)  # trial_id -> stored experiment
+    """What could not be read in each trial folder (the record is still written)."""
+    conflicts: dict[str, str] = field(default_factory=dict)
+    """Trial id -> the experiment the ledger holds it under (a copied or renamed folder):
+    not imported."""
 
     @property
     def imported(self) -> int:
