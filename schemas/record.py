@@ -26,6 +26,10 @@ class Provenance(_Doc):
     """Task folder path, when known."""
     task_checksum: str | None = None
     """Checksum of the task's files, as Harbor recorded it."""
+    task_archive: str | None = None
+    """sha256 naming the task's archive in the tasks bucket: exactly what a trialbus runner ran
+    (``trialbus retry`` runs it again from any machine). None for external and imported trials
+    and for records written before this field."""
     agent_name: str
     """Harbor agent name or import path."""
     agent_label: str | None = None

@@ -173,6 +173,9 @@ class TrialCompleted(RunEvent):
     attempt: PositiveCount = Field(default=1, description=_ATTEMPT)
     repetition: Count | None = None
     """The request's 0-based repetition index."""
+    task: TaskRef | None = _left_out_when_none()
+    """The request's task: its archive in the tasks bucket is exactly what ran (the record's
+    provenance.task_archive). Absent for external trials and from runners older than this field."""
 
     def _dedup_suffix(self) -> tuple[str, ...]:
         return ("completed", str(self.attempt))

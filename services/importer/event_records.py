@@ -41,6 +41,7 @@ def _context_for_completed(ev: TrialCompleted) -> RecordContext:
         source=ev.source,
         attempts=ev.attempt,
         archive=ev.result,
+        task_archive=ev.task.checksum if ev.task else None,
     )
 
 

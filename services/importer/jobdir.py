@@ -245,6 +245,7 @@ def _with_known(context: RecordContext, known: TrialRecord | None, folder: Path)
         runner_host=p.runner_host,
         source=p.source,
         task_path=p.task_path,
+        task_archive=p.task_archive,
         attempts=known.attempts,
         archive=known.artifacts.archive if same_folder else None,
     )

@@ -68,6 +68,8 @@ class RecordContext:
     source: RecordSource = "runner"
     job_dir: Path | None = None
     task_path: str | None = None
+    task_archive: str | None = None
+    """The checksum naming the task's archive that ran (a runner's TrialCompleted.task)."""
     attempts: int = 1
     archive: ObjectRef | None = None
     """The stored archive the folder was unpacked from, when it was."""
@@ -158,6 +160,7 @@ def _provenance(read: TrialRead, context: RecordContext) -> Provenance:
         task_name=task_name,
         task_path=task_path,
         task_checksum=result.task_checksum if result else None,
+        task_archive=context.task_archive,
         agent_name=agent_name,
         agent_label=context.agent_label,
         agent_version=agent_info.version if agent_info else None,
@@ -307,6 +310,9 @@ def build_failed_record(event: TrialFailed, context: RecordContext | None = None
             task_name=event.task.name if event.task else _UNKNOWN,
             task_path=context.task_path if context else None,
             task_checksum=event.task.checksum if event.task else None,
+            task_archive=event.task.checksum
+            if event.task
+            else (context.task_archive if context else None),
             agent_name=event.agent.agent_ref if event.agent else _UNKNOWN,
             agent_label=(context.agent_label if context else None)
             or (event.agent.display if event.agent else None),

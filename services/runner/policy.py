@@ -86,6 +86,7 @@ class Attempt:
             environment=request.compute.environment,
             agent_label=request.agent.display,
             attempt=self.start.attempt,
+            task=request.task,
         )
 
     def failed(

@@ -49,9 +49,10 @@ async def task_ref(
     """The archive the trial's task runs from, in this order:
 
     1. the manifest's ``{name, checksum}`` entry of that name (an uploaded task);
-    2. the record's ``provenance.task_checksum`` when the tasks bucket holds an archive
-       of that name (a runner's failure records carry trialbus's checksum; Harbor's
-       result.json carries its own, which names no archive);
+    2. the record's ``provenance.task_archive`` (the archive a runner ran), else its
+       ``task_checksum``, when the tasks bucket holds an archive of that name (a
+       failure record's is trialbus's; Harbor's result.json carries its own checksum,
+       which names no archive; records written before ``task_archive`` have only it);
     3. the manifest's task folder, resolved again on this machine (in ``folders``)
        when its archive is in the bucket: the same content as was run, or the retry
        is refused.
@@ -60,9 +61,9 @@ async def task_ref(
     for spec in manifest.tasks:
         if isinstance(spec, StoredTask) and spec.name == name:
             return TaskRef(name=name, checksum=spec.checksum)
-    checksum = record.provenance.task_checksum
-    if checksum and await tasks.info(checksum) is not None:
-        return TaskRef(name=name, checksum=checksum)
+    for checksum in (record.provenance.task_archive, record.provenance.task_checksum):
+        if checksum and await tasks.info(checksum) is not None:
+            return TaskRef(name=name, checksum=checksum)
     why = "the task folder changed or is not on this machine"
     if folders is not None:
         try:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from infra.stack import EmbeddedStack
+from schemas.events import Event, ResultImported
 from services.localenv.images import resolve_base
 from services.localenv.sandbox import missing_host_tools
 from tests.e2e.cli import ROOT
@@ -172,6 +173,31 @@ async def test_local_tasks_end_to_end(stacks: Stacks, tmp_path: Path) -> None:
             assert rec.attempts == 1  # a failed RUN is deterministic: never retried
             trial_dir = Path(rec.artifacts.trial_dir or "")
             assert "something went wrong" in (trial_dir / "environment-build.log").read_text()
+
+    # Each record names the task archive its runner ran (Harbor's own checksum of the
+    # folder names none), so a finished trial is retried from anywhere: here from the
+    # checkout, where the manifest's task folders are not. Before, the retry was refused.
+    for rec in records:
+        assert rec.provenance.task_archive is not None, rec.trial_id
+        assert rec.provenance.task_archive != rec.provenance.task_checksum
+    tap = await stacks.tap(stack)
+    [again] = outcomes["dockerfile-replay", "oracle"][:1]
+    answer = cli.json("retry", summary["experiment_id"], again.trial_id, "--json")
+    assert answer["run_id"].startswith(f"{again.trial_id}:retry:")
+
+    def retried(events: Sequence[Event]) -> bool:
+        # The retry's own import: the tap replays the stream's history too.
+        return any(
+            isinstance(e, ResultImported)
+            and (e.trial_id, e.correlation_id) == (again.trial_id, answer["correlation_id"])
+            for e in events
+        )
+
+    await tap.eventually(retried, "the retry's import", 300)
+    [after] = [r for r in await ledger_records(stack, summary["experiment_id"])
+               if r.trial_id == again.trial_id]  # fmt: skip
+    assert after.evaluation.main_reward == 1.0
+    assert after.timing.finished_at > again.timing.finished_at
 
     # Nothing left behind: no trial folders, no servers, the host as it was.
     assert host_processes("http.server 8765") == []

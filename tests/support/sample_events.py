@@ -117,6 +117,7 @@ def instances() -> dict[str, events.Envelope]:
             attempt=3,
             repetition=1,
             run_id="t1:resume:2",
+            task=TASK,  # since the field exists (its bytes changed with it)
         ),
         "trial_completed_defaults": events.TrialCompleted(
             **env(8), trial_id="t1", result=RESULT, trial_name="t1"

@@ -195,8 +195,10 @@ async def test_records_written_by_runners_are_not_rewritten_by_an_import(
             source="runner",
             job_dir=job_dir,
             attempts=2,
+            task_archive="cd" * 32,
         ),
     )
+    assert from_runner.provenance.task_archive == "cd" * 32
     await ledger.upsert_records([from_runner])
 
     summary = await import_job_dir(job_dir, ledger)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.events import TrialCompleted
+from schemas.events import TaskRef, TrialCompleted
 from schemas.record import TrialRecord
 from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.archive import pack_trial
@@ -146,3 +146,18 @@ def test_negative_control_a_file_not_kept_is_an_error_not_missing(
         FolderFiles(unpacked.path).read("trial.log", 1 << 20)
         == (unpacked.path / "trial.log").read_bytes()
     )
+
+
+def test_a_runner_s_record_names_the_task_archive_that_ran(tmp_path: Path) -> None:
+    folder = _odd_shapes(tmp_path / "shapes")["config-only"]
+    trials = StoredTrials(InMemoryObjectStore("RESULTS"), tmp_path / "jobs")
+    ref = asyncio.run(trials.store.put("exp/t-1/1.tar.gz", pack_trial(folder).data))
+    task = TaskRef(name="hello-file", checksum="ab" * 32)
+    event = TrialCompleted(
+        experiment_id="exp", trial_id="t-1", trial_name="t-1", result=ref, task=task
+    )
+    record = asyncio.run(record_for(event, trials))
+    assert record.provenance.task_archive == task.checksum
+    # Control: an external trial's (or an older runner's) event names none.
+    older = event.model_copy(update={"task": None})
+    assert asyncio.run(record_for(older, trials)).provenance.task_archive is None

@@ -529,6 +529,7 @@ def test_failed_record_from_trial_failed_event() -> None:
     assert ev.exception_message == event.message
     p = record.provenance
     assert (p.task_name, p.task_path, p.task_checksum) == ("hello-file", None, "ab" * 32)
+    assert p.task_archive == "ab" * 32
     assert (p.agent_name, p.agent_label, p.runner_host) == ("oracle", "Oracle", "runner-2")
     # No path on the wire: the record points at the stored folder.
     assert (record.artifacts.archive, record.artifacts.trial_dir) == (STORED, None)

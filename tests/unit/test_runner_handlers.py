@@ -144,6 +144,7 @@ async def test_a_trial_runs_reports_and_is_acked(tmp_path: Path) -> None:
     # It names the task and the agent, for live views (the model: none in the manifest).
     assert (started.task_name, started.agent_label, started.model) == ("hello", "oracle", None)
     assert (done.attempt, done.harbor_version, done.run_id) == (1, "9.9.9", req.dedup_id())
+    assert done.task == req.task  # the archive that ran, for the record and a retry
     # The live-log sink was built for this trial and handed to the executor.
     assert world.sinks == [req]
     assert world.executor.calls[0][2] is not None

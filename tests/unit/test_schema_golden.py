@@ -20,7 +20,9 @@ from tests.support.sample_events import instances
 # Schema version 2 (no host paths on the wire: TaskRef without path, TrialCompleted
 # and TrialFailed point at their stored trial folder; pools in compute; a work message
 # says how many trials its submission has, so runners skip a limit that cannot bind).
-# Version 1 was
+# Optional fields added since (a start's task and agent, a completion's task) are left
+# out of the wire form when unset, so events without them keep their bytes; the
+# instances that set them show where they go. Version 1 was
 # captured before the models were refactored (commit bffb854).
 # name -> (encode_event bytes, dedup_id()).
 GOLDEN: dict[str, tuple[bytes, str]] = {
@@ -121,7 +123,9 @@ GOLDEN: dict[str, tuple[bytes, str]] = {
         b'"sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"},'
         b'"trial_name":"t1","source":"external","runner_host":"node-a",'
         b'"harbor_version":"0.1.0","environment":"docker","agent_label":"mine",'
-        b'"attempt":3,"repetition":1,"run_id":"t1:resume:2"}',
+        b'"attempt":3,"repetition":1,"task":{"name":"hello-file",'
+        b'"checksum":"abababababababababababababababababababababababababababababababab"},'
+        b'"run_id":"t1:resume:2"}',
         "t1:resume:2:completed:3",
     ),
     "trial_completed_defaults": (

@@ -135,6 +135,20 @@ async def test_a_harbor_checksum_falls_back_to_the_manifests_task_folder() -> No
     assert run.task == trial.task
 
 
+async def test_the_archive_a_runner_ran_is_retried_without_the_task_folder() -> None:
+    # A completed record carries Harbor's checksum, which names no archive; the archive
+    # the runner ran (provenance.task_archive) does, wherever the retry is asked from.
+    prepared, ports, ledger, bus = await _submitted(HARBOR_CHECKSUM)
+    trial = prepared.trials[0]
+    record = await ledger.get_record(trial.trial_id)
+    assert record is not None
+    provenance = record.provenance.model_copy(update={"task_archive": trial.task.checksum})
+    await ledger.upsert_records([record.model_copy(update={"provenance": provenance})])
+    await retry_trial(ports, prepared.experiment_id, trial.trial_id)  # no folders
+    (run,) = bus.of_type(TrialRequested)
+    assert run.task == trial.task
+
+
 async def test_only_a_finished_trial_of_a_known_experiment_is_retried() -> None:
     prepared, ports, _, bus = await _submitted()
     with pytest.raises(ExperimentNotFound, match="no experiment"):
