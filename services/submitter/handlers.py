@@ -168,11 +168,28 @@ async def submit_and_wait(
 ) -> SubmitOutcome:
     """Submit; with a ``feed`` (opened before this call, so no completion slips past),
     follow the experiment until every trial is recorded or ``timeout_s`` passes."""
-    result = await submit(prepared, ports)
+    exp = prepared.experiment_id
+    try:
+        result = await submit(prepared, ports)
+    except asyncio.CancelledError:  # Ctrl-C: say what became of it
+        _say(
+            progress,
+            f"interrupted before every trial of {exp} was published: submit the manifest "
+            "again to publish the rest (a trial already queued is not queued twice)",
+        )
+        raise
     summary = result.as_dict()
     if feed is None:
         return SubmitOutcome(summary, E.EXIT_OK)
-    counts = await follow(feed, ports.ledger, result, timeout_s, progress)
+    try:
+        counts = await follow(feed, ports.ledger, result, timeout_s, progress)
+    except asyncio.CancelledError:
+        _say(
+            progress,
+            f"interrupted: experiment {exp} goes on running; `trialbus attach {exp}` follows "
+            f"it again, `trialbus cancel {exp}` stops it",
+        )
+        raise
     summary["status"] = counts
     # Not required: after a timeout the ledger may hold nothing of it yet (exit 4).
     _, rows = await experiment_leaderboard(ports.ledger, result.experiment_id, required=False)
@@ -238,6 +255,12 @@ async def follow(
 
 RETRY_DETAIL_CHARS = 160
 """How much of a retried attempt's message ``submit --wait`` shows (its first line)."""
+
+
+def _say(progress: Printer | None, line: str) -> None:
+    """One plain line on ``progress`` (none with ``--json``)."""
+    if progress is not None:
+        progress.print(line, highlight=False, markup=False)
 
 
 def failure_line(ev: TrialFailed) -> str:

@@ -5,12 +5,14 @@ the README's exit code, cancel reports what the ledger knew."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from rich.text import Text
 
 from schemas.events import (
+    Envelope,
     ExperimentSubmitted,
     ResultImported,
     TrialFailed,
@@ -62,10 +64,12 @@ class Lines:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.printed = asyncio.Event()
 
     def print(self, *objects: object, markup: bool = True, **_kwargs: object) -> None:
         text = " ".join(str(o) for o in objects)
         self.lines.append(Text.from_markup(text).plain if markup else text)
+        self.printed.set()
 
 
 def _prepared(repetitions: int = 2) -> PreparedExperiment:
@@ -315,3 +319,53 @@ def test_the_longest_size_is_the_resumed_forms_encoding() -> None:
             assert longest_size(t) == len(encode_event(resumed)), (name, trial_id)
             # Negative control: the plain encoding alone is shorter.
             assert len(encode_event(t)) < longest_size(t)
+
+
+async def test_an_interrupted_wait_says_the_experiment_goes_on_and_how_to_follow_it() -> None:
+    prepared, progress = _prepared(), Lines()
+    waiting = asyncio.create_task(
+        _submit_and_wait(prepared, InMemoryLedger(), QueueFeed(), timeout_s=60, progress=progress)
+    )
+    exp = prepared.experiment_id
+    async with asyncio.timeout(30):
+        await progress.printed.wait()  # the first count: following
+    assert progress.lines == [f"{exp} 0/2 done, 0 scored"]
+    waiting.cancel()  # what asyncio.run does on Ctrl-C
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert progress.lines[-1] == (
+        f"interrupted: experiment {exp} goes on running; `trialbus attach {exp}` follows it "
+        f"again, `trialbus cancel {exp}` stops it"
+    )
+
+
+class StalledBus(RecordingBus):
+    """A bus whose publishing never ends (a stalled NATS connection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+
+    async def publish_many(self, events: Sequence[Envelope]) -> list[bool]:
+        self.entered.set()
+        await asyncio.Event().wait()
+        raise AssertionError("never reached")
+
+
+async def test_an_interrupt_while_publishing_says_to_submit_again() -> None:
+    prepared, progress, bus = _prepared(), Lines(), StalledBus()
+    ports = SubmitterPorts(
+        bus, InMemoryLedger(), InMemoryCoordinator(lease_ttl_s=60), InMemoryObjectStore("T")
+    )
+    waiting = asyncio.create_task(
+        handlers.submit_and_wait(prepared, ports, QueueFeed(), timeout_s=60, progress=progress)
+    )
+    async with asyncio.timeout(30):
+        await bus.entered.wait()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert progress.lines == [
+        f"interrupted before every trial of {prepared.experiment_id} was published: submit "
+        "the manifest again to publish the rest (a trial already queued is not queued twice)"
+    ]
