@@ -13,6 +13,8 @@ publishes their trials; reads reports back through services.reports.queries.
                     event feeds; the ledger), for the app and for each CLI command
     handlers.py     the decisions, against the ports: submit (uncancel + publish),
                     wait and its exit code, cancel, import of a job folder
+    waiting.py      following a submission until its trials are recorded (--wait):
+                    progress, failed attempts, what an interrupt leaves running
     submit.py       expanding a manifest into trials, and publishing them (resume)
     resolve.py      task entries to Harbor task folders on disk
     manifest_io.py  reading a manifest (YAML or JSON) with errors that name the field

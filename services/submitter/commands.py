@@ -24,10 +24,11 @@ from services.importer.export import export_experiment
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.connections import open_ledger, open_nats, try_open_nats
-from services.submitter.handlers import EventFeed, Printer, SubmitOutcome, SubmitterPorts
+from services.submitter.handlers import SubmitOutcome, SubmitterPorts
 from services.submitter.manifest_io import load_manifest
 from services.submitter.resolve import TaskFolders
 from services.submitter.submit import PreparedExperiment, prepare
+from services.submitter.waiting import EventFeed, Printer
 
 
 def prepare_file(manifest_path: Path, tasks_root: Path | None) -> PreparedExperiment:

@@ -47,7 +47,7 @@ default ack_wait); the submitter itself takes no lease."""
 
 @dataclass(slots=True)
 class _SubscriptionFeed:
-    """EventFeed over a JetStream ordered consumer (handlers.EventFeed)."""
+    """EventFeed over a JetStream ordered consumer (services.submitter.waiting.EventFeed)."""
 
     sub: JetStreamContext.PushSubscription
 
