@@ -177,3 +177,17 @@ def write_job_result(job_dir: Path, experiment_id: str, n_total_trials: int) -> 
     atomic_write(job_dir / "result.json", text)
     data: dict[str, Any] = json.loads(text)
     return data
+
+
+MAX_CONFIG_BYTES: Final = 1024 * 1024
+"""A larger config.json is not read to tell a job folder from a trial folder."""
+
+
+def is_job_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a Harbor job folder: trialbus's marker, or a ``config.json``
+    that is Harbor's JobConfig (``job_name``, ``jobs_dir``) rather than a trial's
+    TrialConfig (``trial_name``, ``trials_dir``)."""
+    if os.path.lexists(folder / MARKER):
+        return True
+    config = read_json_object(folder, "config.json", MAX_CONFIG_BYTES)
+    return config is not None and "jobs_dir" in config and "trial_name" not in config

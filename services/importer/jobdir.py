@@ -5,7 +5,7 @@ A job directory holds one folder per trial, named after Harbor's ``trial_name``
 ``result.json``, ``config.json`` or ``trial.log``; one without ``result.json`` is
 imported as a partial record, never skipped. Hidden folders (trialbus keeps earlier
 attempts of retried trials under ``.attempts/``) are not trials. A folder that holds
-job folders (``is_job_folder``: ``trialbus export``'s destination, a jobs folder) is
+job folders (``harbor_jobs.is_job_folder``: ``trialbus export``'s destination, a jobs folder) is
 refused, naming one to import: its jobs' result.json are not trials' results.
 
 Experiment id: a job made by trialbus has a job-level ``trialbus.json`` holding
@@ -38,7 +38,6 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -47,14 +46,12 @@ from schemas.ids import slug
 from schemas.record import TrialRecord
 from services.common.errors import UserInputError
 from services.common.folder_reads import Unread, read_inside
-from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES, read_json_object
+from services.common.harbor_jobs import MARKER, MAX_MARKER_BYTES, is_job_folder
 from services.common.ports import EventBus, Ledger
 from services.importer.handlers import result_imported
 from services.importer.records import RecordContext, RecordSource, build_record
 
 _TRIAL_FILES: Final = ("result.json", "config.json", "trial.log")
-MAX_CONFIG_BYTES: Final = 1024 * 1024
-"""A larger config.json is not read to tell a job folder from a trial folder."""
 
 
 class JobDirError(UserInputError, ValueError):
@@ -181,16 +178,6 @@ def experiment_id_for_job(job_dir: Path) -> tuple[str, bool]:
             '(e.g. {"experiment_id": "my-exp"})'
         )
     return experiment_id, True
-
-
-def is_job_folder(folder: Path) -> bool:
-    """Whether ``folder`` is a Harbor job folder: trialbus's marker, or a ``config.json``
-    that is Harbor's JobConfig (``job_name``, ``jobs_dir``) rather than a trial's
-    TrialConfig (``trial_name``, ``trials_dir``)."""
-    if os.path.lexists(folder / MARKER):
-        return True
-    config = read_json_object(folder, "config.json", MAX_CONFIG_BYTES)
-    return config is not None and "jobs_dir" in config and "trial_name" not in config
 
 
 def scan_job_dir(job_dir: Path, *, as_new: bool = False) -> list[TrialDirInfo]:
