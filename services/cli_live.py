@@ -98,15 +98,15 @@ def runners_table(rows: list[RunnerRow]) -> Table:
     table = Table(title="runners", caption="stale: missed a heartbeat (it drops out after its TTL)")
     numbers = ("concurrency", "in flight", "done", "failed")
     table.add_column("id", overflow="fold")
-    for col in ("host", "pool", "capabilities", *numbers, "last seen", "state"):
+    for col in ("host", "pool", "capabilities", "API keys", *numbers, "last seen", "state"):
         table.add_column(col, justify="right" if col in numbers else "left")
     for r in rows:
-        offers = ", ".join([*r.capabilities, *(f"{label} (label)" for label in r.labels)])
         table.add_row(
             escape(r.runner_id),
             escape(r.host),
             escape(r.pool),
-            escape(offers) or "-",
+            escape(r.offers) or "-",
+            escape(r.keys_shown),
             str(r.concurrency),
             *("-" if n is None else str(n) for n in (r.in_flight, r.done, r.failed)),
             f"{when(r.last_seen)} ({duration(r.age_s)} ago)",

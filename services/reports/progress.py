@@ -261,6 +261,20 @@ class RunnerRow:
     last_seen: datetime
     age_s: float
     stale: bool
+    api_keys: list[str] | None = None
+    """The API key variables its environment sets (names only; None: an older runner)."""
+
+    @property
+    def offers(self) -> str:
+        """Its capabilities and labels as the fleet views list them ("" for none)."""
+        return ", ".join([*self.capabilities, *(f"{x} (label)" for x in self.labels)])
+
+    @property
+    def keys_shown(self) -> str:
+        """``api_keys`` as the fleet views list them: "-" for none, "?" when not said."""
+        if self.api_keys is None:
+            return "?"
+        return ", ".join(self.api_keys) or "-"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form (``trialbus runners --json``)."""
@@ -298,6 +312,7 @@ def runner_rows(
                 last_seen=r.last_seen,
                 age_s=age,
                 stale=age > STALE_AFTER_HEARTBEATS * heartbeat_s,
+                api_keys=None if r.secrets_set is None else list(r.secrets_set),
             )
         )
     return rows

@@ -43,7 +43,7 @@ heartbeat 100 s before it was written) stays listed 120 s, far longer than the t
 SHOTS = ROOT / ".trialbus" / "screenshots"
 COMPARED = (
     *("host", "pool", "capabilities", "labels", "concurrency"),
-    *("in_flight", "done", "failed", "stale"),
+    *("in_flight", "done", "failed", "stale", "api_keys"),
 )
 
 
@@ -107,6 +107,7 @@ def page_numbers(row: dict[str, Any]) -> dict[str, str]:
         "done": count(row["done"]),
         "failed": count(row["failed"]),
         "state": "⚠ stale" if row["stale"] else "✓ live",
+        "api_keys": "?" if row["api_keys"] is None else ", ".join(row["api_keys"]) or "-",
     }
 
 
@@ -139,6 +140,7 @@ def _runners() -> tuple[RunnerInfo, RunnerInfo, RunnerInfo]:
         capabilities=["local"],
         labels=["gpu"],
         concurrency=4,
+        secrets_set=["ANTHROPIC_API_KEY", "OPENAI_API_KEY"],
     )
     stale = RunnerInfo(
         runner_id="hostB-2",
@@ -174,6 +176,9 @@ async def test_page_json_and_cli_show_one_fleet(fleet: Fleet) -> None:
         assert (a["in_flight"], a["done"], a["failed"], a["concurrency"]) == (2, 5, 1, 4)
         assert (api["hostC-3"]["in_flight"], page["hostC-3"]["done"]) == (None, "-")
         assert page["hostA-1"]["offers"] == "local, gpu (label)"
+        # Key names only; an older runner's are unknown ("?"), not none ("-").
+        assert page["hostA-1"]["api_keys"] == "ANTHROPIC_API_KEY, OPENAI_API_KEY"
+        assert (page["hostC-3"]["api_keys"], api["hostC-3"]["api_keys"]) == ("?", None)
 
         # A change of load is rewritten within seconds, not at the next beat (40 s).
         load = RunnerLoad(in_flight=0, done=7, failed=1)
