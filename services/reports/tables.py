@@ -212,8 +212,10 @@ def report_renderable(report: dict[str, Any]) -> Group:
 
 def comparison_renderable(cmp: dict[str, Any]) -> Group:
     """Everything ``trialbus compare`` prints."""
-    a, b = escape(cmp["a"]["label"]), escape(cmp["b"]["label"])
-    table = Table(title=f"A = {a}   vs   B = {b}")
+    # The sides on lines of their own: as the table's title they wrapped to its width,
+    # mid-name.
+    sides = Text(f"A = {cmp['a']['label']}\nB = {cmp['b']['label']}")
+    table = Table()
     for col in ("", "A", "B", "A - B [95% CI]"):
         table.add_column(col)
     for name, key, pct in (("mean reward", "mean_reward", False), ("pass rate", "pass_rate", True)):
@@ -225,4 +227,4 @@ def comparison_renderable(cmp: dict[str, Any]) -> Group:
     table.add_row("tasks compared", str(cmp["n_paired_tasks"]), "", "")
     lines = comparison_notes(cmp)
     lines.append(f"verdict: {cmp['verdict']}")
-    return Group(table, *(Text(line) for line in lines))
+    return Group(sides, table, *(Text(line) for line in lines))

@@ -146,6 +146,14 @@ def test_comparison_renders_its_verdict() -> None:
     text = console.export_text()
     assert "verdict: too few tasks scored by both sides (3 < 5)" in text
     assert "solved only by A: count-words, hello-file, multi-metric" in text
+    # Each side on a line of its own, whole: as the narrow table's title, a long
+    # experiment id wrapped in the middle of a name.
+    long_id = "an-experiment-with-a-rather-long-name-0123456789"
+    cmp["a"]["label"], cmp["b"]["label"] = f"oracle @ {long_id}", f"nop @ {long_id}"
+    console = Console(record=True, width=200)
+    console.print(comparison_renderable(cmp))
+    lines = console.export_text().splitlines()
+    assert lines[:2] == [f"A = oracle @ {long_id}", f"B = nop @ {long_id}"]
 
 
 # -- through the Ledger port (what the CLI and the HTTP API call) ------------------------------
