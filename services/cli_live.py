@@ -79,7 +79,9 @@ def status_text(line: dict[str, Any]) -> str:
 def status_table(experiment: str, counts: dict[str, Any]) -> Table:
     """``trialbus status EXP``: the counts, the budget line, and a paused experiment said
     in words with the way out (``trialbus resume``)."""
-    table = Table(title=f"status: {escape(experiment)}")
+    title = f"status: {experiment}"
+    # At least as wide as its title, which would wrap mid-id in a narrow table.
+    table = Table(title=escape(title), min_width=len(title) + 4)
     table.add_column("state")
     table.add_column("trials", justify="right")
     for k, v in counts.items():

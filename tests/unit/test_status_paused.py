@@ -74,3 +74,10 @@ def test_the_table_says_paused_in_words_with_the_way_out() -> None:
     running = _text({"total": 2, "pending": 1, "paused": False})
     assert "paused" in running and "resume" not in running
     assert "paused" not in _text({"total": 2, "pending": 1})
+
+
+def test_a_long_experiment_id_stays_whole_in_the_title() -> None:
+    long_id = "an-experiment-with-a-rather-long-name-0123456789"
+    console = Console(width=200, record=True)
+    console.print(status_table(long_id, {"total": 2, "pending": 0}))
+    assert f"status: {long_id}" in console.export_text()
