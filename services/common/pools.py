@@ -24,10 +24,10 @@ from schemas.runners import RunnerInfo
 from services.common.runner_policy import (
     agent_refusals,
     compute_refusals,
-    task_templates,
     template_refusals,
     unknown_agent,
 )
+from services.common.task_variables import required_task_secrets, task_templates
 
 DETECTED_ENVIRONMENTS = frozenset({LOCAL_ENVIRONMENT_ALIAS, "docker"})
 """Environments runners detect and announce as capabilities."""
@@ -127,24 +127,41 @@ def agent_name_refusal(manifest: ExperimentManifest, runners: Sequence[RunnerInf
     )
 
 
-def secret_refusal(manifest: ExperimentManifest, runners: Sequence[RunnerInfo]) -> str | None:
-    """None when every name in an agent's ``api_key_env`` is set on at least one live
+def secret_refusal(
+    manifest: ExperimentManifest,
+    runners: Sequence[RunnerInfo],
+    task_folders: Iterable[tuple[str, Path]] = (),
+) -> str | None:
+    """None when every variable an agent's ``api_key_env`` names, and every one a task
+    needs (``task_variables.required_task_secrets``), is set on at least one live
     runner of the manifest's pool that offers what it needs (``RunnerInfo.secrets_set``);
-    else which names none has. Its trials would each fail at once (MissingSecretError).
+    else which none has. Its trials would each fail at once (MissingSecretError).
     Runners that do not say (older ones) are not second-guessed."""
-    pool = manifest.compute.pool
     if (announced := _announced(manifest.compute, runners, lambda r: r.secrets_set)) is None:
         return None
     _, held = announced
-    problems = [
-        f"agents[{i}].api_key_env[{j}]: {name} is set on no live runner of pool "
-        f"{pool!r} (a runner reads it from its environment when it starts: set it "
-        "there, e.g. in the shell of `trialbus up`, and restart the runners)"
+    needed = [
+        (f"agents[{i}].api_key_env[{j}]", name)
         for i, agent in enumerate(manifest.agents)
         for j, name in enumerate(agent.api_key_env)
+    ]
+    needed += [
+        (f"task {task}: {field}", name)
+        for task, folder in task_folders
+        for field, name in required_task_secrets(folder)
+    ]
+    pool = manifest.compute.pool
+    problems = [
+        f"{where}: {name} is set on no live runner of pool {pool!r}"
+        for where, name in needed
         if name not in held
     ]
-    return "; ".join(problems) or None
+    if not problems:
+        return None
+    return "; ".join(problems) + (
+        " (a runner reads its keys from its environment when it starts: set them there, "
+        "e.g. in the shell of `trialbus up`, and restart the runners)"
+    )
 
 
 def policy_refusal(

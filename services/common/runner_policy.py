@@ -21,7 +21,6 @@ import difflib
 import json
 import os
 import re
-import tomllib
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from schemas.manifest import (
 )
 from schemas.runners import RunnerPolicy, forbidden_secret_name
 from services.common.small_files import FileTooLarge, read_small_file
+from services.common.task_variables import task_templates
 
 POLICY_REFUSED = "PolicyRefused"
 """exception_type of a trial the runner refused (final: services.common.failures)."""
@@ -51,11 +51,6 @@ MAX_POLICY_BYTES = 1 << 20
 _ENDPOINT_KEY_RE = re.compile(
     r"(^|_)(api_base|base_url|endpoint|api_url|url|host|server|proxy|address)$", re.I
 )
-# Harbor's template forms (harbor.utils.env): ${NAME} and ${NAME:-default}.
-_TEMPLATE_RE = re.compile(r"\$\{([^}:]+)")
-# Docker compose interpolates $NAME and ${NAME} from the runner's environment; $$ escapes.
-_COMPOSE_VAR_RE = re.compile(r"(?<!\$)\$\{?([A-Za-z_][A-Za-z0-9_]*)")
-_COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 
 
 class PolicyRefused(Exception):
@@ -215,26 +210,6 @@ def task_template_refusals(policy: RunnerPolicy, task_dir: Path, task_name: str)
     return template_refusals(policy, task_templates(task_dir), task_name)
 
 
-def task_templates(task_dir: Path) -> list[tuple[str, str]]:
-    """(field, variable name) of every runner variable the task folder templates."""
-    found: list[tuple[str, str]] = []
-    toml_file = task_dir / "task.toml"
-    if toml_file.is_file():
-        try:
-            data = tomllib.loads(toml_file.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError):
-            data = {}  # Harbor reports a broken task.toml itself
-        for field, text in _strings(data, "task.toml"):
-            found.extend((field, m.group(1).strip()) for m in _TEMPLATE_RE.finditer(text))
-    for name in _COMPOSE_FILES:
-        compose = task_dir / "environment" / name
-        if compose.is_file() and not compose.is_symlink():
-            text = compose.read_text(errors="replace")
-            field = f"environment/{name}"
-            found.extend((field, m.group(1)) for m in _COMPOSE_VAR_RE.finditer(text))
-    return list(dict.fromkeys(found))
-
-
 def template_refusals(
     policy: RunnerPolicy, found: list[tuple[str, str]], task_name: str
 ) -> list[str]:
@@ -313,14 +288,3 @@ def _path_inside(value: Any, roots: list[str], *, resolve: bool = False) -> bool
 
 def _under(path: str, base: str) -> bool:
     return os.path.isabs(base) and (path == base or path.startswith(base.rstrip("/") + "/"))
-
-
-def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _strings(v, f"{where} {k}" if where.endswith(".toml") else f"{where}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _strings(v, f"{where}[{i}]")
-    elif isinstance(value, str):
-        yield where, value

@@ -38,9 +38,9 @@ from services.common.runner_policy import (
     harbor_agent_names,
     request_refusals,
     task_template_refusals,
-    task_templates,
     unknown_agent,
 )
+from services.common.task_variables import required_task_secrets, task_templates
 from services.runner.trial_env import restrict_environ
 
 _PR_SET_PDEATHSIG = 1
@@ -112,6 +112,14 @@ def trial_config(
         raise MissingSecretError(
             f"runner has no environment variable {', '.join(missing)} "
             f"(listed in api_key_env of agent {req.agent.display!r})"
+        )
+    # Harbor would fail the trial on these with a bare ValueError, retried as if the
+    # infrastructure were at fault: every attempt fails the same way.
+    unset = [(f, n) for f, n in required_task_secrets(task_dir) if not os.environ.get(n)]
+    if unset:
+        raise MissingSecretError(
+            f"runner has no environment variable {', '.join(dict.fromkeys(n for _, n in unset))} "
+            f"(task {req.task.name}: {'; '.join(f for f, _ in unset)})"
         )
     compute = req.compute
     env_kwargs = dict(compute.environment_kwargs)

@@ -98,7 +98,7 @@ async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -
     refusal = await asyncio.to_thread(policy_refusal, prepared.manifest, live, folders)
     if refusal is not None:
         raise ManifestError(refusal)
-    refusal = secret_refusal(prepared.manifest, live)
+    refusal = await asyncio.to_thread(secret_refusal, prepared.manifest, live, folders)
     if refusal is not None:
         raise ManifestError(refusal)
 

@@ -190,8 +190,8 @@ async def test_an_api_key_no_runner_has_is_refused_at_submit_and_by_the_runner(
         assert refused.status_code == 422, refused.text
         assert refused.json()["error"] == (
             "agents[0].api_key_env[0]: MYLLM_API_KEY is set on no live runner of pool "
-            "'default' (a runner reads it from its environment when it starts: set it "
-            "there, e.g. in the shell of `trialbus up`, and restart the runners)"
+            "'default' (a runner reads its keys from its environment when it starts: set "
+            "them there, e.g. in the shell of `trialbus up`, and restart the runners)"
         )
     async with client(check_runners=False) as api:
         bypass = await post(api, manifest("key-missing-bypass", agent_extra=keyed))

@@ -74,19 +74,30 @@ def request(
 async def executor(tmp_path: Path) -> tuple[HarborExecutor, TaskRef, TaskRef]:
     """The executor under the policy, hello-file, and a copy whose task.toml
     templates the runner's secret into the trial's environment."""
-    templated = tmp_path / "src" / "hello-templated"
-    shutil.copytree(HELLO_FILE, templated)
-    with (templated / "task.toml").open("a") as f:
-        f.write(f'\n[environment.env]\nLEAKED = "${{{RUNNER_SECRET}}}"\n')
+    templated = hello_with_env(tmp_path, "hello-templated", "environment", RUNNER_SECRET)
+    run, (task, bad_task) = await executor_for(tmp_path, HELLO_FILE, templated)
+    return run, task, bad_task
+
+
+def hello_with_env(tmp_path: Path, name: str, table: str, variable: str) -> Path:
+    """A copy of hello-file whose task.toml [``table``.env] templates ``variable``."""
+    folder = tmp_path / "src" / name
+    shutil.copytree(HELLO_FILE, folder)
+    with (folder / "task.toml").open("a") as f:
+        f.write(f'\n[{table}.env]\nLEAKED = "${{{variable}}}"\n')
+    return folder
+
+
+async def executor_for(tmp_path: Path, *folders: Path) -> tuple[HarborExecutor, list[TaskRef]]:
+    """A HarborExecutor under the test policy, and ``folders`` stored as its tasks."""
     store = InMemoryObjectStore("TASKS")
-    task, bad_task = [
+    tasks = [
         TaskRef(name=folder.name, checksum=(await upload_task(store, folder)).name)
-        for folder in (HELLO_FILE, templated)
+        for folder in folders
     ]
     cache = TaskCache(tmp_path / "task-cache", store, budget_bytes=1 << 30)
     sandbox = SandboxSettings(scratch_dir=tmp_path / "sandboxes")
-    run = HarborExecutor(tmp_path / "jobs", cache, sandbox, policy=policy(tmp_path))
-    return run, task, bad_task
+    return HarborExecutor(tmp_path / "jobs", cache, sandbox, policy=policy(tmp_path)), tasks
 
 
 async def test_the_allowed_request_runs(
@@ -170,6 +181,22 @@ async def test_an_allowed_secret_name_passes_the_policy(
     outcome = await run.run(req, 1, None)
     assert (outcome.kind, outcome.exception_type) == ("failed", "MissingSecretError"), outcome
     assert "POLICY_TEST_API_KEY" in (outcome.message or "")
+
+
+async def test_a_task_variable_the_runner_lacks_ends_the_trial_before_harbor(
+    tmp_path: Path,
+) -> None:
+    # An allowed name the runner has no value for: before, Harbor raised a bare
+    # ValueError, read as a retryable infrastructure failure, on every attempt.
+    judged = hello_with_env(tmp_path, "hello-judged", "verifier", "POLICY_TEST_API_KEY")
+    run, [task] = await executor_for(tmp_path, judged)
+    outcome = await run.run(request(tmp_path, task, "judged", {}, {}), 1, None)
+    assert (outcome.kind, outcome.exception_type) == ("failed", "MissingSecretError"), outcome
+    assert outcome.message == (
+        "runner has no environment variable POLICY_TEST_API_KEY (task hello-judged: "
+        "task.toml [verifier.env] LEAKED)"
+    )
+    assert not is_retryable(outcome.exception_type)
 
 
 async def test_a_link_inside_an_allowed_folder_cannot_lead_out_of_it(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,8 +129,8 @@ def test_an_api_key_no_live_runner_has_set_is_named_with_where_to_set_it() -> No
     runners = [_runner("a", caps=["local"], secrets_set=["MY_KEY"])]
     assert secret_refusal(_manifest({"name": "oracle"}, llm), runners) == (
         "agents[1].api_key_env[0]: OPENAI_API_KEY is set on no live runner of pool 'default' "
-        "(a runner reads it from its environment when it starts: set it there, e.g. in the "
-        "shell of `trialbus up`, and restart the runners)"
+        "(a runner reads its keys from its environment when it starts: set them there, e.g. "
+        "in the shell of `trialbus up`, and restart the runners)"
     )
     # Controls: one runner of the pool holding it is enough; a runner that does not say
     # (older) is not second-guessed; one of another pool, or that cannot run the
@@ -141,3 +142,27 @@ def test_an_api_key_no_live_runner_has_set_is_named_with_where_to_set_it() -> No
     unable = _runner("y", caps=[], secrets_set=["OPENAI_API_KEY"])
     assert secret_refusal(_manifest(llm), [*runners, elsewhere, unable]) is not None
     assert secret_refusal(_manifest(llm), []) is None
+
+
+def test_a_variable_a_task_cannot_start_without_is_checked_like_an_api_key(
+    tmp_path: Path,
+) -> None:
+    task = tmp_path / "judged"
+    task.mkdir()
+    (task / "task.toml").write_text(
+        '[verifier.env]\nJUDGE = "${JUDGE_KEY}"\nMODE = "${JUDGE_MODE:-strict}"\n'
+        'TEXT = "key ${EMBEDDED} inside"\n'
+    )
+    runners = [_runner("a", caps=["local"], secrets_set=["OPENAI_API_KEY"])]
+    refusal = secret_refusal(_manifest({"name": "oracle"}), runners, [("judged", task)])
+    assert refusal is not None and "JUDGE_MODE" not in refusal and "EMBEDDED" not in refusal
+    assert refusal is not None and refusal.startswith(
+        "task judged: task.toml [verifier.env] JUDGE: JUDGE_KEY is set on no live runner of "
+        "pool 'default' (a runner reads its keys"
+    )
+    # Controls: a template with a default, or inside a longer value, is not required
+    # (Harbor resolves only a whole ${NAME} without a default, and fails without it);
+    # a runner holding the variable is enough.
+    holder = _runner("b", caps=["local"], secrets_set=["JUDGE_KEY"])
+    oracle = _manifest({"name": "oracle"})
+    assert secret_refusal(oracle, [*runners, holder], [("judged", task)]) is None
