@@ -72,12 +72,21 @@ def register(
                 highlight=False,
             )
             return
-        if set_flag(pause_experiment, experiment, json_out) is not None:
+        result = set_flag(pause_experiment, experiment, json_out)
+        if result is None:
+            return
+        if result["unfinished"] == 0:
             err.print(
-                f"experiment {experiment} paused: queued trials wait until `trialbus resume "
-                f"{experiment}`; trials already running finish",
+                f"experiment {experiment} paused: every trial has a record already; a "
+                f"resubmission's or a retry's runs wait until `trialbus resume {experiment}`",
                 highlight=False,
             )
+            return
+        err.print(
+            f"experiment {experiment} paused: queued trials wait until `trialbus resume "
+            f"{experiment}`; trials already running finish",
+            highlight=False,
+        )
 
     @app.command()
     def resume(experiment: str, trial: TrialOpt = None, json_out: JsonOpt = False) -> None:

@@ -207,7 +207,15 @@ async def pause(ledger: Ledger, coordinator: Coordinator, experiment_id: str) ->
     """
     info = await ledger.get_experiment(experiment_id)
     await coordinator.pause(experiment_id)
-    return {"experiment_id": experiment_id, "paused": True, "known": info is not None}
+    unfinished = None
+    if info is not None:  # how many trials have no record: what the pause holds now
+        unfinished = max(0, info.n_trials - await ledger.count_records(experiment_id))
+    return {
+        "experiment_id": experiment_id,
+        "paused": True,
+        "known": info is not None,
+        "unfinished": unfinished,
+    }
 
 
 async def resume(ledger: Ledger, coordinator: Coordinator, experiment_id: str) -> dict[str, Any]:

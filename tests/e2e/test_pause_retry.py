@@ -45,7 +45,12 @@ async def test_pause_holds_queued_work_resume_runs_it_once_and_retry_reruns_one_
     paused_id = experiment_id_of(load_manifest(paused_m))
 
     flagged = await cli.ajson("pause", paused_id, "--json")
-    assert flagged == {"experiment_id": paused_id, "paused": True, "known": False}
+    assert flagged == {
+        "experiment_id": paused_id,
+        "paused": True,
+        "known": False,
+        "unfinished": None,
+    }
     paused = await submit(cli, paused_m)  # queued first: the runner sees it first
     queued_at = time.monotonic()
     assert paused.experiment_id == paused_id

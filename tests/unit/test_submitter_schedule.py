@@ -34,7 +34,12 @@ T0 = datetime(2026, 11, 26, 8, 0, tzinfo=UTC)
 async def test_pause_and_resume_flag_the_experiment() -> None:
     ledger, coord = InMemoryLedger(), InMemoryCoordinator(lease_ttl_s=60)
     paused = await handlers.pause(ledger, coord, "exp-1")
-    assert paused == {"experiment_id": "exp-1", "paused": True, "known": False}
+    assert paused == {
+        "experiment_id": "exp-1",
+        "paused": True,
+        "known": False,
+        "unfinished": None,
+    }
     assert await coord.is_paused("exp-1") and not await coord.is_paused("exp-2")
     resumed = await handlers.resume(ledger, coord, "exp-1")
     assert (resumed["paused"], resumed["was_paused"]) == (False, True)
@@ -203,3 +208,12 @@ async def test_the_experiments_state_shows_a_pause_while_trials_wait() -> None:
     done = [_record(t, t.task.checksum, finished=T0, reward=1.0) for t in prepared.trials]
     await ledger.upsert_records(done)
     assert await row_state() == "complete"
+
+
+async def test_a_pause_says_how_many_trials_it_holds() -> None:
+    prepared, ports, ledger, _ = await _submitted()  # both trials recorded
+    done = await handlers.pause(ledger, ports.coordinator, prepared.experiment_id)
+    assert (done["known"], done["unfinished"]) == (True, 0)  # the CLI: nothing waits now
+    await ledger.upsert_experiment(ExperimentInfo(prepared.experiment_id, "unit", 3, {}))
+    more = await handlers.pause(ledger, ports.coordinator, prepared.experiment_id)
+    assert more["unfinished"] == 1
