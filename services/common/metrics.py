@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from faststream import FastStream
@@ -227,6 +227,10 @@ class MeteredLedger:
     async def count_records(self, experiment_id: str) -> int:
         """Delegated."""
         return await self._inner.count_records(experiment_id)
+
+    async def recorded_among(self, experiment_id: str, trial_ids: Iterable[str]) -> set[str]:
+        """Delegated."""
+        return await self._inner.recorded_among(experiment_id, trial_ids)
 
     async def scored_trial_ids(self, experiment_id: str) -> set[str]:
         """Delegated."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
@@ -123,6 +123,10 @@ class Ledger(Protocol):
 
     async def count_records(self, experiment_id: str) -> int:
         """Number of records of an experiment."""
+
+    async def recorded_among(self, experiment_id: str, trial_ids: Iterable[str]) -> set[str]:
+        """The ids among ``trial_ids`` that have a record in the experiment (by the
+        unique index: no record is read)."""
 
     async def scored_trial_ids(self, experiment_id: str) -> set[str]:
         """trial_ids whose record carries a valid reward (resume skips these)."""

@@ -149,7 +149,9 @@ NOTHING_KNOWN = Lookups()
 async def experiment_status(
     ledger: Ledger, experiment_id: str, lookups: Lookups = NOTHING_KNOWN
 ) -> dict[str, int | str | bool]:
-    """Counts of an experiment's trials by state (``status_counts``); with a budget in
+    """Counts of an experiment's trials by state (``status_counts``); with
+    ``lookups.started_of`` (the TrialStarted events) and while trials have no record,
+    ``running`` and ``queued``; with a budget in
     the manifest, ``budget``: what the recorded trials spent of it; when the manifest
     names a priority class, ``priority_class``; with ``lookups.paused_of``
     (the coordinator's flag), ``paused``: whether its queued trials wait for a resume.
@@ -169,7 +171,15 @@ async def experiment_status(
     if info is None and not count(tally, "recorded"):
         raise ExperimentNotFound(f"no experiment {experiment_id!r} in the ledger")
     counts = counts_of_tally(tally, info)
-    status: dict[str, int | str | bool] = dict(counts)
+    status: dict[str, int | str | bool] = {}
+    for key, n in counts.items():
+        status[key] = n
+        if key == "pending" and n and lookups.started_of is not None:
+            # Started and not recorded: running now (the experiments list's rule);
+            # what else waits is queued.
+            started = set(await lookups.started_of(experiment_id))
+            running = len(await unrecorded(ledger, experiment_id, started))
+            status["running"], status["queued"] = running, max(0, n - running)
     spent = spent_line_of_tally(tally, info)
     if spent is not None:
         status["budget"] = spent
@@ -191,24 +201,13 @@ async def experiment_status(
     return status
 
 
-PAUSED_LOOKUPS = 64
-"""Up to this many paused trials are looked up one by one (by key); more, and the
-experiment's records are read once: status stays one small read when nothing or a few
-trials are paused."""
-
-
 async def unrecorded(ledger: Ledger, experiment_id: str, trial_ids: set[str]) -> set[str]:
     """The trials of ``trial_ids`` the ledger holds no record of (in this experiment):
-    the paused trials still waiting, for ``status`` and ``trialbus queue``."""
+    the paused trials still waiting, for ``status`` and ``trialbus queue``, and the
+    started ones still running, for ``status``."""
     if not trial_ids:
         return set()
-    if len(trial_ids) > PAUSED_LOOKUPS:
-        return trial_ids - {r.trial_id for r in await ledger.records_for(experiment_id)}
-    ids = sorted(trial_ids)
-    found = await asyncio.gather(*(ledger.get_record(t) for t in ids))
-    return {
-        t for t, r in zip(ids, found, strict=True) if r is None or r.experiment_id != experiment_id
-    }
+    return trial_ids - await ledger.recorded_among(experiment_id, trial_ids)
 
 
 async def experiment_progress(

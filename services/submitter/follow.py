@@ -129,7 +129,8 @@ async def experiment_status(
     ):
         lookups = queries.NOTHING_KNOWN
         if nats is not None:
-            lookups = lookups_of(await nats.coordinator(), quotas=quotas)
+            live = LiveFeeds(nats.nc, nats.settings.topology)
+            lookups = lookups_of(await nats.coordinator(), quotas=quotas, live=live)
         status = await queries.experiment_status(ledger, experiment_id, lookups)
         return status, nats is not None
 

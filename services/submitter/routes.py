@@ -313,16 +313,19 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         return [row.as_dict() for row in rows]
 
     @router.get("/experiments/{experiment_id}/status")
-    async def status(experiment_id: str, ports: PortsDep) -> dict[str, bool | int | str]:
-        """Counts by state, spend against a budget, whether it is paused (and
+    async def status(
+        request: Request, experiment_id: str, ports: PortsDep
+    ) -> dict[str, bool | int | str]:
+        """Counts by state (while trials have no record: `running` and `queued`), spend
+        against a budget, whether it is paused (and
         `paused_trials`: how many unfinished trials are paused one by one),
         `team_spend_capped` (true, while trials wait and its team reached its
         max_spend_usd_per_day), and the priority class its manifest names (as
         `trialbus status --json`)."""
         # bool first: pydantic's union keeps True a bool rather than reading it as 1.
-        return await queries.experiment_status(
-            ports.ledger, experiment_id, lookups_of(ports.coordinator, quotas=ports.quotas)
-        )
+        live = LiveFeeds(request.app.state.nats.nc, settings.topology)
+        lookups = lookups_of(ports.coordinator, quotas=ports.quotas, live=live)
+        return await queries.experiment_status(ports.ledger, experiment_id, lookups)
 
     @router.get("/experiments/{experiment_id}/leaderboard")
     async def board(experiment_id: str, ports: PortsDep) -> list[dict[str, Any]]:

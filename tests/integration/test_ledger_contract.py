@@ -351,6 +351,21 @@ async def test_scored_trial_ids_and_counts_are_per_experiment(ledger: Ledger) ->
     assert [r.trial_id for r in await ledger.records_for("exp-a")] == ["a1", "a2", "a3"]
 
 
+async def test_recorded_among_names_the_given_ids_with_a_record_in_the_experiment(
+    ledger: Ledger,
+) -> None:
+    await ledger.upsert_records(
+        [make_record("a1"), make_record("a2"), make_record("b1", experiment_id="exp-b")]
+    )
+    asked = {"a1", "b1", "missing"}
+    assert await ledger.recorded_among("exp-a", asked) == {"a1"}  # b1: another experiment's
+    assert await ledger.recorded_among("exp-b", asked) == {"b1"}
+    assert await ledger.recorded_among("exp-a", []) == set()
+    # More ids than one query takes (the Mongo adapter asks in chunks).
+    many = [f"a0-{i}" for i in range(2500)]  # sorted before a2: it is in the last chunk
+    assert await ledger.recorded_among("exp-a", [*many, "a2"]) == {"a2"}
+
+
 async def test_experiment_metadata_round_trip(ledger: Ledger) -> None:
     info = ExperimentInfo(
         experiment_id="exp-a",

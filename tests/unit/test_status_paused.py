@@ -81,3 +81,25 @@ def test_a_long_experiment_id_stays_whole_in_the_title() -> None:
     console = Console(width=200, record=True)
     console.print(status_table(long_id, {"total": 2, "pending": 0}))
     assert f"status: {long_id}" in console.export_text()
+
+
+async def test_status_splits_the_pending_trials_into_running_and_queued() -> None:
+    ledger, _ = await _world(1)  # hello__0 recorded; 2 trials, one pending
+    await ledger.upsert_experiment(ExperimentInfo("exp", "p", 4, {}))  # three pending
+
+    async def started(experiment_id: str) -> list[str]:
+        # hello__0 started and is recorded: done, not running; "elsewhere" is another
+        # experiment's id, with no record here.
+        return ["hello__0", "hello__1", "hello__2"] if experiment_id == "exp" else ["elsewhere"]
+
+    status = await queries.experiment_status(ledger, "exp", queries.Lookups(started_of=started))
+    assert [k for k in status if k in ("pending", "running", "queued")] == [
+        "pending", "running", "queued",
+    ]  # fmt: skip
+    assert (status["pending"], status["running"], status["queued"]) == (3, 2, 1)
+    # Without the started trials (NATS out of reach) the split is unknown: absent.
+    assert "running" not in await queries.experiment_status(ledger, "exp")
+    # Nothing pending: nothing to split.
+    await ledger.upsert_experiment(ExperimentInfo("exp", "p", 1, {}))
+    done = await queries.experiment_status(ledger, "exp", queries.Lookups(started_of=started))
+    assert "running" not in done and done["pending"] == 0

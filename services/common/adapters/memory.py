@@ -17,7 +17,7 @@ import itertools
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -117,6 +117,11 @@ class InMemoryLedger:
     async def count_records(self, experiment_id: str) -> int:
         """Number of records of an experiment."""
         return sum(1 for doc, *_ in self._records.values() if doc["experiment_id"] == experiment_id)
+
+    async def recorded_among(self, experiment_id: str, trial_ids: Iterable[str]) -> set[str]:
+        """The ids among ``trial_ids`` that have a record in the experiment."""
+        kept = {t: self._records.get(t) for t in trial_ids}
+        return {t for t, k in kept.items() if k and k[0]["experiment_id"] == experiment_id}
 
     async def scored_trial_ids(self, experiment_id: str) -> set[str]:
         """trial_ids whose record carries a valid reward."""

@@ -1,6 +1,6 @@
 """MongoLedger: the Ledger port over MongoDB (or SecantusDB) with PyMongo's async client.
 
-About 410 lines: one adapter for one port, each method a query and its error
+About 430 lines: one adapter for one port, each method a query and its error
 translation; splitting it would split the document shape and the write protocol
 described below (the experiments collection is mongo_experiments's, the derived
 values' mongo_derived's).
@@ -66,6 +66,8 @@ from services.reports.tally import Tally, difference, record_tally
 
 DUPLICATE_KEY: Final = 11000
 _MAX_ROUNDS: Final = 3
+_IDS_PER_QUERY: Final = 1000
+"""Trial ids in one ``$in`` of ``recorded_among`` (a query document stays small)."""
 # Stored next to the record's own fields; stripped when reading a record back.
 _BOOKKEEPING: Final = (
     "_id",
@@ -298,6 +300,20 @@ class MongoLedger:
         """Number of records of an experiment."""
         async with _translate_errors("count_records"):
             return await self._trials.count_documents({"experiment_id": experiment_id})
+
+    async def recorded_among(self, experiment_id: str, trial_ids: Iterable[str]) -> set[str]:
+        """The ids among ``trial_ids`` that have a record in the experiment (the unique
+        trial_id index; ids only, in chunks that keep each query small)."""
+        ids, found = sorted(set(trial_ids)), set()
+        async with _translate_errors("recorded_among"):
+            for i in range(0, len(ids), _IDS_PER_QUERY):
+                chunk = ids[i : i + _IDS_PER_QUERY]
+                cursor = self._trials.find(
+                    {"trial_id": {"$in": chunk}, "experiment_id": experiment_id},
+                    {"_id": 0, "trial_id": 1},
+                )
+                found.update([doc["trial_id"] async for doc in cursor])
+        return found
 
     async def scored_trial_ids(self, experiment_id: str) -> set[str]:
         """trial_ids whose record carries a valid reward (resume skips these)."""
