@@ -270,6 +270,12 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
             out.print(table)
 
 
+def _json_line(obj: dict[str, object]) -> None:
+    """One JSON object on a line of stdout, flushed (a follower reads it at once)."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
 def follow_status(
     run: Runner,
     out: Console,
@@ -282,18 +288,23 @@ def follow_status(
     """``status EXP --follow``: a progress bar (JSON lines with --json) until every
     trial is recorded; the exit code of ``submit --wait`` (0, 1 unscored, 4 timeout).
     ``logs`` (``attach``): the trials' live log lines too, each printed as
-    ``<trial id> <stream>: <text>`` (with --json, an object with ``"type": "log"``)."""
+    ``<trial id> <stream>: <text>`` (with --json, an object with ``"type": "log"``),
+    and each failed attempt as ``submit --wait`` prints it (``"type": "failure"``)."""
+    from schemas.events import TrialFailed
     from services.submitter.follow import LogLine
-    from services.submitter.follow import follow_status as follow
+    from services.submitter.follow import follow_status as follow_experiment
+    from services.submitter.waiting import failure_line
 
     settings = settings_for(CommonSettings)
-    on_line = None
+    on_line = on_failure = None
     if logs and json_out:
 
         def on_line(trial_id: str, line: LogLine) -> None:
-            sys.stdout.write(json.dumps({"type": "log", "trial_id": trial_id, **line.as_dict()}))
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+            _json_line({"type": "log", "trial_id": trial_id, **line.as_dict()})
+
+        def on_failure(ev: TrialFailed) -> None:
+            fields = ("trial_id", "attempt", "final", "failure_class", "error_type", "message")
+            _json_line({"type": "failure", **ev.model_dump(mode="json", include=set(fields))})
 
     elif logs:
 
@@ -301,13 +312,21 @@ def follow_status(
             text = line.text.rstrip("\n")
             out.print(f"{trial_id} {line.stream}: {text}", highlight=False, markup=False)
 
+        def on_failure(ev: TrialFailed) -> None:
+            out.print(failure_line(ev), highlight=False, markup=False)
+
+    def follow(on_update: Callable[[ExperimentRow], None]) -> Awaitable[ExperimentRow]:
+        return follow_experiment(
+            settings,
+            experiment,
+            on_update,
+            timeout_s=timeout,
+            on_line=on_line,
+            on_failure=on_failure,
+        )
+
     if json_out:
-
-        def update(row: ExperimentRow) -> None:
-            sys.stdout.write(json.dumps(status_line(row)) + "\n")
-            sys.stdout.flush()
-
-        last = run(lambda: follow(settings, experiment, update, timeout_s=timeout, on_line=on_line))
+        last = run(lambda: follow(lambda row: _json_line(status_line(row))))
     elif out.is_terminal:
         bar = Progress(
             TextColumn("[bold]{task.description}"),
@@ -323,9 +342,7 @@ def follow_status(
             bar.update(task, total=line["total"], completed=line["done"], detail=status_text(line))
 
         with bar:
-            last = run(
-                lambda: follow(settings, experiment, draw, timeout_s=timeout, on_line=on_line)
-            )
+            last = run(lambda: follow(draw))
     else:
         seen: list[str] = []
 
@@ -336,7 +353,7 @@ def follow_status(
                 seen.append(text)
                 out.print(f"{experiment} {text}", highlight=False, markup=False)
 
-        last = run(lambda: follow(settings, experiment, say, timeout_s=timeout, on_line=on_line))
+        last = run(lambda: follow(say))
     p = last.progress
     if not p.finished:
         return E.EXIT_TIMEOUT

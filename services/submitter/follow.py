@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from infra.nats_permissions import kv_stream
-from schemas.events import TrialLog
+from schemas.events import Envelope, TrialFailed, TrialLog
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import UserInputError
 from services.common.fair_share import SHARE_MARK, TeamShare, current_share
@@ -142,11 +142,13 @@ async def follow_status(
     *,
     timeout_s: float | None = None,
     on_line: Callable[[str, LogLine], None] | None = None,
+    on_failure: Callable[[TrialFailed], None] | None = None,
 ) -> ExperimentRow:
     """``trialbus status EXP --follow``: call ``on_update`` with the experiment's row
     now and after its events, until every trial is recorded (or ``timeout_s``).
     ``trialbus attach EXP``: with ``on_line``, also each live log line of its trials
-    (trial id, line) published from the call on.
+    (trial id, line) published from the call on; with ``on_failure``, each failed
+    attempt of its trials (retried or final; cancellations are not).
 
     Subscribed to the experiment's events (and logs) before the first read, so no
     change slips between the read and the subscription. Raises ExperimentNotFound for
@@ -174,11 +176,23 @@ async def follow_status(
                 if event is not None:
                     # Gather what else arrives in the next moment: one redraw for a burst.
                     until = time.monotonic() + UPDATE_INTERVAL_S
-                    while (rest := until - time.monotonic()) > 0 and await feed.next(rest):
-                        pass
+                    while event is not None:
+                        _failed(event, on_failure)
+                        rest = until - time.monotonic()
+                        event = await feed.next(rest) if rest > 0 else None
                 row = await queries.experiment_progress(ledger, experiment_id, lookups, cache=cache)
                 on_update(row)
     return row
+
+
+def _failed(event: Envelope, on_failure: Callable[[TrialFailed], None] | None) -> None:
+    """Pass a failed attempt to ``on_failure`` (a cancellation says so itself)."""
+    if (
+        on_failure is not None
+        and isinstance(event, TrialFailed)
+        and event.failure_class != "cancelled"
+    ):
+        on_failure(event)
 
 
 @contextlib.asynccontextmanager

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from schemas.events import TrialLog, TrialStarted
+from schemas.events import TrialFailed, TrialLog, TrialStarted
 from schemas.record import Evaluation, PhaseTiming, Provenance, TrialRecord
 from schemas.runners import RunnerInfo
 from schemas.subjects import Topology
@@ -247,6 +247,23 @@ async def _attach(world: World, proc: asyncio.subprocess.Process) -> None:
     while (got := await anext(updates)).get("type") != "log":
         pass
     assert (got["trial_id"], got["stream"], got["text"]) == (TRIALS[0], "stdout", "hello\n")
+    # A failed attempt is shown as it happens; a cancellation (the control) is not.
+    # (Attempts 1 and 2: one attempt's two failures would share a dedup id.)
+    failures = ((1, "cancelled", "Cancelled"), (2, "infrastructure", "SandboxStartError"))
+    for n, cls, error in failures:
+        await world.bus.publish(
+            TrialFailed(
+                experiment_id=EXP, trial_id=TRIALS[1], failure_class=cls, error_type=error,
+                message="bwrap did not start\ndetail", attempt=n, final=False,
+            )
+        )  # fmt: skip
+    while (got := await anext(updates)).get("type") != "failure":
+        pass
+    assert got == {
+        "type": "failure", "trial_id": TRIALS[1], "attempt": 2, "final": False,
+        "failure_class": "infrastructure", "error_type": "SandboxStartError",
+        "message": "bwrap did not start\ndetail",
+    }  # fmt: skip
     for trial in TRIALS[:3]:
         await world.record(trial, 1.0)
     while (update := await anext(updates)).get("done") != 3:
