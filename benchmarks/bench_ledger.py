@@ -61,7 +61,7 @@ from schemas.record import TrialRecord
 from services.common.adapters.mongo_experiments import BACKFILL_ID, ExperimentStore
 from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.ports import ExperimentInfo
-from services.reports import queries
+from services.reports import formatting, queries
 from services.reports.report_cache import ReportCache
 from services.submitter.dashboard_stream import page_view
 
@@ -108,7 +108,7 @@ def synthetic_record(rng: random.Random, exp: str, i: int, t0: datetime) -> Tria
     phases = [rng.uniform(1, 20), rng.uniform(1, 10), rng.uniform(30, 600), rng.uniform(5, 60)]
     valid = rng.random() > 0.1
     reward = float(rng.random() < 0.4) if valid else None
-    label = f"{agent}@{model}" if model else agent
+    label = formatting.agent_at(agent, model)
     job = f"/srv/trialbus/jobs/{exp}"
     return TrialRecord.model_validate(
         {

@@ -112,8 +112,10 @@ def _moved(written: Path, base: Path, root: Path | None) -> str | None:
     tails = [Path(*parts[k:]) for k in range(1, len(parts))]
     heads: list[Path] = []
     for depth in range(1, _FOLDERS_DOWN + 1):
-        found = glob.glob(os.path.join(glob.escape(str(base)), *["*"] * depth, str(written)))
-        heads += sorted(Path(p).relative_to(base) for p in found[:_PLACES_READ])
+        pattern = os.path.join(glob.escape(str(base)), *["*"] * depth, str(written))
+        # Lazily: the walk stops at the cap (a POSTed manifest can ask for this).
+        found = itertools.islice(glob.iglob(pattern), _PLACES_READ)
+        heads += sorted(Path(p).relative_to(base) for p in found)
     for candidate in [*tails, *heads][:_PLACES_READ]:
         folder = (base / candidate).resolve()
         inside = folder.is_relative_to(root if root is not None else base)
