@@ -27,7 +27,8 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 
 from schemas.events import Envelope, TrialLog, TrialRequested, encode_event
 from schemas.subjects import Topology
@@ -106,15 +107,52 @@ def kv_config(bucket: str, *, ttl_s: float | None, replicas: int) -> KeyValueCon
     )
 
 
+STREAM_NAME_IN_USE = 10058
+"""JetStream's error code for a create naming a stream that exists with another
+configuration: what a create answers when another process created it first."""
+
+
+def created_meanwhile(exc: BadRequestError) -> bool:
+    """Whether a refused create means another process created the stream (or the
+    bucket's stream) between our look and our create: two services starting at once
+    on a fresh server both find it missing, and the slower create is refused."""
+    return exc.err_code == STREAM_NAME_IN_USE
+
+
+async def open_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    """The bucket ``config`` names, created with ``config`` when missing.
+
+    An existing bucket is used as it is (the first creator's settings hold), also
+    when another process created it while we looked.
+    """
+    assert config.bucket is not None
+    try:
+        return await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        pass
+    try:
+        return await js.create_key_value(config)
+    except BadRequestError as exc:
+        if not created_meanwhile(exc):
+            raise
+    return await js.key_value(config.bucket)
+
+
 async def ensure_streams(js: JetStreamContext, topology: Topology, replicas: int = 1) -> None:
-    """Create trialbus's streams when missing; leave existing ones untouched."""
+    """Create trialbus's streams when missing; leave existing ones untouched (also one
+    another process created while we looked)."""
     for config in stream_configs(topology, replicas):
         assert config.name is not None
         try:
             await js.stream_info(config.name)
         except NotFoundError:
-            await js.add_stream(config)
-            log.info("stream created", stream=config.name, replicas=replicas)
+            try:
+                await js.add_stream(config)
+            except BadRequestError as exc:
+                if not created_meanwhile(exc):
+                    raise
+            else:
+                log.info("stream created", stream=config.name, replicas=replicas)
 
 
 async def connect(

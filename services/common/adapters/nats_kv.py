@@ -63,14 +63,14 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from infra.nats_permissions import kv_stream
 from schemas.subjects import Topology
 from services.common import quotas
 from services.common.adapters import nats_attempts
+from services.common.adapters.jetstream import kv_config, open_kv
 from services.common.adapters.nats_paused_trials import (
     change_paused_trials,
     paused_trials_key,
@@ -413,11 +413,4 @@ def _ending_key(run_id: str) -> str:
 
 
 async def _bucket(js: JetStreamContext, name: str, *, ttl: float | None, replicas: int) -> KeyValue:
-    try:
-        return await js.key_value(name)
-    except BucketNotFoundError:
-        return await js.create_key_value(
-            KeyValueConfig(
-                bucket=name, history=1, ttl=ttl, storage=StorageType.FILE, replicas=replicas
-            )
-        )
+    return await open_kv(js, kv_config(name, ttl_s=ttl, replicas=replicas))

@@ -45,6 +45,7 @@ from nats.js import JetStreamContext
 from nats.js.api import Header, ObjectInfo, ObjectMetaOptions, ObjectStoreConfig, StorageType
 from nats.js.errors import (
     APIError,
+    BadRequestError,
     BucketNotFoundError,
     NotFoundError,
     ObjectNotFoundError,
@@ -61,6 +62,7 @@ from nats.js.object_store import ObjectStore as JsObjectStore
 from nats.nuid import NUID
 
 from schemas.objects import ObjectRef
+from services.common.adapters.jetstream import created_meanwhile
 from services.common.errors import (
     InternalError,
     ObjectAccessDenied,
@@ -150,7 +152,12 @@ class NatsObjectStore:
                     storage=StorageType.FILE,
                     replicas=create.replicas,
                 )
-                store = await js.create_object_store(bucket, config=config)
+                try:
+                    store = await js.create_object_store(bucket, config=config)
+                except BadRequestError as exc:
+                    if not created_meanwhile(exc):
+                        raise
+                    store = await js.object_store(bucket)
         except _UNAVAILABLE as exc:
             raise TransientError(f"object store bucket {bucket}: {type(exc).__name__}") from exc
         return cls(js, store, bucket, timeout_s=timeout_s, new_names=new_names)

@@ -27,13 +27,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from schemas.runners import RunnerInfo, RunnerLoad, registry_key
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import kv_config
+from services.common.adapters.jetstream import kv_config, open_kv
 from services.common.logging import get_logger
 from services.common.ports import RunnerRegistry
 from services.common.service import running_beside
@@ -76,10 +76,7 @@ class NatsRunnerRegistry:
         its status is read, which runners and the submitter may do.
         """
         name = topology.runners_bucket
-        try:
-            kv = await js.key_value(name)
-        except BucketNotFoundError:
-            kv = await js.create_key_value(kv_config(name, ttl_s=create_ttl_s, replicas=replicas))
+        kv = await open_kv(js, kv_config(name, ttl_s=create_ttl_s, replicas=replicas))
         ttl = (await kv.status()).ttl
         return cls(js, kv, name, float(ttl) if ttl else create_ttl_s)
 
