@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -34,134 +35,115 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry
 pytestmark = pytest.mark.integration
 
 
+@dataclass
 class CreatedMeanwhile:
-    """A real JetStream context whose first look at ``name`` answers "missing" just
-    after ``create_first`` (another connection) has created it."""
+    """A real JetStream context whose first look (``look``) at ``name`` answers
+    "missing" (``missing``) just after ``create_first`` has created it over another
+    connection."""
 
-    def __init__(
-        self,
-        js: JetStreamContext,
-        look: str,
-        name: str,
-        create_first: Callable[[], Awaitable[Any]],
-        missing: type[Exception],
-    ) -> None:
-        self._js = js
-        self._look = look
-        self._name = name
-        self._create_first = create_first
-        self._missing = missing
-        self.fired = False
+    js: JetStreamContext
+    look: str
+    name: str
+    create_first: Callable[[], Awaitable[Any]]
+    missing: type[Exception]
+    fired: bool = False
 
     def __getattr__(self, attr: str) -> Any:
-        real = getattr(self._js, attr)
-        if attr != self._look or self.fired:
+        real = getattr(self.js, attr)
+        if attr != self.look or self.fired:
             return real
 
         async def look(name: str, *args: Any, **kwargs: Any) -> Any:
-            if name != self._name:
+            if name != self.name:
                 return await real(name, *args, **kwargs)
             self.fired = True
-            await self._create_first()
-            raise self._missing()
+            await self.create_first()
+            raise self.missing()
 
         return look
 
 
 @pytest.fixture
-async def other(nats_url: str) -> AsyncIterator[NatsClient]:
-    """The other service's connection."""
+async def theirs(nats_url: str) -> AsyncIterator[JetStreamContext]:
+    """JetStream over the other service's connection."""
     client = await nats.connect(nats_url)
     try:
-        yield client
+        yield client.jetstream()
     finally:
         await client.close()
 
 
+def kv_created_meanwhile(
+    nc: NatsClient, theirs: JetStreamContext, bucket: str, *, ttl_s: float
+) -> CreatedMeanwhile:
+    """Our JetStream, on which ``bucket`` turns up created by ``theirs`` with ``ttl_s``."""
+    config = kv_config(bucket, ttl_s=ttl_s, replicas=1)
+    return CreatedMeanwhile(
+        nc.jetstream(),
+        "key_value",
+        bucket,
+        lambda: theirs.create_key_value(config),
+        BucketNotFoundError,
+    )
+
+
 async def test_a_bucket_another_service_created_meanwhile_is_used_as_it_is(
-    nc: NatsClient, other: NatsClient, topology: Topology
+    nc: NatsClient, theirs: JetStreamContext, topology: Topology
 ) -> None:
     bucket = topology.leases_bucket
-
-    async def submitter_creates() -> None:
-        await other.jetstream().create_key_value(kv_config(bucket, ttl_s=60.0, replicas=1))
-
-    js = CreatedMeanwhile(
-        nc.jetstream(), "key_value", bucket, submitter_creates, BucketNotFoundError
-    )
+    js = kv_created_meanwhile(nc, theirs, bucket, ttl_s=60.0)  # as the submitter does
     coordinator = await NatsCoordinator.open(js, topology, lease_ttl_s=4.0)  # type: ignore[arg-type]
     assert js.fired
     # The first creator's settings hold; the coordinator works on that bucket.
     assert (await coordinator.leases.status()).ttl == 60.0
-    lease = await coordinator.acquire("exp-1", 1, "runner-0")
-    assert lease is not None
-
-
-async def test_a_bucket_created_meanwhile_with_other_settings_is_refused_by_create(
-    nc: NatsClient, other: NatsClient, topology: Topology
-) -> None:
-    """The control: what the services meet, without their handling of it."""
-    bucket = topology.leases_bucket
-    await other.jetstream().create_key_value(kv_config(bucket, ttl_s=60.0, replicas=1))
+    assert await coordinator.acquire("exp-1", 1, "runner-0") is not None
+    # The control: what the services meet, without their handling of it.
     with pytest.raises(BadRequestError) as refused:
         await nc.jetstream().create_key_value(kv_config(bucket, ttl_s=4.0, replicas=1))
     assert refused.value.err_code == 10058
 
 
 async def test_the_runner_registry_uses_a_bucket_created_meanwhile(
-    nc: NatsClient, other: NatsClient, topology: Topology
+    nc: NatsClient, theirs: JetStreamContext, topology: Topology
 ) -> None:
-    bucket = topology.runners_bucket
-
-    async def another_creates() -> None:
-        await other.jetstream().create_key_value(kv_config(bucket, ttl_s=30.0, replicas=1))
-
-    js = CreatedMeanwhile(nc.jetstream(), "key_value", bucket, another_creates, BucketNotFoundError)
+    js = kv_created_meanwhile(nc, theirs, topology.runners_bucket, ttl_s=30.0)
     registry = await NatsRunnerRegistry.open(js, topology, create_ttl_s=9.0)  # type: ignore[arg-type]
-    assert js.fired
-    assert registry.ttl_s == 30.0
+    assert (js.fired, registry.ttl_s) == (True, 30.0)
 
 
 async def test_a_stream_created_meanwhile_is_left_as_it_is(
-    nc: NatsClient, other: NatsClient, topology: Topology
+    nc: NatsClient, theirs: JetStreamContext, topology: Topology
 ) -> None:
     first = stream_configs(topology, 1)[0]
     assert first.name is not None
-
-    async def another_creates() -> None:
-        await other.jetstream().add_stream(first.evolve(max_msgs=1234))
-
-    js = CreatedMeanwhile(nc.jetstream(), "stream_info", first.name, another_creates, NotFoundError)
+    another = first.evolve(max_msgs=1234)
+    js = CreatedMeanwhile(
+        nc.jetstream(), "stream_info", first.name, lambda: theirs.add_stream(another), NotFoundError
+    )
     await ensure_streams(js, topology)  # type: ignore[arg-type]
     assert js.fired
-    info = await nc.jetstream().stream_info(first.name)
-    assert info.config.max_msgs == 1234
+    assert (await nc.jetstream().stream_info(first.name)).config.max_msgs == 1234
     for config in stream_configs(topology, 1):  # and the rest were created
         assert config.name is not None
         await nc.jetstream().stream_info(config.name)
 
 
 async def test_an_object_store_created_meanwhile_is_used(
-    nc: NatsClient, other: NatsClient, topology: Topology
+    nc: NatsClient, theirs: JetStreamContext, topology: Topology
 ) -> None:
     bucket = topology.results_bucket
-
-    async def another_creates() -> None:
-        await other.jetstream().create_object_store(
-            bucket, ObjectStoreConfig(storage=StorageType.FILE, description="the other's")
-        )
-
+    another = ObjectStoreConfig(storage=StorageType.FILE, description="the other's")
     js = CreatedMeanwhile(
-        nc.jetstream(), "object_store", bucket, another_creates, BucketNotFoundError
-    )
-    store = await NatsObjectStore.open(
-        js,  # type: ignore[arg-type]
+        nc.jetstream(),
+        "object_store",
         bucket,
-        create=BucketSettings(description="ours"),
+        lambda: theirs.create_object_store(bucket, another),
+        BucketNotFoundError,
     )
+    ours = BucketSettings(description="ours")
+    store = await NatsObjectStore.open(js, bucket, create=ours)  # type: ignore[arg-type]
     assert js.fired
-    ref = await store.put("a", b"kept")
-    assert await store.get(ref) == b"kept"
+    assert await store.get(await store.put("a", b"kept")) == b"kept"
 
 
 async def test_services_opening_the_buckets_at_once_all_start(
