@@ -5,8 +5,7 @@ A stack with its own nats-server runs it with authentication (infra.stack_nats):
 user per role in ``<data>/nats-auth`` (0700, files 0600), everything in JetStream
 created as admin before any service starts, and each service handed its own role's
 credentials file (``TRIALBUS_NATS_CREDENTIALS``). A stack given a ``nats_url`` uses
-that server as it is (the tests' shared server has no users), what is missing in
-JetStream created there too before any service starts.
+that server as it is (the tests' shared server has no users).
 
 What runs it for an operator (``trialbus up`` / ``trialbus demo``) is infra.stack.
 """
@@ -31,7 +30,6 @@ from infra.service_process import ServiceProcess
 from infra.stack_nats import (
     connect_stack,
     credentials_env,
-    provision_open,
     runner_ack_wait_s,
     stack_classes,
     start_authenticated_nats,
@@ -157,16 +155,6 @@ class EmbeddedStack(StartStop):
                     classes=stack_classes({**self.extra_env, **self.runner_env}),
                 )
                 self.nats_url = self._nats.url
-            else:
-                # Created before any service starts, as on a stack with its own server:
-                # services starting at once would each create what is missing, and the
-                # leases bucket would get the TTL of whichever came first.
-                provision_open(
-                    self.nats_url,
-                    Topology(self.prefix),
-                    ack_wait_s=runner_ack_wait_s({**self.extra_env, **self.runner_env}),
-                    classes=stack_classes({**self.extra_env, **self.runner_env}),
-                )
             if self.ledger_url is None:
                 self._ledger = LedgerServer(
                     self.data_dir / "ledger", port=self.ledger_port, extra_args=LEDGER_ARGS

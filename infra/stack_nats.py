@@ -82,17 +82,9 @@ def start_authenticated_nats(
     return server, auth
 
 
-def provision_open(
-    url: str, topology: Topology, *, ack_wait_s: float, classes: PriorityClasses
-) -> None:
-    """Provision ``topology`` on a server without users (a given ``nats_url``), as
-    :func:`start_authenticated_nats` does its own server: what is missing only."""
-    asyncio.run(_provision(url, None, topology, ack_wait_s, classes))
-
-
 async def _provision(
     url: str,
-    auth: AuthFiles | None,
+    auth: AuthFiles,
     topology: Topology,
     ack_wait_s: float,
     classes: PriorityClasses = DEFAULT_PRIORITY_CLASSES,
