@@ -196,26 +196,39 @@ class TestNatsObjectStore(ObjectStoreContract):
         # JetStream API request is a round trip per trial (docs/performance.md). A put
         # makes one meta lookup, a get reads the meta by direct get (no API request
         # through STREAM.MSG.GET); what they store stays readable by nats-py's own client.
-        store = await world.open(None)
+        await world.open(None)  # creates the bucket
         bucket = topology.tasks_bucket
+        # The store sends over nc, which also sees the copies: one subscription, so they
+        # arrive in the order sent, between two marks nc sends around each call (no
+        # copy of an earlier call, nor another test's traffic, is counted).
+        store = await NatsObjectStore.open(nc.jetstream(), bucket, new_names=self.new_names)
+        mark = f"_MARK.{os.urandom(4).hex()}"
         seen: list[str] = []
+        ended = asyncio.Event()
 
         async def count(msg: Msg) -> None:
-            seen.append(msg.subject)
+            subject = msg.subject
+            api = subject.startswith("$JS.API.") and f"OBJ_{bucket}" in subject
+            if api or subject.startswith((f"$O.{bucket}.", mark)):
+                seen.append(subject)
+            if subject == f"{mark}.end":
+                ended.set()
 
-        await nc.subscribe("$JS.API.>", cb=count)
-        await nc.subscribe(f"$O.{bucket}.>", cb=count)
+        await nc.subscribe(">", cb=count)
         await nc.flush()
 
         async def traffic(call: Awaitable[object]) -> list[str]:
             """What ``call`` sent: MSG.GET, DIRECT.GET, C (a chunk), M (a meta entry)."""
             seen.clear()
+            ended.clear()
+            await nc.publish(f"{mark}.begin")
             await call
-            await nc.flush()
-            await asyncio.sleep(0.2)  # the copies of the requests travel on nc
+            await nc.publish(f"{mark}.end")
+            await asyncio.wait_for(ended.wait(), timeout=60)
+            sent = seen[seen.index(f"{mark}.begin") + 1 : seen.index(f"{mark}.end")]
             kinds = {"$JS.API.STREAM.MSG.GET": "MSG.GET", "$JS.API.DIRECT.GET": "DIRECT.GET"}
             kinds |= {f"$O.{bucket}.C": "C", f"$O.{bucket}.M": "M"}
-            return [next((k for p, k in kinds.items() if s.startswith(p)), s) for s in seen]
+            return [next((k for p, k in kinds.items() if s.startswith(p)), s) for s in sent]
 
         data = os.urandom(300_000)  # three chunks
         put = await traffic(store.put("counted", data))
