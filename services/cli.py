@@ -13,6 +13,7 @@ commands (experiments, status --follow, logs, runners) are in services/cli_live.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -34,7 +35,13 @@ from services.common.stackfile import settings_for
 if TYPE_CHECKING:
     from services.common.ports import Ledger
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Run Harbor trials of agents on tasks across runners, and report their scores "
+    "from the ledger. `trialbus demo` runs an example end to end; `trialbus up` starts "
+    "the stack on this machine.",
+)
 OUTPUT_WIDTH = 200
 """Columns of the tables when stdout is not a terminal (a CI log, a pipe) and COLUMNS is
 unset: rich's default there is 80, which cut every id in a table to a few letters."""
@@ -400,6 +407,21 @@ def _register_deploy_commands() -> None:
 
 
 _register_deploy_commands()
+
+
+def _help_from_docstrings() -> None:
+    """Each command's help as a reader sees it: its docstring with code marked by one
+    backquote (as the README writes it), and its summary in ``trialbus --help`` as one
+    line of prose (typer keeps the docstring's line breaks there, which cut the list's
+    sentences mid-phrase)."""
+    for info in app.registered_commands:
+        doc = inspect.getdoc(info.callback) if info.callback else None
+        if info.short_help is None and info.help is None and doc:
+            info.help = doc.replace("``", "`")
+            info.short_help = " ".join(info.help.split("\n\n")[0].split())
+
+
+_help_from_docstrings()
 
 
 def main() -> None:
