@@ -26,6 +26,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from services.cli_args import ExperimentArg, JsonOpt, LatestExperiment
 from services.common import errors as E
 from services.common.errors import LedgerUnavailable, TransientError, UserInputError
 from services.common.logging import configure_logging
@@ -47,9 +48,6 @@ OUTPUT_WIDTH = 200
 unset: rich's default there is 80, which cut every id in a table to a few letters."""
 out = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else OUTPUT_WIDTH)
 err = Console(stderr=True, soft_wrap=True)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
-LatestExperiment = Annotated[str | None, typer.Argument(help="Default: the latest experiment.")]
 
 
 def _run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
@@ -233,7 +231,13 @@ _register_schedule_commands()
 
 @app.command(name="import")
 def import_(
-    job_dir: Path,
+    job_dir: Annotated[
+        Path,
+        typer.Argument(
+            help="A Harbor job folder (its config.json and trial folders), e.g. from "
+            "`harbor run` or `trialbus export`."
+        ),
+    ],
     json_out: JsonOpt = False,
     as_new: Annotated[
         bool,
@@ -266,7 +270,7 @@ def import_(
 
 @app.command()
 def export(
-    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    experiment: ExperimentArg,
     dest: Annotated[
         Path, typer.Argument(help="Folder to write <experiment>/ into (harbor view DEST).")
     ],
@@ -301,7 +305,7 @@ def up(
     data_dir: Annotated[Path, typer.Option(help="Servers' storage and job folders.")] = Path(
         ".trialbus"
     ),
-    runners: Annotated[int, typer.Option(min=1, max=64)] = 1,
+    runners: Annotated[int, typer.Option(min=1, max=64, help="Runner processes.")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, max=4096, help="Trials per runner.")] = 4,
 ) -> None:
     """Start the embedded stack (nats-server, SecantusDB, the four services) until Ctrl-C."""
@@ -314,9 +318,13 @@ def up(
 
 @app.command()
 def demo(
-    manifest: Annotated[Path, typer.Argument()] = Path("examples/experiment.yaml"),
-    data_dir: Annotated[Path, typer.Option()] = Path(".trialbus/demo"),
-    concurrency: Annotated[int, typer.Option(min=1, max=64)] = 4,
+    manifest: Annotated[Path, typer.Argument(help="Experiment manifest (YAML or JSON).")] = Path(
+        "examples/experiment.yaml"
+    ),
+    data_dir: Annotated[
+        Path, typer.Option(help="Servers' storage and job folders (emptied first).")
+    ] = Path(".trialbus/demo"),
+    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Trials at once.")] = 4,
 ) -> None:
     """Start the embedded stack, run MANIFEST end to end, print the leaderboard, stop."""
     from infra.stack import run_demo

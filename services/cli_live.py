@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from services.cli_args import ExperimentArg, JsonOpt
 from services.common import errors as E
 from services.common.priority import DEFAULT_CLASS
 from services.common.settings import CommonSettings
@@ -24,8 +25,6 @@ from services.reports.progress import ExperimentRow, RunnerRow, duration, rate_a
 from services.reports.queue import QueueView
 
 type Runner = Callable[[Callable[[], Awaitable[Any]]], Any]
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
 def experiments_table(rows: list[ExperimentRow], default_class: str = DEFAULT_CLASS) -> Table:
@@ -169,7 +168,7 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
 
     @app.command()
     def status(
-        experiment: str,
+        experiment: ExperimentArg,
         json_out: JsonOpt = False,
         follow: Annotated[
             bool,
@@ -198,7 +197,7 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
 
     @app.command()
     def attach(
-        experiment: str,
+        experiment: ExperimentArg,
         json_out: JsonOpt = False,
         timeout: Annotated[
             float | None, typer.Option(help="Give up after this many seconds (exit 4).")

@@ -14,12 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
-
-TrialOpt = Annotated[
-    str | None,
-    typer.Option("--trial", help="Only this trial of the experiment (its trial id)."),
-]
+from services.cli_args import ExperimentArg, JsonOpt, TrialArg, TrialOpt
 
 type Call = Callable[..., Any]
 """services.cli._call: runs one of services.submitter.commands with the settings."""
@@ -42,7 +37,7 @@ def register(
         return result
 
     @app.command()
-    def cancel(experiment: str, json_out: JsonOpt = False) -> None:
+    def cancel(experiment: ExperimentArg, json_out: JsonOpt = False) -> None:
         """Cancel an experiment: queued trials are dropped, running ones stopped."""
         from services.submitter.commands import cancel_experiment
 
@@ -55,7 +50,7 @@ def register(
             )
 
     @app.command()
-    def pause(experiment: str, trial: TrialOpt = None, json_out: JsonOpt = False) -> None:
+    def pause(experiment: ExperimentArg, trial: TrialOpt = None, json_out: JsonOpt = False) -> None:
         """Pause an experiment (or with --trial one trial of it): queued trials wait (not
         started, not lost); running ones finish."""
         from services.submitter.commands import pause_experiment
@@ -89,7 +84,9 @@ def register(
         )
 
     @app.command()
-    def resume(experiment: str, trial: TrialOpt = None, json_out: JsonOpt = False) -> None:
+    def resume(
+        experiment: ExperimentArg, trial: TrialOpt = None, json_out: JsonOpt = False
+    ) -> None:
         """Resume a paused experiment (or with --trial one paused trial): its queued
         trials start within seconds."""
         from services.submitter.commands import resume_experiment
@@ -119,8 +116,8 @@ def register(
 
     @app.command()
     def retry(
-        experiment: str,
-        trial: str,
+        experiment: ExperimentArg,
+        trial: TrialArg,
         json_out: JsonOpt = False,
         tasks_dir: Annotated[
             Path,

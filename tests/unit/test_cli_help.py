@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import typer.main
+from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 from services.cli import app
@@ -30,3 +32,16 @@ def test_a_command_s_page_marks_code_as_the_readme_does() -> None:
     result = CliRunner().invoke(app, ["attach", "--help"], terminal_width=400)
     assert result.exit_code == 0, result.output
     assert "`status --follow`" in result.output and "``" not in result.output
+
+
+def test_every_argument_and_option_says_what_it_is() -> None:
+    command = typer.main.get_command(app)
+    assert isinstance(command, TyperGroup)
+    bare = [
+        f"{name} {param.name}"
+        for name, cmd in command.commands.items()
+        for param in cmd.params
+        if not getattr(param, "help", None)
+    ]
+    assert bare == []
+    assert len(command.commands) >= 20  # the control: the commands were found
