@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from infra.data_dir_lock import DataDirLock
 from infra.embedded import LedgerServer, NatsServer, free_port
 from infra.managed_process import LOOPBACK, StartStop
 from infra.nats_auth import AuthFiles
@@ -85,7 +86,10 @@ class EmbeddedStack(StartStop):
     """Where the stack's own nats-server listens (runners on other hosts need an
     address they can reach, e.g. a bridge's)."""
     ledger_port: int | None = None
+    fresh: bool = False
+    """Empty the data folder first (the demo: never earlier results), once it is ours."""
     # What start() makes: the stack's state, never a constructor argument.
+    _lock: DataDirLock | None = field(default=None, init=False)
     services: dict[str, ServiceProcess] = field(default_factory=dict, init=False)
     _nats: NatsServer | None = field(default=None, init=False)
     _ledger: LedgerServer | None = field(default=None, init=False)
@@ -141,9 +145,16 @@ class EmbeddedStack(StartStop):
         return tokens_file
 
     def start(self) -> Self:
-        """Start the servers it owns, then every service; return once all are ready."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Start the servers it owns, then every service; return once all are ready.
+
+        Raises DataDirInUse (nothing started) while another process runs a stack on
+        the same data folder."""
+        lock = DataDirLock(self.data_dir)
+        lock.acquire()
+        self._lock = lock
         with self.stopped_on_failure():
+            if self.fresh:
+                lock.empty()
             if self.nats_url is None:
                 self._nats, self._auth = start_authenticated_nats(
                     self.data_dir / "nats",
@@ -311,3 +322,6 @@ class EmbeddedStack(StartStop):
             self._ledger.stop()
         if self._nats is not None:
             self._nats.stop()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

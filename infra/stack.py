@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import threading
 import time
@@ -161,9 +160,15 @@ def run_demo(
 
     _quiet_logging()
     load_manifest(manifest)  # refuse a bad manifest before starting anything
-    shutil.rmtree(data_dir, ignore_errors=True)  # a demo never reuses earlier results
     t0 = time.monotonic()
-    with EmbeddedStack(data_dir, concurrency=concurrency) as stack:
+    # fresh: a demo never reuses earlier results (emptied once the folder is its own)
+    stack = EmbeddedStack(data_dir, concurrency=concurrency, fresh=True)
+    try:
+        stack.start()
+    except (RuntimeError, TimeoutError) as exc:  # as serve() says it
+        console.print(f"trialbus could not start: {exc}", highlight=False)
+        return EXIT_UNAVAILABLE
+    try:
         console.print(
             f"embedded stack up in {time.monotonic() - t0:.1f}s "
             f"(NATS {stack.nats_url}, ledger {stack.ledger_url})",
@@ -185,4 +190,6 @@ def run_demo(
             highlight=False,
         )
         table(outcome.rows or [], f"leaderboard: {s['experiment_id']}")
+    finally:
+        stack.stop()
     return 0 if outcome.counts.get("pending", 1) == 0 else 4
