@@ -116,11 +116,25 @@ def submit(
     timeout: Annotated[
         float, typer.Option(help="Give up waiting after this many seconds.")
     ] = 3600.0,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Check the manifest and its task folders and say what would run, with no "
+            "stack: nothing is published (a CI check of a manifest).",
+        ),
+    ] = False,
 ) -> None:
     """Validate a manifest, publish its trials, optionally wait for the results."""
-    from services.submitter.commands import submit_and_wait
+    from services.submitter.commands import plan_submission, submit_and_wait
 
     settings = settings_for(SubmitterSettings)
+    if dry_run:
+        if wait:
+            err.print("error: --dry-run publishes nothing to wait for; give one of the two")
+            raise typer.Exit(E.EXIT_USER_ERROR)
+        _print_plan(_run(lambda: plan_submission(settings, manifest)), json_out)
+        return
     result = _run(
         lambda: submit_and_wait(
             settings, manifest, wait=wait, timeout_s=timeout, progress=None if json_out else err
@@ -137,6 +151,22 @@ def submit(
         if result.rows is not None:
             print_leaderboard(result.rows, f"leaderboard: {s['experiment_id']}")
     raise typer.Exit(result.exit_code)
+
+
+def _print_plan(plan: dict[str, Any], json_out: bool) -> None:
+    if _printed_as_json(plan, json_out):
+        return
+    needs = ", ".join(plan["runner_variables"]) or "none"
+    requires = f", requires {', '.join(plan['requires'])}" if plan["requires"] else ""
+    err.print(
+        f"manifest ok: experiment {plan['experiment_id']} would run {plan['n_trials']} "
+        f"trials: {len(plan['tasks'])} tasks x {len(plan['agents'])} agents "
+        f"({', '.join(plan['agents'])}) x {plan['repetitions']} repetitions, "
+        f"pool {plan['pool']!r}{requires}; variables the runners need: {needs}",
+        highlight=False,
+        markup=False,
+    )
+    err.print(f"not checked without the stack: {plan['not_checked']}", highlight=False)
 
 
 @app.command()

@@ -17,10 +17,13 @@ from typing import Any, Concatenate
 
 from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import ManifestError
+from services.common.pools import required_capabilities
 from services.common.ports import ExperimentInfo, Ledger
-from services.common.quotas import QuotaConfigError, encode_limits, load_quotas
+from services.common.quotas import QuotaConfigError, Quotas, encode_limits, load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
+from services.common.task_variables import required_task_secrets
 from services.importer.export import export_experiment
+from services.reports.formatting import agent_at
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.connections import open_ledger, open_nats, try_open_nats
@@ -61,6 +64,49 @@ def cli_submitter(
     return dataclasses.replace(prepared, submitted_by=by, team=team)
 
 
+def _checked_file(
+    settings: SubmitterSettings, manifest_path: Path
+) -> tuple[PreparedExperiment, Quotas | None]:
+    """What ``submit`` checks before connecting: the manifest and its task folders, its
+    priority class, the quotas file (each error names its file)."""
+    prepared = prepare_file(manifest_path, settings.tasks_root)
+    try:
+        handlers.check_priority_class(prepared, settings.classes)
+    except ManifestError as exc:
+        raise ManifestError(f"{manifest_path}: {exc}") from None
+    quotas = load_quotas(settings.quotas_file) if settings.quotas_file is not None else None
+    return prepared, quotas
+
+
+async def plan_submission(settings: SubmitterSettings, manifest_path: Path) -> dict[str, Any]:
+    """``trialbus submit --dry-run``: what a submission would publish, checked as far
+    as it can be without the stack (``_checked_file``); nothing is connected to,
+    uploaded or published. What only live runners can answer (a runner of the pool
+    that offers what it needs, ships its agents, holds the variables) is named, not
+    checked."""
+    prepared, _ = _checked_file(settings, manifest_path)
+    manifest = prepared.manifest
+    variables = {name for agent in manifest.agents for name in agent.api_key_env}
+    for task in prepared.tasks:
+        if task.folder is not None:
+            variables.update(name for _, name in required_task_secrets(task.folder))
+    agents = {agent_at(t.agent.display, t.agent.model): None for t in prepared.trials}
+    return {
+        "dry_run": True,
+        "experiment_id": prepared.experiment_id,
+        "name": manifest.name,
+        "n_trials": len(prepared.trials),
+        "tasks": [t.ref.name for t in prepared.tasks],
+        "agents": list(agents),
+        "repetitions": manifest.repetitions,
+        "pool": manifest.compute.pool,
+        "requires": list(required_capabilities(manifest.compute)),
+        "runner_variables": sorted(variables),
+        "not_checked": "whether a live runner of the pool offers what it requires, ships "
+        "its agents and has its variables set (submit checks them against the stack)",
+    }
+
+
 async def submit_and_wait(
     settings: SubmitterSettings,
     manifest_path: Path,
@@ -70,12 +116,7 @@ async def submit_and_wait(
     progress: Printer | None,
 ) -> SubmitOutcome:
     """``trialbus submit [--wait]``: a bad manifest is refused before connecting."""
-    prepared = prepare_file(manifest_path, settings.tasks_root)
-    try:
-        handlers.check_priority_class(prepared, settings.classes)
-    except ManifestError as exc:
-        raise ManifestError(f"{manifest_path}: {exc}") from None
-    quotas = load_quotas(settings.quotas_file) if settings.quotas_file is not None else None
+    prepared, quotas = _checked_file(settings, manifest_path)
     prepared = cli_submitter(prepared, None, settings.cli_team)
     async with open_nats(settings, "trialbus-submit") as nats, open_ledger(settings) as ledger:
         info = await ledger.get_experiment(prepared.experiment_id)
