@@ -17,13 +17,10 @@ from typing import Any, Concatenate
 
 from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import ManifestError
-from services.common.pools import required_capabilities
 from services.common.ports import ExperimentInfo, Ledger
 from services.common.quotas import QuotaConfigError, Quotas, encode_limits, load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
-from services.common.task_variables import required_task_secrets
 from services.importer.export import export_experiment
-from services.reports.formatting import agent_at
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.connections import open_ledger, open_nats, try_open_nats
@@ -64,6 +61,13 @@ def cli_submitter(
     return dataclasses.replace(prepared, submitted_by=by, team=team)
 
 
+NOT_CHECKED_OFFLINE = (
+    "whether a live runner of the pool offers what it requires, ships its agents and has "
+    "its variables set, the owner of an experiment of that id, the team's quotas (submit "
+    "checks them against the stack)"
+)
+
+
 def _checked_file(
     settings: SubmitterSettings, manifest_path: Path
 ) -> tuple[PreparedExperiment, Quotas | None]:
@@ -79,32 +83,11 @@ def _checked_file(
 
 
 async def plan_submission(settings: SubmitterSettings, manifest_path: Path) -> dict[str, Any]:
-    """``trialbus submit --dry-run``: what a submission would publish, checked as far
-    as it can be without the stack (``_checked_file``); nothing is connected to,
-    uploaded or published. What only live runners can answer (a runner of the pool
-    that offers what it needs, ships its agents, holds the variables) is named, not
-    checked."""
+    """``trialbus submit --dry-run``: what a submission would publish
+    (``PreparedExperiment.plan``), checked as far as it can be without the stack
+    (``_checked_file``); nothing is connected to, uploaded or published."""
     prepared, _ = _checked_file(settings, manifest_path)
-    manifest = prepared.manifest
-    variables = {name for agent in manifest.agents for name in agent.api_key_env}
-    for task in prepared.tasks:
-        if task.folder is not None:
-            variables.update(name for _, name in required_task_secrets(task.folder))
-    agents = {agent_at(t.agent.display, t.agent.model): None for t in prepared.trials}
-    return {
-        "dry_run": True,
-        "experiment_id": prepared.experiment_id,
-        "name": manifest.name,
-        "n_trials": len(prepared.trials),
-        "tasks": [t.ref.name for t in prepared.tasks],
-        "agents": list(agents),
-        "repetitions": manifest.repetitions,
-        "pool": manifest.compute.pool,
-        "requires": list(required_capabilities(manifest.compute)),
-        "runner_variables": sorted(variables),
-        "not_checked": "whether a live runner of the pool offers what it requires, ships "
-        "its agents and has its variables set (submit checks them against the stack)",
-    }
+    return {**prepared.plan(), "not_checked": NOT_CHECKED_OFFLINE}
 
 
 async def submit_and_wait(

@@ -103,6 +103,22 @@ async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -
         raise ManifestError(refusal)
 
 
+async def admit(prepared: PreparedExperiment, ports: SubmitterPorts) -> QuotaGate | None:
+    """What ``submit`` checks against the stack before it changes anything: with
+    ``ports.runners``, that a live runner can run it (``check_runners``); with
+    ``ports.quotas``, that its team's spend cap is not reached. Returns the team's quota
+    gate (None: no quota applies), which counts the trials as they are published."""
+    if ports.runners is not None:
+        await check_runners(prepared, ports.runners)
+    quotas = ports.quotas
+    quota = quotas.for_team(prepared.team) if quotas is not None else None
+    if not prepared.team or quota is None:
+        return None
+    gate = QuotaGate(ports.coordinator, prepared.team, quota)
+    await gate.check_spend()
+    return gate
+
+
 async def submit(prepared: PreparedExperiment, ports: SubmitterPorts) -> SubmitResult:
     """Upload its tasks and publish a prepared experiment; resubmitting lifts an
     earlier cancellation and agent stops, and stores the manifest's budget. With
@@ -110,12 +126,7 @@ async def submit(prepared: PreparedExperiment, ports: SubmitterPorts) -> SubmitR
     published; with ``ports.quotas``, one that would pass its team's daily quotas
     (QuotaExceeded, before anything is published or any flag changed)."""
     coordinator, quotas = ports.coordinator, ports.quotas
-    if ports.runners is not None:
-        await check_runners(prepared, ports.runners)
-    quota = quotas.for_team(prepared.team) if quotas is not None else None
-    gate = QuotaGate(coordinator, prepared.team, quota) if prepared.team and quota else None
-    if gate is not None:
-        await gate.check_spend()  # refused before any flag changes
+    gate = await admit(prepared, ports)  # refused before any flag changes
     await coordinator.uncancel(prepared.experiment_id)
     # Resubmitting is how a user says "fixed": lift the agents' stops (a refused key,
     # an empty account; services/runner/guards.py) and store the budget as it is now.

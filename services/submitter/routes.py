@@ -203,6 +203,13 @@ def check_owner(
     return owner
 
 
+NOT_CHECKED_ONLINE = (
+    "the team's trials-per-day quota (counted as trials are published: a resubmission "
+    "publishes only what is not queued or scored yet)"
+)
+"""What a dry run over HTTP leaves to the submission itself."""
+
+
 def build_router(settings: SubmitterSettings) -> APIRouter:
     """The routes; http_security's guard authenticates every one but /healthz. The team
     quotas a submission is held to are the ports' (``Ports.quotas``; None: none)."""
@@ -213,8 +220,19 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         return {"status": "ok"}
 
     @router.post("/experiments", status_code=202)
-    async def submit(request: Request, ports: PortsDep, identity: IdentityDep) -> dict[str, Any]:
-        """Submit a manifest as JSON (application/json) or YAML (application/yaml)."""
+    async def submit(
+        request: Request,
+        response: Response,
+        ports: PortsDep,
+        identity: IdentityDep,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Submit a manifest as JSON (application/json) or YAML (application/yaml).
+
+        With ``dry_run=true``: every check a submission passes before it changes
+        anything (the manifest, its task folders, the token's priority class and
+        ownership, a live runner that can run it, the team's spend cap), then 200 with
+        what it would run; nothing is uploaded, published or changed."""
         body = await request.body()  # already read and bounded by the guard
         content_type = request.headers.get("content-type", "")
         prepared = await asyncio.to_thread(prepare_body, body, content_type, settings)
@@ -232,6 +250,13 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         # The team whose quotas apply is the identity's, never the manifest's.
         team = by.get("team") if by else None
         prepared = dataclasses.replace(prepared, submitted_by=by, team=team)
+        if dry_run:
+            await handlers.admit(prepared, ports)
+            response.status_code = 200
+            unchecked = NOT_CHECKED_ONLINE
+            if ports.runners is None:
+                unchecked += "; the live runners (TRIALBUS_CHECK_RUNNERS is off)"
+            return {**prepared.plan(), "not_checked": unchecked}
         result = await handlers.submit(prepared, ports)
         log.info("experiment submitted", experiment_id=result.experiment_id, by=identity.label)
         return result.as_dict()

@@ -33,8 +33,11 @@ from schemas.events import (
 from schemas.ids import experiment_id_for, trial_id_for
 from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
+from services.common.pools import required_capabilities
 from services.common.ports import EventBus, Ledger, ObjectStore
 from services.common.task_cache import upload_task
+from services.common.task_variables import required_task_secrets
+from services.reports.formatting import agent_at
 from services.submitter.quota_gate import QuotaGate
 from services.submitter.resolve import ResolvedTask, resolve_tasks
 
@@ -123,6 +126,30 @@ class PreparedExperiment:
     team: str | None = None
     """The team whose quotas apply: ``submitted_by``'s team (the token's, or the CLI's
     ``TRIALBUS_CLI_TEAM``); never read from the manifest. None: no team, no quota."""
+
+    def plan(self) -> dict[str, Any]:
+        """What it would run, as a dry run says it: the experiment id, the trial count,
+        tasks, agents (as reports name them), the pool and what it requires, and the
+        variables the runners must have set (the agents' ``api_key_env`` and what a
+        task's task.toml asks for)."""
+        manifest = self.manifest
+        variables = {name for agent in manifest.agents for name in agent.api_key_env}
+        for task in self.tasks:
+            if task.folder is not None:
+                variables.update(name for _, name in required_task_secrets(task.folder))
+        agents = {agent_at(t.agent.display, t.agent.model): None for t in self.trials}
+        return {
+            "dry_run": True,
+            "experiment_id": self.experiment_id,
+            "name": manifest.name,
+            "n_trials": len(self.trials),
+            "tasks": [t.ref.name for t in self.tasks],
+            "agents": list(agents),
+            "repetitions": manifest.repetitions,
+            "pool": manifest.compute.pool,
+            "requires": list(required_capabilities(manifest.compute)),
+            "runner_variables": sorted(variables),
+        }
 
 
 def prepare(

@@ -375,6 +375,55 @@ async def test_a_manifest_no_live_runner_can_run_is_a_422_until_one_is_live(
         assert await _work_messages(nats_url, topology) == 24
 
 
+async def test_a_dry_run_is_checked_as_a_submission_and_publishes_nothing(
+    client: Client, nats_url: str, topology: Topology
+) -> None:
+    manifest = (
+        (EXAMPLE_TASKS.parent / "experiment.yaml")
+        .read_text()
+        .replace("name: ", "name: dry-run-", 1)
+    )
+    async with client(check_runners=True, tasks_root=EXAMPLE_TASKS.parent) as api:
+        dry = await api.post(
+            "/experiments?dry_run=true",
+            content=manifest,
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/yaml"},
+        )
+        assert dry.status_code == 422, dry.text  # refused as the submission would be
+        assert "no live runner in pool 'default'" in dry.json()["error"]
+        nc = await nats.connect(nats_url)
+        try:
+            await announce_live_runner(nc.jetstream(), topology, concurrency=1)
+        finally:
+            await nc.close()
+        dry = await api.post(
+            "/experiments",
+            params={"dry_run": "true"},
+            content=manifest,
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/yaml"},
+        )
+        assert dry.status_code == 200, dry.text
+        plan = dry.json()
+        assert (plan["dry_run"], plan["n_trials"], plan["agents"]) == (True, 24, ["oracle", "nop"])
+        assert "trials-per-day" in plan["not_checked"]
+        assert await _work_messages(nats_url, topology) == 0
+        assert await _events(nats_url, topology) == 0  # no ExperimentSubmitted either
+        # The control: the same manifest submitted is queued.
+        real = await _post_yaml(api, manifest)
+        assert real.status_code == 202, real.text
+        assert real.json()["experiment_id"] == plan["experiment_id"]
+        assert await _work_messages(nats_url, topology) == 24
+        assert await _events(nats_url, topology) > 0
+
+
+async def _events(nats_url: str, topology: Topology) -> int:
+    nc = await nats.connect(nats_url)
+    try:
+        return (await nc.jetstream().stream_info(topology.events_stream)).state.messages
+    finally:
+        await nc.close()
+
+
 # -- POST /tasks (issue 10): a task folder uploaded as a gzipped tar, for CI with no
 # checkout next to the API. Unpacking is a trust boundary: every unsafe entry is a 4xx
 # naming it; the well-formed upload beside each one (the negative control) is accepted.
