@@ -158,11 +158,16 @@ def _print_plan(plan: dict[str, Any], json_out: bool) -> None:
         return
     needs = ", ".join(plan["runner_variables"]) or "none"
     requires = f", requires {', '.join(plan['requires'])}" if plan["requires"] else ""
+
+    def n(count: int, noun: str) -> str:
+        return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
     err.print(
-        f"manifest ok: experiment {plan['experiment_id']} would run {plan['n_trials']} "
-        f"trials: {len(plan['tasks'])} tasks x {len(plan['agents'])} agents "
-        f"({', '.join(plan['agents'])}) x {plan['repetitions']} repetitions, "
-        f"pool {plan['pool']!r}{requires}; variables the runners need: {needs}",
+        f"manifest ok: experiment {plan['experiment_id']} would run "
+        f"{n(plan['n_trials'], 'trial')}: {n(len(plan['tasks']), 'task')} x "
+        f"{n(len(plan['agents']), 'agent')} ({', '.join(plan['agents'])}) x "
+        f"{n(plan['repetitions'], 'repetition')}, pool {plan['pool']!r}{requires}; "
+        f"variables the runners need: {needs}",
         highlight=False,
         markup=False,
     )

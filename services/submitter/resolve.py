@@ -71,8 +71,17 @@ def check_task_dir(
     if not (tests / "test.sh").is_file() and not any(tests.glob("test.*")):
         missing.append("tests/test.sh")
     if missing:
+        inside = _task_folders_inside(task_dir)
+        hint = (
+            f"; it holds {len(inside)} task folders ({', '.join(inside[:3])}"
+            f"{', ...' if len(inside) > 3 else ''}): write "
+            f"{str(Path(written or task_dir) / '*')!r} to run them all"
+            if inside
+            else ""
+        )
         raise ManifestError(
-            f"{where}: {task_dir} is not a Harbor task folder: missing {', '.join(missing)}"
+            f"{where}: {task_dir} is not a Harbor task folder: missing "
+            f"{', '.join(missing)}{hint}"
         )
     # Harbor reads task.toml only when a trial starts: refuse a broken one here, once,
     # instead of failing every trial of the experiment on the runners.
@@ -91,6 +100,17 @@ _FOLDERS_DOWN = 2
 """How many folders down from the manifest's folder a misplaced path is looked for."""
 _PLACES_READ = 200
 """Places looked at for a misplaced path, at most (``_moved``)."""
+
+
+def _task_folders_inside(folder: Path) -> list[str]:
+    """The names of the Harbor task folders right inside ``folder`` (a dataset's folder
+    given for a task), sorted; entries past ``_SIBLINGS_READ`` are not looked at, nor
+    links (which may lead out of the tasks root)."""
+    names = []
+    for entry in itertools.islice(folder.iterdir(), _SIBLINGS_READ):
+        if not entry.is_symlink() and all((entry / name).is_file() for name in _REQUIRED):
+            names.append(entry.name)
+    return sorted(names)
 
 
 def _did_you_mean(missing: Path, written: str, base: Path | None, root: Path | None) -> str | None:

@@ -258,6 +258,26 @@ def test_a_path_written_relative_to_another_folder_is_named_as_it_should_read(
     )
 
 
+def test_a_folder_of_task_folders_is_named_with_the_glob_that_runs_them(
+    tmp_path: Path,
+) -> None:
+    for name in ("a-task", "b-task", "c-task", "d-task"):
+        make_task(tmp_path / "dataset" / name)
+    (tmp_path / "dataset" / "notes").mkdir()  # not a task folder: not counted
+    (tmp_path / "dataset" / "linked").symlink_to(tmp_path / "dataset" / "a-task")
+    folder = (tmp_path / "dataset").resolve()
+    assert resolve_error(make(tasks=["dataset"]), tmp_path) == (
+        f"tasks[0]: {folder} is not a Harbor task folder: missing task.toml, "
+        "instruction.md, tests/test.sh; it holds 4 task folders (a-task, b-task, "
+        "c-task, ...): write 'dataset/*' to run them all"
+    )
+    # The control: a folder holding none is said as before.
+    assert resolve_error(make(tasks=["dataset/notes"]), tmp_path) == (
+        f"tasks[0]: {folder / 'notes'} is not a Harbor task folder: missing task.toml, "
+        "instruction.md, tests/test.sh"
+    )
+
+
 def test_glob_matching_nothing_names_the_entry() -> None:
     assert resolve_error(make(tasks=["tasks/zz-*"]), EXAMPLES) == (
         f"tasks[0]: glob 'tasks/zz-*' matches no task folder under {EXAMPLES.resolve()}"
