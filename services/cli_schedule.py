@@ -42,12 +42,22 @@ def register(
         from services.submitter.commands import cancel_experiment
 
         result = set_flag(cancel_experiment, experiment, json_out)
-        if result is not None:
+        if result is None:
+            return
+        recorded, total = result["already_recorded"], result["n_trials"]
+        if total is not None and recorded >= total:
             err.print(
-                f"experiment {experiment} cancelled ({result['already_recorded']} trials "
-                "already recorded); the rest get 'cancelled' records",
+                f"experiment {experiment} cancelled: all {total} trials had finished "
+                "already, nothing was stopped; its trials cannot be retried until its "
+                "manifest is resubmitted",
                 highlight=False,
             )
+            return
+        err.print(
+            f"experiment {experiment} cancelled ({recorded} trials already recorded); "
+            "the rest get 'cancelled' records",
+            highlight=False,
+        )
 
     @app.command()
     def pause(experiment: ExperimentArg, trial: TrialOpt = None, json_out: JsonOpt = False) -> None:
@@ -141,3 +151,9 @@ def register(
             f"{result['previous_status']}, {scored})",
             highlight=False,
         )
+        if result["paused"]:
+            err.print(
+                f"it waits unstarted while paused: `trialbus resume {experiment}` (or "
+                f"`--trial {trial}`) starts it",
+                highlight=False,
+            )

@@ -44,6 +44,10 @@ class ExperimentNotFound(UserInputError):
     """An experiment id the ledger holds neither metadata nor records for."""
 
 
+class ExperimentCancelled(UserInputError):
+    """A run asked of a cancelled experiment: its runners would end it unstarted."""
+
+
 class TransientError(TrialbusError):
     """A dependency is unavailable for now; retry later."""
 

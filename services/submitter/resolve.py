@@ -80,8 +80,7 @@ def check_task_dir(
             else ""
         )
         raise ManifestError(
-            f"{where}: {task_dir} is not a Harbor task folder: missing "
-            f"{', '.join(missing)}{hint}"
+            f"{where}: {task_dir} is not a Harbor task folder: missing {', '.join(missing)}{hint}"
         )
     # Harbor reads task.toml only when a trial starts: refuse a broken one here, once,
     # instead of failing every trial of the experiment on the runners.

@@ -20,7 +20,12 @@ from pydantic import ValidationError
 from schemas.events import TaskRef, TrialRequested
 from schemas.manifest import ExperimentManifest, StoredTask
 from schemas.record import TrialRecord
-from services.common.errors import ExperimentNotFound, ManifestError, UserInputError
+from services.common.errors import (
+    ExperimentCancelled,
+    ExperimentNotFound,
+    ManifestError,
+    UserInputError,
+)
 from services.common.ports import ExperimentInfo, ObjectStore
 from services.submitter.handlers import SubmitterPorts
 from services.submitter.quota_gate import QuotaGate
@@ -120,6 +125,13 @@ async def retry_trial(
             f"experiment {experiment_id!r} has no finished trial {trial_id!r} (a queued or "
             "running trial has no record yet; `trialbus status` lists the experiment)"
         )
+    coordinator = ports.coordinator
+    if await coordinator.is_cancelled(experiment_id, fresh=True):
+        raise ExperimentCancelled(
+            f"experiment {experiment_id!r} is cancelled: a retry of its trial would end "
+            "unstarted as cancelled; resubmit its manifest to lift the cancellation (that "
+            "also re-runs its cancelled trials), then retry"
+        )
     manifest = stored_manifest(info)
     ref = await task_ref(manifest, record, ports.tasks, folders)
     correlation_id = uuid.uuid4().hex
@@ -137,7 +149,7 @@ async def retry_trial(
     owner_team = recorded_team(info) or team
     quota = quotas.for_team(owner_team) if quotas is not None else None
     if owner_team is not None and quota is not None:
-        gate = QuotaGate(ports.coordinator, owner_team, quota)
+        gate = QuotaGate(coordinator, owner_team, quota)
         await gate.check_spend()
         limits = await gate.admit(1)
         if limits is not None:
@@ -150,4 +162,6 @@ async def retry_trial(
         "correlation_id": correlation_id,
         "previous_status": record.status,
         "previous_scored": record.scored,
+        # Paused (the experiment, or this trial): the run waits unstarted until resumed.
+        "paused": await coordinator.is_paused(experiment_id, trial_id=trial_id, fresh=True),
     }

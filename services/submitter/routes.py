@@ -29,6 +29,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from services.common.errors import (
+    ExperimentCancelled,
     ExperimentNotFound,
     InternalError,
     LedgerUnavailable,
@@ -120,12 +121,14 @@ ERROR_HANDLERS: dict[int | type[Exception], ErrorHandler] = {
     QuotaExceeded: _answer(429, "error"),
     UnsupportedMediaType: _answer(415, "error"),
     ExperimentNotFound: _answer(404, "detail"),
+    ExperimentCancelled: _answer(409, "error"),
     LedgerUnavailable: _answer(503, "error"),
 }
 """Exceptions to answers: bad input 422, another's experiment or a priority class the
 token may not use 403, a team's quota reached 429 (a limit that frees with time, as
 HTTP's "too many requests"), a body neither JSON nor YAML 415, unknown experiment
-404, ledger down 503."""
+404, a retry in a cancelled experiment 409 (its state, not the request, is in the
+way), ledger down 503."""
 
 
 def decode_json(body: bytes) -> Any:

@@ -40,6 +40,7 @@ from tests.security.http_api_support import (
     write_tokens_file,
     zeros,
 )
+from tests.support.records import passed_record
 from tests.support.servers import Servers
 
 pytestmark = pytest.mark.integration
@@ -304,6 +305,16 @@ async def test_only_the_submitter_or_an_admin_may_cancel_pause_or_resubmit(
             )
             assert unfinished.status_code == 404, unfinished.text
             assert "no finished trial" in unfinished.json()["detail"]
+            # A finished trial of the (cancelled) experiment: its run would end unstarted
+            # as cancelled, so it is refused, 409, saying how to lift the cancellation.
+            finished = passed_record(1).model_copy(update={"experiment_id": eid})
+            await ledger.upsert_records([finished])
+            retry = f"/experiments/{eid}/trials/{finished.trial_id}/retry"
+            queued = await work_messages(servers.nats_url, topology)
+            in_cancelled = await c.post(retry, headers=auth("alice"))
+            assert in_cancelled.status_code == 409, in_cancelled.text
+            assert "resubmit its manifest" in in_cancelled.json()["error"]
+            assert await work_messages(servers.nats_url, topology) == queued
     finally:
         await nc.close()
         await ledger.close()

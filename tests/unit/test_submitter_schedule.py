@@ -15,7 +15,7 @@ from schemas.manifest import ExperimentManifest
 from schemas.record import PhaseTiming, Provenance, TrialRecord
 from services.common.adapters.memory import InMemoryCoordinator, InMemoryLedger, RecordingBus
 from services.common.adapters.memory_objects import InMemoryObjectStore
-from services.common.errors import ExperimentNotFound, UserInputError
+from services.common.errors import ExperimentCancelled, ExperimentNotFound, UserInputError
 from services.common.ports import ExperimentInfo
 from services.reports import queries
 from services.submitter import handlers
@@ -152,6 +152,24 @@ async def test_the_archive_a_runner_ran_is_retried_without_the_task_folder() -> 
     await retry_trial(ports, prepared.experiment_id, trial.trial_id)  # no folders
     (run,) = bus.of_type(TrialRequested)
     assert run.task == trial.task
+
+
+async def test_a_retry_in_a_cancelled_experiment_is_refused_and_a_paused_one_said_to_wait() -> None:
+    # The runners end every run of a cancelled experiment unstarted as cancelled: a
+    # retry there would be a run that never runs behind a "queued again".
+    prepared, ports, _, bus = await _submitted()
+    exp, trial = prepared.experiment_id, prepared.trials[0].trial_id
+    await ports.coordinator.cancel(exp)
+    with pytest.raises(ExperimentCancelled, match="resubmit its manifest"):
+        await retry_trial(ports, exp, trial)
+    assert bus.published == []
+    # The control: a resubmission lifts it, and the retry is published.
+    await handlers.submit(prepared, ports)
+    bus.published.clear()
+    assert (await retry_trial(ports, exp, trial))["paused"] is False
+    assert len(bus.of_type(TrialRequested)) == 1
+    await ports.coordinator.pause_trial(exp, trial)
+    assert (await retry_trial(ports, exp, trial))["paused"] is True
 
 
 async def test_only_a_finished_trial_of_a_known_experiment_is_retried() -> None:
