@@ -237,6 +237,8 @@ def role_permissions(
             # The dashboard streams a trial's live log to the browser (read only).
             *_follow(lg),
             *_kv_write(t.control_bucket, "cancel.>"),
+            # Read too: a retry in a cancelled experiment is refused (it would never run).
+            *_kv_read_keys(t.control_bucket, "cancel.>"),
             # Pause and resume (docs/scheduling.md); the key-scoped read shows "paused".
             *_kv_write(t.control_bucket, "pause.>"),
             *_kv_read_keys(t.control_bucket, "pause.>"),
