@@ -323,5 +323,4 @@ class EmbeddedStack(StartStop):
         if self._nats is not None:
             self._nats.stop()
         if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+            self._lock.release()  # idempotent: a second stop() is harmless

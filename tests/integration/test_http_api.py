@@ -91,12 +91,17 @@ async def _work_messages(nats_url: str, topology: Topology, experiment_id: str =
 
 
 async def _post_yaml(
-    api: httpx.AsyncClient, text: str, authorization: str | None = f"Bearer {TOKEN}"
+    api: httpx.AsyncClient,
+    text: str,
+    authorization: str | None = f"Bearer {TOKEN}",
+    *,
+    dry_run: bool = False,
 ) -> httpx.Response:
     headers = {"Content-Type": "application/yaml"}
     if authorization is not None:
         headers["Authorization"] = authorization
-    return await api.post("/experiments", content=text, headers=headers)
+    params = {"dry_run": "true"} if dry_run else None
+    return await api.post("/experiments", content=text, headers=headers, params=params)
 
 
 async def test_submit_requires_the_configured_token(
@@ -353,6 +358,8 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
 async def test_a_manifest_no_live_runner_can_run_is_a_422_until_one_is_live(
     client: Client, nats_url: str, topology: Topology
 ) -> None:
+    """And a dry run (``?dry_run=true``) is checked as the submission is, answering
+    with the plan and publishing nothing."""
     manifest = (
         (EXAMPLE_TASKS.parent / "experiment.yaml")
         .read_text()
@@ -362,6 +369,9 @@ async def test_a_manifest_no_live_runner_can_run_is_a_422_until_one_is_live(
         refused = await _post_yaml(api, manifest)
         assert refused.status_code == 422, refused.text
         assert "no live runner in pool 'default'" in refused.json()["error"]
+        dry = await _post_yaml(api, manifest, dry_run=True)
+        assert dry.status_code == 422, dry.text  # refused as the submission is
+        assert "no live runner in pool 'default'" in dry.json()["error"]
         assert await _work_messages(nats_url, topology) == 0
         # Negative control: a live runner of the pool (announced in the registry, as
         # a runner process does) lets the same manifest through.
@@ -370,48 +380,16 @@ async def test_a_manifest_no_live_runner_can_run_is_a_422_until_one_is_live(
             await announce_live_runner(nc.jetstream(), topology, concurrency=1)
         finally:
             await nc.close()
-        accepted = await _post_yaml(api, manifest)
-        assert accepted.status_code == 202, accepted.text
-        assert await _work_messages(nats_url, topology) == 24
-
-
-async def test_a_dry_run_is_checked_as_a_submission_and_publishes_nothing(
-    client: Client, nats_url: str, topology: Topology
-) -> None:
-    manifest = (
-        (EXAMPLE_TASKS.parent / "experiment.yaml")
-        .read_text()
-        .replace("name: ", "name: dry-run-", 1)
-    )
-    async with client(check_runners=True, tasks_root=EXAMPLE_TASKS.parent) as api:
-        dry = await api.post(
-            "/experiments?dry_run=true",
-            content=manifest,
-            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/yaml"},
-        )
-        assert dry.status_code == 422, dry.text  # refused as the submission would be
-        assert "no live runner in pool 'default'" in dry.json()["error"]
-        nc = await nats.connect(nats_url)
-        try:
-            await announce_live_runner(nc.jetstream(), topology, concurrency=1)
-        finally:
-            await nc.close()
-        dry = await api.post(
-            "/experiments",
-            params={"dry_run": "true"},
-            content=manifest,
-            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/yaml"},
-        )
+        dry = await _post_yaml(api, manifest, dry_run=True)
         assert dry.status_code == 200, dry.text
         plan = dry.json()
         assert (plan["dry_run"], plan["n_trials"], plan["agents"]) == (True, 24, ["oracle", "nop"])
         assert "trials-per-day" in plan["not_checked"]
         assert await _work_messages(nats_url, topology) == 0
         assert await _events(nats_url, topology) == 0  # no ExperimentSubmitted either
-        # The control: the same manifest submitted is queued.
-        real = await _post_yaml(api, manifest)
-        assert real.status_code == 202, real.text
-        assert real.json()["experiment_id"] == plan["experiment_id"]
+        accepted = await _post_yaml(api, manifest)
+        assert accepted.status_code == 202, accepted.text
+        assert accepted.json()["experiment_id"] == plan["experiment_id"]
         assert await _work_messages(nats_url, topology) == 24
         assert await _events(nats_url, topology) > 0
 
