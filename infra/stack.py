@@ -23,7 +23,7 @@ from infra.embedded_stack import LEDGER_ARGS, EmbeddedStack
 from infra.service_process import ServiceProcess
 from infra.supervise import GaveUp, RestartPolicy, Supervisor
 from services.common.errors import EXIT_OK, EXIT_UNAVAILABLE
-from services.common.stackfile import write_stack_file
+from services.common.stackfile import read_stack_file, write_stack_file
 
 __all__ = [
     "LEDGER_ARGS",
@@ -82,14 +82,26 @@ def serve(stack: EmbeddedStack, console: Printer, policy: RestartPolicy | None =
         say(f"trialbus could not start: {exc}")
         return EXIT_UNAVAILABLE
     assert stack.nats_url and stack.ledger_url
-    write_stack_file(
-        stack_file(),
-        nats_url=stack.nats_url,
-        ledger_url=stack.ledger_url,
-        jobs_dir=stack.jobs_dir,
-        pid=os.getpid(),
-        nats_credentials_dir=stack.nats_auth.folder if stack.nats_auth else None,
-    )
+    path = stack_file()
+    other = read_stack_file(path)  # None: missing, or its stack is gone
+    owns_file = other is None or other.get("pid") == os.getpid()
+    if owns_file:
+        write_stack_file(
+            path,
+            nats_url=stack.nats_url,
+            ledger_url=stack.ledger_url,
+            jobs_dir=stack.jobs_dir,
+            pid=os.getpid(),
+            nats_credentials_dir=stack.nats_auth.folder if stack.nats_auth else None,
+        )
+    else:
+        assert other is not None
+        say(
+            f"note: {path} names the running stack of pid {other.get('pid')}, left as it "
+            "is: commands run here reach that one. To reach this one by a stack file, "
+            "start it with TRIALBUS_STACK_FILE set to another file and give commands the "
+            "same setting"
+        )
     nats_auth = (
         f" (authentication required: credentials per role in {stack.nats_auth.folder})"
         if stack.nats_auth
@@ -113,8 +125,9 @@ def serve(stack: EmbeddedStack, console: Printer, policy: RestartPolicy | None =
     finally:
         say("stopping trialbus ...")
         stack.stop()
-        with contextlib.suppress(FileNotFoundError):
-            stack_file().unlink()
+        if owns_file:  # another stack's file stays: commands still reach it
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
     return code
 
 

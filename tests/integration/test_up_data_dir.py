@@ -9,6 +9,7 @@ process, and leave it as it was. The lock goes with its process, however it ends
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -87,3 +88,20 @@ def test_the_lock_goes_with_its_process_however_it_ends(tmp_path: Path) -> None:
     lock = DataDirLock(tmp_path)  # nothing stale after a SIGKILL
     lock.acquire()
     lock.release()
+
+
+def test_a_second_stack_leaves_the_first_one_s_stack_file_as_it_is(tmp_path: Path) -> None:
+    # Two stacks on two data folders, started from one folder: one stack file.
+    shared = tmp_path / "stack.json"
+    with launched(tmp_path / "a", {}, StackConsole, stack_file=shared) as first:
+        first.wait_line("trialbus is up", timeout=180)
+        first_pid = json.loads(shared.read_text())["pid"]
+        with launched(tmp_path / "b", {}, StackConsole, stack_file=shared) as second:
+            second.wait_line("trialbus is up", timeout=180)
+            note = second.lines[second.wait_line("note: ", timeout=5)]
+            assert f"names the running stack of pid {first_pid}" in note, note
+            assert json.loads(shared.read_text())["pid"] == first_pid
+        # The second stopped: the file still names the first, whose commands go on.
+        assert json.loads(shared.read_text())["pid"] == first_pid
+    # The control: a stack removes its own file when it stops.
+    assert not shared.exists()

@@ -82,11 +82,12 @@ class StackConsole:
 
 @contextlib.contextmanager
 def launched[C: StackConsole](
-    root: Path, runner_env: Mapping[str, str], kind: type[C]
+    root: Path, runner_env: Mapping[str, str], kind: type[C], stack_file: Path | None = None
 ) -> Iterator[C]:
     """Run the stack under ``root`` as `trialbus up` does; Ctrl-C (SIGINT) it at the
-    end if still up. ``kind`` is the test's StackConsole subclass."""
-    stack_file = root / "stack.json"
+    end if still up. ``kind`` is the test's StackConsole subclass; ``stack_file``
+    (default ``root/stack.json``) its TRIALBUS_STACK_FILE."""
+    stack_file = stack_file or root / "stack.json"
     config = {"data_dir": str(root / "data"), "runner_env": dict(runner_env)}
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
     env["TRIALBUS_STACK_FILE"] = str(stack_file)
