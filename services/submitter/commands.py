@@ -63,8 +63,9 @@ def cli_submitter(
 
 NOT_CHECKED_OFFLINE = (
     "whether a live runner of the pool offers what it requires, ships its agents and has "
-    "its variables set, the owner of an experiment of that id, the team's quotas (submit "
-    "checks them against the stack)"
+    "its variables set, the owner of an experiment of that id, the team's quotas, the "
+    "tasks given by checksum being in the tasks bucket (submit checks them against the "
+    "stack)"
 )
 
 

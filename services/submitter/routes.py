@@ -57,7 +57,7 @@ from services.submitter.manifest_io import (
 )
 from services.submitter.resolve import TaskFolders
 from services.submitter.retry import retry_trial
-from services.submitter.submit import PreparedExperiment, prepare
+from services.submitter.submit import PreparedExperiment, check_stored_tasks, prepare
 from services.submitter.task_uploads import accept_task_upload
 
 SOURCE = "request body"
@@ -234,8 +234,9 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
 
         With ``dry_run=true``: every check a submission passes before it changes
         anything (the manifest, its task folders, the token's priority class and
-        ownership, a live runner that can run it, the team's spend cap), then 200 with
-        what it would run; nothing is uploaded, published or changed."""
+        ownership, a live runner that can run it, the team's spend cap, the tasks given
+        by checksum in the bucket), then 200 with what it would run; nothing is
+        uploaded, published or changed."""
         body = await request.body()  # already read and bounded by the guard
         content_type = request.headers.get("content-type", "")
         prepared = await asyncio.to_thread(prepare_body, body, content_type, settings)
@@ -255,6 +256,7 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         prepared = dataclasses.replace(prepared, submitted_by=by, team=team)
         if dry_run:
             await handlers.admit(prepared, ports)
+            await check_stored_tasks(prepared, ports.tasks)
             response.status_code = 200
             unchecked = NOT_CHECKED_ONLINE
             if ports.runners is None:

@@ -253,19 +253,26 @@ def check_event_sizes(prepared: PreparedExperiment) -> None:
         raise _too_large("trial_requested", data, *_largest_field(fields[top], where))
 
 
+async def check_stored_tasks(prepared: PreparedExperiment, store: ObjectStore) -> None:
+    """Raise ManifestError naming a task given by checksum (``{name, checksum}``) that
+    the tasks bucket does not hold: its trials would fail on every runner."""
+    for i, task in enumerate(prepared.tasks):
+        if task.folder is None and await store.info(task.ref.checksum) is None:
+            raise ManifestError(
+                f"tasks[{i}]: task {task.ref.name!r} ({task.ref.checksum[:12]}...) is not "
+                f"in the tasks bucket {store.bucket}; upload it first (POST /tasks)"
+            )
+
+
 async def upload_tasks(prepared: PreparedExperiment, store: ObjectStore) -> None:
-    """Store every task's archive the bucket lacks.
+    """Store every task's archive the bucket lacks (``check_stored_tasks`` first).
 
     Raises ArchiveError (a UserInputError naming the entry) for a folder the runners
     would refuse to unpack, before anything of the experiment is published.
     """
-    for i, task in enumerate(prepared.tasks):
+    await check_stored_tasks(prepared, store)
+    for task in prepared.tasks:
         if task.folder is None:
-            if await store.info(task.ref.checksum) is None:
-                raise ManifestError(
-                    f"tasks[{i}]: task {task.ref.name!r} ({task.ref.checksum[:12]}...) is not "
-                    f"in the tasks bucket {store.bucket}; upload it first (POST /tasks)"
-                )
             continue
         ref = await upload_task(store, task.folder)
         if ref.name != task.ref.checksum:

@@ -456,11 +456,16 @@ async def test_an_uploaded_task_is_stored_by_checksum_and_a_manifest_runs_it(
             "name": "not-uploaded",
             "tasks": [{"name": "x", "checksum": "0" * 64}],
         }
-        refused = await api.post(
-            "/experiments", json=missing, headers={**AUTH, "Content-Type": "application/json"}
-        )
-        assert refused.status_code == 422, refused.text
-        assert "task 'x' (000000000000...) is not in the tasks bucket" in refused.json()["error"]
+        for dry_run in (False, True):  # a dry run looks in the bucket too
+            refused = await api.post(
+                "/experiments",
+                json=missing,
+                headers={**AUTH, "Content-Type": "application/json"},
+                params={"dry_run": str(dry_run).lower()},
+            )
+            assert refused.status_code == 422, refused.text
+            error = refused.json()["error"]
+            assert "task 'x' (000000000000...) is not in the tasks bucket" in error
 
 
 @pytest.mark.parametrize(
