@@ -94,6 +94,23 @@ def release_stale_disks(settings: RunnerSettings) -> list[Path]:
     return swept
 
 
+def heartbeat_interval(settings: RunnerSettings, lease_ttl_s: float | None) -> float:
+    """How often a running trial's message is kept alive and its leases renewed: the
+    setting, but three beats at least per ack wait and per lease TTL (the leases
+    bucket's, which whoever created it first set), so one lost beat never lets the
+    message be redelivered nor the experiment's slot lapse while the trial runs."""
+    beat = min(settings.heartbeat_s, settings.ack_wait_s / 3)
+    if lease_ttl_s is not None and lease_ttl_s / 3 < beat:
+        log.warning(
+            "heartbeat shortened to the leases bucket's TTL",
+            heartbeat_s=lease_ttl_s / 3,
+            setting=settings.heartbeat_s,
+            lease_ttl_s=lease_ttl_s,
+        )
+        beat = lease_ttl_s / 3
+    return beat
+
+
 async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
     """Run until SIGTERM/SIGINT, then drain: finish or hand back in-flight trials
     (with ``settings.stop_notice_s``: hand back at once what cannot finish in time)."""
@@ -158,8 +175,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             folders,
             runner_id=runner_id,
             host=host,
-            # Three beats per ack_wait: one lost beat never lets the message expire.
-            heartbeat_s=min(settings.heartbeat_s, settings.ack_wait_s / 3),
+            heartbeat_s=heartbeat_interval(settings, coordinator.lease_ttl_s),
             admission=settings.admission,
             offers=info.offers,
             log_sinks=CoreNatsLogSinks.from_settings(nc.publish, settings)

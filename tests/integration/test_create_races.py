@@ -96,6 +96,7 @@ async def test_a_bucket_another_service_created_meanwhile_is_used_as_it_is(
     assert js.fired
     # The first creator's settings hold; the coordinator works on that bucket.
     assert (await coordinator.leases.status()).ttl == 60.0
+    assert coordinator.lease_ttl_s == 60.0  # what the runner's heartbeat is held to
     assert await coordinator.acquire("exp-1", 1, "runner-0") is not None
     # The control: what the services meet, without their handling of it.
     with pytest.raises(BadRequestError) as refused:

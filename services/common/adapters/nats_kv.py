@@ -99,6 +99,9 @@ class NatsCoordinator:
     js: JetStreamContext
     leases_bucket: str
     """The leases bucket's name: ``release`` purges a slot's subject from its stream."""
+    lease_ttl_s: float | None = None
+    """How long an unrenewed lease lives: the bucket's TTL as whoever created it set it
+    (an admin's provisioning, another service first), not necessarily the one asked for."""
     cache_s: float = 1.0
     """How long a non-fresh read of the control bucket may be served from the cache."""
     # key -> (read at, value): the cached reads of the control bucket's flags,
@@ -118,7 +121,14 @@ class NatsCoordinator:
         """Open (creating when missing) the two buckets."""
         leases = await _bucket(js, topology.leases_bucket, ttl=lease_ttl_s, replicas=replicas)
         control = await _bucket(js, topology.control_bucket, ttl=None, replicas=replicas)
-        return cls(leases, control, js=js, leases_bucket=topology.leases_bucket)
+        ttl = (await leases.status()).ttl
+        return cls(
+            leases,
+            control,
+            js=js,
+            leases_bucket=topology.leases_bucket,
+            lease_ttl_s=float(ttl) if ttl else None,
+        )
 
     # -- concurrency -------------------------------------------------------------------
     async def acquire(self, experiment_id: str, limit: int, holder: str) -> Lease | None:
