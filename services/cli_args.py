@@ -19,7 +19,3 @@ TrialOpt = Annotated[
     str | None,
     typer.Option("--trial", help="Only this trial of the experiment (its trial id)."),
 ]
-
-TrialArg = Annotated[
-    str, typer.Argument(help="Trial id (`trialbus report EXPERIMENT` names them).")
-]

@@ -14,7 +14,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from services.cli_args import ExperimentArg, JsonOpt, TrialArg, TrialOpt
+from services.cli_args import ExperimentArg, JsonOpt, TrialOpt
+from services.common.errors import EXIT_USER_ERROR
 
 type Call = Callable[..., Any]
 """services.cli._call: runs one of services.submitter.commands with the settings."""
@@ -127,7 +128,20 @@ def register(
     @app.command()
     def retry(
         experiment: ExperimentArg,
-        trial: TrialArg,
+        trial: Annotated[
+            str | None,
+            typer.Argument(
+                help="Trial id (`trialbus report EXPERIMENT` names them); or --unscored."
+            ),
+        ] = None,
+        unscored: Annotated[
+            bool,
+            typer.Option(
+                "--unscored",
+                help="Every finished trial of the experiment that is unscored, each as a new "
+                "run (no manifest file or task folder needed).",
+            ),
+        ] = False,
         json_out: JsonOpt = False,
         tasks_dir: Annotated[
             Path,
@@ -138,22 +152,31 @@ def register(
             ),
         ] = Path("."),
     ) -> None:
-        """Run one finished trial again, as a new run; its record is replaced by the new
-        run's result if that finishes complete (a failed retry keeps the old result)."""
+        """Run one finished trial again (or with --unscored every unscored one), as a new
+        run; its record is replaced by the new run's result if that finishes complete (a
+        failed retry keeps the old result)."""
         from services.submitter.commands import retry_trial
 
+        if (trial is None) == (not unscored):
+            err.print("error: give a trial id or --unscored (one of the two)")
+            raise typer.Exit(EXIT_USER_ERROR)
         result = call(retry_trial, experiment, trial, tasks_dir)
         if printed_as_json(result, json_out):
             return
-        scored = "scored" if result["previous_scored"] else "unscored"
-        err.print(
-            f"trial {trial} queued again as run {result['run_id']} (its record was "
-            f"{result['previous_status']}, {scored})",
-            highlight=False,
-        )
-        if result["paused"]:
+        runs = result["retried"] if trial is None else [result]
+        for run in runs:
+            scored = "scored" if run["previous_scored"] else "unscored"
             err.print(
-                f"it waits unstarted while paused: `trialbus resume {experiment}` (or "
-                f"`--trial {trial}`) starts it",
+                f"trial {run['trial_id']} queued again as run {run['run_id']} (its record "
+                f"was {run['previous_status']}, {scored})",
+                highlight=False,
+            )
+        if trial is None:
+            err.print(f"{len(runs)} unscored trials of {experiment} queued again", highlight=False)
+        if result["paused"] and runs:
+            also = f" (or `--trial {trial}`)" if trial else ""
+            err.print(
+                f"they wait unstarted while paused: `trialbus resume {experiment}`{also} "
+                "starts them",
                 highlight=False,
             )

@@ -174,11 +174,12 @@ async def _hold(
 
 
 async def retry_trial(
-    settings: CommonSettings, experiment_id: str, trial_id: str, base_dir: Path
+    settings: CommonSettings, experiment_id: str, trial_id: str | None, base_dir: Path
 ) -> dict[str, Any]:
-    """``trialbus retry`` (see services.submitter.retry; ``base_dir``: where the
-    manifest's relative task folders are, when the ledger names no stored archive)."""
-    from services.submitter.retry import retry_trial as retry
+    """``trialbus retry`` of one trial, or with ``trial_id`` None of every unscored one
+    (``--unscored``; see services.submitter.retry). ``base_dir``: where the manifest's
+    relative task folders are, when the ledger names no stored archive."""
+    from services.submitter import retry
 
     # The quota settings are the submitter's (the CLI's steering commands get the common
     # ones): read once here, as `submit` does.
@@ -187,9 +188,10 @@ async def retry_trial(
     async with open_nats(settings, "trialbus-retry") as nats, open_ledger(settings) as ledger:
         tasks = await nats.tasks()
         ports = SubmitterPorts(nats.bus, ledger, await nats.coordinator(), tasks, quotas=quotas)
-        return await retry(
-            ports, experiment_id, trial_id, folders=TaskFolders(base_dir), team=sub.cli_team
-        )
+        folders, team = TaskFolders(base_dir), sub.cli_team
+        if trial_id is None:
+            return await retry.retry_unscored(ports, experiment_id, folders=folders, team=team)
+        return await retry.retry_trial(ports, experiment_id, trial_id, folders=folders, team=team)
 
 
 async def import_job(

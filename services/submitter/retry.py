@@ -27,6 +27,7 @@ from services.common.errors import (
     UserInputError,
 )
 from services.common.ports import ExperimentInfo, ObjectStore
+from services.common.quotas import QuotaExceeded
 from services.submitter.handlers import SubmitterPorts
 from services.submitter.quota_gate import QuotaGate
 from services.submitter.resolve import TaskFolders
@@ -109,59 +110,131 @@ async def retry_trial(
     """Publish a new run of one finished trial; what was published (``retry --json``).
 
     Raises ExperimentNotFound for an unknown experiment or a trial with no record in
-    it (queued or running trials are not retried: they have not finished). ``folders``:
-    where the manifest's task folders are, for a task the ledger names no archive of
-    (``task_ref``). With ``ports.quotas``, the run counts against the team recorded as
-    the experiment's submitter, else ``team`` (the CLI's), and carries its limits like
-    a submission's trials (QuotaExceeded when it would pass).
+    it (queued or running trials are not retried: they have not finished), and
+    ExperimentCancelled in a cancelled experiment (the run would end unstarted).
+    ``folders``: where the manifest's task folders are, for a task the ledger names no
+    archive of (``task_ref``). With ``ports.quotas``, the run counts against the team
+    recorded as the experiment's submitter, else ``team`` (the CLI's), and carries its
+    limits like a submission's trials (QuotaExceeded when it would pass).
     """
-    ledger, quotas = ports.ledger, ports.quotas
-    info = await ledger.get_experiment(experiment_id)
-    if info is None:
-        raise ExperimentNotFound(f"no experiment {experiment_id!r} in the ledger")
-    record = await ledger.get_record(trial_id)
+    info = await _experiment(ports, experiment_id)
+    record = await ports.ledger.get_record(trial_id)
     if record is None or record.experiment_id != experiment_id:
         raise ExperimentNotFound(
             f"experiment {experiment_id!r} has no finished trial {trial_id!r} (a queued or "
             "running trial has no record yet; `trialbus status` lists the experiment)"
         )
-    coordinator = ports.coordinator
-    if await coordinator.is_cancelled(experiment_id, fresh=True):
+    await _not_cancelled(ports, experiment_id)
+    run = await _new_run(ports, info, stored_manifest(info), record, folders)
+    (published,) = await _publish(ports, info, [(record, run)], team)
+    # Paused (the experiment, or this trial): the run waits unstarted until resumed.
+    paused = await ports.coordinator.is_paused(experiment_id, trial_id=trial_id, fresh=True)
+    return {**published, "paused": paused}
+
+
+async def retry_unscored(
+    ports: SubmitterPorts,
+    experiment_id: str,
+    *,
+    folders: TaskFolders | None = None,
+    team: str | None = None,
+) -> dict[str, Any]:
+    """Publish a new run of every finished trial of the experiment that is unscored
+    (``retry EXP --unscored``), as ``retry_trial`` does one: from the ledger's copy of
+    the manifest and the archives the runners ran, so no manifest file or task folder
+    is needed. Every run is built before any is published: a trial that cannot be
+    retried refuses the whole request. A quota reached part way says how many went.
+    """
+    info = await _experiment(ports, experiment_id)
+    await _not_cancelled(ports, experiment_id)
+    manifest = stored_manifest(info)
+    unscored = [r for r in await ports.ledger.records_for(experiment_id) if not r.scored]
+    planned = [(r, await _new_run(ports, info, manifest, r, folders)) for r in unscored]
+    retried = await _publish(ports, info, planned, team)
+    return {
+        "experiment_id": experiment_id,
+        "n_unscored": len(unscored),
+        "retried": retried,
+        # Paused: the runs wait unstarted until resumed (one paused trial waits alone).
+        "paused": await ports.coordinator.is_paused(experiment_id, fresh=True),
+    }
+
+
+async def _experiment(ports: SubmitterPorts, experiment_id: str) -> ExperimentInfo:
+    info = await ports.ledger.get_experiment(experiment_id)
+    if info is None:
+        raise ExperimentNotFound(f"no experiment {experiment_id!r} in the ledger")
+    return info
+
+
+async def _not_cancelled(ports: SubmitterPorts, experiment_id: str) -> None:
+    if await ports.coordinator.is_cancelled(experiment_id, fresh=True):
         raise ExperimentCancelled(
-            f"experiment {experiment_id!r} is cancelled: a retry of its trial would end "
+            f"experiment {experiment_id!r} is cancelled: a retry of its trials would end "
             "unstarted as cancelled; resubmit its manifest to lift the cancellation (that "
             "also re-runs its cancelled trials), then retry"
         )
-    manifest = stored_manifest(info)
+
+
+async def _new_run(
+    ports: SubmitterPorts,
+    info: ExperimentInfo,
+    manifest: ExperimentManifest,
+    record: TrialRecord,
+    folders: TaskFolders | None,
+) -> TrialRequested:
+    """The recorded trial's TrialRequested, rebuilt from the stored manifest and its
+    task's archive, as a new run."""
     ref = await task_ref(manifest, record, ports.tasks, folders)
-    correlation_id = uuid.uuid4().hex
     matches = [
         t
-        for t in expand_trials(manifest, experiment_id, [ref], correlation_id)
-        if t.trial_id == trial_id
+        for t in expand_trials(manifest, info.experiment_id, [ref], uuid.uuid4().hex)
+        if t.trial_id == record.trial_id
     ]
     if not matches:
         raise ManifestError(
-            f"trial {trial_id!r} is not one of experiment {experiment_id!r}'s trials as its "
-            "stored manifest expands (was it imported from a job folder?); it cannot be retried"
+            f"trial {record.trial_id!r} is not one of experiment {info.experiment_id!r}'s "
+            "trials as its stored manifest expands (was it imported from a job folder?); it "
+            "cannot be retried"
         )
-    run = retried(matches[0])
+    return retried(matches[0])
+
+
+async def _publish(
+    ports: SubmitterPorts,
+    info: ExperimentInfo,
+    planned: list[tuple[TrialRecord, TrialRequested]],
+    team: str | None,
+) -> list[dict[str, Any]]:
+    """Publish the runs, each counted against the quota of the team recorded as the
+    experiment's submitter (else ``team``) and carrying its limits; what was published."""
     owner_team = recorded_team(info) or team
-    quota = quotas.for_team(owner_team) if quotas is not None else None
-    if owner_team is not None and quota is not None:
-        gate = QuotaGate(coordinator, owner_team, quota)
+    quota = ports.quotas.for_team(owner_team) if ports.quotas is not None else None
+    gate = QuotaGate(ports.coordinator, owner_team, quota) if owner_team and quota else None
+    if gate is not None:
         await gate.check_spend()
-        limits = await gate.admit(1)
-        if limits is not None:
-            run = run.model_copy(update={"team": limits})
-    await ports.bus.publish(run)
-    return {
-        "experiment_id": experiment_id,
-        "trial_id": trial_id,
-        "run_id": run.dedup_id(),
-        "correlation_id": correlation_id,
-        "previous_status": record.status,
-        "previous_scored": record.scored,
-        # Paused (the experiment, or this trial): the run waits unstarted until resumed.
-        "paused": await coordinator.is_paused(experiment_id, trial_id=trial_id, fresh=True),
-    }
+    published: list[dict[str, Any]] = []
+    for record, run in planned:
+        if gate is not None:
+            try:
+                limits = await gate.admit(1)
+            except QuotaExceeded as exc:
+                if not published:
+                    raise
+                raise QuotaExceeded(
+                    f"{len(published)} of {len(planned)} trials were queued again, then: {exc}"
+                ) from None
+            if limits is not None:
+                run = run.model_copy(update={"team": limits})
+        await ports.bus.publish(run)
+        published.append(
+            {
+                "experiment_id": info.experiment_id,
+                "trial_id": record.trial_id,
+                "run_id": run.dedup_id(),
+                "correlation_id": run.correlation_id,
+                "previous_status": record.status,
+                "previous_scored": record.scored,
+            }
+        )
+    return published

@@ -56,7 +56,7 @@ from services.submitter.manifest_io import (
     unique_keys,
 )
 from services.submitter.resolve import TaskFolders
-from services.submitter.retry import retry_trial
+from services.submitter.retry import retry_trial, retry_unscored
 from services.submitter.submit import PreparedExperiment, check_stored_tasks, prepare
 from services.submitter.task_uploads import accept_task_upload
 
@@ -332,6 +332,15 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         return await retry_trial(
             ports, experiment_id, trial_id, folders=posted_task_folders(settings)
         )
+
+    @router.post("/experiments/{experiment_id}/retry-unscored", status_code=202)
+    async def retry_all_unscored(
+        experiment_id: str, ports: PortsDep, identity: IdentityDep
+    ) -> dict[str, Any]:
+        """Run every unscored finished trial again, each as a new run (as `trialbus
+        retry EXP --unscored --json`); 409 in a cancelled experiment."""
+        await owned(experiment_id, ports, identity, "unscored trials retried")
+        return await retry_unscored(ports, experiment_id, folders=posted_task_folders(settings))
 
     @router.get("/experiments")
     async def experiments(request: Request, ports: PortsDep) -> list[dict[str, Any]]:

@@ -110,6 +110,9 @@ async def test_pause_holds_queued_work_resume_runs_it_once_and_retry_reruns_one_
     assert {k: v for k, v in after.items() if k != trial} == {
         k: v for k, v in before.items() if k != trial
     }
+    # Every unscored trial at once: the control has none, so nothing is queued.
+    every = await cli.ajson("retry", control.experiment_id, "--unscored", "--json")
+    assert (every["n_unscored"], every["retried"]) == (0, [])
     print(
         f"pause: window_s={window:.1f} paused_starts=0 resume_first_start_s={first_s:.1f} "
         f"retry_run={answer['run_id']}"

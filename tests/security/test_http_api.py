@@ -279,7 +279,8 @@ async def test_only_the_submitter_or_an_admin_may_cancel_pause_or_resubmit(
             # Pause, resume and retry (of the experiment or one trial) follow the same rule.
             pause, resume = f"/experiments/{eid}/pause", f"/experiments/{eid}/resume"
             one = f"/experiments/{eid}/trials/hello__0001"
-            for path in (pause, resume, f"{one}/pause", f"{one}/resume", f"{one}/retry"):
+            every = f"/experiments/{eid}/retry-unscored"
+            for path in (pause, resume, f"{one}/pause", f"{one}/resume", f"{one}/retry", every):
                 refused = await c.post(path, headers=auth("bob"))
                 assert refused.status_code == 403, refused.text
             assert not await coordinator.is_paused(eid, trial_id="hello__0001", fresh=True)
@@ -314,6 +315,8 @@ async def test_only_the_submitter_or_an_admin_may_cancel_pause_or_resubmit(
             in_cancelled = await c.post(retry, headers=auth("alice"))
             assert in_cancelled.status_code == 409, in_cancelled.text
             assert "resubmit its manifest" in in_cancelled.json()["error"]
+            all_unscored = await c.post(every, headers=auth("alice"))
+            assert all_unscored.status_code == 409, all_unscored.text
             assert await work_messages(servers.nats_url, topology) == queued
     finally:
         await nc.close()

@@ -32,7 +32,7 @@ from services.common.quotas import (
 )
 from services.runner.admission import PAUSE_WAIT_S, SLOT_WAIT_S
 from services.submitter.quota_gate import QuotaGate
-from services.submitter.retry import retry_trial
+from services.submitter.retry import retry_trial, retry_unscored
 from tests.unit.runner_support import ScriptedExecutor, held_completion, make_request
 from tests.unit.test_runner_guards import outcome
 from tests.unit.test_runner_handlers import World, kinds
@@ -233,6 +233,24 @@ async def test_a_team_at_its_spend_cap_holds_its_trials_back(tmp_path: Path) -> 
 
 
 # -- retry -------------------------------------------------------------------------------
+async def test_a_retry_of_many_stopped_by_the_quota_says_how_many_went() -> None:
+    prepared, ports, ledger, bus = await _submitted(rewards=(None, None))
+    info = await ledger.get_experiment(prepared.experiment_id)
+    assert info is not None
+    info.manifest["submitted_by"] = {"user": "alice", "team": "red"}
+    await ledger.upsert_experiment(info)
+    quotas = parse_quotas("q.yaml", b"teams: {red: {max_trials_per_day: 1}}")
+    held = dataclasses.replace(ports, quotas=quotas)
+    bus.published.clear()
+    with pytest.raises(QuotaExceeded, match=r"^1 of 2 trials were queued again, then: "):
+        await retry_unscored(held, prepared.experiment_id)
+    assert len(bus.of_type(TrialRequested)) == 1
+    # The control: with room for both, both go.
+    room = parse_quotas("q.yaml", b"teams: {red: {max_trials_per_day: 3}}")
+    answer = await retry_unscored(dataclasses.replace(ports, quotas=room), info.experiment_id)
+    assert len(answer["retried"]) == 2
+
+
 async def test_a_retry_counts_against_and_carries_the_recorded_team() -> None:
     prepared, ports, ledger, bus = await _submitted()
     info = await ledger.get_experiment(prepared.experiment_id)

@@ -21,7 +21,7 @@ from services.reports import queries
 from services.submitter import handlers
 from services.submitter.handlers import SubmitterPorts
 from services.submitter.resolve import TaskFolders
-from services.submitter.retry import retry_trial
+from services.submitter.retry import retry_trial, retry_unscored
 from services.submitter.submit import PreparedExperiment, canonical_manifest, prepare
 from tests.support.records import single_reward
 
@@ -83,10 +83,11 @@ def _record(
 
 
 async def _submitted(
-    checksum: str | None = None,
+    checksum: str | None = None, rewards: tuple[float | None, float | None] = (1.0, 1.0)
 ) -> tuple[PreparedExperiment, SubmitterPorts, InMemoryLedger, RecordingBus]:
-    """An experiment submitted (its task archive stored) and both trials recorded, scored;
-    the ports it was submitted with (a retry's), and its ledger and bus."""
+    """An experiment submitted (its task archive stored) and both trials recorded with
+    ``rewards`` (None: unscored); the ports it was submitted with (a retry's), and its
+    ledger and bus."""
     prepared = _prepared()
     ledger, bus, tasks = InMemoryLedger(), RecordingBus(), InMemoryObjectStore("TASKS")
     ports = SubmitterPorts(bus, ledger, InMemoryCoordinator(lease_ttl_s=60), tasks)
@@ -95,7 +96,8 @@ async def _submitted(
     manifest |= {"experiment_id": prepared.experiment_id, "submitted_by": {"user": "alice"}}
     await ledger.upsert_experiment(ExperimentInfo(prepared.experiment_id, "unit", 2, manifest))
     records = [
-        _record(t, checksum or t.task.checksum, finished=T0, reward=1.0) for t in prepared.trials
+        _record(t, checksum or t.task.checksum, finished=T0, reward=reward)
+        for t, reward in zip(prepared.trials, rewards, strict=True)
     ]
     await ledger.upsert_records(records)
     bus.published.clear()
@@ -170,6 +172,38 @@ async def test_a_retry_in_a_cancelled_experiment_is_refused_and_a_paused_one_sai
     assert len(bus.of_type(TrialRequested)) == 1
     await ports.coordinator.pause_trial(exp, trial)
     assert (await retry_trial(ports, exp, trial))["paused"] is True
+
+
+async def test_every_unscored_trial_is_retried_and_no_scored_one() -> None:
+    prepared, ports, ledger, bus = await _submitted(rewards=(None, 1.0))
+    exp = prepared.experiment_id
+    failed = prepared.trials[0]
+    answer = await retry_unscored(ports, exp)
+    assert answer["n_unscored"] == 1 and answer["paused"] is False
+    (run,) = bus.of_type(TrialRequested)
+    assert run.trial_id == failed.trial_id and run.run_id.startswith(f"{failed.trial_id}:retry:")
+    assert [r["trial_id"] for r in answer["retried"]] == [failed.trial_id]
+    assert answer["retried"][0]["previous_status"] == "partial"
+    # The controls: all scored, nothing to retry; cancelled, refused as one trial is.
+    await ledger.upsert_records([_record(failed, failed.task.checksum, finished=T0, reward=0.0)])
+    assert (await retry_unscored(ports, exp))["retried"] == []
+    await ports.coordinator.cancel(exp)
+    with pytest.raises(ExperimentCancelled):
+        await retry_unscored(ports, exp)
+    assert len(bus.of_type(TrialRequested)) == 1
+
+
+async def test_a_trial_that_cannot_be_retried_stops_the_batch_before_any_is_published() -> None:
+    # Harbor's checksum names no archive; the first trial's record names the one it ran.
+    prepared, ports, ledger, bus = await _submitted(HARBOR_CHECKSUM, rewards=(None, None))
+    first = prepared.trials[0]
+    record = await ledger.get_record(first.trial_id)
+    assert record is not None
+    provenance = record.provenance.model_copy(update={"task_archive": first.task.checksum})
+    await ledger.upsert_records([record.model_copy(update={"provenance": provenance})])
+    with pytest.raises(UserInputError, match="no archive in the tasks bucket"):
+        await retry_unscored(ports, prepared.experiment_id)
+    assert bus.published == []
 
 
 async def test_only_a_finished_trial_of_a_known_experiment_is_retried() -> None:
