@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from services.common.errors import (
@@ -114,7 +115,19 @@ def _answer(status: int, key: str) -> ErrorHandler:
     return handler
 
 
+async def _bad_parameters(_request: Request, exc: RequestValidationError) -> Response:
+    """A query or path parameter FastAPI could not read: 422 ``{"error": ...}`` naming
+    each one, as every other bad input is answered (not FastAPI's own list)."""
+    problems = []
+    for error in exc.errors():
+        where = " ".join(str(part) for part in error.get("loc", ()))
+        got = f" (got {error['input']!r})" if error.get("input") is not None else ""
+        problems.append(f"{where}: {error.get('msg', 'invalid')}{got}")
+    return JSONResponse({"error": "; ".join(problems)}, status_code=422)
+
+
 ERROR_HANDLERS: dict[int | type[Exception], ErrorHandler] = {
+    RequestValidationError: _bad_parameters,
     UserInputError: _answer(422, "error"),
     NotOwner: _answer(403, "error"),
     ClassNotAllowed: _answer(403, "error"),

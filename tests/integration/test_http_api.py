@@ -281,6 +281,25 @@ def _records(experiment_id: str) -> list[TrialRecord]:
     return out
 
 
+async def test_a_bad_query_parameter_is_a_422_naming_it_as_other_bad_input_is(
+    client: Client,
+) -> None:
+    async with client() as api:
+        maybe = await _post_yaml(api, GOOD_YAML, dry_run=False)  # the control: accepted
+        assert maybe.status_code == 202, maybe.text
+        bad = await api.post(
+            "/experiments?dry_run=maybe",
+            content=GOOD_YAML,
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/yaml"},
+        )
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["error"].startswith("query dry_run: Input should be a valid boolean")
+        assert "(got 'maybe')" in bad.json()["error"]
+        unnamed = await api.post("/tasks", content=archive(HELLO), headers=AUTH)
+        assert unnamed.status_code == 422, unnamed.text
+        assert unnamed.json() == {"error": "query name: Field required"}
+
+
 async def test_the_cli_and_the_http_api_read_the_same_numbers(
     client: Client, servers: Servers, topology: Topology, tmp_path: Path
 ) -> None:
