@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,7 +187,26 @@ def prepare_body(body: bytes, content_type: str, settings: SubmitterSettings) ->
             "application/json or application/yaml"
         )
     folders = posted_task_folders(settings)
-    return prepare(parsed, folders.base_dir, folders.tasks_root)
+    try:
+        return prepare(parsed, folders.base_dir, folders.tasks_root)
+    except ManifestError as exc:
+        raise ManifestError(as_client_sees(str(exc), folders)) from None
+
+
+TASKS_ROOT_NAME = "<tasks root>"
+"""How an answer names the API's tasks root: the client wrote its task paths relative
+to it, and where it lies on the API's host is not the client's to read."""
+
+
+def as_client_sees(message: str, folders: TaskFolders) -> str:
+    """``message`` with the tasks root's path on this host written as ``<tasks root>``
+    (``task folder <tasks root>/tasks/nope does not exist``)."""
+    root = folders.tasks_root or folders.base_dir
+    for path in dict.fromkeys((str(root.resolve()), str(root))):
+        if path != "/":  # a root of / is every path: nothing to leave out
+            # The whole name only: /srv/tasks, not the start of /srv/tasks-old.
+            message = re.sub(re.escape(path) + r"(?![\w.-])", TASKS_ROOT_NAME, message)
+    return message
 
 
 def posted_task_folders(settings: SubmitterSettings) -> TaskFolders:

@@ -300,6 +300,22 @@ async def test_a_bad_query_parameter_is_a_422_naming_it_as_other_bad_input_is(
         assert unnamed.json() == {"error": "query name: Field required"}
 
 
+async def test_a_posted_task_path_is_named_against_the_tasks_root_not_the_host(
+    client: Client,
+) -> None:
+    # The client wrote its paths relative to the API's tasks root; where that lies on
+    # the API's host is neither its business nor any help to it.
+    async with client(tasks_root=EXAMPLE_TASKS) as api:
+        text = GOOD_YAML.replace("[hello-file, count-words]", "[helo-file]")
+        refused = await _post_yaml(api, text)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"] == (
+            "tasks[0]: task folder <tasks root>/helo-file does not exist; "
+            "did you mean 'hello-file'?"
+        )
+        assert str(EXAMPLE_TASKS.parent) not in refused.text
+
+
 async def test_the_cli_and_the_http_api_read_the_same_numbers(
     client: Client, servers: Servers, topology: Topology, tmp_path: Path
 ) -> None:

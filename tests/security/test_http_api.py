@@ -402,7 +402,9 @@ async def test_without_a_tasks_root_a_posted_manifest_stays_in_the_working_folde
         outside = {**MANIFEST, "name": "outside", "tasks": [str(private)]}
         refused = await c.post("/experiments", json=outside, headers=auth("alice"))
         assert refused.status_code == 422, refused.text
-        assert f"outside the tasks root {REPO}" in refused.json()["error"]
+        # Named as the client sees it (where the root lies on this host is not said).
+        assert "outside the tasks root <tasks root>" in refused.json()["error"]
+        assert str(REPO) not in refused.json()["error"]
         assert await work_messages(nats_url, topology) == 0
         # Control: a task folder inside the working folder is accepted.
         inside = {**MANIFEST, "name": "inside", "tasks": ["examples/tasks/hello-file"]}
