@@ -120,8 +120,9 @@ def submit(
         bool,
         typer.Option(
             "--dry-run",
-            help="Check the manifest and its task folders and say what would run, with no "
-            "stack: nothing is published (a CI check of a manifest).",
+            help="Check the manifest as a submission is checked and say what would run; "
+            "nothing is published. Against the stack when one answers (its live runners, "
+            "the owner, quotas), else the manifest and task folders alone (a CI check).",
         ),
     ] = False,
 ) -> None:
@@ -162,8 +163,9 @@ def _print_plan(plan: dict[str, Any], json_out: bool) -> None:
     def n(count: int, noun: str) -> str:
         return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
+    against = "checked against the stack" if plan["stack"] else "no stack answered"
     err.print(
-        f"manifest ok: experiment {plan['experiment_id']} would run "
+        f"manifest ok ({against}): experiment {plan['experiment_id']} would run "
         f"{n(plan['n_trials'], 'trial')}: {n(len(plan['tasks']), 'task')} x "
         f"{n(len(plan['agents']), 'agent')} ({', '.join(plan['agents'])}) x "
         f"{n(plan['repetitions'], 'repetition')}, pool {plan['pool']!r}{requires}; "
@@ -171,7 +173,7 @@ def _print_plan(plan: dict[str, Any], json_out: bool) -> None:
         highlight=False,
         markup=False,
     )
-    err.print(f"not checked without the stack: {plan['not_checked']}", highlight=False)
+    err.print(f"not checked: {plan['not_checked']}", highlight=False)
 
 
 @app.command()

@@ -85,10 +85,27 @@ def _checked_file(
 
 async def plan_submission(settings: SubmitterSettings, manifest_path: Path) -> dict[str, Any]:
     """``trialbus submit --dry-run``: what a submission would publish
-    (``PreparedExperiment.plan``), checked as far as it can be without the stack
-    (``_checked_file``); nothing is connected to, uploaded or published."""
-    prepared, _ = _checked_file(settings, manifest_path)
-    return {**prepared.plan(), "not_checked": NOT_CHECKED_OFFLINE}
+    (``PreparedExperiment.plan``), checked as ``submit`` checks it before it changes
+    anything: against the stack when NATS answers (``handlers.dry_run``), else as far
+    as it can be without it (``_checked_file``), saying what was not checked. Nothing
+    is uploaded or published. ``stack``: whether the stack was asked."""
+    prepared, quotas = _checked_file(settings, manifest_path)
+    prepared = cli_submitter(prepared, None, settings.cli_team)
+    async with try_open_nats(settings, "trialbus-dry-run") as nats:
+        if nats is None:
+            return {**prepared.plan(), "stack": False, "not_checked": NOT_CHECKED_OFFLINE}
+        async with open_ledger(settings) as ledger:
+            info = await ledger.get_experiment(prepared.experiment_id)
+            prepared = cli_submitter(prepared, info, settings.cli_team)
+            ports = SubmitterPorts(
+                nats.bus,
+                ledger,
+                await nats.coordinator(),
+                await nats.tasks(),
+                await nats.runners(),
+                quotas,
+            )
+            return {**await handlers.dry_run(prepared, ports), "stack": True}
 
 
 async def submit_and_wait(

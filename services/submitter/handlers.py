@@ -37,7 +37,12 @@ from services.common.priority import PriorityClasses
 from services.common.quotas import Quotas
 from services.reports.queries import experiment_leaderboard
 from services.submitter.quota_gate import QuotaGate
-from services.submitter.submit import PreparedExperiment, SubmitResult, publish_experiment
+from services.submitter.submit import (
+    PreparedExperiment,
+    SubmitResult,
+    check_stored_tasks,
+    publish_experiment,
+)
 from services.submitter.waiting import EventFeed, Printer, follow, say
 
 
@@ -117,6 +122,25 @@ async def admit(prepared: PreparedExperiment, ports: SubmitterPorts) -> QuotaGat
     gate = QuotaGate(ports.coordinator, prepared.team, quota)
     await gate.check_spend()
     return gate
+
+
+NOT_CHECKED_ONLINE = (
+    "the team's trials-per-day quota (counted as trials are published: a resubmission "
+    "publishes only what is not queued or scored yet)"
+)
+"""What a dry run against the stack leaves to the submission itself."""
+
+
+async def dry_run(prepared: PreparedExperiment, ports: SubmitterPorts) -> dict[str, Any]:
+    """A submission's dry run against the stack: every check ``submit`` makes before it
+    changes anything (``admit``; the tasks given by checksum in the bucket), then what
+    it would run (``PreparedExperiment.plan``); nothing is uploaded or published."""
+    await admit(prepared, ports)
+    await check_stored_tasks(prepared, ports.tasks)
+    unchecked = NOT_CHECKED_ONLINE
+    if ports.runners is None:
+        unchecked += "; the live runners (TRIALBUS_CHECK_RUNNERS is off)"
+    return {**prepared.plan(), "not_checked": unchecked}
 
 
 async def submit(prepared: PreparedExperiment, ports: SubmitterPorts) -> SubmitResult:

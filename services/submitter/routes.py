@@ -59,7 +59,7 @@ from services.submitter.manifest_io import (
 )
 from services.submitter.resolve import TaskFolders
 from services.submitter.retry import retry_trial, retry_unscored
-from services.submitter.submit import PreparedExperiment, check_stored_tasks, prepare
+from services.submitter.submit import PreparedExperiment, prepare
 from services.submitter.task_uploads import accept_task_upload
 
 SOURCE = "request body"
@@ -239,13 +239,6 @@ def check_owner(
     return owner
 
 
-NOT_CHECKED_ONLINE = (
-    "the team's trials-per-day quota (counted as trials are published: a resubmission "
-    "publishes only what is not queued or scored yet)"
-)
-"""What a dry run over HTTP leaves to the submission itself."""
-
-
 def build_router(settings: SubmitterSettings) -> APIRouter:
     """The routes; http_security's guard authenticates every one but /healthz. The team
     quotas a submission is held to are the ports' (``Ports.quotas``; None: none)."""
@@ -288,13 +281,8 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         team = by.get("team") if by else None
         prepared = dataclasses.replace(prepared, submitted_by=by, team=team)
         if dry_run:
-            await handlers.admit(prepared, ports)
-            await check_stored_tasks(prepared, ports.tasks)
             response.status_code = 200
-            unchecked = NOT_CHECKED_ONLINE
-            if ports.runners is None:
-                unchecked += "; the live runners (TRIALBUS_CHECK_RUNNERS is off)"
-            return {**prepared.plan(), "not_checked": unchecked}
+            return await handlers.dry_run(prepared, ports)
         result = await handlers.submit(prepared, ports)
         log.info("experiment submitted", experiment_id=result.experiment_id, by=identity.label)
         return result.as_dict()

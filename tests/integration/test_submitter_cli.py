@@ -137,6 +137,33 @@ async def test_the_cli_submits_and_imports_with_its_documented_output(
     assert lines[-1] == "NATS unreachable: recorded in the ledger without ResultImported events"
 
 
+async def test_a_dry_run_with_a_stack_is_checked_against_it_and_publishes_nothing(
+    servers: Servers,
+) -> None:
+    env = servers.cli().env
+    manifest = str(REPO / "examples" / "experiment.yaml")
+    # No runner is live: refused as the submission is, not "manifest ok".
+    refused = await asyncio.to_thread(run_module, env, "submit", manifest, "--dry-run")
+    assert refused.returncode == 2, refused.stderr
+    assert "compute: no live runner in pool 'default'" in refused.stderr
+    # The control: with the live-runner check off, the plan, checked against the stack.
+    queue_only = {**env, "TRIALBUS_CHECK_RUNNERS": "false"}
+    planned = await asyncio.to_thread(
+        run_module, queue_only, "submit", manifest, "--dry-run", "--json"
+    )
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert (plan["stack"], plan["n_trials"]) == (True, 24)
+    assert "the live runners (TRIALBUS_CHECK_RUNNERS is off)" in plan["not_checked"]
+    nc = await nats.connect(servers.nats_url)
+    try:
+        js, work = nc.jetstream(), servers.topology.work_stream
+        if work in [s.config.name for s in await js.streams_info()]:
+            assert (await js.stream_info(work)).state.messages == 0  # nothing published
+    finally:
+        await nc.close()
+
+
 async def test_a_read_with_no_ledger_says_where_it_looked_and_how_to_start_one(
     servers: Servers,
 ) -> None:

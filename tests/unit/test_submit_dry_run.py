@@ -56,6 +56,7 @@ def test_a_dry_run_says_what_would_run_without_the_stack(tmp_path: Path) -> None
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert plan["dry_run"] is True and plan["name"] == "planned"
+    assert plan["stack"] is False  # nothing answered: checked without it
     assert plan["n_trials"] == 2 * 2 * 3
     assert plan["tasks"] == ["hello-file", "judged"]
     assert plan["agents"] == ["oracle", "claude-code@anthropic/claude-x"]
@@ -64,6 +65,7 @@ def test_a_dry_run_says_what_would_run_without_the_stack(tmp_path: Path) -> None
 
     text = CliRunner().invoke(app, ["submit", str(manifest), "--dry-run"])
     assert text.exit_code == 0, text.output
+    assert "manifest ok (no stack answered)" in text.stderr
     assert "would run 12 trials: 2 tasks x 2 agents" in text.stderr
     assert "ANTHROPIC_API_KEY, JUDGE_KEY" in text.stderr
 
