@@ -172,7 +172,9 @@ def register(
                 highlight=False,
             )
         if trial is None:
-            err.print(f"{len(runs)} unscored trials of {experiment} queued again", highlight=False)
+            done = f"{len(runs)} unscored trials of {experiment} queued again"
+            none = f"{experiment} has no unscored trial: nothing to retry"
+            err.print(done if runs else none, highlight=False)
         if result["paused"] and runs:
             also = f" (or `--trial {trial}`)" if trial else ""
             err.print(
