@@ -88,7 +88,7 @@ def timeline(timing: PhaseTiming) -> dict[str, object] | None:
     for i, b in enumerate(bars):
         y = i * _ROW_H
         x, w = _LABEL_W + b.start_s * scale, max(1.0, b.seconds * scale)
-        words = f"{b.label}: {duration(b.seconds)} ({b.seconds:.1f} s), from +{b.start_s:.1f} s"
+        words = f"{b.label}: {_seconds(b.seconds)}, from +{b.start_s:.1f} s"
         rows.append(
             f'<g class="phase {b.key}"><title>{escape(words)}</title>'
             f'<text x="0" y="{y + _BAR_H - 2}">{escape(b.label)}</text>'
@@ -96,7 +96,7 @@ def timeline(timing: PhaseTiming) -> dict[str, object] | None:
         )
     height = len(bars) * _ROW_H + 14
     axis_y = len(bars) * _ROW_H + 2
-    total = f"total {duration(span)} ({span:.1f} s)"
+    total = f"total {_seconds(span)}"
     label = (
         "; ".join(f"{b.label} {b.seconds:.1f} s from +{b.start_s:.1f} s" for b in bars)
         + f"; {total}"
@@ -120,6 +120,12 @@ def timeline(timing: PhaseTiming) -> dict[str, object] | None:
         for b in bars
     ]
     return {"svg": svg, "rows": table, "total": total, "approximate": approximate}
+
+
+def _seconds(seconds: float) -> str:
+    """``4m 05s (245.3 s)`` from a minute on; under it the seconds alone (``20.0 s``),
+    where the rounded form would only repeat them (``20s (20.0 s)``, ``0s (0.2 s)``)."""
+    return f"{duration(seconds)} ({seconds:.1f} s)" if seconds >= 60 else f"{seconds:.1f} s"
 
 
 # -- the stored folder ------------------------------------------------------------------

@@ -129,7 +129,7 @@ async def test_the_trial_page_draws_the_phases_and_serves_the_stored_folder(site
             "agent_execution",
             "verifier",
         ]
-        assert dict(phases)["verifier"] == "verifier: 20s (20.0 s), from +79.0 s"
+        assert dict(phases)["verifier"] == "verifier: 20.0 s, from +79.0 s"
         assert "drawn one after the other" not in html  # the record has real starts
 
         # Every listed file downloads as the bytes stored, as an attachment.

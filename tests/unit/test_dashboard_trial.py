@@ -85,6 +85,8 @@ def test_no_phase_no_timeline_and_a_skipped_phase_has_no_bar() -> None:
 def test_the_svg_escapes_nothing_it_should_not_and_names_each_bar() -> None:
     svg = str(dt.timeline(_timing())["svg"])  # type: ignore[index]
     assert "<title>agent run: 1m 00s (60.0 s), from +15.0 s</title>" in svg
+    # Under a minute, the seconds alone: "10s (10.0 s)" would say them twice.
+    assert "<title>environment setup: 10.0 s, from +0.0 s</title>" in svg
     assert 'role="img"' in svg and "style=" not in svg  # the CSP allows no inline style
 
 
