@@ -125,7 +125,8 @@ async def retry_trial(
             "running trial has no record yet; `trialbus status` lists the experiment)"
         )
     await _not_cancelled(ports, experiment_id)
-    run = await _new_run(ports, info, stored_manifest(info), record, folders)
+    correlation_id = uuid.uuid4().hex
+    run = await _new_run(ports, info, stored_manifest(info), record, folders, correlation_id)
     (published,) = await _publish(ports, info, [(record, run)], team)
     # Paused (the experiment, or this trial): the run waits unstarted until resumed.
     paused = await ports.coordinator.is_paused(experiment_id, trial_id=trial_id, fresh=True)
@@ -149,10 +150,15 @@ async def retry_unscored(
     await _not_cancelled(ports, experiment_id)
     manifest = stored_manifest(info)
     unscored = [r for r in await ports.ledger.records_for(experiment_id) if not r.scored]
-    planned = [(r, await _new_run(ports, info, manifest, r, folders)) for r in unscored]
+    # One correlation id for the request: its runs' imports carry it, as a submission's.
+    correlation_id = uuid.uuid4().hex
+    planned = [
+        (r, await _new_run(ports, info, manifest, r, folders, correlation_id)) for r in unscored
+    ]
     retried = await _publish(ports, info, planned, team)
     return {
         "experiment_id": experiment_id,
+        "correlation_id": correlation_id,
         "n_unscored": len(unscored),
         "retried": retried,
         # Paused: the runs wait unstarted until resumed (one paused trial waits alone).
@@ -182,13 +188,14 @@ async def _new_run(
     manifest: ExperimentManifest,
     record: TrialRecord,
     folders: TaskFolders | None,
+    correlation_id: str,
 ) -> TrialRequested:
     """The recorded trial's TrialRequested, rebuilt from the stored manifest and its
-    task's archive, as a new run."""
+    task's archive, as a new run carrying ``correlation_id``."""
     ref = await task_ref(manifest, record, ports.tasks, folders)
     matches = [
         t
-        for t in expand_trials(manifest, info.experiment_id, [ref], uuid.uuid4().hex)
+        for t in expand_trials(manifest, info.experiment_id, [ref], correlation_id)
         if t.trial_id == record.trial_id
     ]
     if not matches:

@@ -249,6 +249,7 @@ async def test_a_retry_of_many_stopped_by_the_quota_says_how_many_went() -> None
     room = parse_quotas("q.yaml", b"teams: {red: {max_trials_per_day: 3}}")
     answer = await retry_unscored(dataclasses.replace(ports, quotas=room), info.experiment_id)
     assert len(answer["retried"]) == 2
+    assert {r["correlation_id"] for r in answer["retried"]} == {answer["correlation_id"]}
 
 
 async def test_a_retry_counts_against_and_carries_the_recorded_team() -> None:

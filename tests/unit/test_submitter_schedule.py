@@ -184,6 +184,7 @@ async def test_every_unscored_trial_is_retried_and_no_scored_one() -> None:
     assert run.trial_id == failed.trial_id and run.run_id.startswith(f"{failed.trial_id}:retry:")
     assert [r["trial_id"] for r in answer["retried"]] == [failed.trial_id]
     assert answer["retried"][0]["previous_status"] == "partial"
+    assert run.correlation_id == answer["correlation_id"]  # one id for the request
     # The controls: all scored, nothing to retry; cancelled, refused as one trial is.
     await ledger.upsert_records([_record(failed, failed.task.checksum, finished=T0, reward=0.0)])
     assert (await retry_unscored(ports, exp))["retried"] == []
