@@ -18,10 +18,11 @@ it when it is set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -187,10 +188,8 @@ def prepare_body(body: bytes, content_type: str, settings: SubmitterSettings) ->
             "application/json or application/yaml"
         )
     folders = posted_task_folders(settings)
-    try:
+    with client_paths(folders):
         return prepare(parsed, folders.base_dir, folders.tasks_root)
-    except ManifestError as exc:
-        raise ManifestError(as_client_sees(str(exc), folders)) from None
 
 
 TASKS_ROOT_NAME = "<tasks root>"
@@ -207,6 +206,17 @@ def as_client_sees(message: str, folders: TaskFolders) -> str:
             # The whole name only: /srv/tasks, not the start of /srv/tasks-old.
             message = re.sub(re.escape(path) + r"(?![\w.-])", TASKS_ROOT_NAME, message)
     return message
+
+
+@contextlib.contextmanager
+def client_paths(folders: TaskFolders) -> Iterator[None]:
+    """Answer a UserInputError raised inside as the client sees it (``as_client_sees``):
+    the same error, its message naming the tasks root ``<tasks root>``."""
+    try:
+        yield
+    except UserInputError as exc:
+        exc.args = (as_client_sees(str(exc), folders),)
+        raise
 
 
 def posted_task_folders(settings: SubmitterSettings) -> TaskFolders:
@@ -350,9 +360,9 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
     ) -> dict[str, Any]:
         """Run one finished trial again as a new run (as `trialbus retry --json`)."""
         await owned(experiment_id, ports, identity, "trial retried")
-        return await retry_trial(
-            ports, experiment_id, trial_id, folders=posted_task_folders(settings)
-        )
+        folders = posted_task_folders(settings)
+        with client_paths(folders):
+            return await retry_trial(ports, experiment_id, trial_id, folders=folders)
 
     @router.post("/experiments/{experiment_id}/retry-unscored", status_code=202)
     async def retry_all_unscored(
@@ -361,7 +371,9 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
         """Run every unscored finished trial again, each as a new run (as `trialbus
         retry EXP --unscored --json`); 409 in a cancelled experiment."""
         await owned(experiment_id, ports, identity, "unscored trials retried")
-        return await retry_unscored(ports, experiment_id, folders=posted_task_folders(settings))
+        folders = posted_task_folders(settings)
+        with client_paths(folders):
+            return await retry_unscored(ports, experiment_id, folders=folders)
 
     @router.get("/experiments")
     async def experiments(request: Request, ports: PortsDep) -> list[dict[str, Any]]:
