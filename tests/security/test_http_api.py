@@ -261,6 +261,15 @@ async def test_only_the_submitter_or_an_admin_may_cancel_pause_or_resubmit(
             assert "submitted by user alice (team red)" in by_bob.json()["error"]
             again_by_bob = await c.post("/experiments", json=MANIFEST, headers=auth("bob"))
             assert again_by_bob.status_code == 403, again_by_bob.text
+            # A dry run is held to the same rule (it would answer for another's experiment).
+            dry_by_bob = await c.post(
+                "/experiments", json=MANIFEST, headers=auth("bob"), params={"dry_run": "true"}
+            )
+            assert dry_by_bob.status_code == 403, dry_by_bob.text
+            dry_by_alice = await c.post(  # the control
+                "/experiments", json=MANIFEST, headers=auth("alice"), params={"dry_run": "true"}
+            )
+            assert dry_by_alice.status_code == 200, dry_by_alice.text
             assert not await coordinator.is_cancelled(eid, fresh=True)
             unknown = await c.post("/experiments/no-such-experiment/cancel", headers=auth("bob"))
             assert unknown.status_code == 404, unknown.text
