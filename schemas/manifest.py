@@ -41,6 +41,8 @@ MAX_CONCURRENT_TRIALS = 10_000
 waiting trials are cheap: docs/performance.md, capacity)."""
 MAX_PATH_CHARS = 4096
 """Longest task path, glob or dataset reference (PATH_MAX on Linux)."""
+MAX_DATASET_FILTERS = 10_000
+"""Most names or globs in a dataset's ``task_names`` or ``exclude_task_names``."""
 MAX_DESCRIPTION_CHARS = 10_000
 """Longest free-text description: it travels in ExperimentSubmitted and every record's
 copy of the manifest, so it stays far under an event's size limit (schemas.events)."""
@@ -103,13 +105,38 @@ class TaskPath(_Strict):
     """Task folder or glob (e.g. 'tasks/*')."""
 
 
-class DatasetRef(_Strict):
-    """A Harbor registry dataset, e.g. ``terminal-bench@2.0``."""
+TaskNamePatterns = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]],
+    Field(min_length=1, max_length=MAX_DATASET_FILTERS),
+]
 
-    dataset: str = Field(max_length=MAX_PATH_CHARS)
-    """Dataset name with optional '@version'."""
-    task_names: list[str] | None = None
-    """Only these tasks of the dataset (default: all)."""
+
+class DatasetRef(_Strict):
+    """A Harbor registry dataset, e.g. ``terminal-bench@2.0``: fetched with Harbor's own
+    registry and task clients by ``trialbus submit`` (services/submitter/datasets.py),
+    the same tasks ``harbor run --dataset`` would run. The fields are Harbor's
+    ``DatasetConfig``'s."""
+
+    dataset: str = Field(max_length=MAX_PATH_CHARS, pattern=r"^[^@\s]+(@[^@\s]+)?$")
+    """Dataset name with optional '@version' (without: the registry's newest version)."""
+    task_names: TaskNamePatterns | None = None
+    """Only these tasks of the dataset, by name or glob (default: all)."""
+    exclude_task_names: TaskNamePatterns | None = None
+    """Leave out these tasks, by name or glob."""
+    n_tasks: int | None = Field(default=None, gt=0, le=MAX_INT64)
+    """At most this many tasks, the first after the filters, in the registry's order."""
+    registry_path: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
+    """A Harbor registry JSON file, relative to the manifest (default: Harbor's registry)."""
+    registry_url: str | None = Field(
+        default=None, max_length=MAX_PATH_CHARS, pattern=r"^https?://\S+$"
+    )
+    """The URL of a Harbor registry JSON file (default: Harbor's registry)."""
+
+    @model_validator(mode="after")
+    def _one_registry(self) -> DatasetRef:
+        if self.registry_path is not None and self.registry_url is not None:
+            raise ValueError("give registry_path or registry_url, not both")
+        return self
 
 
 class StoredTask(_Strict):

@@ -228,6 +228,10 @@ class SubmitterSettings(CommonSettings):
     tasks_root: Path | None = None
     """Task paths must stay inside this folder. Unset: a manifest posted over HTTP must stay inside
     the service's working folder, and one given to the command line may name any folder."""
+    dataset_cache: Path | None = None
+    """Where `trialbus submit` downloads a manifest's registry datasets (Harbor's task cache
+    layout, reused by later submissions). Unset: Harbor's own cache (~/.cache/harbor/tasks),
+    shared with `harbor download` and `harbor run`."""
     quotas_file: Path | None = None
     """YAML/JSON file of team quotas (max_concurrent_trials, max_trials_per_day,
     max_spend_usd_per_day per team, and a default for teams not listed; services/common/quotas.py).

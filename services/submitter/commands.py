@@ -24,6 +24,7 @@ from services.importer.export import export_experiment
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.connections import open_ledger, open_nats, try_open_nats
+from services.submitter.datasets import fetch_datasets
 from services.submitter.handlers import SubmitOutcome, SubmitterPorts
 from services.submitter.manifest_io import load_manifest
 from services.submitter.resolve import TaskFolders
@@ -31,14 +32,20 @@ from services.submitter.submit import PreparedExperiment, prepare
 from services.submitter.waiting import EventFeed, Printer
 
 
-def prepare_file(manifest_path: Path, tasks_root: Path | None) -> PreparedExperiment:
-    """Load, resolve and expand a manifest file; task paths are relative to the file.
+async def prepare_file(
+    manifest_path: Path, tasks_root: Path | None, dataset_cache: Path | None = None
+) -> PreparedExperiment:
+    """Load, resolve and expand a manifest file; task paths are relative to the file,
+    its registry datasets are downloaded into ``dataset_cache`` (services/submitter/
+    datasets.py).
 
     Every ManifestError names the file.
     """
     manifest = load_manifest(manifest_path)
+    base_dir = manifest_path.resolve().parent
     try:
-        return prepare(manifest, manifest_path.resolve().parent, tasks_root)
+        datasets = await fetch_datasets(manifest, base_dir, dataset_cache)
+        return prepare(manifest, base_dir, tasks_root, datasets)
     except ManifestError as exc:  # name the file, as load_manifest's errors do
         raise ManifestError(f"{manifest_path}: {exc}") from None
 
@@ -69,12 +76,12 @@ NOT_CHECKED_OFFLINE = (
 )
 
 
-def _checked_file(
+async def _checked_file(
     settings: SubmitterSettings, manifest_path: Path
 ) -> tuple[PreparedExperiment, Quotas | None]:
     """What ``submit`` checks before connecting: the manifest and its task folders, its
     priority class, the quotas file (each error names its file)."""
-    prepared = prepare_file(manifest_path, settings.tasks_root)
+    prepared = await prepare_file(manifest_path, settings.tasks_root, settings.dataset_cache)
     try:
         handlers.check_priority_class(prepared, settings.classes)
     except ManifestError as exc:
@@ -89,7 +96,7 @@ async def plan_submission(settings: SubmitterSettings, manifest_path: Path) -> d
     anything: against the stack when NATS answers (``handlers.dry_run``), else as far
     as it can be without it (``_checked_file``), saying what was not checked. Nothing
     is uploaded or published. ``stack``: whether the stack was asked."""
-    prepared, quotas = _checked_file(settings, manifest_path)
+    prepared, quotas = await _checked_file(settings, manifest_path)
     prepared = cli_submitter(prepared, None, settings.cli_team)
     async with try_open_nats(settings, "trialbus-dry-run") as nats:
         if nats is None:
@@ -117,7 +124,7 @@ async def submit_and_wait(
     progress: Printer | None,
 ) -> SubmitOutcome:
     """``trialbus submit [--wait]``: a bad manifest is refused before connecting."""
-    prepared, quotas = _checked_file(settings, manifest_path)
+    prepared, quotas = await _checked_file(settings, manifest_path)
     prepared = cli_submitter(prepared, None, settings.cli_team)
     async with open_nats(settings, "trialbus-submit") as nats, open_ledger(settings) as ledger:
         info = await ledger.get_experiment(prepared.experiment_id)

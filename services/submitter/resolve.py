@@ -21,6 +21,7 @@ from schemas.manifest import DatasetRef, ExperimentManifest, StoredTask, TaskPat
 from schemas.trial_events import TASK_NAME_PATTERN
 from services.common.errors import ManifestError
 from services.common.task_identity import task_checksum
+from services.submitter.datasets import FetchedDatasets
 
 # What makes a folder a Harbor task (see Harbor's task format).
 _REQUIRED = ("task.toml", "instruction.md")
@@ -163,9 +164,14 @@ def _closest_folder(missing: Path, root: Path | None) -> str | None:
 
 
 def resolve_tasks(
-    manifest: ExperimentManifest, base_dir: Path, tasks_root: Path | None = None
+    manifest: ExperimentManifest,
+    base_dir: Path,
+    tasks_root: Path | None = None,
+    datasets: FetchedDatasets | None = None,
 ) -> list[ResolvedTask]:
-    """Task folders of a manifest, in manifest order, each once."""
+    """Task folders of a manifest, in manifest order, each once. A dataset entry's
+    folders are ``datasets[i]`` (services/submitter/datasets.fetch_datasets); without
+    them the entry is refused (the HTTP API fetches none)."""
     base = base_dir.resolve()
     root = tasks_root.resolve() if tasks_root else None
     # Keyed by where a task comes from: a folder, or a stored archive.
@@ -174,11 +180,19 @@ def resolve_tasks(
     for i, spec in enumerate(manifest.tasks):
         where = f"tasks[{i}]"
         if isinstance(spec, DatasetRef):
-            raise ManifestError(
-                f"{where}: dataset {spec.dataset!r}: registry datasets are not resolved by "
-                "this trialbus version; download the dataset with `harbor download` and "
-                "list its task folders (or a glob) instead"
-            )
+            if datasets is None or i not in datasets:
+                raise ManifestError(
+                    f"{where}: dataset {spec.dataset!r}: the HTTP API does not fetch "
+                    "registry datasets (it would download what a client names onto its "
+                    "host); submit the manifest with `trialbus submit`, which fetches them "
+                    "on your machine, or upload the tasks (POST /tasks) and list them by "
+                    "name and checksum"
+                )
+            for task_dir in datasets[i]:
+                from_dataset = f"{where} (dataset {spec.dataset!r})"
+                check_task_dir(task_dir.resolve(), from_dataset)
+                _add_folder(task_dir.resolve(), from_dataset, seen, names)
+            continue
         if isinstance(spec, StoredTask):
             if spec.name in names:
                 raise ManifestError(
@@ -212,21 +226,30 @@ def resolve_tasks(
                     f"{where}: {spec.path!r} resolves to {task_dir}, outside the tasks root {root}"
                 )
             check_task_dir(task_dir, where, written=spec.path, base=base, root=root)
-            if str(task_dir) in seen:
-                continue
-            name = task_dir.name
-            if not _TASK_NAME_RE.match(name):
-                raise ManifestError(
-                    f"{where}: task folder name {name!r} must match {TASK_NAME_PATTERN} "
-                    "(letters, digits, '_', '.', '-'; the name is the folder's name on "
-                    "every runner); rename the folder"
-                )
-            if name in names:
-                raise ManifestError(
-                    f"{where}: two task folders are named {name!r} ({names[name]} and "
-                    f"{task_dir}); task names must be unique within an experiment"
-                )
-            names[name] = str(task_dir)
-            ref = TaskRef(name=name, checksum=task_checksum(task_dir))
-            seen[str(task_dir)] = ResolvedTask(ref, task_dir)
+            _add_folder(task_dir, where, seen, names)
     return list(seen.values())
+
+
+def _add_folder(
+    task_dir: Path, where: str, seen: dict[str, ResolvedTask], names: dict[str, str]
+) -> None:
+    """Add the task folder ``task_dir`` (resolved, checked: ``check_task_dir``) to
+    ``seen`` once, its name to ``names``: the name must be a task name, and unique
+    within the experiment."""
+    if str(task_dir) in seen:
+        return
+    name = task_dir.name
+    if not _TASK_NAME_RE.match(name):
+        raise ManifestError(
+            f"{where}: task folder name {name!r} must match {TASK_NAME_PATTERN} "
+            "(letters, digits, '_', '.', '-'; the name is the folder's name on "
+            "every runner); rename the folder"
+        )
+    if name in names:
+        raise ManifestError(
+            f"{where}: two task folders are named {name!r} ({names[name]} and "
+            f"{task_dir}); task names must be unique within an experiment"
+        )
+    names[name] = str(task_dir)
+    ref = TaskRef(name=name, checksum=task_checksum(task_dir))
+    seen[str(task_dir)] = ResolvedTask(ref, task_dir)

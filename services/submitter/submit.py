@@ -38,6 +38,7 @@ from services.common.ports import EventBus, Ledger, ObjectStore
 from services.common.task_cache import upload_task
 from services.common.task_variables import required_task_secrets
 from services.reports.formatting import agent_at
+from services.submitter.datasets import FetchedDatasets
 from services.submitter.quota_gate import QuotaGate
 from services.submitter.resolve import ResolvedTask, resolve_tasks
 
@@ -153,12 +154,15 @@ class PreparedExperiment:
 
 
 def prepare(
-    manifest: ExperimentManifest, base_dir: Path, tasks_root: Path | None = None
+    manifest: ExperimentManifest,
+    base_dir: Path,
+    tasks_root: Path | None = None,
+    datasets: FetchedDatasets | None = None,
 ) -> PreparedExperiment:
-    """Resolve tasks and expand trials (raises ManifestError on bad input, an event
-    too large included)."""
+    """Resolve tasks (a dataset entry's folders: ``datasets``) and expand trials
+    (raises ManifestError on bad input, an event too large included)."""
     experiment_id = experiment_id_of(manifest)
-    tasks = resolve_tasks(manifest, base_dir, tasks_root)
+    tasks = resolve_tasks(manifest, base_dir, tasks_root, datasets)
     correlation_id = uuid.uuid4().hex
     trials = expand_trials(manifest, experiment_id, [t.ref for t in tasks], correlation_id)
     prepared = PreparedExperiment(manifest, experiment_id, tasks, trials, correlation_id)

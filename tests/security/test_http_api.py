@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +44,7 @@ from tests.security.http_api_support import (
 )
 from tests.support.records import passed_record
 from tests.support.servers import Servers
+from tests.support.task_registry import served_file, task_registry
 
 pytestmark = pytest.mark.integration
 
@@ -55,6 +58,8 @@ MANIFEST = {"name": "http-security", "tasks": ["hello-file"], "agents": [{"name"
 MANIFEST_YAML = "name: http-security\ntasks: [hello-file]\nagents: [{name: oracle}]\n"
 
 StartApi = Callable[..., ApiProcess]
+EXAMPLE_TASKS = REPO / "examples" / "tasks"
+TRIALBUS = Path(sys.executable).with_name("trialbus")
 
 
 def auth(who: str) -> dict[str, str]:
@@ -420,3 +425,38 @@ async def test_without_a_tasks_root_a_posted_manifest_stays_in_the_working_folde
         accepted = await c.post("/experiments", json=inside, headers=auth("alice"))
         assert accepted.status_code == 202, accepted.text
     assert await work_messages(nats_url, topology) == 1
+
+
+async def test_the_api_fetches_no_registry_dataset_a_client_names(
+    start_api: StartApi,
+    base_env: dict[str, str],
+    nats_url: str,
+    topology: Topology,
+    tmp_path: Path,
+) -> None:
+    # A dataset entry would make the API's host download from any registry URL and any
+    # git repository a token holder names (an internal address, a local repository).
+    # The registry here is served on loopback, counting the requests it gets.
+    registry = task_registry(tmp_path / "registry", {"hello-file": EXAMPLE_TASKS / "hello-file"})
+    with served_file(registry.file) as (url, requests):
+        entry = {"dataset": "mini@1.0", "registry_url": url}
+        manifest = {**MANIFEST, "name": "dataset", "tasks": [entry]}
+        api = start_api()
+        async with httpx.AsyncClient(base_url=api.base_url) as c:
+            refused = await c.post("/experiments", json=manifest, headers=auth("alice"))
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"].startswith(
+            "tasks[0]: dataset 'mini@1.0': the HTTP API does not fetch registry datasets"
+        )
+        assert requests == [] and await work_messages(nats_url, topology) == 0
+        # Control: the CLI, on its user's machine, fetches the same entry from that URL.
+        path = tmp_path / "dataset.yaml"
+        path.write_text(json.dumps(manifest))
+        env = {**service_env(base_env), "TRIALBUS_DATASET_CACHE": str(tmp_path / "cache")}
+        argv = [str(TRIALBUS), "submit", str(path), "--dry-run", "--json"]
+        done = await asyncio.to_thread(
+            subprocess.run, argv, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["tasks"] == ["hello-file"]
+        assert requests == ["/registry.json"]

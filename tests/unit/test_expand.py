@@ -345,10 +345,43 @@ def test_two_folders_with_the_same_name_are_refused(tmp_path: Path) -> None:
     )
 
 
-def test_dataset_refs_are_refused_with_a_fix() -> None:
+def test_dataset_refs_not_fetched_are_refused_naming_the_cli() -> None:
+    # What the HTTP API resolves: it fetches no dataset (services/submitter/datasets.py).
     message = resolve_error(make(tasks=[{"dataset": "terminal-bench@2.0"}]), EXAMPLES)
-    assert message.startswith("tasks[0]: dataset 'terminal-bench@2.0': ")
-    assert "harbor download" in message
+    assert message.startswith(
+        "tasks[0]: dataset 'terminal-bench@2.0': the HTTP API does not fetch registry datasets"
+    )
+    assert "`trialbus submit`" in message and "POST /tasks" in message
+
+
+def test_a_dataset_s_folders_are_task_folders_like_any_other(tmp_path: Path) -> None:
+    fetched = [make_task(tmp_path / "cache" / n).resolve() for n in ("hello", "words")]
+    manifest = make(tasks=[{"dataset": "mini@1.0"}, "local/*"])
+    make_task(tmp_path / "local" / "other")
+    resolved = resolve_tasks(manifest, tmp_path, datasets={0: fetched})
+    assert [(t.ref.name, t.folder) for t in resolved] == [
+        ("hello", fetched[0]),
+        ("words", fetched[1]),
+        ("other", (tmp_path / "local" / "other").resolve()),
+    ]
+    assert resolved[0].ref.checksum == task_checksum(fetched[0])
+    # The same name from a folder and from the dataset is refused, as two folders are.
+    make_task(tmp_path / "local" / "hello")
+    clash = (tmp_path / "local" / "hello").resolve()
+    with pytest.raises(ManifestError) as exc:
+        resolve_tasks(manifest, tmp_path, datasets={0: fetched})
+    assert str(exc.value) == (
+        f"tasks[1]: two task folders are named 'hello' ({fetched[0]} and {clash}); task "
+        "names must be unique within an experiment"
+    )
+    # A fetched folder that is no task folder is named with its dataset.
+    (fetched[1] / "instruction.md").unlink()
+    with pytest.raises(ManifestError) as exc:
+        resolve_tasks(make(tasks=[{"dataset": "mini@1.0"}]), tmp_path, datasets={0: fetched})
+    assert str(exc.value) == (
+        f"tasks[0] (dataset 'mini@1.0'): {fetched[1]} is not a Harbor task folder: missing "
+        "instruction.md"
+    )
 
 
 # -- task_checksum -----------------------------------------------------------------------

@@ -39,10 +39,10 @@ async def test_an_unknown_class_is_refused_before_connecting(tmp_path: Path) -> 
     assert "urgent, normal, batch" in message
     # Negative control: the installation that has the class accepts the manifest.
     vip = _settings(priority_classes="vip=9,normal=3")
-    assert check_priority_class(prepare_file(path, None), vip.classes) == "vip"
+    assert check_priority_class(await prepare_file(path, None), vip.classes) == "vip"
 
 
-def test_an_unnamed_class_is_the_default_one(tmp_path: Path) -> None:
-    prepared = prepare_file(_manifest(tmp_path, None), None)
+async def test_an_unnamed_class_is_the_default_one(tmp_path: Path) -> None:
+    prepared = await prepare_file(_manifest(tmp_path, None), None)
     settings = _settings(default_priority_class="batch")
     assert check_priority_class(prepared, settings.classes) == "batch"

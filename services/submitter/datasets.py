@@ -1,0 +1,151 @@
+"""A manifest's registry datasets (``{dataset: name@version}``), fetched as Harbor does.
+
+``trialbus submit`` (the CLI, on the user's machine) asks Harbor's own clients: the
+registry client names the dataset's tasks (Harbor's ``DatasetConfig`` applies
+``task_names``, ``exclude_task_names`` and ``n_tasks``), and Harbor's task client
+downloads them into its task cache (a git task at its pinned commit: sparse clone,
+kept and reused). The folders it gives back are then task folders like any other:
+checked, named by their checksum, uploaded to the tasks bucket
+(services/submitter/resolve.py). So a runner never reaches the registry, and the
+tasks a dataset reference runs are the ones ``harbor run --dataset`` runs.
+
+The HTTP API does not fetch datasets (docs/security.md): it would download from
+registries and repositories a client names onto the API's host.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from schemas.manifest import DatasetRef, ExperimentManifest
+from services.common.errors import ManifestError
+
+FetchedDatasets = Mapping[int, Sequence[Path]]
+"""Task folders of each dataset entry of a manifest, by the entry's index in ``tasks``."""
+
+REGISTRY_NAMES_SHOWN = 8
+"""Datasets a "not found" error lists, at most."""
+
+
+def dataset_indexes(manifest: ExperimentManifest) -> list[int]:
+    """Indexes of the manifest's ``tasks`` entries that are registry datasets."""
+    return [i for i, spec in enumerate(manifest.tasks) if isinstance(spec, DatasetRef)]
+
+
+async def fetch_datasets(
+    manifest: ExperimentManifest, base_dir: Path, cache_dir: Path | None
+) -> dict[int, list[Path]]:
+    """Download every dataset entry's tasks (``cache_dir``: where; None: Harbor's task
+    cache, shared with ``harbor download``) and return their folders; raise
+    ManifestError naming the entry, the dataset and what went wrong."""
+    fetched: dict[int, list[Path]] = {}
+    for i in dataset_indexes(manifest):
+        spec = manifest.tasks[i]
+        assert isinstance(spec, DatasetRef)
+        where = f"tasks[{i}]: dataset {spec.dataset!r}"
+        fetched[i] = await _fetch(spec, base_dir, cache_dir, where)
+    return fetched
+
+
+async def _fetch(
+    spec: DatasetRef, base_dir: Path, cache_dir: Path | None, where: str
+) -> list[Path]:
+    # Imported here: Harbor's registry modules are only needed by a dataset entry.
+    from harbor.models.job.config import DatasetConfig
+    from harbor.tasks.client import TaskClient
+
+    name, _, version = spec.dataset.partition("@")
+    registry_path = _registry_file(spec, base_dir, where)
+    try:
+        config = DatasetConfig(
+            name=name,
+            version=version or None,
+            registry_path=registry_path,
+            registry_url=spec.registry_url,
+            task_names=spec.task_names,
+            exclude_task_names=spec.exclude_task_names,
+            n_tasks=spec.n_tasks,
+        )
+        task_configs = await config.get_task_configs()
+    except Exception as exc:  # noqa: BLE001 - any failure of the registry read, named
+        cause = exc.__cause__ or exc.__context__
+        if type(exc) is ValueError and cause is None:  # the registry's answer
+            not_found = "not found" in str(exc)
+            known = await _known_datasets(spec.registry_url, registry_path) if not_found else ""
+            raise ManifestError(f"{where}: {_first_line(exc)}{known}") from None
+        # Harbor wraps a failed request in a plain ValueError: name what failed.
+        failure = cause if type(exc) is ValueError and cause is not None else exc
+        raise ManifestError(
+            f"{where}: the registry could not be read ({_registry_named(spec)}): "
+            f"{type(failure).__name__}: {_first_line(failure)}"
+        ) from None
+    if not task_configs:
+        raise ManifestError(f"{where}: the dataset lists no tasks")
+    task_ids = [c.get_task_id() for c in task_configs]
+    try:
+        result = await TaskClient().download_tasks(task_ids, output_dir=cache_dir)
+    except subprocess.CalledProcessError as exc:
+        raise ManifestError(f"{where}: {_git_failure(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - any failure of the download, named
+        raise ManifestError(
+            f"{where}: its tasks could not be downloaded: {type(exc).__name__}: {_first_line(exc)}"
+        ) from None
+    return list(result.paths)
+
+
+def _registry_file(spec: DatasetRef, base_dir: Path, where: str) -> Path | None:
+    """The registry file ``registry_path`` names, relative to the manifest's folder."""
+    if spec.registry_path is None:
+        return None
+    path = (base_dir / spec.registry_path).resolve()
+    if not path.is_file():
+        raise ManifestError(
+            f"{where}: registry_path {spec.registry_path!r}: no file at {path} (a Harbor "
+            "registry JSON file, relative to the manifest)"
+        )
+    return path
+
+
+async def _known_datasets(url: str | None, path: Path | None) -> str:
+    """ "; the registry has: a@1, b@2, ..." to follow a "not found", or "" when the
+    registry cannot list them."""
+    from harbor.registry.client.factory import RegistryClientFactory
+
+    try:
+        client = RegistryClientFactory.create(registry_url=url, registry_path=path)
+        summaries = await client.list_datasets()
+    except Exception:  # noqa: BLE001 - a hint only: without it the error still stands
+        return ""
+    names = sorted(f"{s.name}@{s.version}" if s.version else s.name for s in summaries)
+    if not names:
+        return "; the registry lists no dataset"
+    more = f", ... ({len(names)} in all)" if len(names) > REGISTRY_NAMES_SHOWN else ""
+    return f"; the registry has: {', '.join(names[:REGISTRY_NAMES_SHOWN])}{more}"
+
+
+def _registry_named(spec: DatasetRef) -> str:
+    if spec.registry_path is not None:
+        return f"registry_path {spec.registry_path!r}"
+    if spec.registry_url is not None:
+        return f"registry_url {spec.registry_url!r}"
+    return (
+        "Harbor's registry: it needs network access, or download the dataset with "
+        "`harbor download` and list its task folders instead"
+    )
+
+
+def _git_failure(exc: subprocess.CalledProcessError) -> str:
+    """What git said when a task's repository could not be fetched."""
+    said = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else ""
+    last = [line for line in said.splitlines() if line.strip()][-1:] or ["(no message)"]
+    command = " ".join(str(a) for a in exc.cmd[:3]) if isinstance(exc.cmd, list) else "git"
+    return f"a task repository could not be fetched: `{command} ...` failed: {last[0].strip()}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0] if isinstance(exc, ValidationError) else text
