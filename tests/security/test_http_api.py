@@ -446,7 +446,7 @@ async def test_the_api_fetches_no_registry_dataset_a_client_names(
             refused = await c.post("/experiments", json=manifest, headers=auth("alice"))
         assert refused.status_code == 422, refused.text
         assert refused.json()["error"].startswith(
-            "tasks[0]: dataset 'mini@1.0': the HTTP API does not fetch registry datasets"
+            "tasks[0]: dataset 'mini@1.0': registry datasets are fetched by `trialbus submit` only"
         )
         assert requests == [] and await work_messages(nats_url, topology) == 0
         # Control: the CLI, on its user's machine, fetches the same entry from that URL.

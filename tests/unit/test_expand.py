@@ -349,7 +349,8 @@ def test_dataset_refs_not_fetched_are_refused_naming_the_cli() -> None:
     # What the HTTP API resolves: it fetches no dataset (services/submitter/datasets.py).
     message = resolve_error(make(tasks=[{"dataset": "terminal-bench@2.0"}]), EXAMPLES)
     assert message.startswith(
-        "tasks[0]: dataset 'terminal-bench@2.0': the HTTP API does not fetch registry datasets"
+        "tasks[0]: dataset 'terminal-bench@2.0': registry datasets are fetched by `trialbus "
+        "submit` only"
     )
     assert "`trialbus submit`" in message and "POST /tasks" in message
 
