@@ -13,8 +13,9 @@ Written against the ports only (EventBus, Coordinator). For one work message
    back the same way (``guards``; the pause flag stays the submitter's); a trial whose
    agent was stopped by a provider or whose budget is spent ends at once (final
    TrialFailed AgentStopped / BudgetExceeded, ``guards``); one needing what this runner
-   does not offer ends at once (RunnerLacksCapability: its pool was chosen for runners
-   that can, so this one is misconfigured);
+   lacks (an environment, a label, an agent's key) is handed back for another live
+   runner of the pool that has it, and ends at once (RunnerLacksCapability) when none
+   has (services.runner.fit);
 3. hands back a trial whose team is over its fair share while another team waits
    (services.runner.fair_share: no round trip while its pool view is fresh; no slot,
    no attempt); then reads whether the run already ended and takes the experiment's
@@ -45,12 +46,12 @@ from typing import Any
 from schemas.events import TrialRequested, TrialStarted
 from services.common.errors import ACK, Settle, nak
 from services.common.logging import get_logger
-from services.common.pools import required_capabilities
 from services.common.ports import AttemptStart, Coordinator, EventBus, Lease
 from services.runner import guards, policy
 from services.runner.attempt import KeepAlive, acquire_kept_alive
 from services.runner.endings import decode_ending, publish_decision
 from services.runner.fair_share import FairShare, HeldBack
+from services.runner.fit import Fit, Peers
 
 log = get_logger(__name__)
 
@@ -60,6 +61,9 @@ SLOT_WAIT_S = (0.5, 2.0)
 # A paused experiment's work is handed back for a few seconds, spread out: after a
 # resume (the flag is cached for up to a second) its trials start within seconds.
 PAUSE_WAIT_S = (2.0, 5.0)
+# A trial this runner lacks something for is handed back after a few seconds: the
+# runner of the pool that has it takes it meanwhile, or at its next turn.
+HANDOFF_WAIT_S = (1.0, 3.0)
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,10 @@ class Admission:
     heartbeat_s: float
     admission: InitVar[int]
     """How many trials may be past delivery and not yet started at once."""
-    offers: frozenset[str] | None
-    """The capabilities this runner offers (None: any trial may run here)."""
+    fit: Fit
+    """What this runner offers and holds (services.runner.fit)."""
+    peers: Peers | None
+    """The other live runners, for a trial this one cannot run (None: it ends at once)."""
     rng: random.Random
     fair_share: FairShare | None
     _admission: asyncio.Semaphore = field(init=False)
@@ -128,10 +134,16 @@ class Admission:
         if refused is not None:  # its agent was stopped, or the budget is spent
             bound.warning("trial not started: its agent is stopped or the budget spent")
             return await self._publish(request, refused, bound)
-        missing = self._missing(request)
-        if missing:
-            decision = policy.lacking(request, self.host, missing)
-            bound.error("trial needs what this runner does not offer", missing=missing)
+        lack = self.fit.lack(request)
+        if lack:
+            missing = lack.describe(request.agent.display)
+            if self.peers is not None and await self.peers.another_can_run(request):
+                # Neither started nor lost, no attempt counted: back in the queue for
+                # the runner of the pool that has it.
+                bound.info("trial left for another runner of the pool", lacks=missing)
+                return nak(self.rng.uniform(*HANDOFF_WAIT_S), "handback")
+            decision = policy.lacking(request, self.host, lack, asked=self.peers is not None)
+            bound.error("trial needs what no live runner of the pool has", lacks=missing)
             return await self._publish(request, decision, bound)
         mark = await self.fair_share.admit(request) if self.fair_share is not None else None
         if isinstance(mark, HeldBack):
@@ -246,11 +258,6 @@ class Admission:
                     lease=lease.key,
                     error=f"{type(exc).__name__}: {exc}",
                 )
-
-    def _missing(self, request: TrialRequested) -> list[str]:
-        if self.offers is None:
-            return []
-        return [c for c in required_capabilities(request.compute) if c not in self.offers]
 
     async def _publish(
         self, request: TrialRequested, decision: policy.Decision, bound: Any

@@ -38,6 +38,7 @@ from services.localenv.stale import LAYERS_NAME, default_scratch, sweep_stale
 from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
 from services.runner.fair_share import FairShare
+from services.runner.fit import Fit, Peers
 from services.runner.handback import StopNotice, watch_preemption
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor
@@ -177,7 +178,8 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             host=host,
             heartbeat_s=heartbeat_interval(settings, coordinator.lease_ttl_s),
             admission=settings.admission,
-            offers=info.offers,
+            fit=Fit(info.offers, frozenset(info.secrets_set or ())),
+            peers=Peers(registry, runner_id),
             log_sinks=CoreNatsLogSinks.from_settings(nc.publish, settings)
             if settings.publish_logs
             else None,

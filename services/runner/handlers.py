@@ -55,6 +55,7 @@ from services.runner.admission import Admission
 from services.runner.attempt import KeepAlive, acquire_kept_alive, run_attempt
 from services.runner.endings import publish_decision
 from services.runner.fair_share import FairShare
+from services.runner.fit import Fit, Peers
 from services.runner.preemption import Reason, Running, RunningTrial, time_limit
 
 log = get_logger(__name__)
@@ -89,7 +90,8 @@ class TrialHandler:
         heartbeat_s: float,
         admission: int = 32,
         endings: int | None = None,
-        offers: frozenset[str] | None = None,
+        fit: Fit | None = None,
+        peers: Peers | None = None,
         log_sinks: LogSinks | None = None,
         rng: random.Random | None = None,
         running: Running | None = None,
@@ -111,7 +113,8 @@ class TrialHandler:
             host=host,
             heartbeat_s=heartbeat_s,
             admission=admission,
-            offers=offers,
+            fit=fit or Fit(),
+            peers=peers,
             rng=rng or random.Random(),
             fair_share=fair_share,
         )

@@ -21,6 +21,7 @@ from schemas.trial_events import MAX_MESSAGE_CHARS
 from services.common.errors import ACK, InternalError, Settle, nak
 from services.common.failures import classify, is_retryable, stops_agent
 from services.common.ports import AttemptStart, ExecutionOutcome
+from services.runner.fit import Lack
 from services.runner.preemption import ERROR_TYPE, Reason
 
 # Not a Harbor exception: the executor's name for "Harbor finished without writing
@@ -203,15 +204,23 @@ def cancelled(request: TrialRequested, attempt: int, host: str) -> Decision:
 RUNNER_LACKS_CAPABILITY = "RunnerLacksCapability"
 
 
-def lacking(request: TrialRequested, host: str, missing: list[str]) -> Decision:
-    """This runner cannot run the trial (final, ack): its pool's runners should all
-    offer what the submitter found a live one of them offering."""
+MISSING_SECRET = "MissingSecretError"
+"""An agent's ``api_key_env`` variable no runner that could take the trial has (the
+trial process raises it too: services.runner.trial_process)."""
+
+
+def lacking(request: TrialRequested, host: str, lack: Lack, *, asked: bool) -> Decision:
+    """This runner lacks what the trial needs (``lack``) and, when it ``asked`` the
+    registry, no other live runner of the pool has it (final, ack):
+    RunnerLacksCapability, or MissingSecretError when only a key is missing."""
+    pool = request.compute.pool
+    missing = lack.describe(request.agent.display)
+    others = f", nor does any other live runner of pool {pool!r}" if asked else ""
     outcome = ExecutionOutcome(
         kind="failed",
-        exception_type=RUNNER_LACKS_CAPABILITY,
-        message=f"runner on {host} (pool {request.compute.pool!r}) does not offer "
-        f"{', '.join(repr(m) for m in missing)}; give every runner of a pool the same "
-        "environments and labels",
+        exception_type=RUNNER_LACKS_CAPABILITY if lack.capabilities else MISSING_SECRET,
+        message=f"runner on {host} (pool {pool!r}) {missing}{others}; start a runner of "
+        "the pool that has it (environments, labels, the agent's keys), then resubmit",
     )
     return Decision((Attempt.first(request, host).failed(outcome, final=True),), ACK)
 

@@ -26,13 +26,16 @@ from schemas.events import (
     encode_event,
 )
 from schemas.objects import ObjectRef
+from schemas.runners import RunnerInfo
 from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
 from services.common.adapters.memory_objects import InMemoryObjectStore
+from services.common.adapters.memory_registry import MemoryRunnerRegistry
 from services.common.errors import ACK, TERM, Settle, TransientError
 from services.common.ports import AttemptStart, ExecutionOutcome, LogSink
 from services.common.trial_folders import DISCARDING_PREFIX, TrialFolders, sweep_set_aside
 from services.common.unpack import unpack_trial
 from services.runner.admission import SLOT_WAIT_S
+from services.runner.fit import Fit, Peers
 from services.runner.handlers import TrialHandler
 from tests.unit.runner_support import (
     ScriptedExecutor,
@@ -86,7 +89,8 @@ class World:
         bus: RecordingBus | None = None,
         runner_id: str = "runner-1",
         admission: int = 32,
-        offers: frozenset[str] | None = None,
+        fit: Fit | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self.clock = Clock()
         self.bus = bus or RecordingBus()
@@ -103,7 +107,8 @@ class World:
             host="node-a",
             heartbeat_s=heartbeat_s,
             admission=admission,
-            offers=offers,
+            fit=fit,
+            peers=peers,
             log_sinks=self._sink_for,
             rng=random.Random(7),
         )
@@ -563,25 +568,96 @@ async def test_an_upload_that_is_not_confirmed_hands_the_trial_back(tmp_path: Pa
 # -- a runner that cannot run a trial ends it with one clear message ---------------------
 
 
-async def test_a_runner_without_the_trials_environment_ends_it_naming_what_is_missing(
-    tmp_path: Path,
-) -> None:
-    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id))
-    world = World(executor, offers=frozenset({"local"}))  # make_request asks for docker
-    req = make_request()
-
-    assert await world.handle(req) == ACK
-
-    assert executor.calls == []
-    [failed_event] = world.bus.of_type(TrialFailed)
-    assert (failed_event.error_type, failed_event.final) == ("RunnerLacksCapability", True)
-    assert "does not offer 'docker'" in failed_event.message
-    # Negative control: a runner that offers docker runs it.
-    able = World(
-        ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
-        offers=frozenset({"local", "docker"}),
+def peer(runner_id: str, offers: list[str], keys: list[str] | None) -> RunnerInfo:
+    """Another runner of the default pool, as it announces itself."""
+    return RunnerInfo(
+        runner_id=runner_id, host="node-b", capabilities=offers, concurrency=1, secrets_set=keys
     )
-    assert await able.handle(req) == ACK and len(able.executor.calls) == 1
+
+
+async def peers_of(*runners: RunnerInfo, clock: Clock | None = None) -> Peers:
+    """What runner-1 (World's) learns of ``runners`` from a registry they announced in."""
+    registry = MemoryRunnerRegistry(clock=clock or Clock())
+    for runner in runners:
+        await registry.announce(runner)
+    return Peers(registry, "runner-1", ttl_s=2.0, clock=clock or Clock())
+
+
+def keyed_request() -> TrialRequested:
+    """make_request's trial (docker), its agent needing ANTHROPIC_API_KEY."""
+    request = make_request()
+    agent = request.agent.model_copy(update={"api_key_env": ["ANTHROPIC_API_KEY"]})
+    return request.model_copy(update={"agent": agent})
+
+
+LOCAL_ONLY = Fit(frozenset({"local"}), frozenset({"ANTHROPIC_API_KEY"}))
+
+
+@pytest.mark.parametrize(
+    ("fit", "error_type", "lacks"),
+    [
+        pytest.param(LOCAL_ONLY, "RunnerLacksCapability", "does not offer 'docker'", id="env"),
+        pytest.param(
+            Fit(frozenset({"local", "docker"}), frozenset()),
+            "MissingSecretError",
+            "has no ANTHROPIC_API_KEY set (api_key_env of agent 'oracle')",
+            id="agent-key",
+        ),
+    ],
+)
+async def test_a_trial_this_runner_cannot_run_is_left_for_a_peer_that_can(
+    tmp_path: Path, fit: Fit, error_type: str, lacks: str
+) -> None:
+    req = keyed_request()
+    able = peer("runner-2", ["local", "docker"], ["ANTHROPIC_API_KEY"])
+    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id))
+    world = World(executor, fit=fit, peers=await peers_of(able))
+
+    verdict = await world.handle(req)
+
+    # Back in the queue, nothing started, published or counted.
+    assert (verdict.action, verdict.reason) == ("nak", "handback")
+    assert executor.calls == [] and world.bus.published == []
+    assert await world.coord.next_attempt(req.run_key) == 1  # the first one counted
+
+    # Control: with no live peer that has it, the trial ends at once, naming the lack.
+    for peers in (
+        await peers_of(),
+        await peers_of(peer("runner-3", ["local"], ["ANTHROPIC_API_KEY"])),  # no docker
+        await peers_of(peer("runner-3", ["local", "docker"], [])),  # no key
+        await peers_of(peer("runner-3", ["local", "docker"], None)),  # does not say
+        await peers_of(able.model_copy(update={"pool": "gpu"})),  # another pool
+    ):
+        alone = World(
+            ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)), fit=fit, peers=peers
+        )
+        assert await alone.handle(req) == ACK
+        [failed_event] = alone.bus.of_type(TrialFailed)
+        assert (failed_event.error_type, failed_event.final) == (error_type, True)
+        assert failed_event.message.startswith(
+            f"runner on node-a (pool 'default') {lacks}, nor does any other live runner of "
+            "pool 'default'; start a runner of the pool"
+        ), failed_event.message
+        assert alone.executor.calls == []
+
+
+async def test_a_runner_that_has_what_the_trial_needs_runs_it(tmp_path: Path) -> None:
+    fit = Fit(frozenset({"local", "docker"}), frozenset({"ANTHROPIC_API_KEY"}))
+    executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id))
+    world = World(executor, fit=fit, peers=await peers_of())
+    assert await world.handle(keyed_request()) == ACK and len(executor.calls) == 1
+
+
+async def test_the_registry_is_read_at_most_every_ttl(tmp_path: Path) -> None:
+    clock = Clock()
+    able = peer("runner-2", ["local", "docker"], ["ANTHROPIC_API_KEY"])
+    peers = await peers_of(able, clock=clock)
+    req = keyed_request()
+    assert await peers.another_can_run(req)
+    await peers.registry.withdraw(able)
+    assert await peers.another_can_run(req)  # read less than ttl_s ago: still there
+    clock.now += 2.0
+    assert not await peers.another_can_run(req)
 
 
 async def test_no_slot_is_taken_when_the_limit_cannot_bind(tmp_path: Path) -> None:

@@ -1,0 +1,122 @@
+"""What a trial needs of the runner that takes it, and whether another runner has it.
+
+A pool is meant to be a set of like runners, and often is not: one machine holds an
+API key another lacks, or has docker, or bubblewrap. The submitter accepts a manifest
+when one live runner of its pool has what it needs (services/common/pools.py), but
+every runner of the pool takes work from the same durable. So a runner that lacks
+what a trial needs (an environment or label it does not offer, an agent's
+``api_key_env`` variable it does not have) hands the trial back for another live
+runner of its pool that has it (the runner registry says who: ``Peers``), with no
+attempt counted; it ends the trial (final ``RunnerLacksCapability``) only when no
+other live runner has it, since then waiting would hold the trial forever.
+
+A task's own ``${NAME}`` variables are known only once its archive is unpacked: the
+trial process checks them (MissingSecretError, final), as it checks the agent's keys
+again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from schemas.events import TrialRequested
+from schemas.runners import RunnerInfo
+from services.common.logging import get_logger
+from services.common.pools import required_capabilities
+from services.common.ports import RunnerRegistry
+
+log = get_logger(__name__)
+
+PEERS_TTL_S = 2.0
+"""The live runners are read again after this long (one KV listing per runner then,
+however many trials it hands back meanwhile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lack:
+    """What a runner lacks to run one trial."""
+
+    capabilities: tuple[str, ...] = ()
+    """Environments and labels the trial requires that the runner does not offer."""
+    variables: tuple[str, ...] = ()
+    """The agent's ``api_key_env`` names the runner does not have set."""
+
+    def __bool__(self) -> bool:
+        return bool(self.capabilities or self.variables)
+
+    def describe(self, agent: str) -> str:
+        """``does not offer 'docker'; has no ANTHROPIC_API_KEY set (api_key_env of agent
+        'claude-code')``."""
+        parts = []
+        if self.capabilities:
+            parts.append(f"does not offer {', '.join(repr(c) for c in self.capabilities)}")
+        if self.variables:
+            parts.append(f"has no {', '.join(self.variables)} set (api_key_env of agent {agent!r})")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """What this runner has: ``offers`` (capabilities; None: any trial's) and
+    ``secrets`` (the variable names it has set; None: left to the trial process)."""
+
+    offers: frozenset[str] | None = None
+    secrets: frozenset[str] | None = None
+
+    def lack(self, request: TrialRequested) -> Lack:
+        """What this runner lacks to run ``request`` (falsy: nothing)."""
+        caps = (
+            ()
+            if self.offers is None
+            else tuple(c for c in required_capabilities(request.compute) if c not in self.offers)
+        )
+        keys = (
+            ()
+            if self.secrets is None
+            else tuple(n for n in request.agent.api_key_env if n not in self.secrets)
+        )
+        return Lack(caps, keys)
+
+
+def can_run(runner: RunnerInfo, request: TrialRequested) -> bool:
+    """Whether ``runner`` (as it announces itself) has what ``request`` needs: its pool,
+    every capability, every ``api_key_env`` variable. A runner that does not say which
+    variables it has (older) is not counted on for a trial that needs one."""
+    if runner.pool != request.compute.pool:
+        return False
+    held = Fit(runner.offers, None if runner.secrets_set is None else frozenset(runner.secrets_set))
+    if request.agent.api_key_env and held.secrets is None:
+        return False
+    return not held.lack(request)
+
+
+@dataclass(slots=True)
+class Peers:
+    """The other live runners, read through the registry at most every ``ttl_s``."""
+
+    registry: RunnerRegistry
+    runner_id: str
+    ttl_s: float = PEERS_TTL_S
+    clock: Callable[[], float] = time.monotonic
+    _runners: list[RunnerInfo] | None = None
+    _read_at: float = 0.0
+
+    async def another_can_run(self, request: TrialRequested) -> bool:
+        """Whether a live runner other than this one has what ``request`` needs. A
+        registry that cannot be read counts as yes: the trial waits in the queue (and
+        this is asked again) rather than failing for a moment's outage."""
+        try:
+            runners = await self._live()
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("runner registry unreadable", error=f"{type(exc).__name__}: {exc}")
+            return True
+        return any(r.runner_id != self.runner_id and can_run(r, request) for r in runners)
+
+    async def _live(self) -> list[RunnerInfo]:
+        now = self.clock()
+        if self._runners is None or now - self._read_at >= self.ttl_s:
+            self._runners = await self.registry.live_runners()
+            self._read_at = now
+        return self._runners
