@@ -134,7 +134,8 @@ def submit(
         if wait:
             err.print("error: --dry-run publishes nothing to wait for; give one of the two")
             raise typer.Exit(E.EXIT_USER_ERROR)
-        _print_plan(_run(lambda: plan_submission(settings, manifest)), json_out)
+        progress = None if json_out else err
+        _print_plan(_run(lambda: plan_submission(settings, manifest, progress)), json_out)
         return
     result = _run(
         lambda: submit_and_wait(

@@ -12,6 +12,7 @@ import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from pathlib import Path
 from typing import Any, Concatenate
 
@@ -33,18 +34,22 @@ from services.submitter.waiting import EventFeed, Printer
 
 
 async def prepare_file(
-    manifest_path: Path, tasks_root: Path | None, dataset_cache: Path | None = None
+    manifest_path: Path,
+    tasks_root: Path | None,
+    dataset_cache: Path | None = None,
+    progress: Printer | None = None,
 ) -> PreparedExperiment:
     """Load, resolve and expand a manifest file; task paths are relative to the file,
     its registry datasets are downloaded into ``dataset_cache`` (services/submitter/
-    datasets.py).
+    datasets.py; a line each to ``progress``).
 
     Every ManifestError names the file.
     """
     manifest = load_manifest(manifest_path)
     base_dir = manifest_path.resolve().parent
+    say = None if progress is None else partial(progress.print, highlight=False, markup=False)
     try:
-        datasets = await fetch_datasets(manifest, base_dir, dataset_cache)
+        datasets = await fetch_datasets(manifest, base_dir, dataset_cache, say)
         return prepare(manifest, base_dir, tasks_root, datasets)
     except ManifestError as exc:  # name the file, as load_manifest's errors do
         raise ManifestError(f"{manifest_path}: {exc}") from None
@@ -77,11 +82,13 @@ NOT_CHECKED_OFFLINE = (
 
 
 async def _checked_file(
-    settings: SubmitterSettings, manifest_path: Path
+    settings: SubmitterSettings, manifest_path: Path, progress: Printer | None
 ) -> tuple[PreparedExperiment, Quotas | None]:
     """What ``submit`` checks before connecting: the manifest and its task folders, its
     priority class, the quotas file (each error names its file)."""
-    prepared = await prepare_file(manifest_path, settings.tasks_root, settings.dataset_cache)
+    prepared = await prepare_file(
+        manifest_path, settings.tasks_root, settings.dataset_cache, progress
+    )
     try:
         handlers.check_priority_class(prepared, settings.classes)
     except ManifestError as exc:
@@ -90,13 +97,15 @@ async def _checked_file(
     return prepared, quotas
 
 
-async def plan_submission(settings: SubmitterSettings, manifest_path: Path) -> dict[str, Any]:
+async def plan_submission(
+    settings: SubmitterSettings, manifest_path: Path, progress: Printer | None = None
+) -> dict[str, Any]:
     """``trialbus submit --dry-run``: what a submission would publish
     (``PreparedExperiment.plan``), checked as ``submit`` checks it before it changes
     anything: against the stack when NATS answers (``handlers.dry_run``), else as far
     as it can be without it (``_checked_file``), saying what was not checked. Nothing
     is uploaded or published. ``stack``: whether the stack was asked."""
-    prepared, quotas = await _checked_file(settings, manifest_path)
+    prepared, quotas = await _checked_file(settings, manifest_path, progress)
     prepared = cli_submitter(prepared, None, settings.cli_team)
     async with try_open_nats(settings, "trialbus-dry-run") as nats:
         if nats is None:
@@ -124,7 +133,7 @@ async def submit_and_wait(
     progress: Printer | None,
 ) -> SubmitOutcome:
     """``trialbus submit [--wait]``: a bad manifest is refused before connecting."""
-    prepared, quotas = await _checked_file(settings, manifest_path)
+    prepared, quotas = await _checked_file(settings, manifest_path, progress)
     prepared = cli_submitter(prepared, None, settings.cli_team)
     async with open_nats(settings, "trialbus-submit") as nats, open_ledger(settings) as ledger:
         info = await ledger.get_experiment(prepared.experiment_id)

@@ -16,7 +16,8 @@ registries and repositories a client names onto the API's host.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -37,23 +38,35 @@ def dataset_indexes(manifest: ExperimentManifest) -> list[int]:
 
 
 async def fetch_datasets(
-    manifest: ExperimentManifest, base_dir: Path, cache_dir: Path | None
+    manifest: ExperimentManifest,
+    base_dir: Path,
+    cache_dir: Path | None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[int, list[Path]]:
     """Download every dataset entry's tasks (``cache_dir``: where; None: Harbor's task
     cache, shared with ``harbor download``) and return their folders; raise
-    ManifestError naming the entry, the dataset and what went wrong."""
+    ManifestError naming the entry, the dataset and what went wrong. ``say`` gets one
+    line per dataset: its tasks, how many were downloaded, how long it took."""
     fetched: dict[int, list[Path]] = {}
     for i in dataset_indexes(manifest):
         spec = manifest.tasks[i]
         assert isinstance(spec, DatasetRef)
         where = f"tasks[{i}]: dataset {spec.dataset!r}"
-        fetched[i] = await _fetch(spec, base_dir, cache_dir, where)
+        started = time.monotonic()
+        fetched[i], downloaded = await _fetch(spec, base_dir, cache_dir, where)
+        if say is not None:
+            n = len(fetched[i])
+            say(
+                f"dataset {spec.dataset}: {n} tasks, {downloaded} downloaded, "
+                f"{n - downloaded} already in the cache ({time.monotonic() - started:.1f} s)"
+            )
     return fetched
 
 
 async def _fetch(
     spec: DatasetRef, base_dir: Path, cache_dir: Path | None, where: str
-) -> list[Path]:
+) -> tuple[list[Path], int]:
+    """The dataset's task folders, and how many of them were downloaded now."""
     # Imported here: Harbor's registry modules are only needed by a dataset entry.
     from harbor.models.job.config import DatasetConfig
     from harbor.tasks.client import TaskClient
@@ -94,7 +107,7 @@ async def _fetch(
         raise ManifestError(
             f"{where}: its tasks could not be downloaded: {type(exc).__name__}: {_first_line(exc)}"
         ) from None
-    return list(result.paths)
+    return list(result.paths), sum(not r.cached for r in result.results)
 
 
 def _registry_file(spec: DatasetRef, base_dir: Path, where: str) -> Path | None:

@@ -151,6 +151,10 @@ def test_a_dry_run_lists_a_dataset_s_tasks_with_no_stack(
         2 * 2 * 2,
     )
     assert sorted(p.name for p in (tmp_path / "cache").glob("*/*")) == sorted(TASKS)
+    # Submitted again, the tasks come from the cache, and the command says so.
+    again = CliRunner().invoke(app, ["submit", str(path), "--dry-run"])
+    assert again.exit_code == 0, again.output
+    assert "dataset mini@1.0: 2 tasks, 0 downloaded, 2 already in the cache (" in again.stderr
 
     # Refused the same way when the registry lacks the version (exit 2, the file named).
     path.write_text(path.read_text().replace("mini@1.0", "mini@9"))
