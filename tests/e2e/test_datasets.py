@@ -50,3 +50,11 @@ async def test_a_registry_dataset_runs_at_its_pinned_commit(stacks: Stacks, tmp_
             assert record.evaluation.main_reward == reward, (task, agent)
             # The archive the runner ran is the pinned content, byte for byte.
             assert record.provenance.task_archive == task_checksum(source)
+
+    # Submitted again (the tasks now come from the cache): the same experiment, the
+    # same trials, all scored already, nothing published.
+    again = cli.run("submit", str(manifest), "--json")
+    assert again.returncode == 0, again.stderr
+    resubmitted = json.loads(again.stdout)
+    assert resubmitted["experiment_id"] == summary["experiment_id"]
+    assert (resubmitted["n_published"], resubmitted["n_already_scored"]) == (0, 4)
