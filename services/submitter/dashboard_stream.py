@@ -42,7 +42,7 @@ from services.reports.stored import Codec
 from services.submitter import dashboard_charts as charts
 from services.submitter import dashboard_views as views
 from services.submitter.dashboard_compare import experiment_compare_url
-from services.submitter.live_feeds import LiveFeeds
+from services.submitter.live_feeds import LiveFeeds, StartedTrials
 
 UPDATE_INTERVAL_S = 1.0
 KEEPALIVE_S = 15.0
@@ -279,14 +279,22 @@ class PageSources:
 
 
 async def progress_event(
-    sources: PageSources, experiment_id: str, shown: Shown | None = None, page: int = 1
+    sources: PageSources,
+    experiment_id: str,
+    shown: Shown | None = None,
+    page: int = 1,
+    tracked: StartedTrials | None = None,
 ) -> str:
     """The ``progress`` event: counts and the tables, as the ledger holds them now;
     with ``shown``, what the page shows already, only what changed since
     (``Shown.changes``), else every section; ``page``: the trial table's page the
-    browser shows (only it is sent)."""
+    browser shows (only it is sent); ``tracked``: the started trials as the page's
+    feed keeps them (else read from the history)."""
     view = await page_view(sources.ledger, experiment_id, sources.cache, required=False)
-    started = await sources.live.started_trials(experiment_id)
+    if tracked is not None:
+        started = await tracked.current()
+    else:
+        started = await sources.live.started_trials(experiment_id)
     parts = view_sections(experiment_id, view, started, page)
     paused_of = sources.lookups.paused_of
     paused = paused_of is not None and await paused_of(experiment_id)
@@ -306,13 +314,15 @@ async def experiment_stream(
     """The experiment page's live feed (see the module doc), for the trial table's
     page ``page``."""
     shown = Shown()  # this page's own: a reconnect starts afresh and gets everything
-    progress = partial(progress_event, sources, experiment_id, shown, page)
+    tracked = StartedTrials(sources.live, experiment_id)  # kept current from the feed
+    progress = partial(progress_event, sources, experiment_id, shown, page, tracked)
     async with sources.live.experiment_events(experiment_id) as feed:
         yield await progress()
         dirty, last = False, time.monotonic()
         while True:
             since = time.monotonic() - last
             event = await feed.next(max(0.05, UPDATE_INTERVAL_S - since) if dirty else KEEPALIVE_S)
+            tracked.seen(event)
             line = describe(event) if event is not None else None
             if line is not None:
                 yield sse("trial", line)

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from infra.nats_permissions import kv_stream
 from schemas.events import Envelope, TrialFailed, TrialLog
@@ -40,7 +40,12 @@ from services.reports.queue import (
 from services.reports.report_cache import ReportCache
 from services.submitter.api_tokens import owner_from_record
 from services.submitter.connections import NatsSide, open_ledger, open_nats, try_open_nats
-from services.submitter.live_feeds import LiveFeeds, valid_experiment_id, valid_trial_id
+from services.submitter.live_feeds import (
+    LiveFeeds,
+    StartedTrials,
+    valid_experiment_id,
+    valid_trial_id,
+)
 
 UPDATE_INTERVAL_S = 0.5
 """``status --follow`` redraws at most this often while events arrive."""
@@ -159,7 +164,13 @@ async def follow_status(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     async with open_nats(settings, "trialbus-status") as nats, open_ledger(settings) as ledger:
         live = LiveFeeds(nats.nc, nats.settings.topology)
-        lookups = lookups_of(await nats.coordinator(), live=live)
+        # Started trials from the feed below, not a read of the history each redraw.
+        started = StartedTrials(live, experiment_id)
+
+        async def started_of(_experiment_id: str) -> Iterable[str]:
+            return (await started.current()).keys()
+
+        lookups = replace(lookups_of(await nats.coordinator()), started_of=started_of)
         # A refresh without a new record reads the content version, not every record.
         cache = ReportCache()
         async with (
@@ -177,6 +188,7 @@ async def follow_status(
                     # Gather what else arrives in the next moment: one redraw for a burst.
                     until = time.monotonic() + UPDATE_INTERVAL_S
                     while event is not None:
+                        started.seen(event)
                         _failed(event, on_failure)
                         rest = until - time.monotonic()
                         event = await feed.next(rest) if rest > 0 else None
