@@ -228,6 +228,11 @@ class SubmitterSettings(CommonSettings):
     tasks_root: Path | None = None
     """Task paths must stay inside this folder. Unset: a manifest posted over HTTP must stay inside
     the service's working folder, and one given to the command line may name any folder."""
+    api_dataset_registries: str | None = None
+    """Registries the HTTP API fetches a posted manifest's datasets from, comma-separated:
+    `harbor` (Harbor's registry), http(s):// URLs of registry files, absolute paths of registry
+    files on the API's host; every repository they list is fetched as `trialbus submit` would.
+    Unset: the API fetches no dataset (422)."""
     dataset_cache: Path | None = None
     """Where `trialbus submit` downloads a manifest's registry datasets (Harbor's task cache
     layout, reused by later submissions). Unset: Harbor's own cache (~/.cache/harbor/tasks),

@@ -24,6 +24,7 @@ from services.reports.report_cache import ReportCache
 from services.submitter.api_tokens import ApiConfigError
 from services.submitter.connections import open_ledger, open_nats
 from services.submitter.dashboard import build_dashboard
+from services.submitter.datasets import AllowedRegistries
 from services.submitter.http_security import api_access, secure
 from services.submitter.routes import ERROR_HANDLERS, Ports, build_router
 
@@ -34,11 +35,17 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
     """Build the HTTP app; connections open in its lifespan, not at import.
 
     Raises ApiConfigError when the access settings are unsafe or unreadable (no
-    tokens file, no-auth off loopback, a tokens file others can read), and
+    tokens file, no-auth off loopback, a tokens file others can read) or a dataset
+    registry setting is not one, and
     QuotaConfigError when the quotas file is (naming the file and the field).
     """
     access = api_access(settings)
     quotas = load_quotas(settings.quotas_file) if settings.quotas_file is not None else None
+    if settings.api_dataset_registries is not None:
+        try:
+            AllowedRegistries.parse(settings.api_dataset_registries)
+        except ValueError as exc:
+            raise ApiConfigError(f"TRIALBUS_API_DATASET_REGISTRIES: {exc}") from None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -9,15 +9,21 @@ checked, named by their checksum, uploaded to the tasks bucket
 (services/submitter/resolve.py). So a runner never reaches the registry, and the
 tasks a dataset reference runs are the ones ``harbor run --dataset`` runs.
 
-The HTTP API does not fetch datasets (docs/security.md): it would download from
-registries and repositories a client names onto the API's host.
+The HTTP API fetches a posted manifest's datasets only from the registries its
+operator allows (``TRIALBUS_API_DATASET_REGISTRIES``: ``AllowedRegistries``; unset,
+none): otherwise it would download from registries and repositories a client names
+onto the API's host (docs/security.md). An entry naming another registry is refused
+before any request leaves the host.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -32,6 +38,60 @@ REGISTRY_NAMES_SHOWN = 8
 """Datasets a "not found" error lists, at most."""
 
 
+HARBOR_REGISTRY = "harbor"
+"""How ``TRIALBUS_API_DATASET_REGISTRIES`` names Harbor's own registry (an entry with
+neither ``registry_path`` nor ``registry_url``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AllowedRegistries:
+    """The registries the HTTP API may fetch datasets from (its operator's setting)."""
+
+    harbor: bool = False
+    """Harbor's registry (the default of an entry that names none)."""
+    urls: frozenset[str] = frozenset()
+    """Registry files by URL, as a manifest's ``registry_url`` must give them."""
+    paths: frozenset[Path] = frozenset()
+    """Registry files on the API's host (resolved), as ``registry_path`` must lead to."""
+
+    @classmethod
+    def parse(cls, setting: str) -> AllowedRegistries:
+        """From the comma-separated setting: ``harbor``, ``http(s)://`` URLs, absolute
+        paths; ValueError naming an entry that is none of these."""
+        harbor, urls, paths = False, set(), set()
+        for entry in (e.strip() for e in setting.split(",")):
+            if entry == HARBOR_REGISTRY:
+                harbor = True
+            elif entry.startswith(("http://", "https://")):
+                urls.add(entry)
+            elif Path(entry).is_absolute():
+                paths.add(Path(entry).resolve())
+            elif entry:
+                raise ValueError(
+                    f"{entry!r} is not a registry: write {HARBOR_REGISTRY!r}, an http(s):// "
+                    "URL or an absolute path of a registry file"
+                )
+        return cls(harbor, frozenset(urls), frozenset(paths))
+
+    def refusal(self, spec: DatasetRef, registry_path: Path | None) -> str | None:
+        """Why ``spec``'s registry (``registry_path``: its file, resolved) may not be
+        fetched from, or None when it may."""
+        if registry_path is not None:
+            allowed, named = registry_path in self.paths, f"registry_path {spec.registry_path!r}"
+        elif spec.registry_url is not None:
+            allowed, named = spec.registry_url in self.urls, f"registry_url {spec.registry_url!r}"
+        else:
+            allowed, named = self.harbor, "Harbor's registry"
+        if allowed:
+            return None
+        return (
+            f"the HTTP API does not fetch from {named}: only from the registries its "
+            "operator allows (TRIALBUS_API_DATASET_REGISTRIES); submit the manifest with "
+            "`trialbus submit`, which fetches on your machine, or upload the tasks "
+            "(POST /tasks) and list them by name and checksum"
+        )
+
+
 def dataset_indexes(manifest: ExperimentManifest) -> list[int]:
     """Indexes of the manifest's ``tasks`` entries that are registry datasets."""
     return [i for i, spec in enumerate(manifest.tasks) if isinstance(spec, DatasetRef)]
@@ -42,18 +102,29 @@ async def fetch_datasets(
     base_dir: Path,
     cache_dir: Path | None,
     say: Callable[[str], None] | None = None,
+    allowed: AllowedRegistries | None = None,
 ) -> dict[int, list[Path]]:
     """Download every dataset entry's tasks (``cache_dir``: where; None: Harbor's task
     cache, shared with ``harbor download``) and return their folders; raise
     ManifestError naming the entry, the dataset and what went wrong. ``say`` gets one
-    line per dataset: its tasks, how many were downloaded, how long it took."""
-    fetched: dict[int, list[Path]] = {}
+    line per dataset: its tasks, how many were downloaded, how long it took. With
+    ``allowed`` (the HTTP API's), every entry's registry is checked against it before
+    anything is fetched."""
+    entries: list[tuple[int, DatasetRef, str, Path | None]] = []
     for i in dataset_indexes(manifest):
         spec = manifest.tasks[i]
         assert isinstance(spec, DatasetRef)
         where = f"tasks[{i}]: dataset {spec.dataset!r}"
+        registry_path = (
+            None if spec.registry_path is None else (base_dir / spec.registry_path).resolve()
+        )
+        if allowed is not None and (why := allowed.refusal(spec, registry_path)) is not None:
+            raise ManifestError(f"{where}: {why}")
+        entries.append((i, spec, where, registry_path))
+    fetched: dict[int, list[Path]] = {}
+    for i, spec, where, registry_path in entries:
         started = time.monotonic()
-        fetched[i], downloaded = await _fetch(spec, base_dir, cache_dir, where)
+        fetched[i], downloaded = await _fetch(spec, registry_path, cache_dir, where)
         if say is not None:
             n = len(fetched[i])
             say(
@@ -63,8 +134,25 @@ async def fetch_datasets(
     return fetched
 
 
+_FETCHING = threading.Lock()
+"""One blocking fetch at a time per process: two requests fetching the same task into
+the cache at once would replace each other's folder while it is read."""
+
+
+def fetch_datasets_blocking(
+    manifest: ExperimentManifest,
+    base_dir: Path,
+    cache_dir: Path | None,
+    allowed: AllowedRegistries,
+) -> dict[int, list[Path]]:
+    """``fetch_datasets`` from a worker thread (the HTTP API's request threads), one at
+    a time, held to ``allowed``."""
+    with _FETCHING:
+        return asyncio.run(fetch_datasets(manifest, base_dir, cache_dir, allowed=allowed))
+
+
 async def _fetch(
-    spec: DatasetRef, base_dir: Path, cache_dir: Path | None, where: str
+    spec: DatasetRef, registry_path: Path | None, cache_dir: Path | None, where: str
 ) -> tuple[list[Path], int]:
     """The dataset's task folders, and how many of them were downloaded now."""
     # Imported here: Harbor's registry modules are only needed by a dataset entry.
@@ -72,7 +160,7 @@ async def _fetch(
     from harbor.tasks.client import TaskClient
 
     name, _, version = spec.dataset.partition("@")
-    registry_path = _registry_file(spec, base_dir, where)
+    _check_registry_file(spec, registry_path, where)
     try:
         config = DatasetConfig(
             name=name,
@@ -110,17 +198,13 @@ async def _fetch(
     return list(result.paths), sum(not r.cached for r in result.results)
 
 
-def _registry_file(spec: DatasetRef, base_dir: Path, where: str) -> Path | None:
-    """The registry file ``registry_path`` names, relative to the manifest's folder."""
-    if spec.registry_path is None:
-        return None
-    path = (base_dir / spec.registry_path).resolve()
-    if not path.is_file():
+def _check_registry_file(spec: DatasetRef, path: Path | None, where: str) -> None:
+    """Raise ManifestError when the file ``registry_path`` leads to (``path``) is none."""
+    if path is not None and not path.is_file():
         raise ManifestError(
             f"{where}: registry_path {spec.registry_path!r}: no file at {path} (a Harbor "
             "registry JSON file, relative to the manifest)"
         )
-    return path
 
 
 async def _known_datasets(url: str | None, path: Path | None) -> str:

@@ -182,10 +182,12 @@ def resolve_tasks(
         if isinstance(spec, DatasetRef):
             if datasets is None or i not in datasets:
                 raise ManifestError(
-                    f"{where}: dataset {spec.dataset!r}: registry datasets are fetched by "
-                    "`trialbus submit` only, on its user's machine (the HTTP API would "
-                    "download what a client names onto its host); submit the manifest with "
-                    "it, or upload the tasks (POST /tasks) and list them by name and checksum"
+                    f"{where}: dataset {spec.dataset!r}: not fetched here: `trialbus "
+                    "submit` fetches registry datasets on its user's machine, the HTTP API "
+                    "only from the registries its operator allows "
+                    "(TRIALBUS_API_DATASET_REGISTRIES, unset here); submit the manifest with "
+                    "`trialbus submit`, or upload the tasks (POST /tasks) and list them by "
+                    "name and checksum"
                 )
             for task_dir in datasets[i]:
                 from_dataset = f"{where} (dataset {spec.dataset!r})"

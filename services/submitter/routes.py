@@ -31,6 +31,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from schemas.manifest import ExperimentManifest
 from services.common.errors import (
     ExperimentCancelled,
     ExperimentNotFound,
@@ -48,6 +49,12 @@ from services.reports.html import render_html
 from services.reports.report_cache import ReportCache
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
+from services.submitter.datasets import (
+    AllowedRegistries,
+    FetchedDatasets,
+    dataset_indexes,
+    fetch_datasets_blocking,
+)
 from services.submitter.follow import fleet, lookups_of, read_queue
 from services.submitter.handlers import SubmitterPorts
 from services.submitter.http_security import MANIFEST_MEDIA_TYPES, media_type
@@ -189,7 +196,21 @@ def prepare_body(body: bytes, content_type: str, settings: SubmitterSettings) ->
         )
     folders = posted_task_folders(settings)
     with client_paths(folders):
-        return prepare(parsed, folders.base_dir, folders.tasks_root)
+        datasets = posted_datasets(parsed, folders.base_dir, settings)
+        return prepare(parsed, folders.base_dir, folders.tasks_root, datasets)
+
+
+def posted_datasets(
+    manifest: ExperimentManifest, base_dir: Path, settings: SubmitterSettings
+) -> FetchedDatasets | None:
+    """A posted manifest's datasets, fetched from the registries the operator allows
+    (``TRIALBUS_API_DATASET_REGISTRIES``; services/submitter/datasets.py), or None when
+    it allows none (``resolve_tasks`` then refuses a dataset entry). Blocking: called in
+    the request's worker thread."""
+    if settings.api_dataset_registries is None or not dataset_indexes(manifest):
+        return None
+    allowed = AllowedRegistries.parse(settings.api_dataset_registries)
+    return fetch_datasets_blocking(manifest, base_dir, settings.dataset_cache, allowed)
 
 
 TASKS_ROOT_NAME = "<tasks root>"

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import nats
@@ -340,7 +341,7 @@ async def test_only_the_submitter_or_an_admin_may_cancel_pause_or_resubmit(
 
 
 async def test_start_up_refuses_unsafe_access_settings(
-    start_api: StartApi, base_env: dict[str, str], tmp_path: Path
+    start_api: StartApi, base_env: dict[str, str], tokens_file: Path, tmp_path: Path
 ) -> None:
     loose = write_tokens_file(tmp_path / "loose.yaml", TOKENS)
     loose.chmod(0o644)
@@ -356,6 +357,13 @@ async def test_start_up_refuses_unsafe_access_settings(
         ),
         ({"TRIALBUS_API_TOKENS_FILE": str(loose)}, f"run `chmod 600 {loose}`"),
         ({"TRIALBUS_API_TOKENS_FILE": str(raw)}, "tokens[0].sha256: must be the token's SHA-256"),
+        (
+            {
+                "TRIALBUS_API_TOKENS_FILE": str(tokens_file),
+                "TRIALBUS_API_DATASET_REGISTRIES": "harbor, registry.json",
+            },
+            "TRIALBUS_API_DATASET_REGISTRIES: 'registry.json' is not a registry",
+        ),
     ]
     for overrides, message in cases:
         env = service_env(base_env, TRIALBUS_HTTP_PORT=str(free_port()), **overrides)
@@ -427,36 +435,70 @@ async def test_without_a_tasks_root_a_posted_manifest_stays_in_the_working_folde
     assert await work_messages(nats_url, topology) == 1
 
 
-async def test_the_api_fetches_no_registry_dataset_a_client_names(
+async def test_the_api_fetches_datasets_only_from_the_registries_its_operator_allows(
     start_api: StartApi,
     base_env: dict[str, str],
     nats_url: str,
     topology: Topology,
     tmp_path: Path,
 ) -> None:
-    # A dataset entry would make the API's host download from any registry URL and any
-    # git repository a token holder names (an internal address, a local repository).
-    # The registry here is served on loopback, counting the requests it gets.
-    registry = task_registry(tmp_path / "registry", {"hello-file": EXAMPLE_TASKS / "hello-file"})
-    with served_file(registry.file) as (url, requests):
-        entry = {"dataset": "mini@1.0", "registry_url": url}
-        manifest = {**MANIFEST, "name": "dataset", "tasks": [entry]}
-        api = start_api()
-        async with httpx.AsyncClient(base_url=api.base_url) as c:
-            refused = await c.post("/experiments", json=manifest, headers=auth("alice"))
+    # A dataset entry makes the API's host download from a registry and from the git
+    # repositories it lists: from any a token holder names, that would be an internal
+    # address or a local repository. Two registries are served on loopback, each
+    # counting the requests it gets; the operator allows the first.
+    tasks = {"hello-file": EXAMPLE_TASKS / "hello-file"}
+    allowed_registry = task_registry(tmp_path / "allowed", tasks)
+    other_registry = task_registry(tmp_path / "other", tasks)
+    with (
+        served_file(allowed_registry.file) as (allowed_url, allowed_requests),
+        served_file(other_registry.file) as (other_url, other_requests),
+    ):
+
+        def manifest(name: str, **entry: str) -> dict[str, Any]:
+            return {**MANIFEST, "name": name, "tasks": [{"dataset": "mini@1.0", **entry}]}
+
+        cache = str(tmp_path / "cache")
+        unset = start_api(TRIALBUS_DATASET_CACHE=cache)
+        async with httpx.AsyncClient(base_url=unset.base_url) as c:
+            refused = await c.post(
+                "/experiments", json=manifest("a", registry_url=allowed_url), headers=auth("alice")
+            )
         assert refused.status_code == 422, refused.text
-        assert refused.json()["error"].startswith(
-            "tasks[0]: dataset 'mini@1.0': registry datasets are fetched by `trialbus submit` only"
-        )
-        assert requests == [] and await work_messages(nats_url, topology) == 0
-        # Control: the CLI, on its user's machine, fetches the same entry from that URL.
+        assert "not fetched here" in refused.json()["error"]
+        assert "TRIALBUS_API_DATASET_REGISTRIES, unset here" in refused.json()["error"]
+
+        api = start_api(TRIALBUS_DATASET_CACHE=cache, TRIALBUS_API_DATASET_REGISTRIES=allowed_url)
+        async with httpx.AsyncClient(base_url=api.base_url, timeout=120) as c:
+            for entry, named in (
+                ({"registry_url": other_url}, f"registry_url {other_url!r}"),
+                ({}, "Harbor's registry"),
+                ({"registry_path": str(other_registry.file)}, "registry_path "),
+            ):
+                refused = await c.post(
+                    "/experiments", json=manifest("b", **entry), headers=auth("alice")
+                )
+                assert refused.status_code == 422, refused.text
+                assert refused.json()["error"].startswith(
+                    f"tasks[0]: dataset 'mini@1.0': the HTTP API does not fetch from {named}"
+                ), refused.json()["error"]
+            assert allowed_requests == other_requests == []
+            assert await work_messages(nats_url, topology) == 0
+            # Control: the allowed registry's dataset is fetched and its trial queued.
+            accepted = await c.post(
+                "/experiments", json=manifest("c", registry_url=allowed_url), headers=auth("alice")
+            )
+            assert accepted.status_code == 202, accepted.text
+        assert allowed_requests == ["/registry.json"] and other_requests == []
+        assert await work_messages(nats_url, topology) == 1
+
+        # The CLI, on its user's machine, fetches from any registry its manifest names.
         path = tmp_path / "dataset.yaml"
-        path.write_text(json.dumps(manifest))
-        env = {**service_env(base_env), "TRIALBUS_DATASET_CACHE": str(tmp_path / "cache")}
+        path.write_text(json.dumps(manifest("d", registry_url=other_url)))
+        env = {**service_env(base_env), "TRIALBUS_DATASET_CACHE": cache}
         argv = [str(TRIALBUS), "submit", str(path), "--dry-run", "--json"]
         done = await asyncio.to_thread(
             subprocess.run, argv, env=env, capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["tasks"] == ["hello-file"]
-        assert requests == ["/registry.json"]
+        assert other_requests == ["/registry.json"]

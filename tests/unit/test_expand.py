@@ -348,11 +348,8 @@ def test_two_folders_with_the_same_name_are_refused(tmp_path: Path) -> None:
 def test_dataset_refs_not_fetched_are_refused_naming_the_cli() -> None:
     # What the HTTP API resolves: it fetches no dataset (services/submitter/datasets.py).
     message = resolve_error(make(tasks=[{"dataset": "terminal-bench@2.0"}]), EXAMPLES)
-    assert message.startswith(
-        "tasks[0]: dataset 'terminal-bench@2.0': registry datasets are fetched by `trialbus "
-        "submit` only"
-    )
-    assert "`trialbus submit`" in message and "POST /tasks" in message
+    assert message.startswith("tasks[0]: dataset 'terminal-bench@2.0': not fetched here: ")
+    assert "TRIALBUS_API_DATASET_REGISTRIES" in message and "POST /tasks" in message
 
 
 def test_a_dataset_s_folders_are_task_folders_like_any_other(tmp_path: Path) -> None:
