@@ -5,7 +5,6 @@ then the live feed), against a real nats-server."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
 
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -14,23 +13,11 @@ from nats.js import JetStreamContext
 from schemas.events import TrialStarted, encode_event
 from schemas.subjects import Topology
 from services.submitter.live_feeds import LiveFeeds, StartedTrials
+from tests.support.starts import started
 
 pytestmark = pytest.mark.integration
 
-T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 N = 2000
-
-
-def start(experiment: str, trial: str, attempt: int = 1, at_s: float = 0) -> TrialStarted:
-    return TrialStarted(
-        experiment_id=experiment,
-        correlation_id="c",
-        trial_id=trial,
-        attempt=attempt,
-        runner_id="r",
-        host="h",
-        occurred_at=T0 + timedelta(seconds=at_s),
-    )
 
 
 async def publish(js: JetStreamContext, topology: Topology, *events: TrialStarted) -> None:
@@ -46,22 +33,24 @@ async def publish(js: JetStreamContext, topology: Topology, *events: TrialStarte
 async def test_the_history_holds_each_trial_s_latest_start_and_skips_what_is_not_one(
     js: JetStreamContext, nc: NatsClient, topology: Topology
 ) -> None:
-    await publish(js, topology, *(start("exp-a", f"t__{i:05d}", at_s=i) for i in range(N)))
-    await publish(js, topology, start("exp-a", "t__00000", attempt=2, at_s=N + 1))
-    await publish(js, topology, *(start("exp-b", f"b__{i}") for i in range(5)))
+    await publish(
+        js, topology, *(started(f"t__{i:05d}", experiment="exp-a", at_s=i) for i in range(N))
+    )
+    await publish(js, topology, started("t__00000", experiment="exp-a", attempt=2, at_s=N + 1))
+    await publish(js, topology, *(started(f"b__{i}", experiment="exp-b") for i in range(5)))
     await js.publish(topology.event_subject("trial_started", "exp-a"), b"{not an event")
 
-    started = await LiveFeeds(nc, topology).started_trials("exp-a")
+    history = await LiveFeeds(nc, topology).started_trials("exp-a")
 
-    assert len(started) == N and all(t.experiment_id == "exp-a" for t in started.values())
-    assert started["t__00000"].attempt == 2  # its retry, not its first start
+    assert len(history) == N and all(t.experiment_id == "exp-a" for t in history.values())
+    assert history["t__00000"].attempt == 2  # its retry, not its first start
     assert await LiveFeeds(nc, topology).started_trials("exp-c") == {}
 
 
 async def test_a_live_view_reads_the_history_once_and_follows_its_feed(
     js: JetStreamContext, nc: NatsClient, topology: Topology
 ) -> None:
-    await publish(js, topology, *(start("exp-a", f"t__{i:05d}") for i in range(10)))
+    await publish(js, topology, *(started(f"t__{i:05d}", experiment="exp-a") for i in range(10)))
     live = LiveFeeds(nc, topology)
     reads = 0
 
@@ -74,7 +63,9 @@ async def test_a_live_view_reads_the_history_once_and_follows_its_feed(
     tracked = StartedTrials(Counted(), "exp-a")
     async with live.experiment_events("exp-a") as feed:  # subscribed before the read
         assert len(await tracked.current()) == 10
-        await publish(js, topology, start("exp-a", "late"), start("exp-b", "other"))
+        await publish(
+            js, topology, started("late", experiment="exp-a"), started("other", experiment="exp-b")
+        )
         event = await feed.next(30)
         assert isinstance(event, TrialStarted) and event.trial_id == "late"
         tracked.seen(event)

@@ -3,25 +3,9 @@ once (then every ``HISTORY_REFRESH_S``) and the live feed's starts taken in betw
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 from schemas.events import ResultImported, TrialStarted
 from services.submitter.live_feeds import HISTORY_REFRESH_S, StartedTrials
-
-T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
-
-
-def start(trial: str, at_s: float, attempt: int = 1, experiment: str = "exp-1") -> TrialStarted:
-    return TrialStarted(
-        experiment_id=experiment,
-        correlation_id="c",
-        trial_id=trial,
-        attempt=attempt,
-        runner_id="r",
-        host="h",
-        occurred_at=T0 + timedelta(seconds=at_s),
-    )
-
+from tests.support.starts import started as start
 
 IMPORTED = ResultImported(
     experiment_id="exp-1",
