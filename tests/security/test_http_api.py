@@ -436,12 +436,9 @@ async def test_without_a_tasks_root_a_posted_manifest_stays_in_the_working_folde
 
 
 async def test_the_api_fetches_datasets_only_from_the_registries_its_operator_allows(
-    start_api: StartApi,
-    base_env: dict[str, str],
-    nats_url: str,
-    topology: Topology,
-    tmp_path: Path,
+    start_api: StartApi, base_env: dict[str, str], servers: Servers
 ) -> None:
+    nats_url, topology, tmp_path = servers.nats_url, servers.topology, servers.tmp_path
     # A dataset entry makes the API's host download from a registry and from the git
     # repositories it lists: from any a token holder names, that would be an internal
     # address or a local repository. Two registries are served on loopback, each
