@@ -29,7 +29,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from schemas.manifest import DatasetRef, ExperimentManifest
-from services.common.errors import ManifestError
+from services.common.errors import ManifestError, TransientError
 
 FetchedDatasets = Mapping[int, Sequence[Path]]
 """Task folders of each dataset entry of a manifest, by the entry's index in ``tasks``."""
@@ -137,6 +137,13 @@ async def fetch_datasets(
 _FETCHING = threading.Lock()
 """One blocking fetch at a time per process: two requests fetching the same task into
 the cache at once would replace each other's folder while it is read."""
+FETCH_WAIT_S = 30.0
+"""How long a request waits for another's fetch before it is answered "busy" (a
+worker thread is held meanwhile: a queue of waiting requests would hold them all)."""
+
+
+class DatasetsBusy(TransientError):
+    """Another request's datasets are being fetched; try again shortly (HTTP 503)."""
 
 
 def fetch_datasets_blocking(
@@ -146,9 +153,17 @@ def fetch_datasets_blocking(
     allowed: AllowedRegistries,
 ) -> dict[int, list[Path]]:
     """``fetch_datasets`` from a worker thread (the HTTP API's request threads), one at
-    a time, held to ``allowed``."""
-    with _FETCHING:
+    a time, held to ``allowed``; DatasetsBusy after ``FETCH_WAIT_S`` behind another."""
+    if not _FETCHING.acquire(timeout=FETCH_WAIT_S):
+        raise DatasetsBusy(
+            f"another request's registry datasets are being fetched (for over "
+            f"{FETCH_WAIT_S:g} s): try again shortly; a dataset fetched once is then "
+            "read from the cache"
+        )
+    try:
         return asyncio.run(fetch_datasets(manifest, base_dir, cache_dir, allowed=allowed))
+    finally:
+        _FETCHING.release()
 
 
 async def _fetch(

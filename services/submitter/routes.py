@@ -51,6 +51,7 @@ from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.datasets import (
     AllowedRegistries,
+    DatasetsBusy,
     FetchedDatasets,
     dataset_indexes,
     fetch_datasets_blocking,
@@ -145,12 +146,13 @@ ERROR_HANDLERS: dict[int | type[Exception], ErrorHandler] = {
     ExperimentNotFound: _answer(404, "detail"),
     ExperimentCancelled: _answer(409, "error"),
     LedgerUnavailable: _answer(503, "error"),
+    DatasetsBusy: _answer(503, "error"),
 }
 """Exceptions to answers: bad input 422, another's experiment or a priority class the
 token may not use 403, a team's quota reached 429 (a limit that frees with time, as
 HTTP's "too many requests"), a body neither JSON nor YAML 415, unknown experiment
 404, a retry in a cancelled experiment 409 (its state, not the request, is in the
-way), ledger down 503."""
+way), ledger down or another request's datasets being fetched 503."""
 
 
 def decode_json(body: bytes) -> Any:

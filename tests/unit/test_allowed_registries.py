@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from schemas.manifest import DatasetRef
-from services.submitter.datasets import AllowedRegistries
+from schemas.manifest import DatasetRef, ExperimentManifest
+from services.common.errors import ManifestError
+from services.submitter import datasets
+from services.submitter.datasets import AllowedRegistries, DatasetsBusy, fetch_datasets_blocking
 
 URL = "https://registry.example/registry.json"
 
@@ -49,3 +51,19 @@ def test_an_entry_is_fetched_only_from_an_allowed_registry(
         assert why is not None and why.startswith(f"the HTTP API does not fetch from {refused_for}")
     # Control: an installation that allows nothing refuses every one of them.
     assert AllowedRegistries().refusal(ref, path) is not None
+
+
+def test_a_request_behind_another_s_fetch_is_told_to_come_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    manifest = ExperimentManifest.model_validate(
+        {"name": "x", "tasks": [{"dataset": "mini@1.0"}], "agents": [{"name": "oracle"}]}
+    )
+    allowed = AllowedRegistries()  # nothing allowed: a fetch that ran would be refused
+    monkeypatch.setattr(datasets, "FETCH_WAIT_S", 0.05)
+    # The lock held: another request's fetch is under way.
+    with datasets._FETCHING, pytest.raises(DatasetsBusy, match="try again shortly"):
+        fetch_datasets_blocking(manifest, tmp_path, None, allowed)
+    # Control: once it is done, the request's own fetch runs (and is refused here).
+    with pytest.raises(ManifestError, match="does not fetch from Harbor's registry"):
+        fetch_datasets_blocking(manifest, tmp_path, None, allowed)
