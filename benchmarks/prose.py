@@ -223,6 +223,7 @@ KEY_PEERS: dict[str, list[str]] = {
         "idle_msgs_per_s_1000c",
         "fetch_failures_1000c",
     ],
+    "live": ["one_at_a_time_ms", "speedup", "redraw_ms"],
     "scheduling": [
         "finished_ratio",
         "nonpreempt_completion_ratio",

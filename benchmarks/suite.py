@@ -16,6 +16,7 @@ from benchmarks import (
     bench_import,
     bench_latency,
     bench_ledger,
+    bench_live,
     bench_objects,
     bench_overhead,
     bench_pipeline,
@@ -45,6 +46,7 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "dashboard": bench_dashboard.run,
     "scheduling": bench_scheduling.run,
     "fleet": bench_fleet.run,
+    "live": bench_live.run,
 }
 """Name -> benchmark, in the order of the issue that asked for them."""
 

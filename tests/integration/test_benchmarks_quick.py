@@ -30,6 +30,7 @@ NAMES = [
     "dashboard",
     "scheduling",
     "fleet",
+    "live",
 ]
 
 
