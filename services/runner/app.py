@@ -178,7 +178,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
             host=host,
             heartbeat_s=heartbeat_interval(settings, coordinator.lease_ttl_s),
             admission=settings.admission,
-            fit=Fit(info.offers, frozenset(info.secrets_set or ())),
+            fit=Fit(info.offers, frozenset(info.secrets_set or ()), policy.allowed_secrets),
             peers=Peers(registry, runner_id),
             log_sinks=CoreNatsLogSinks.from_settings(nc.publish, settings)
             if settings.publish_logs

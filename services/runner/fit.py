@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from schemas.events import TrialRequested
-from schemas.runners import RunnerInfo
+from schemas.runners import RunnerInfo, forbidden_secret_name
 from services.common.logging import get_logger
 from services.common.pools import required_capabilities
 from services.common.ports import RunnerRegistry
@@ -41,29 +41,39 @@ class Lack:
     capabilities: tuple[str, ...] = ()
     """Environments and labels the trial requires that the runner does not offer."""
     variables: tuple[str, ...] = ()
-    """The agent's ``api_key_env`` names the runner does not have set."""
+    """The agent's ``api_key_env`` names the runner's policy allows and it has not set."""
+    refused: tuple[str, ...] = ()
+    """The agent's ``api_key_env`` names the runner's policy does not allow."""
 
     def __bool__(self) -> bool:
-        return bool(self.capabilities or self.variables)
+        return bool(self.capabilities or self.variables or self.refused)
 
     def describe(self, agent: str) -> str:
         """``does not offer 'docker'; has no ANTHROPIC_API_KEY set (api_key_env of agent
         'claude-code')``."""
+        of = f"api_key_env of agent {agent!r}"
         parts = []
         if self.capabilities:
             parts.append(f"does not offer {', '.join(repr(c) for c in self.capabilities)}")
         if self.variables:
-            parts.append(f"has no {', '.join(self.variables)} set (api_key_env of agent {agent!r})")
+            parts.append(f"has no {', '.join(self.variables)} set ({of})")
+        if self.refused:
+            parts.append(
+                f"may not pass {', '.join(self.refused)} to a trial ({of}; not in its policy's "
+                "secret_names: add it to extra_secret_names on the runners to allow it)"
+            )
         return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
 class Fit:
-    """What this runner has: ``offers`` (capabilities; None: any trial's) and
-    ``secrets`` (the variable names it has set; None: left to the trial process)."""
+    """What this runner has: ``offers`` (capabilities; None: any trial's), ``secrets``
+    (the variable names it has set; None: left to the trial process) and ``allowed``
+    (the names its policy lets it pass to a trial; None: any)."""
 
     offers: frozenset[str] | None = None
     secrets: frozenset[str] | None = None
+    allowed: frozenset[str] | None = None
 
     def lack(self, request: TrialRequested) -> Lack:
         """What this runner lacks to run ``request`` (falsy: nothing)."""
@@ -72,21 +82,31 @@ class Fit:
             if self.offers is None
             else tuple(c for c in required_capabilities(request.compute) if c not in self.offers)
         )
+        names = request.agent.api_key_env
+        refused = tuple(n for n in names if not self._allows(n))
         keys = (
             ()
             if self.secrets is None
-            else tuple(n for n in request.agent.api_key_env if n not in self.secrets)
+            else tuple(n for n in names if self._allows(n) and n not in self.secrets)
         )
-        return Lack(caps, keys)
+        return Lack(caps, keys, refused)
+
+    def _allows(self, name: str) -> bool:
+        return not forbidden_secret_name(name) and (self.allowed is None or name in self.allowed)
 
 
 def can_run(runner: RunnerInfo, request: TrialRequested) -> bool:
     """Whether ``runner`` (as it announces itself) has what ``request`` needs: its pool,
-    every capability, every ``api_key_env`` variable. A runner that does not say which
-    variables it has (older) is not counted on for a trial that needs one."""
+    every capability, every ``api_key_env`` variable, allowed by its policy and set. A
+    runner that does not say which variables it has (older) is not counted on for a
+    trial that needs one."""
     if runner.pool != request.compute.pool:
         return False
-    held = Fit(runner.offers, None if runner.secrets_set is None else frozenset(runner.secrets_set))
+    held = Fit(
+        runner.offers,
+        None if runner.secrets_set is None else frozenset(runner.secrets_set),
+        None if runner.policy is None else runner.policy.allowed_secrets,
+    )
     if request.agent.api_key_env and held.secrets is None:
         return False
     return not held.lack(request)

@@ -21,6 +21,7 @@ from schemas.trial_events import MAX_MESSAGE_CHARS
 from services.common.errors import ACK, InternalError, Settle, nak
 from services.common.failures import classify, is_retryable, stops_agent
 from services.common.ports import AttemptStart, ExecutionOutcome
+from services.common.runner_policy import POLICY_REFUSED
 from services.runner.fit import Lack
 from services.runner.preemption import ERROR_TYPE, Reason
 
@@ -212,17 +213,24 @@ trial process raises it too: services.runner.trial_process)."""
 def lacking(request: TrialRequested, host: str, lack: Lack, *, asked: bool) -> Decision:
     """This runner lacks what the trial needs (``lack``) and, when it ``asked`` the
     registry, no other live runner of the pool has it (final, ack):
-    RunnerLacksCapability, or MissingSecretError when only a key is missing."""
+    RunnerLacksCapability; PolicyRefused when its policy may not pass a key; else
+    MissingSecretError (a key not set)."""
     pool = request.compute.pool
     missing = lack.describe(request.agent.display)
     others = f", nor does any other live runner of pool {pool!r}" if asked else ""
     outcome = ExecutionOutcome(
         kind="failed",
-        exception_type=RUNNER_LACKS_CAPABILITY if lack.capabilities else MISSING_SECRET,
+        exception_type=_lacking_type(lack),
         message=f"runner on {host} (pool {pool!r}) {missing}{others}; start a runner of "
         "the pool that has it (environments, labels, the agent's keys), then resubmit",
     )
     return Decision((Attempt.first(request, host).failed(outcome, final=True),), ACK)
+
+
+def _lacking_type(lack: Lack) -> str:
+    if lack.capabilities:
+        return RUNNER_LACKS_CAPABILITY
+    return POLICY_REFUSED if lack.refused else MISSING_SECRET
 
 
 AGENT_STOPPED = "AgentStopped"

@@ -204,3 +204,13 @@ async def test_an_api_key_no_runner_has_is_refused_at_submit_and_by_the_runner(
         f"runner on {failed.runner_host} (pool 'default') has no MYLLM_API_KEY set "
         "(api_key_env of agent 'nop'), nor does any other live runner of pool 'default'"
     ), failed.message
+    # A name its policy does not allow: refused by the policy, not called missing.
+    other = "    api_key_env: [OTHERLLM_API_KEY]"
+    async with client(check_runners=False) as api:
+        bypass = await post(api, manifest("key-not-allowed-bypass", agent_extra=other))
+        assert bypass.status_code == 202, bypass.text
+        refused_run = await ending(nats_url, topology, bypass.json()["experiment_id"], runner)
+    assert isinstance(refused_run, TrialFailed), refused_run
+    assert (refused_run.error_type, refused_run.final) == ("PolicyRefused", True)
+    assert "may not pass OTHERLLM_API_KEY to a trial" in refused_run.message
+    assert "add it to extra_secret_names on the runners" in refused_run.message

@@ -603,6 +603,13 @@ LOCAL_ONLY = Fit(frozenset({"local"}), frozenset({"ANTHROPIC_API_KEY"}))
             "has no ANTHROPIC_API_KEY set (api_key_env of agent 'oracle')",
             id="agent-key",
         ),
+        pytest.param(
+            Fit(frozenset({"local", "docker"}), frozenset(), frozenset({"OTHER_KEY"})),
+            "PolicyRefused",
+            "may not pass ANTHROPIC_API_KEY to a trial (api_key_env of agent 'oracle'; not in "
+            "its policy's secret_names: add it to extra_secret_names on the runners to allow it)",
+            id="key-not-allowed",
+        ),
     ],
 )
 async def test_a_trial_this_runner_cannot_run_is_left_for_a_peer_that_can(
