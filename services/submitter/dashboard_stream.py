@@ -281,20 +281,17 @@ class PageSources:
 async def progress_event(
     sources: PageSources,
     experiment_id: str,
+    tracked: StartedTrials,
     shown: Shown | None = None,
     page: int = 1,
-    tracked: StartedTrials | None = None,
 ) -> str:
     """The ``progress`` event: counts and the tables, as the ledger holds them now;
-    with ``shown``, what the page shows already, only what changed since
-    (``Shown.changes``), else every section; ``page``: the trial table's page the
-    browser shows (only it is sent); ``tracked``: the started trials as the page's
-    feed keeps them (else read from the history)."""
+    ``tracked``: the started trials as the page's feed keeps them; with ``shown``,
+    what the page shows already, only what changed since (``Shown.changes``), else
+    every section; ``page``: the trial table's page the browser shows (only it is
+    sent)."""
     view = await page_view(sources.ledger, experiment_id, sources.cache, required=False)
-    if tracked is not None:
-        started = await tracked.current()
-    else:
-        started = await sources.live.started_trials(experiment_id)
+    started = await tracked.current()
     parts = view_sections(experiment_id, view, started, page)
     paused_of = sources.lookups.paused_of
     paused = paused_of is not None and await paused_of(experiment_id)
@@ -315,7 +312,7 @@ async def experiment_stream(
     page ``page``."""
     shown = Shown()  # this page's own: a reconnect starts afresh and gets everything
     tracked = StartedTrials(sources.live, experiment_id)  # kept current from the feed
-    progress = partial(progress_event, sources, experiment_id, shown, page, tracked)
+    progress = partial(progress_event, sources, experiment_id, tracked, shown, page)
     async with sources.live.experiment_events(experiment_id) as feed:
         yield await progress()
         dirty, last = False, time.monotonic()

@@ -77,15 +77,15 @@ class AllowedRegistries:
         """Why ``spec``'s registry (``registry_path``: its file, resolved) may not be
         fetched from, or None when it may."""
         if registry_path is not None:
-            allowed, named = registry_path in self.paths, f"registry_path {spec.registry_path!r}"
+            allowed = registry_path in self.paths
         elif spec.registry_url is not None:
-            allowed, named = spec.registry_url in self.urls, f"registry_url {spec.registry_url!r}"
+            allowed = spec.registry_url in self.urls
         else:
-            allowed, named = self.harbor, "Harbor's registry"
+            allowed = self.harbor
         if allowed:
             return None
         return (
-            f"the HTTP API does not fetch from {named}: only from the registries its "
+            f"the HTTP API does not fetch from {registry_of(spec)}: only from the registries its "
             "operator allows (TRIALBUS_API_DATASET_REGISTRIES); submit the manifest with "
             "`trialbus submit`, which fetches on your machine, or upload the tasks "
             "(POST /tasks) and list them by name and checksum"
@@ -239,15 +239,23 @@ async def _known_datasets(url: str | None, path: Path | None) -> str:
     return f"; the registry has: {', '.join(names[:REGISTRY_NAMES_SHOWN])}{more}"
 
 
-def _registry_named(spec: DatasetRef) -> str:
+def registry_of(spec: DatasetRef) -> str:
+    """The registry a dataset entry names, as messages name it."""
     if spec.registry_path is not None:
         return f"registry_path {spec.registry_path!r}"
     if spec.registry_url is not None:
         return f"registry_url {spec.registry_url!r}"
-    return (
-        "Harbor's registry: it needs network access, or download the dataset with "
-        "`harbor download` and list its task folders instead"
-    )
+    return "Harbor's registry"
+
+
+def _registry_named(spec: DatasetRef) -> str:
+    """``registry_of``, with what reaching Harbor's registry takes."""
+    if spec.registry_path is None and spec.registry_url is None:
+        return (
+            f"{registry_of(spec)}: it needs network access, or download the dataset with "
+            "`harbor download` and list its task folders instead"
+        )
+    return registry_of(spec)
 
 
 def _git_failure(exc: subprocess.CalledProcessError) -> str:

@@ -189,10 +189,10 @@ def resolve_tasks(
                     "`trialbus submit`, or upload the tasks (POST /tasks) and list them by "
                     "name and checksum"
                 )
-            for task_dir in datasets[i]:
-                from_dataset = f"{where} (dataset {spec.dataset!r})"
-                check_task_dir(task_dir.resolve(), from_dataset)
-                _add_folder(task_dir.resolve(), from_dataset, seen, names)
+            from_dataset = f"{where} (dataset {spec.dataset!r})"
+            for task_dir in (d.resolve() for d in datasets[i]):
+                check_task_dir(task_dir, from_dataset)
+                _add_folder(task_dir, from_dataset, seen, names)
             continue
         if isinstance(spec, StoredTask):
             if spec.name in names:

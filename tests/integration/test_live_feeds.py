@@ -61,8 +61,10 @@ async def test_a_live_view_reads_the_history_once_and_follows_its_feed(
             return await live.started_trials(experiment_id)
 
     tracked = StartedTrials(Counted(), "exp-a")
+    unfed = StartedTrials(live, "exp-a")  # control: a view that is not given the feed
     async with live.experiment_events("exp-a") as feed:  # subscribed before the read
         assert len(await tracked.current()) == 10
+        assert len(await unfed.current()) == 10
         await publish(
             js, topology, started("late", experiment="exp-a"), started("other", experiment="exp-b")
         )
@@ -71,3 +73,4 @@ async def test_a_live_view_reads_the_history_once_and_follows_its_feed(
         tracked.seen(event)
         assert set(await tracked.current()) == {f"t__{i:05d}" for i in range(10)} | {"late"}
     assert reads == 1
+    assert "late" not in await unfed.current()  # what the feed alone brought in
