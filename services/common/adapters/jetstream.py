@@ -27,7 +27,13 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    BucketNotFoundError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 
 from schemas.events import Envelope, TrialLog, TrialRequested, encode_event
@@ -119,23 +125,67 @@ def created_meanwhile(exc: BadRequestError) -> bool:
     return exc.err_code == STREAM_NAME_IN_USE
 
 
+UNANSWERED = (
+    NatsTimeoutError,
+    TimeoutError,
+    NoRespondersError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+)
+"""What a JetStream request raises when no stream leader answered it (yet): a node
+down, a leader being elected; worth another try, unlike a refusal."""
+
+LEADER_WAIT_S = 30.0
+"""How long :func:`await_leader` waits for a replicated stream to elect its leader."""
+
+
+async def await_leader(js: JetStreamContext, stream: str, timeout_s: float = LEADER_WAIT_S) -> None:
+    """Return once ``stream`` has a leader (at once on a single server).
+
+    A replicated stream is created before its nodes have elected a leader; until
+    then a publish to it, a KV put included, fails with "no responders". Whoever
+    creates a stream (or finds one another process just created) waits here, so its
+    first write does not fail on a loaded cluster. TransientError after
+    ``timeout_s``: the stream has too few of its nodes up to elect one.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            cluster = (await js.stream_info(stream)).cluster
+            if cluster is None or cluster.leader:
+                return
+            why = "no leader elected yet"
+        except UNANSWERED as exc:
+            why = f"stream info unanswered ({type(exc).__name__})"
+        if asyncio.get_running_loop().time() >= deadline:
+            raise TransientError(
+                f"stream {stream} has no leader after {timeout_s:.0f} s ({why}): too few "
+                "of its NATS nodes are up to elect one"
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
 async def open_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
-    """The bucket ``config`` names, created with ``config`` when missing.
+    """The bucket ``config`` names, created with ``config`` when missing, once its
+    stream has a leader (:func:`await_leader`).
 
     An existing bucket is used as it is (the first creator's settings hold), also
     when another process created it while we looked.
     """
     assert config.bucket is not None
     try:
-        return await js.key_value(config.bucket)
+        kv = await js.key_value(config.bucket)
     except BucketNotFoundError:
-        pass
-    try:
-        return await js.create_key_value(config)
-    except BadRequestError as exc:
-        if not created_meanwhile(exc):
-            raise
-    return await js.key_value(config.bucket)
+        try:
+            kv = await js.create_key_value(config)
+        except BadRequestError as exc:
+            if not created_meanwhile(exc):
+                raise
+            kv = await js.key_value(config.bucket)
+    await await_leader(js, f"KV_{config.bucket}")
+    return kv
 
 
 async def ensure_streams(js: JetStreamContext, topology: Topology, replicas: int = 1) -> None:
@@ -153,6 +203,7 @@ async def ensure_streams(js: JetStreamContext, topology: Topology, replicas: int
                     raise
             else:
                 log.info("stream created", stream=config.name, replicas=replicas)
+        await await_leader(js, config.name)
 
 
 async def connect(
@@ -238,7 +289,7 @@ class JetStreamBus:
                     subject, data, timeout=self.timeout_s, headers={"Nats-Msg-Id": msg_id}
                 )
                 return not ack.duplicate
-            except (NatsTimeoutError, NoRespondersError, TimeoutError) as exc:
+            except UNANSWERED as exc:
                 if attempt == self.attempts:
                     raise TransientError(
                         f"JetStream did not acknowledge {subject} after {attempt} attempts: "

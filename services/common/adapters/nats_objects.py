@@ -62,7 +62,7 @@ from nats.js.object_store import ObjectStore as JsObjectStore
 from nats.nuid import NUID
 
 from schemas.objects import ObjectRef
-from services.common.adapters.jetstream import created_meanwhile
+from services.common.adapters.jetstream import await_leader, created_meanwhile
 from services.common.errors import (
     InternalError,
     ObjectAccessDenied,
@@ -160,6 +160,7 @@ class NatsObjectStore:
                     store = await js.object_store(bucket)
         except _UNAVAILABLE as exc:
             raise TransientError(f"object store bucket {bucket}: {type(exc).__name__}") from exc
+        await await_leader(js, f"OBJ_{bucket}")
         return cls(js, store, bucket, timeout_s=timeout_s, new_names=new_names)
 
     @property

@@ -33,7 +33,8 @@ from pydantic import ValidationError
 
 from schemas.runners import RunnerInfo, RunnerLoad, registry_key
 from schemas.subjects import Topology
-from services.common.adapters.jetstream import kv_config, open_kv
+from services.common.adapters.jetstream import LEADER_WAIT_S, UNANSWERED, kv_config, open_kv
+from services.common.errors import TransientError
 from services.common.logging import get_logger
 from services.common.ports import RunnerRegistry
 from services.common.service import running_beside
@@ -111,6 +112,33 @@ class NatsRunnerRegistry:
         return sorted(out, key=lambda r: (r.pool, r.runner_id))
 
 
+async def announce_first(
+    registry: RunnerRegistry, info: RunnerInfo, wait_s: float = LEADER_WAIT_S
+) -> None:
+    """Announce ``info``, retrying for up to ``wait_s`` while no stream leader answers.
+
+    A runner starting while the bucket's nodes elect a leader (a node restarting, a
+    bucket just created on a loaded cluster) meets "no response from stream" for a
+    moment; that must not stop it. TransientError after ``wait_s``; a refusal (e.g. a
+    missing right) is raised at once.
+    """
+    deadline = asyncio.get_running_loop().time() + wait_s
+    delay = 0.1
+    while True:
+        try:
+            await registry.announce(info)
+            return
+        except UNANSWERED as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if asyncio.get_running_loop().time() >= deadline:
+                raise TransientError(
+                    f"the runner registry did not answer for {wait_s:.0f} s ({error})"
+                ) from exc
+            log.warning("runner announcement unanswered; retrying", error=error)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
 @contextlib.asynccontextmanager
 async def heartbeat(
     registry: RunnerRegistry,
@@ -120,9 +148,10 @@ async def heartbeat(
 ) -> AsyncIterator[None]:
     """Keep ``info`` announced while the block runs; withdraw it when the block ends.
 
-    The first announcement happens before the block starts (a failure there raises:
-    a runner that cannot announce itself should not start). Later ones that fail are
-    logged and retried at the next beat (a NATS blip must not stop a runner).
+    The first announcement happens before the block starts (:func:`announce_first`:
+    a runner the registry does not answer within its wait should not start). Later
+    ones that fail are logged and retried at the next beat (a NATS blip must not stop
+    a runner).
 
     ``load`` (the runner's trials in flight, done and failed) goes into each record;
     when it changes the record is rewritten within ``LOAD_CHECK_S`` rather than at the
@@ -130,7 +159,7 @@ async def heartbeat(
     (at most one write per ``LOAD_CHECK_S``, and none while nothing changes).
     """
     current = load() if load is not None else None
-    await registry.announce(info.seen_now(current))
+    await announce_first(registry, info.seen_now(current))
 
     async def beat() -> None:
         nonlocal current
