@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from infra.embedded import free_port
 from infra.embedded_stack import LEDGER_ARGS, EmbeddedStack
 from infra.service_process import ServiceProcess
+from infra.stack_settings import from_this_shell
 from infra.supervise import GaveUp, RestartPolicy, Supervisor
 from services.common.errors import EXIT_OK, EXIT_UNAVAILABLE
 from services.common.stackfile import read_stack_file, write_stack_file
@@ -42,8 +43,12 @@ class Printer(Protocol):
 
 
 def run_stack_forever(data_dir: Path, *, runners: int, concurrency: int, console: Printer) -> int:
-    """``trialbus up``: the stack on the usual ports when free, supervised until Ctrl-C."""
+    """``trialbus up``: the stack on the usual ports when free, supervised until Ctrl-C,
+    its services given the shell's trialbus settings (infra.stack_settings)."""
     _quiet_logging()
+    shell = from_this_shell()
+    for line in shell.lines():
+        console.print(line, highlight=False)
     stack = EmbeddedStack(
         data_dir,
         n_runners=runners,
@@ -51,6 +56,7 @@ def run_stack_forever(data_dir: Path, *, runners: int, concurrency: int, console
         nats_port=_port_or_free(4222),
         ledger_port=_port_or_free(27017),
         http_port=_port_or_free(8080),
+        extra_env=shell.passed,
     )
     return serve(stack, console)
 

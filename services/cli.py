@@ -346,7 +346,11 @@ def up(
     runners: Annotated[int, typer.Option(min=1, max=64, help="Runner processes.")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, max=4096, help="Trials per runner.")] = 4,
 ) -> None:
-    """Start the embedded stack (nats-server, SecantusDB, the four services) until Ctrl-C."""
+    """Start the embedded stack (nats-server, SecantusDB, the four services) until Ctrl-C.
+
+    Its services take this shell's TRIALBUS_* settings, but for those the stack decides
+    itself (its servers, folders, credentials); it prints which it passed and which not.
+    """
     from infra.stack import run_stack_forever
 
     raise typer.Exit(

@@ -91,16 +91,32 @@ def launched[C: StackConsole](
     config = {"data_dir": str(root / "data"), "runner_env": dict(runner_env)}
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALBUS_")}
     env["TRIALBUS_STACK_FILE"] = str(stack_file)
+    argv = [sys.executable, "-u", "-c", DRIVER, json.dumps(config)]
+    with watched(argv, ROOT, env, root / "data", stack_file, kind) as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def watched[C: StackConsole](
+    argv: list[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    data_dir: Path,
+    stack_file: Path,
+    kind: type[C],
+) -> Iterator[C]:
+    """Start a stack's process (``argv`` in ``cwd``), collect its console; Ctrl-C
+    (SIGINT) it at the end if still up."""
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-c", DRIVER, json.dumps(config)],
-        cwd=ROOT,
+        argv,
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
     )
-    handle = kind(proc, root / "data", stack_file)
+    handle = kind(proc, data_dir, stack_file)
     reader = threading.Thread(target=handle.read_console, daemon=True)
     reader.start()
     try:
