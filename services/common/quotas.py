@@ -255,8 +255,10 @@ its quotas file whenever it loads it (docs/scheduling.md, "Limits read per deliv
 
 def encode_limits(quotas: Quotas) -> bytes:
     """What runners enforce of ``quotas`` (concurrency, spend and fair share per team,
-    and the default), as compact sorted JSON: one key for every team, so a team removed
-    from the file loses its limits too (the submitter may not list keys to remove)."""
+    and the default), and the daily trials quota a ``trialbus submit`` without the file
+    is held to (services.submitter.commands.held_to), as compact sorted JSON: one key
+    for every team, so a team removed from the file loses its limits too (the submitter
+    may not list keys to remove)."""
 
     def enforced(quota: TeamQuota | None) -> dict[str, float | int] | None:
         if quota is None:
@@ -264,7 +266,12 @@ def encode_limits(quotas: Quotas) -> bytes:
         # The share rides along so a changed share reaches queued work as a changed
         # limit does (services/common/fair_share.py current_share).
         return quota.model_dump(
-            include={"max_concurrent_trials", "max_spend_usd_per_day", "share"},
+            include={
+                "max_concurrent_trials",
+                "max_spend_usd_per_day",
+                "share",
+                "max_trials_per_day",
+            },
             exclude_none=True,
         )
 

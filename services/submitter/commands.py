@@ -18,7 +18,7 @@ from typing import Any, Concatenate
 
 from services.common.adapters.nats_objects import open_bucket
 from services.common.errors import ManifestError
-from services.common.ports import ExperimentInfo, Ledger
+from services.common.ports import Coordinator, ExperimentInfo, Ledger
 from services.common.quotas import QuotaConfigError, Quotas, encode_limits, load_quotas
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.importer.export import export_experiment
@@ -73,6 +73,15 @@ def cli_submitter(
     return dataclasses.replace(prepared, submitted_by=by, team=team)
 
 
+async def held_to(coordinator: Coordinator, own: Quotas | None) -> Quotas | None:
+    """The team quotas a CLI submission or retry is held to: its own
+    ``TRIALBUS_QUOTAS_FILE``'s when set (``submit`` then publishes them), else those the
+    stack's submitter last published (``quota.limits``). So ``trialbus submit`` under
+    ``TRIALBUS_CLI_TEAM`` counts against the operator's quotas without a copy of their
+    file, as an API token's team does; None when neither exists."""
+    return own if own is not None else await coordinator.team_limits(fresh=True)
+
+
 NOT_CHECKED_OFFLINE = (
     "whether a live runner of the pool offers what it requires, ships its agents and has "
     "its variables set, the owner of an experiment of that id, the team's quotas, the "
@@ -113,13 +122,14 @@ async def plan_submission(
         async with open_ledger(settings) as ledger:
             info = await ledger.get_experiment(prepared.experiment_id)
             prepared = cli_submitter(prepared, info, settings.cli_team)
+            coordinator = await nats.coordinator()
             ports = SubmitterPorts(
                 nats.bus,
                 ledger,
-                await nats.coordinator(),
+                coordinator,
                 await nats.tasks(),
                 await nats.runners(),
-                quotas,
+                await held_to(coordinator, quotas),
             )
             return {**await handlers.dry_run(prepared, ports), "stack": True}
 
@@ -141,6 +151,7 @@ async def submit_and_wait(
         coordinator = await nats.coordinator()
         if quotas is not None:  # the file's limits reach the queued work too
             await coordinator.set_team_limits(quotas)
+        quotas = await held_to(coordinator, quotas)
         # Subscribed before publishing, so no completion can slip past.
         feeds: AbstractAsyncContextManager[EventFeed | None] = (
             nats.events_of(prepared.experiment_id) if wait else contextlib.nullcontext()
@@ -219,8 +230,9 @@ async def retry_trial(
     sub = SubmitterSettings(**settings.model_dump())
     quotas = load_quotas(sub.quotas_file) if sub.quotas_file is not None else None
     async with open_nats(settings, "trialbus-retry") as nats, open_ledger(settings) as ledger:
-        tasks = await nats.tasks()
-        ports = SubmitterPorts(nats.bus, ledger, await nats.coordinator(), tasks, quotas=quotas)
+        tasks, coordinator = await nats.tasks(), await nats.coordinator()
+        quotas = await held_to(coordinator, quotas)
+        ports = SubmitterPorts(nats.bus, ledger, coordinator, tasks, quotas=quotas)
         folders, team = TaskFolders(base_dir), sub.cli_team
         if trial_id is None:
             return await retry.retry_unscored(ports, experiment_id, folders=folders, team=team)

@@ -34,14 +34,18 @@ default: {max_concurrent_trials: 4}
 """
 
 
-def test_only_what_runners_enforce_is_published_and_it_round_trips() -> None:
+def test_the_limits_are_published_and_round_trip() -> None:
     quotas = parse_quotas("q.yaml", FILE)
     data = encode_limits(quotas)
-    # The share too: runners judge fair share by the share published (current_share).
-    assert b"max_trials_per_day" not in data and b'"share":3.0' in data
+    # The share too: runners judge fair share by the share published (current_share);
+    # and the daily trials, which a CLI without the file is held to (held_to).
+    assert b'"max_trials_per_day":100' in data and b'"share":3.0' in data
     back = decode_limits(data)
     assert back is not None
-    assert back.for_team("red") == TeamQuota(max_concurrent_trials=1, share=3.0)
+    assert back == quotas
+    assert back.for_team("red") == TeamQuota(
+        max_concurrent_trials=1, max_trials_per_day=100, share=3.0
+    )
     assert back.for_team("blue") == TeamQuota(max_spend_usd_per_day=2.5)
     assert back.for_team("green") == TeamQuota(max_concurrent_trials=4)  # the default
     assert encode_limits(back) == data  # the same limits give the same bytes
