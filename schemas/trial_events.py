@@ -14,6 +14,7 @@ from schemas.documented import DOCUMENTED
 from schemas.envelope import TRIAL_ID_PATTERN, RunEvent, TrialEvent, type_tag
 from schemas.manifest import MAX_NAME_CHARS, AgentSpec, ComputeSpec, RetrySpec
 from schemas.objects import SHA256_PATTERN, ObjectRef
+from schemas.runners import EnvName
 
 MAX_MESSAGE_CHARS = 4000
 """Longest error message an event carries (runners cut Harbor's at 2,000)."""
@@ -112,6 +113,15 @@ class TrialRequested(RunEvent):
     team: TeamRef | None = _left_out_when_none()
     """The submitting team and its quotas that runners enforce (a team concurrency slot, the daily
     spend cap), from the submitter's identity. Absent: no team quota applies on the runners."""
+    task_variables: list[EnvName] | None = _left_out_when_none(max_length=256)
+    """NAMES of the runner environment variables the task's task.toml requires (a ``${NAME}``
+    without a default), as the submitter read them: a runner that lacks one hands the trial to a
+    live runner of the pool that has it, like an agent's api_key_env. Absent: none, or not known at
+    submit (a task given by checksum); the runner checks task.toml again either way."""
+
+    def needed_variables(self) -> list[str]:
+        """Every variable a runner must have for this trial: the agent's, then the task's."""
+        return list(dict.fromkeys([*self.agent.api_key_env, *(self.task_variables or ())]))
 
     def limit_binds(self) -> bool:
         """Whether the experiment's concurrency limit can bind (a slot is needed)."""

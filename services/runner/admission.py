@@ -136,7 +136,7 @@ class Admission:
             return await self._publish(request, refused, bound)
         lack = self.fit.lack(request)
         if lack:
-            missing = lack.describe(request.agent.display)
+            missing = lack.describe(request)
             if self.peers is not None and await self.peers.another_can_run(request):
                 # Neither started nor lost, no attempt counted: back in the queue for
                 # the runner of the pool that has it.

@@ -10,9 +10,11 @@ runner of its pool that has it (the runner registry says who: ``Peers``), with n
 attempt counted; it ends the trial (final ``RunnerLacksCapability``) only when no
 other live runner has it, since then waiting would hold the trial forever.
 
-A task's own ``${NAME}`` variables are known only once its archive is unpacked: the
-trial process checks them (MissingSecretError, final), as it checks the agent's keys
-again.
+A task's own ``${NAME}`` variables count the same way when the work message names them
+(``TrialRequested.task_variables``: the submitter read them from task.toml). A task
+given by checksum names none; its variables are known only once its archive is
+unpacked, and the trial process checks them (MissingSecretError, final), as it checks
+the agent's keys and the task's again.
 """
 
 from __future__ import annotations
@@ -41,28 +43,40 @@ class Lack:
     capabilities: tuple[str, ...] = ()
     """Environments and labels the trial requires that the runner does not offer."""
     variables: tuple[str, ...] = ()
-    """The agent's ``api_key_env`` names the runner's policy allows and it has not set."""
+    """The variables it needs (the agent's ``api_key_env``, the task's) that the runner's
+    policy allows and it has not set."""
     refused: tuple[str, ...] = ()
-    """The agent's ``api_key_env`` names the runner's policy does not allow."""
+    """The variables it needs that the runner's policy does not allow."""
 
     def __bool__(self) -> bool:
         return bool(self.capabilities or self.variables or self.refused)
 
-    def describe(self, agent: str) -> str:
+    def describe(self, request: TrialRequested) -> str:
         """``does not offer 'docker'; has no ANTHROPIC_API_KEY set (api_key_env of agent
-        'claude-code')``."""
-        of = f"api_key_env of agent {agent!r}"
+        'claude-code')``; a task's variable is named as ``task.toml of task 't'``."""
         parts = []
         if self.capabilities:
             parts.append(f"does not offer {', '.join(repr(c) for c in self.capabilities)}")
         if self.variables:
-            parts.append(f"has no {', '.join(self.variables)} set ({of})")
+            parts.append(f"has no {', '.join(self.variables)} set ({_of(request, self.variables)})")
         if self.refused:
             parts.append(
-                f"may not pass {', '.join(self.refused)} to a trial ({of}; not in its policy's "
-                "secret_names: add it to extra_secret_names on the runners to allow it)"
+                f"may not pass {', '.join(self.refused)} to a trial "
+                f"({_of(request, self.refused)}; not in its policy's secret_names: add it to "
+                "extra_secret_names on the runners to allow it)"
             )
         return "; ".join(parts)
+
+
+def _of(request: TrialRequested, names: tuple[str, ...]) -> str:
+    """Where ``names`` come from: the agent's api_key_env, the task's task.toml, or both."""
+    agent = set(request.agent.api_key_env)
+    sources = []
+    if any(n in agent for n in names):
+        sources.append(f"api_key_env of agent {request.agent.display!r}")
+    if any(n not in agent for n in names):
+        sources.append(f"task.toml of task {request.task.name!r}")
+    return " and ".join(sources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +96,7 @@ class Fit:
             if self.offers is None
             else tuple(c for c in required_capabilities(request.compute) if c not in self.offers)
         )
-        names = request.agent.api_key_env
+        names = request.needed_variables()
         refused = tuple(n for n in names if not self._allows(n))
         keys = (
             ()
@@ -97,9 +111,9 @@ class Fit:
 
 def can_run(runner: RunnerInfo, request: TrialRequested) -> bool:
     """Whether ``runner`` (as it announces itself) has what ``request`` needs: its pool,
-    every capability, every ``api_key_env`` variable, allowed by its policy and set. A
-    runner that does not say which variables it has (older) is not counted on for a
-    trial that needs one."""
+    every capability, every variable (the agent's ``api_key_env``, the task's), allowed
+    by its policy and set. A runner that does not say which variables it has (older) is
+    not counted on for a trial that needs one."""
     if runner.pool != request.compute.pool:
         return False
     held = Fit(
@@ -107,7 +121,7 @@ def can_run(runner: RunnerInfo, request: TrialRequested) -> bool:
         None if runner.secrets_set is None else frozenset(runner.secrets_set),
         None if runner.policy is None else runner.policy.allowed_secrets,
     )
-    if request.agent.api_key_env and held.secrets is None:
+    if held.secrets is None and request.needed_variables():
         return False
     return not held.lack(request)
 

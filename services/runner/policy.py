@@ -216,13 +216,14 @@ def lacking(request: TrialRequested, host: str, lack: Lack, *, asked: bool) -> D
     RunnerLacksCapability; PolicyRefused when its policy may not pass a key; else
     MissingSecretError (a key not set)."""
     pool = request.compute.pool
-    missing = lack.describe(request.agent.display)
+    missing = lack.describe(request)
     others = f", nor does any other live runner of pool {pool!r}" if asked else ""
     outcome = ExecutionOutcome(
         kind="failed",
         exception_type=_lacking_type(lack),
         message=f"runner on {host} (pool {pool!r}) {missing}{others}; start a runner of "
-        "the pool that has it (environments, labels, the agent's keys), then resubmit",
+        "the pool that has it (environments, labels, the agent's keys, the task's "
+        "variables), then resubmit",
     )
     return Decision((Attempt.first(request, host).failed(outcome, final=True),), ACK)
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import sys
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,12 @@ def expand_trials(
     experiment_id: str,
     tasks: list[TaskRef],
     correlation_id: str = "",
+    task_variables: Mapping[str, Sequence[str]] | None = None,
 ) -> list[TrialRequested]:
-    """tasks x agents x repetitions, in a stable order."""
+    """tasks x agents x repetitions, in a stable order. ``task_variables``: by task
+    checksum, the runner variables its task.toml requires (each trial carries its
+    task's; a task not in it carries none)."""
+    needs = task_variables or {}
     trials: list[TrialRequested] = []
     n_trials = len(manifest.agents) * len(tasks) * manifest.repetitions
     for agent in manifest.agents:
@@ -81,6 +86,7 @@ def expand_trials(
                         compute=manifest.compute,
                         retry=manifest.retry,
                         experiment_trials=n_trials,
+                        task_variables=list(needs.get(task.checksum, ())) or None,
                     )
                 )
     return trials
@@ -134,10 +140,7 @@ class PreparedExperiment:
         variables the runners must have set (the agents' ``api_key_env`` and what a
         task's task.toml asks for)."""
         manifest = self.manifest
-        variables = {name for agent in manifest.agents for name in agent.api_key_env}
-        for task in self.tasks:
-            if task.folder is not None:
-                variables.update(name for _, name in required_task_secrets(task.folder))
+        variables = {name for trial in self.trials for name in trial.needed_variables()}
         agents = {agent_at(t.agent.display, t.agent.model): None for t in self.trials}
         return {
             "dry_run": True,
@@ -164,7 +167,13 @@ def prepare(
     experiment_id = experiment_id_of(manifest)
     tasks = resolve_tasks(manifest, base_dir, tasks_root, datasets)
     correlation_id = uuid.uuid4().hex
-    trials = expand_trials(manifest, experiment_id, [t.ref for t in tasks], correlation_id)
+    # Read here, where the folders are: a runner lacking one hands the trial on.
+    needs = {
+        t.ref.checksum: [name for _, name in required_task_secrets(t.folder)]
+        for t in tasks
+        if t.folder is not None
+    }
+    trials = expand_trials(manifest, experiment_id, [t.ref for t in tasks], correlation_id, needs)
     prepared = PreparedExperiment(manifest, experiment_id, tasks, trials, correlation_id)
     # Here too, so the CLI refuses before connecting and names the manifest file.
     check_event_sizes(prepared)

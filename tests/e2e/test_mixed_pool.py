@@ -1,4 +1,5 @@
-"""A pool whose runners are not alike: only one of them holds the agent's API key.
+"""A pool whose runners are not alike: only one of them holds the agent's API key (and
+the key a task's verifier asks for in its task.toml).
 
 Both runners take work from the pool's durable. Before, the one without the key took
 its share of the trials and failed each of them (the key missing on that runner,
@@ -13,6 +14,7 @@ used), the real CLI, events read from the stream.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +33,8 @@ from tests.support.runner_policy import start_runner, write_policy
 pytestmark = pytest.mark.e2e
 
 KEY = "ANTHROPIC_API_KEY"
+JUDGE_KEY = "OPENAI_API_KEY"
+"""What a task's LLM-judged verifier asks the runner for (``${OPENAI_API_KEY}``)."""
 INSTANT = {"TRIALBUS_EXECUTOR": EXECUTOR_SPEC, "TRIALBUS_INSTANT_DELAY_S": "0.2"}
 
 
@@ -39,6 +43,17 @@ def keyed_manifest(folder: Path, name: str) -> Path:
     agents = [{**a, "api_key_env": [KEY]} for a in nop_agents(4)]
     return manifest_file(
         folder, name, tasks=[HELLO_FILE], agents=agents, repetitions=2, concurrency=8
+    )
+
+
+def judged_manifest(folder: Path, name: str) -> Path:
+    """8 trials of a task whose verifier needs ``JUDGE_KEY`` (agents need no key)."""
+    task = folder / "judged-hello"
+    shutil.copytree(HELLO_FILE, task)
+    with (task / "task.toml").open("a") as toml:
+        toml.write(f'\n[verifier.env]\nJUDGE_API_KEY = "${{{JUDGE_KEY}}}"\n')
+    return manifest_file(
+        folder, name, tasks=[task], agents=nop_agents(4), repetitions=2, concurrency=8
     )
 
 
@@ -59,7 +74,7 @@ async def test_a_trial_goes_to_the_runner_of_the_pool_that_has_its_key(
     stacks: Stacks, tmp_path: Path
 ) -> None:
     # The stack's own runner has no key ("" is none), the second runner has one.
-    stack = await stacks.start(concurrency=4, runner_env={**INSTANT, KEY: ""})
+    stack = await stacks.start(concurrency=4, runner_env={**INSTANT, KEY: "", JUDGE_KEY: ""})
     cli = stacks.cli(stack)
     nats_url = stack.nats_url or ""
     keyed = start_runner(
@@ -71,7 +86,7 @@ async def test_a_trial_goes_to_the_runner_of_the_pool_that_has_its_key(
         prefix=stack.prefix,
         TRIALBUS_CONCURRENCY="4",
         **INSTANT,
-        **{KEY: "not-a-real-key"},
+        **{KEY: "not-a-real-key", JUDGE_KEY: "not-a-real-key-either"},
     )
     nc = await nats.connect(nats_url)
     try:
@@ -90,6 +105,13 @@ async def test_a_trial_goes_to_the_runner_of_the_pool_that_has_its_key(
         events = await read_events(nats_url, stacks.servers.topology)
         assert started_by(events, first) == ["keyed"] * 8
         assert failures(events, first) == []
+        # The same for a key the task's task.toml asks for (the work message names it).
+        judged = cli.run("submit", str(judged_manifest(tmp_path, "judged")), "--wait", "--json")
+        assert judged.returncode == 0, judged.stderr
+        third = json.loads(judged.stdout)["experiment_id"]
+        events = await read_events(nats_url, stacks.servers.topology)
+        assert started_by(events, third) == ["keyed"] * 8
+        assert failures(events, third) == []
 
         # Control: with the keyed runner gone, the keyless one ends the trials at once,
         # saying what it lacks (submitted without the submitter's runner check, which

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from schemas.events import TaskRef
+from schemas.events import TaskRef, encode_event
 from schemas.ids import slug, trial_id_for
 from schemas.manifest import ExperimentManifest
 from services.common.errors import ManifestError
 from services.common.task_identity import task_checksum
 from services.submitter.resolve import resolve_tasks
-from services.submitter.submit import expand_trials, experiment_id_of
+from services.submitter.submit import expand_trials, experiment_id_of, prepare
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE_TASKS = EXAMPLES / "tasks"
@@ -408,3 +408,19 @@ def test_checksum_sees_new_files(tmp_path: Path) -> None:
     before = task_checksum(task)
     (task / "tests" / "data.txt").write_text("")
     assert task_checksum(task) != before
+
+
+def test_each_trial_names_the_variables_its_task_asks_the_runner_for(tmp_path: Path) -> None:
+    judged = make_task(tmp_path / "judged")
+    with (judged / "task.toml").open("a") as toml:
+        toml.write('[verifier.env]\nJUDGE = "${OPENAI_API_KEY}"\nMODE = "${MODE:-fast}"\n')
+    make_task(tmp_path / "plain")
+    agents = [{"name": "oracle", "api_key_env": ["ANTHROPIC_API_KEY"]}]
+    prepared = prepare(make(tasks=["judged", "plain"], agents=agents), tmp_path)
+    by_task = {t.task.name: t for t in prepared.trials}
+    # A default (MODE) needs nothing of the runner; the agent's key is the agent's field.
+    assert by_task["judged"].task_variables == ["OPENAI_API_KEY"]
+    assert by_task["judged"].needed_variables() == ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"]
+    assert by_task["plain"].task_variables is None
+    assert b"task_variables" not in encode_event(by_task["plain"])  # the wire as before
+    assert prepared.plan()["runner_variables"] == ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"]

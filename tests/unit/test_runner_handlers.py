@@ -648,6 +648,48 @@ async def test_a_trial_this_runner_cannot_run_is_left_for_a_peer_that_can(
         assert alone.executor.calls == []
 
 
+@pytest.mark.parametrize(
+    ("fit", "error_type", "lacks"),
+    [
+        pytest.param(
+            Fit(frozenset({"docker"}), frozenset()),
+            "MissingSecretError",
+            "has no DB_TOKEN set (task.toml of task {task!r})",
+            id="unset",
+        ),
+        pytest.param(
+            Fit(frozenset({"docker"}), frozenset({"DB_TOKEN"}), frozenset({"OTHER_KEY"})),
+            "PolicyRefused",
+            "may not pass DB_TOKEN to a trial (task.toml of task {task!r}; not in its policy's",
+            id="not-allowed",
+        ),
+    ],
+)
+async def test_a_task_s_variable_this_runner_lacks_is_left_for_a_peer_that_has_it(
+    tmp_path: Path, fit: Fit, error_type: str, lacks: str
+) -> None:
+    req = make_request().model_copy(update={"task_variables": ["DB_TOKEN"]})
+    lacks = lacks.format(task=req.task.name)
+    world = World(
+        ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
+        fit=fit,
+        peers=await peers_of(peer("runner-2", ["docker"], ["DB_TOKEN"])),
+    )
+    verdict = await world.handle(req)
+    assert (verdict.action, verdict.reason) == ("nak", "handback")
+    assert world.executor.calls == [] and world.bus.published == []
+    # Control: the peer lacks it too; the trial ends at once, naming the task's file.
+    alone = World(
+        ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
+        fit=fit,
+        peers=await peers_of(peer("runner-2", ["docker"], ["OTHER_KEY"])),
+    )
+    assert await alone.handle(req) == ACK
+    [failed_event] = alone.bus.of_type(TrialFailed)
+    assert (failed_event.error_type, failed_event.final) == (error_type, True)
+    assert lacks in failed_event.message, failed_event.message
+
+
 async def test_a_runner_that_has_what_the_trial_needs_runs_it(tmp_path: Path) -> None:
     fit = Fit(frozenset({"local", "docker"}), frozenset({"ANTHROPIC_API_KEY"}))
     executor = ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id))
