@@ -12,7 +12,10 @@ the old record, a retry that fails (a partial record) never erases a complete on
 
 from __future__ import annotations
 
+import asyncio
+import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,6 +31,8 @@ from services.common.errors import (
 )
 from services.common.ports import ExperimentInfo, ObjectStore
 from services.common.quotas import QuotaExceeded
+from services.common.task_variables import required_task_secrets
+from services.common.unpack import unpack_task
 from services.submitter.handlers import SubmitterPorts
 from services.submitter.quota_gate import QuotaGate
 from services.submitter.resolve import TaskFolders
@@ -87,6 +92,28 @@ async def task_ref(
     )
 
 
+async def archive_variables(
+    tasks: ObjectStore, ref: TaskRef, known: dict[str, list[str]]
+) -> list[str]:
+    """The runner variables the task's task.toml requires (``TrialRequested.
+    task_variables``), read from its archive in the tasks bucket (unpacked and checked
+    against its checksum, as a runner does) and kept in ``known`` by checksum: one
+    download per task however many of its trials a request retries."""
+    if ref.checksum not in known:
+        stored = await tasks.info(ref.checksum)
+        data = await tasks.get(stored) if stored is not None else None
+        known[ref.checksum] = (
+            await asyncio.to_thread(_variables_in, data, ref.checksum) if data else []
+        )
+    return known[ref.checksum]
+
+
+def _variables_in(archive: bytes, checksum: str) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="trialbus-retry-") as tmp:
+        task_dir = unpack_task(archive, Path(tmp) / "task", checksum)
+        return list(dict.fromkeys(name for _, name in required_task_secrets(task_dir)))
+
+
 def recorded_team(info: ExperimentInfo) -> str | None:
     """The team recorded as the experiment's submitter (``submitted_by.team``), or None."""
     by = info.manifest.get("submitted_by")
@@ -126,7 +153,9 @@ async def retry_trial(
         )
     await _not_cancelled(ports, experiment_id)
     correlation_id = uuid.uuid4().hex
-    run = await _new_run(ports, info, stored_manifest(info), record, folders, correlation_id)
+    run = await _new_run(
+        ports, info, stored_manifest(info), record, folders, correlation_id, known={}
+    )
     (published,) = await _publish(ports, info, [(record, run)], team)
     # Paused (the experiment, or this trial): the run waits unstarted until resumed.
     paused = await ports.coordinator.is_paused(experiment_id, trial_id=trial_id, fresh=True)
@@ -152,8 +181,10 @@ async def retry_unscored(
     unscored = [r for r in await ports.ledger.records_for(experiment_id) if not r.scored]
     # One correlation id for the request: its runs' imports carry it, as a submission's.
     correlation_id = uuid.uuid4().hex
+    known: dict[str, list[str]] = {}
     planned = [
-        (r, await _new_run(ports, info, manifest, r, folders, correlation_id)) for r in unscored
+        (r, await _new_run(ports, info, manifest, r, folders, correlation_id, known))
+        for r in unscored
     ]
     retried = await _publish(ports, info, planned, team)
     return {
@@ -189,13 +220,16 @@ async def _new_run(
     record: TrialRecord,
     folders: TaskFolders | None,
     correlation_id: str,
+    known: dict[str, list[str]],
 ) -> TrialRequested:
     """The recorded trial's TrialRequested, rebuilt from the stored manifest and its
-    task's archive, as a new run carrying ``correlation_id``."""
+    task's archive (its task variables too: ``known``, see archive_variables), as a
+    new run carrying ``correlation_id``."""
     ref = await task_ref(manifest, record, ports.tasks, folders)
+    needs = {ref.checksum: await archive_variables(ports.tasks, ref, known)}
     matches = [
         t
-        for t in expand_trials(manifest, info.experiment_id, [ref], correlation_id)
+        for t in expand_trials(manifest, info.experiment_id, [ref], correlation_id, needs)
         if t.trial_id == record.trial_id
     ]
     if not matches:

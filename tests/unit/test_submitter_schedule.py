@@ -5,6 +5,7 @@ tests/e2e/test_pause_retry.py."""
 
 from __future__ import annotations
 
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -83,12 +84,14 @@ def _record(
 
 
 async def _submitted(
-    checksum: str | None = None, rewards: tuple[float | None, float | None] = (1.0, 1.0)
+    checksum: str | None = None,
+    rewards: tuple[float | None, float | None] = (1.0, 1.0),
+    prepared: PreparedExperiment | None = None,
 ) -> tuple[PreparedExperiment, SubmitterPorts, InMemoryLedger, RecordingBus]:
-    """An experiment submitted (its task archive stored) and both trials recorded with
-    ``rewards`` (None: unscored); the ports it was submitted with (a retry's), and its
-    ledger and bus."""
-    prepared = _prepared()
+    """An experiment (``prepared``, default ``_prepared()``: two trials) submitted (its
+    task archive stored) and both trials recorded with ``rewards`` (None: unscored);
+    the ports it was submitted with (a retry's), and its ledger and bus."""
+    prepared = prepared or _prepared()
     ledger, bus, tasks = InMemoryLedger(), RecordingBus(), InMemoryObjectStore("TASKS")
     ports = SubmitterPorts(bus, ledger, InMemoryCoordinator(lease_ttl_s=60), tasks)
     await handlers.submit(prepared, ports)
@@ -119,6 +122,25 @@ async def test_a_retry_publishes_the_same_trial_as_a_new_run_each_time() -> None
     assert runs[0].model_dump(exclude=ignore) == trial.model_dump(exclude=ignore)
     # The other trial is untouched.
     assert prepared.trials[0].trial_id not in {r.trial_id for r in runs}
+
+
+async def test_a_retry_names_the_variables_its_task_asks_the_runner_for(tmp_path: Path) -> None:
+    # Read from the stored archive (no task folder here), so a runner that lacks the
+    # key hands the retried run to one that has it, as it does the submitted trials.
+    task = tmp_path / "judged"
+    shutil.copytree(TASKS / "hello-file", task)
+    with (task / "task.toml").open("a") as toml:
+        toml.write('\n[verifier.env]\nJUDGE = "${OPENAI_API_KEY}"\n')
+    manifest = ExperimentManifest.model_validate(
+        {"name": "unit", "tasks": ["judged"], "agents": [{"name": "oracle"}], "repetitions": 2}
+    )
+    prepared, ports, _, bus = await _submitted(prepared=prepare(manifest, tmp_path))
+    assert [t.task_variables for t in prepared.trials] == [["OPENAI_API_KEY"]] * 2
+    shutil.rmtree(task)
+    for trial in prepared.trials:
+        await retry_trial(ports, prepared.experiment_id, trial.trial_id)
+    runs = bus.of_type(TrialRequested)
+    assert [r.task_variables for r in runs] == [["OPENAI_API_KEY"]] * 2
 
 
 async def test_a_harbor_checksum_falls_back_to_the_manifests_task_folder() -> None:
