@@ -10,7 +10,9 @@ The submitter calls :func:`pool_refusal` with the live records
 (``RunnerRegistry.live_runners()``) before publishing, and refuses with its message;
 then :func:`agent_name_refusal`: agent names their Harbor does not ship; then
 :func:`policy_refusal`: what those runners' policies would refuse anyway; then
-:func:`secret_refusal`: API key variables no such runner has set.
+:func:`secret_refusal`: API key variables no such runner has set; last
+services.common.fit's ``combination_refusal``: needs that only several runners hold
+between them.
 """
 
 from __future__ import annotations

@@ -45,13 +45,14 @@ from typing import Any
 
 from schemas.events import TrialRequested, TrialStarted
 from services.common.errors import ACK, Settle, nak
+from services.common.fit import Fit
 from services.common.logging import get_logger
 from services.common.ports import AttemptStart, Coordinator, EventBus, Lease
 from services.runner import guards, policy
 from services.runner.attempt import KeepAlive, acquire_kept_alive
 from services.runner.endings import decode_ending, publish_decision
 from services.runner.fair_share import FairShare, HeldBack
-from services.runner.fit import Fit, Peers
+from services.runner.fit import Peers
 
 log = get_logger(__name__)
 
@@ -89,7 +90,7 @@ class Admission:
     admission: InitVar[int]
     """How many trials may be past delivery and not yet started at once."""
     fit: Fit
-    """What this runner offers and holds (services.runner.fit)."""
+    """What this runner offers and holds (services.common.fit)."""
     peers: Peers | None
     """The other live runners, for a trial this one cannot run (None: it ends at once)."""
     rng: random.Random

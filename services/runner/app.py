@@ -20,6 +20,7 @@ from services.common.adapters.nats_objects import open_bucket
 from services.common.adapters.nats_pool_load import NatsPoolLoad
 from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
 from services.common.errors import EXIT_USER_ERROR
+from services.common.fit import Fit
 from services.common.logging import configure_logging, get_logger
 from services.common.ports import Executor
 from services.common.redaction import TrialSecrets
@@ -38,7 +39,7 @@ from services.localenv.stale import LAYERS_NAME, default_scratch, sweep_stale
 from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
 from services.runner.fair_share import FairShare
-from services.runner.fit import Fit, Peers
+from services.runner.fit import Peers
 from services.runner.handback import StopNotice, watch_preemption
 from services.runner.handlers import TrialHandler
 from services.runner.harbor_executor import HarborExecutor

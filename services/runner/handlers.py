@@ -46,6 +46,7 @@ from typing import Any
 
 from schemas.events import EventDecodeError, TrialRequested, parse_event
 from services.common.errors import Settle, settle_error
+from services.common.fit import Fit
 from services.common.logging import get_logger
 from services.common.ports import Coordinator, EventBus, Executor, LogSink
 from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
@@ -55,7 +56,7 @@ from services.runner.admission import Admission
 from services.runner.attempt import KeepAlive, acquire_kept_alive, run_attempt
 from services.runner.endings import publish_decision
 from services.runner.fair_share import FairShare
-from services.runner.fit import Fit, Peers
+from services.runner.fit import Peers
 from services.runner.preemption import Reason, Running, RunningTrial, time_limit
 
 log = get_logger(__name__)

@@ -20,9 +20,9 @@ from schemas.record import FailureClass
 from schemas.trial_events import MAX_MESSAGE_CHARS
 from services.common.errors import ACK, InternalError, Settle, nak
 from services.common.failures import classify, is_retryable, stops_agent
+from services.common.fit import Lack
 from services.common.ports import AttemptStart, ExecutionOutcome
 from services.common.runner_policy import POLICY_REFUSED
-from services.runner.fit import Lack
 from services.runner.preemption import ERROR_TYPE, Reason
 
 # Not a Harbor exception: the executor's name for "Harbor finished without writing

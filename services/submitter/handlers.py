@@ -26,6 +26,7 @@ from schemas.ids import agent_key
 from services.common import errors as E
 from services.common.errors import ManifestError
 from services.common.fair_share import DEFAULT_SHARE, TeamShare
+from services.common.fit import combination_refusal
 from services.common.pools import (
     agent_name_refusal,
     policy_refusal,
@@ -89,8 +90,9 @@ def check_priority_class(prepared: PreparedExperiment, classes: PriorityClasses)
 async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -> None:
     """Raise ManifestError when no live runner of the manifest's pool can run it: none
     offers what it needs, their Harbor ships no agent of a name it gives, their
-    policies refuse it (the runners would refuse each trial anyway), or none has an API
-    key variable an agent names set."""
+    policies refuse it (the runners would refuse each trial anyway), none has an API
+    key variable an agent or a task names set, or no single one holds all that one of
+    its trials needs (``fit.combination_refusal``)."""
     live = await runners.live_runners()
     refusal = pool_refusal(prepared.manifest.compute, live)
     if refusal is not None:
@@ -104,6 +106,9 @@ async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -
     if refusal is not None:
         raise ManifestError(refusal)
     refusal = await asyncio.to_thread(secret_refusal, prepared.manifest, live, folders)
+    if refusal is not None:
+        raise ManifestError(refusal)
+    refusal = combination_refusal(prepared.trials, live)
     if refusal is not None:
         raise ManifestError(refusal)
 

@@ -31,11 +31,12 @@ from services.common.adapters.memory import InMemoryCoordinator, RecordingBus
 from services.common.adapters.memory_objects import InMemoryObjectStore
 from services.common.adapters.memory_registry import MemoryRunnerRegistry
 from services.common.errors import ACK, TERM, Settle, TransientError
+from services.common.fit import Fit
 from services.common.ports import AttemptStart, ExecutionOutcome, LogSink
 from services.common.trial_folders import DISCARDING_PREFIX, TrialFolders, sweep_set_aside
 from services.common.unpack import unpack_trial
 from services.runner.admission import SLOT_WAIT_S
-from services.runner.fit import Fit, Peers
+from services.runner.fit import Peers
 from services.runner.handlers import TrialHandler
 from tests.unit.runner_support import (
     ScriptedExecutor,
