@@ -225,16 +225,13 @@ def run(ctx: Context) -> BenchResult:
             "a team-quota'd start / an unquota'd one, p50, idle loop",
         )
     )
-    return BenchResult(
-        name="dispatch",
-        title="Runner's path to a trial's start, busy loop: now / before (p50)",
-        value=median(ratio),
-        unit="ratio",
-        target=0.5,
-        target_op="<=",
-        runs=ratio,
-        peers=peers,
-        config={
+    return BenchResult.ratio(
+        "dispatch",
+        "Runner's path to a trial's start, busy loop: now / before (p50)",
+        ratio,
+        0.5,
+        peers,
+        {
             "starts_per_path": n,
             "concurrent": CONCURRENT,
             "hog": f"{HOG_BLOCK_S * 1000:g} ms of every {HOG_PERIOD_S * 1000:g} ms",

@@ -75,6 +75,20 @@ class BenchResult:
     config: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    @classmethod
+    def ratio(
+        cls,
+        name: str,
+        title: str,
+        ratios: list[float],
+        at_most: float,
+        peers: list[Figure],
+        config: dict[str, Any],
+    ) -> BenchResult:
+        """A headline that is the median of ``ratios`` (this way over a reference way,
+        per run), met when at most ``at_most``."""
+        return cls(name, title, median(ratios), "ratio", at_most, "<=", ratios, peers, config)
+
     @property
     def met(self) -> bool:
         """Whether the headline value meets the target."""

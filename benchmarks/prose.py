@@ -232,6 +232,7 @@ KEY_PEERS: dict[str, list[str]] = {
         "a_trials_wasted",
         "share_deviation",
     ],
+    "handoff": ["alone_s", "mixed_s", "handoffs_per_trial"],
 }
 """The figures shown in the summary table (all figures are in each section)."""
 

@@ -324,17 +324,14 @@ def result(
         *share_figures(z, shares),
         Figure("load_average_during", max(loads), "load", "1-minute, highest after a scenario"),
     ]
-    return BenchResult(
-        name="scheduling",
-        title=f"Scheduling: {z.urgent} urgent trials behind {z.batch:,} preemptible batch ones, "
+    return BenchResult.ratio(
+        "scheduling",
+        f"Scheduling: {z.urgent} urgent trials behind {z.batch:,} preemptible batch ones, "
         "B's completion against B alone",
-        value=median(completion),
-        unit="ratio",
-        target=1.10,
-        target_op="<=",
-        runs=completion,
-        peers=peers,
-        config={
+        completion,
+        1.10,
+        peers,
+        {
             "batch_trials": z.batch,
             "urgent_trials": z.urgent,
             "runners": z.runners,

@@ -13,6 +13,7 @@ from benchmarks import (
     bench_dashboard,
     bench_dispatch,
     bench_fleet,
+    bench_handoff,
     bench_import,
     bench_latency,
     bench_ledger,
@@ -47,6 +48,7 @@ BENCHMARKS: dict[str, Callable[[Context], BenchResult]] = {
     "scheduling": bench_scheduling.run,
     "fleet": bench_fleet.run,
     "live": bench_live.run,
+    "handoff": bench_handoff.run,
 }
 """Name -> benchmark, in the order of the issue that asked for them."""
 

@@ -86,13 +86,17 @@ class Settle:
 
     action: Literal["ack", "nak", "term"]
     delay_s: float = 0.0
-    reason: Literal["done", "transient", "poison", "bug", "retry", "handback"] = "done"
+    reason: Literal["done", "transient", "poison", "bug", "retry", "handback", "handoff"] = "done"
+    """Why: ``handback``, back in the queue unstarted for now (a pause, a full lease);
+    ``handoff``, left for another runner: this one lacks what the trial needs."""
 
 
 ACK = Settle("ack")
 
 
-def nak(delay_s: float, reason: Literal["transient", "bug", "retry", "handback"]) -> Settle:
+def nak(
+    delay_s: float, reason: Literal["transient", "bug", "retry", "handback", "handoff"]
+) -> Settle:
     """Hand a message back for redelivery after ``delay_s`` seconds."""
     return Settle("nak", max(0.0, delay_s), reason)
 

@@ -142,7 +142,7 @@ class Admission:
                 # Neither started nor lost, no attempt counted: back in the queue for
                 # the runner of the pool that has it.
                 bound.info("trial left for another runner of the pool", lacks=missing)
-                return nak(self.rng.uniform(*HANDOFF_WAIT_S), "handback")
+                return nak(self.rng.uniform(*HANDOFF_WAIT_S), "handoff")
             decision = policy.lacking(request, self.host, lack, asked=self.peers is not None)
             bound.error("trial needs what no live runner of the pool has", lacks=missing)
             return await self._publish(request, decision, bound)

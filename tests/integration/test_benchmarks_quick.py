@@ -31,6 +31,7 @@ NAMES = [
     "scheduling",
     "fleet",
     "live",
+    "handoff",
 ]
 
 

@@ -624,7 +624,7 @@ async def test_a_trial_this_runner_cannot_run_is_left_for_a_peer_that_can(
     verdict = await world.handle(req)
 
     # Back in the queue, nothing started, published or counted.
-    assert (verdict.action, verdict.reason) == ("nak", "handback")
+    assert (verdict.action, verdict.reason) == ("nak", "handoff")
     assert executor.calls == [] and world.bus.published == []
     assert await world.coord.next_attempt(req.run_key) == 1  # the first one counted
 
@@ -677,7 +677,7 @@ async def test_a_task_s_variable_this_runner_lacks_is_left_for_a_peer_that_has_i
         peers=await peers_of(peer("runner-2", ["docker"], ["DB_TOKEN"])),
     )
     verdict = await world.handle(req)
-    assert (verdict.action, verdict.reason) == ("nak", "handback")
+    assert (verdict.action, verdict.reason) == ("nak", "handoff")
     assert world.executor.calls == [] and world.bus.published == []
     # Control: the peer lacks it too; the trial ends at once, naming the task's file.
     alone = World(
