@@ -48,7 +48,7 @@ from schemas.events import EventDecodeError, TrialRequested, parse_event
 from services.common.errors import Settle, settle_error
 from services.common.fit import Fit
 from services.common.logging import get_logger
-from services.common.ports import Coordinator, EventBus, Executor, LogSink
+from services.common.ports import Coordinator, EventBus, ExecutionOutcome, Executor, LogSink
 from services.common.priority import DEFAULT_PRIORITY_CLASSES, PriorityClasses
 from services.common.trial_folders import TrialFolders
 from services.runner import guards, policy
@@ -74,6 +74,22 @@ def parse_work(data: bytes) -> TrialRequested:
     if not isinstance(event, TrialRequested):
         raise EventDecodeError(f"expected trial_requested, got {event.type}")
     return event
+
+
+def crashed(exc: Exception) -> ExecutionOutcome:
+    """An attempt whose executor raised (a bug in the runner, its executor or Harbor's
+    process plumbing, not a trial's own error): a failed attempt, retried as the
+    request's retry policy allows (an unknown exception type is a retryable
+    infrastructure failure), then final with the error named. Redelivered without
+    end instead, as before, it re-ran the trial every 10 s, an LLM agent's spend with
+    it, and its experiment never finished."""
+    return ExecutionOutcome(
+        kind="failed",
+        exception_type=type(exc).__name__,
+        message=f"the runner's attempt crashed ({type(exc).__name__}: {exc}); see the runner's log"[
+            :2000
+        ],
+    )
 
 
 class TrialHandler:
@@ -173,6 +189,11 @@ class TrialHandler:
                     heartbeat_s=self._heartbeat_s,
                     bind_stop=trial.bind if trial is not None else None,
                 )
+            except Exception as exc:
+                if settle_error(exc, transient_delay_s=0).reason != "bug":
+                    raise  # NATS away, a poison message: the message's verdict says so
+                bound.exception("the attempt crashed; counted as a failed attempt")
+                outcome = crashed(exc)
             finally:
                 if trial is not None and self._running is not None:
                     self._running.remove(trial)

@@ -407,16 +407,34 @@ async def test_an_unconfirmed_publish_hands_the_trial_back_soon(tmp_path: Path) 
     assert [e.attempt for e in world.bus.of_type(TrialCompleted)] == [2]
 
 
-async def test_a_bug_is_redelivered_later_never_acked() -> None:
+async def test_a_crashed_attempt_is_a_failed_one_retried_then_final() -> None:
     def crash(request: TrialRequested, attempt: int) -> ExecutionOutcome:
         raise RuntimeError("executor bug")
 
     world = World(ScriptedExecutor(crash))
-    req = make_request()
-    verdict = await world.handle(req)
-    assert (verdict.action, verdict.reason, verdict.delay_s) == ("nak", "bug", 10.0)
-    assert kinds(world.bus) == ["trial_started"]
+    req = make_request(max_attempts=2)
+    first = await world.handle(req)
+    assert (first.action, first.reason) == ("nak", "retry")  # the retry policy's backoff
     assert world.coord.holders(req.experiment_id) == []
+    assert await world.handle(req) == ACK  # the last attempt the policy allows
+    failed = world.bus.of_type(TrialFailed)
+    assert [(e.attempt, e.final, e.error_type) for e in failed] == [
+        (1, False, "RuntimeError"),
+        (2, True, "RuntimeError"),
+    ]
+    assert failed[-1].failure_class == "infrastructure"  # unscored, never a zero
+    assert "the runner's attempt crashed (RuntimeError: executor bug)" in failed[-1].message
+    # Control: a runner bug outside the attempt (here, reading the stored ending) is
+    # still redelivered later, nothing published: no attempt ran.
+    world = World(ScriptedExecutor(crash))
+    world.coord.ending = _raises  # type: ignore[method-assign]
+    verdict = await world.handle(make_request())
+    assert (verdict.action, verdict.reason, verdict.delay_s) == ("nak", "bug", 10.0)
+    assert world.bus.published == [] and world.executor.calls == []
+
+
+async def _raises(*_args: object) -> bytes | None:
+    raise RuntimeError("coordinator bug")
 
 
 async def test_shutdown_cancels_the_handler_and_frees_the_slot(tmp_path: Path) -> None:
