@@ -86,9 +86,7 @@ def crashed(exc: Exception) -> ExecutionOutcome:
     return ExecutionOutcome(
         kind="failed",
         exception_type=type(exc).__name__,
-        message=f"the runner's attempt crashed ({type(exc).__name__}: {exc}); see the runner's log"[
-            :2000
-        ],
+        message=f"the runner's attempt crashed: {exc} (see the runner's log)"[:2000],
     )
 
 

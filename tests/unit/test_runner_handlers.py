@@ -423,7 +423,7 @@ async def test_a_crashed_attempt_is_a_failed_one_retried_then_final() -> None:
         (2, True, "RuntimeError"),
     ]
     assert failed[-1].failure_class == "infrastructure"  # unscored, never a zero
-    assert "the runner's attempt crashed (RuntimeError: executor bug)" in failed[-1].message
+    assert failed[-1].message == "the runner's attempt crashed: executor bug (see the runner's log)"
     # Control: a runner bug outside the attempt (here, reading the stored ending) is
     # still redelivered later, nothing published: no attempt ran.
     world = World(ScriptedExecutor(crash))
