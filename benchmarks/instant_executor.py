@@ -40,6 +40,11 @@ class InstantSettings(BaseSettings):
     fail_with: str | None = Field(
         default=None, description="Fail every attempt with this Harbor exception name."
     )
+    crash_with: str | None = Field(
+        default=None,
+        description="Raise RuntimeError(this) from every attempt: an executor's bug, not a "
+        "trial's failure.",
+    )
     hold_until: Path | None = Field(
         default=None,
         description="Each trial waits (after delay_s) until this file exists: a test holds "
@@ -52,7 +57,8 @@ class InstantExecutor:
     """An Executor that succeeds at once (or after ``delay_s``) with ``reward``; with
     ``fail_with`` every attempt fails with that Harbor exception name, and with
     ``hold_until`` every trial waits until that file exists. Trials go under
-    ``jobs_root`` as Harbor's would."""
+    ``jobs_root`` as Harbor's would. ``crash_with`` makes every run raise instead (a bug
+    in an executor)."""
 
     name = "instant"
     version = "0"
@@ -62,6 +68,7 @@ class InstantExecutor:
     reward: float = 1.0
     fail_with: str | None = None
     hold_until: Path | None = None
+    crash_with: str | None = None
     _release: asyncio.Event | None = field(default=None, init=False)
     _watch: asyncio.Task[None] | None = field(default=None, init=False)
     _known_jobs: set[Path] = field(default_factory=set, init=False)
@@ -74,6 +81,8 @@ class InstantExecutor:
             await asyncio.sleep(self.delay_s)
         if self.hold_until is not None:
             await self._released().wait()
+        if self.crash_with:
+            raise RuntimeError(self.crash_with)
         if self.fail_with:
             # Fault injection: an attempt that produced no result, with a Harbor
             # exception name (retry and scoring follow Harbor's error policy).
@@ -132,4 +141,5 @@ def from_settings(settings: RunnerSettings) -> InstantExecutor:
         delay_s=own.delay_s,
         fail_with=own.fail_with,
         hold_until=own.hold_until,
+        crash_with=own.crash_with,
     )

@@ -286,6 +286,28 @@ async def test_retry_exhaustion_becomes_a_partial_record(stacks: Stacks, tmp_pat
     assert count(tap.events, TrialStarted) == 12  # 4 trials x 3 attempts, then dead-letter
 
 
+async def test_an_executor_that_crashes_ends_its_trials_naming_the_error(
+    stacks: Stacks, tmp_path: Path
+) -> None:
+    # A bug in the runner's executor (it raises, every attempt): each attempt is a
+    # failed one, retried as the manifest allows, then final and recorded with the
+    # error. Redelivered without end before, the experiment never finished.
+    stack = await stacks.start(
+        concurrency=4, runner_env=instant_runner_env(0.0, TRIALBUS_INSTANT_CRASH_WITH="boom")
+    )
+    tap = await stacks.tap(stack)
+    sub = await submit(
+        stacks.cli(stack), write_manifest(tmp_path, 4, max_attempts=2, backoff_s=0.1)
+    )
+    await tap.all_imported(sub.experiment_id, set(sub.trial_ids), 60)
+    for rec in await ledger_records(stack, sub.experiment_id):
+        assert (rec.status, rec.attempts) == ("partial", 2)
+        assert rec.evaluation.failure_class == "infrastructure"
+        assert rec.evaluation.exception_type == "RuntimeError"
+        assert any("the runner's attempt crashed: boom" in e for e in rec.errors), rec.errors
+    assert count(tap.events, TrialStarted) == 8  # 4 trials x 2 attempts, no more
+
+
 async def test_cancel_drops_queued_and_stops_running(stacks: Stacks, tmp_path: Path) -> None:
     stack, tap, cli = await stacks.started(concurrency=4, runner_env=instant_runner_env(30.0))
     sub = await submit(cli, write_manifest(tmp_path, 20, concurrency=2))
