@@ -61,6 +61,8 @@ STACK_OWNED: Mapping[str, str] = {
     "TRIALBUS_SANDBOX_DIR": "the stack keeps its sandboxes in its data folder",
     "TRIALBUS_SANDBOX_HIDE": "the stack hides its data folder from every trial",
     "TRIALBUS_HTTP_PORT": "the stack picks the HTTP port (8080 when free)",
+    "TRIALBUS_METRICS_PORT": "one port for the importer, watcher and every runner would "
+    "collide: the API serves /metrics on its own port",
     "TRIALBUS_API_TOKENS_FILE": "the stack keeps the API's tokens in its secrets folder",
     "TRIALBUS_CONCURRENCY": "give trialbus up --concurrency",
     "TRIALBUS_RUNNER_ID": "the stack names its runners",

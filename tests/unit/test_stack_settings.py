@@ -48,6 +48,7 @@ def test_what_the_stack_decides_and_unknown_names_are_not_passed_and_said() -> N
         {
             "NATS_URL": "nats://prod:4222",
             "TRIALBUS_CONCURRENCY": "64",
+            "TRIALBUS_METRICS_PORT": "9100",
             "TRIALBUS_QUOTA_FILE": "q.yaml",
             "TRIALBUS_ZZZ": "1",
             "TRIALBUS_STACK_FILE": "elsewhere.json",
@@ -58,6 +59,8 @@ def test_what_the_stack_decides_and_unknown_names_are_not_passed_and_said() -> N
     assert sorted_.lines() == [
         "not passed: NATS_URL (the stack runs its own nats-server)",
         "not passed: TRIALBUS_CONCURRENCY (give trialbus up --concurrency)",
+        "not passed: TRIALBUS_METRICS_PORT (one port for the importer, watcher and every "
+        "runner would collide: the API serves /metrics on its own port)",
         "not passed: TRIALBUS_QUOTA_FILE is no setting of any trialbus service; "
         "did you mean TRIALBUS_QUOTAS_FILE?",
         "not passed: TRIALBUS_ZZZ is no setting of any trialbus service",
