@@ -6,8 +6,8 @@ variable its agent's ``api_key_env`` and its task's task.toml name
 its environment. :class:`Fit` is what one runner holds, :meth:`Fit.lack` what it lacks
 for a trial; :func:`can_run` asks it of a runner's registry record. The runner asks
 before it takes a trial (services/runner/fit.py: it hands the trial to a peer that
-can run it); the submitter before it publishes (services/common/pools.py
-``combination_refusal``), so both judge a pool the same way.
+can run it); the submitter before it publishes (:func:`combination_refusal`, from
+services/submitter/handlers.py ``check_runners``), so both judge a pool the same way.
 """
 
 from __future__ import annotations
