@@ -79,9 +79,17 @@ NOT_RETRYABLE_TRIALBUS = frozenset(
 # budget, as with Harbor's AgentTimeoutError (agent_exhausted_budget): class "agent".
 # Unlike a timeout it is never scored: the sandbox is ended before the verifier runs,
 # and Harbor (which does not know the name) says its reward is not valid.
-_TRIALBUS_CLASSES: dict[str, FailureClass] = {"DiskQuotaExceededError": "agent"}
+# A runner's attempt that crashed (its executor raised: services/runner/handlers.py
+# ``crashed``) is the infrastructure's, whatever the exception it raised was called:
+# retried, never scored.
+RUNNER_CRASHED = "RunnerCrashedError"
+_TRIALBUS_CLASSES: dict[str, FailureClass] = {
+    "DiskQuotaExceededError": "agent",
+    RUNNER_CRASHED: "infrastructure",
+}
 NEVER_SCORED = frozenset(_TRIALBUS_CLASSES)
-"""Agent failures that Harbor's ``reward_valid`` never counts (the scoring rule agrees)."""
+"""trialbus's own failures, which Harbor's ``reward_valid`` never counts (the scoring
+rule agrees)."""
 
 
 def harbor_cause(exception_type: str | None) -> str | None:

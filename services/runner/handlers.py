@@ -46,6 +46,7 @@ from typing import Any
 
 from schemas.events import EventDecodeError, TrialRequested, parse_event
 from services.common.errors import Settle, settle_error
+from services.common.failures import RUNNER_CRASHED
 from services.common.fit import Fit
 from services.common.logging import get_logger
 from services.common.ports import Coordinator, EventBus, ExecutionOutcome, Executor, LogSink
@@ -78,15 +79,18 @@ def parse_work(data: bytes) -> TrialRequested:
 
 def crashed(exc: Exception) -> ExecutionOutcome:
     """An attempt whose executor raised (a bug in the runner, its executor or Harbor's
-    process plumbing, not a trial's own error): a failed attempt, retried as the
-    request's retry policy allows (an unknown exception type is a retryable
-    infrastructure failure), then final with the error named. Redelivered without
-    end instead, as before, it re-ran the trial every 10 s, an LLM agent's spend with
-    it, and its experiment never finished."""
+    process plumbing, not a trial's own error): a failed attempt of type
+    RunnerCrashedError, an infrastructure failure whatever the exception was called
+    (never scored, never an agent's zero), retried as the request's retry policy
+    allows, then final with the error named. Redelivered without end instead, as
+    before, it re-ran the trial every 10 s, an LLM agent's spend with it, and its
+    experiment never finished."""
     return ExecutionOutcome(
         kind="failed",
-        exception_type=type(exc).__name__,
-        message=f"the runner's attempt crashed: {exc} (see the runner's log)"[:2000],
+        exception_type=RUNNER_CRASHED,
+        message=f"the runner's attempt crashed: {type(exc).__name__}: {exc} (see the runner's log)"[
+            :2000
+        ],
     )
 
 

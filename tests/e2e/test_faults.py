@@ -303,8 +303,10 @@ async def test_an_executor_that_crashes_ends_its_trials_naming_the_error(
     for rec in await ledger_records(stack, sub.experiment_id):
         assert (rec.status, rec.attempts) == ("partial", 2)
         assert rec.evaluation.failure_class == "infrastructure"
-        assert rec.evaluation.exception_type == "RuntimeError"
-        assert any("the runner's attempt crashed: boom" in e for e in rec.errors), rec.errors
+        assert rec.evaluation.exception_type == "RunnerCrashedError"
+        assert not rec.evaluation.reward_valid
+        crash = "the runner's attempt crashed: RuntimeError: boom"
+        assert any(crash in e for e in rec.errors), rec.errors
     assert count(tap.events, TrialStarted) == 8  # 4 trials x 2 attempts, no more
 
 

@@ -419,15 +419,17 @@ async def test_a_crashed_attempt_is_a_failed_one_retried_then_final() -> None:
     assert await world.handle(req) == ACK  # the last attempt the policy allows
     failed = world.bus.of_type(TrialFailed)
     assert [(e.attempt, e.final, e.error_type) for e in failed] == [
-        (1, False, "RuntimeError"),
-        (2, True, "RuntimeError"),
+        (1, False, "RunnerCrashedError"),
+        (2, True, "RunnerCrashedError"),
     ]
     assert failed[-1].failure_class == "infrastructure"  # unscored, never a zero
-    assert failed[-1].message == "the runner's attempt crashed: executor bug (see the runner's log)"
+    assert failed[-1].message == (
+        "the runner's attempt crashed: RuntimeError: executor bug (see the runner's log)"
+    )
     # Control: a runner bug outside the attempt (here, reading the stored ending) is
     # still redelivered later, nothing published: no attempt ran.
     world = World(ScriptedExecutor(crash))
-    world.coord.ending = _raises  # type: ignore[method-assign]
+    world.coord.ending = _raises  # type: ignore[method-assign, assignment]
     verdict = await world.handle(make_request())
     assert (verdict.action, verdict.reason, verdict.delay_s) == ("nak", "bug", 10.0)
     assert world.bus.published == [] and world.executor.calls == []
