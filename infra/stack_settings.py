@@ -119,6 +119,8 @@ class ShellSettings:
 def shell_settings(environ: Mapping[str, str], cwd: Path) -> ShellSettings:
     """Sort ``environ``'s trialbus settings (see the module's text)."""
     known = service_setting_names()
+    # Near names are compared without the prefix, which every name shares.
+    real = [k.removeprefix(PREFIX) for k in known if k not in STACK_OWNED]
     passed: dict[str, str] = {}
     owned: dict[str, str] = {}
     unknown: dict[str, str | None] = {}
@@ -129,8 +131,6 @@ def shell_settings(environ: Mapping[str, str], cwd: Path) -> ShellSettings:
         elif not name.startswith(PREFIX) or name in CLIENT_ONLY:
             continue
         elif name not in known:
-            # Compared without the prefix, which every name shares.
-            real = [k.removeprefix(PREFIX) for k in known if k not in STACK_OWNED]
             near = difflib.get_close_matches(name.removeprefix(PREFIX), real, 1)
             unknown[name] = f"{PREFIX}{near[0]}" if near else None
         elif known[name] and value:

@@ -85,13 +85,8 @@ def crashed(exc: Exception) -> ExecutionOutcome:
     allows, then final with the error named. Redelivered without end instead, as
     before, it re-ran the trial every 10 s, an LLM agent's spend with it, and its
     experiment never finished."""
-    return ExecutionOutcome(
-        kind="failed",
-        exception_type=RUNNER_CRASHED,
-        message=f"the runner's attempt crashed: {type(exc).__name__}: {exc} (see the runner's log)"[
-            :2000
-        ],
-    )
+    message = f"the runner's attempt crashed: {type(exc).__name__}: {exc} (see the runner's log)"
+    return ExecutionOutcome(kind="failed", exception_type=RUNNER_CRASHED, message=message[:2000])
 
 
 class TrialHandler:

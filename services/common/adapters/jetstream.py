@@ -190,11 +190,13 @@ async def open_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
 
 async def ensure_streams(js: JetStreamContext, topology: Topology, replicas: int = 1) -> None:
     """Create trialbus's streams when missing; leave existing ones untouched (also one
-    another process created while we looked)."""
+    another process created while we looked); return once each has a leader."""
     for config in stream_configs(topology, replicas):
         assert config.name is not None
         try:
-            await js.stream_info(config.name)
+            cluster = (await js.stream_info(config.name)).cluster
+            if cluster is None or cluster.leader:
+                continue  # led already: the usual start, no second look
         except NotFoundError:
             try:
                 await js.add_stream(config)
