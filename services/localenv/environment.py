@@ -52,7 +52,7 @@ from harbor.environments.capabilities import (
     EnvironmentCapabilities,
     EnvironmentResourceCapabilities,
 )
-from harbor.models.task.config import NetworkMode
+from harbor.models.task.config import NetworkMode, NetworkPolicy
 from harbor.models.trial.config import ResourceMode
 
 from services.localenv.builder import BuildRequest, build_layer
@@ -81,6 +81,12 @@ from services.localenv.sandbox import Sandbox
 from services.localenv.shift import make_dir, parse_userns, shift_tree
 from services.localenv.spec import BWRAP, Bind, Overlay, SandboxSpec, missing_host_tools
 from services.localenv.stale import LAYERS_NAME, default_scratch
+from services.localenv.task_fit import (
+    COMPOSE_FILES,
+    allowlist_refusal,
+    compose_refusal,
+    environment_refusals,
+)
 from services.localenv.tools import TOOLS_BIN, Toolbox
 from services.localenv.users import lookup_user
 
@@ -96,7 +102,6 @@ __all__ = [
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 CA_ENV_NAMES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
-_COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 _HOSTNAME = "trial"
 DEFAULT_PIDS_LIMIT = 4096
 """Processes (threads included) one trial or build may hold: a fork bomb stops there."""
@@ -166,8 +171,22 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             )
 
     def _validate_definition(self) -> None:
-        # Checked in start(), so that Harbor records the failure in the trial's result.
-        return None
+        # The Dockerfile and compose checks run in start(), so that Harbor records the
+        # failure in the trial's result. What task.toml asks that no sandbox here has
+        # is refused now, as not retryable (Harbor's own checks, which run next, raise
+        # a RuntimeError that reads as a transient infrastructure failure).
+        refusals = environment_refusals(self.task_env_config)
+        if refusals:
+            raise UnsupportedEnvironmentError("; ".join(refusals))
+
+    def validate_network_policy_support(self, network_policy: NetworkPolicy | None = None) -> None:
+        policy = network_policy or self._network_policy
+        if policy.network_mode == NetworkMode.ALLOWLIST:
+            # Harbor's check raises a ValueError, retried as an infrastructure failure.
+            raise UnsupportedEnvironmentError(
+                allowlist_refusal("the task's", list(policy.allowed_hosts))
+            )
+        super().validate_network_policy_support(network_policy)
 
     @property
     def _network_enabled(self) -> bool:
@@ -176,13 +195,9 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
     # -- definition ----------------------------------------------------------------------
     def _plan(self) -> BuildPlan:
         """The task's Dockerfile as a build plan (or a bare base for a prebuilt image)."""
-        for name in _COMPOSE_FILES:
+        for name in COMPOSE_FILES:
             if (self.environment_dir / name).exists():
-                raise UnsupportedEnvironmentError(
-                    f"{self.environment_dir / name}: multi-container (docker compose) tasks "
-                    "cannot run in the local environment; use compute.environment: docker "
-                    "on a Docker host"
-                )
+                raise UnsupportedEnvironmentError(compose_refusal(name))
         dockerfile = self.environment_dir / "Dockerfile"
         if dockerfile.is_file():
             return plan_build(

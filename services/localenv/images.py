@@ -130,29 +130,9 @@ def resolve_base(
     where: str = "Dockerfile",
 ) -> BaseImage:
     """Map a FROM reference to a ``BaseImage`` (raises UnsupportedEnvironmentError)."""
-    mapped = _override_for(reference, overrides or {})
-    version: str | None
-    if mapped is not None:
-        if mapped == "host":
-            return BaseImage(reference)
-        spec = _PYTHON_SPEC_RE.match(mapped)
-        if spec is None:
-            raise UnsupportedEnvironmentError(
-                f"base_images maps {reference!r} to {mapped!r}; use 'host' or 'python3.X'"
-            )
-        version = spec.group(1)
-    elif _HOST_RE.match(reference):
+    version = python_version_for(reference, overrides=overrides, where=where)
+    if version is None:
         return BaseImage(reference)
-    elif (match := _PYTHON_RE.match(reference)) is not None:
-        version = match.group("v") or f"3.{match.group('m')}"
-    else:
-        raise UnsupportedEnvironmentError(
-            f"{where}: base image {reference!r} has no equivalent on this host (the local "
-            "environment imitates ubuntu/debian and python:3.X images). Map it with the "
-            "environment option base_images, e.g. "
-            f'environment_kwargs: {{base_images: {{"{reference}": "host"}}}}, '
-            "or run the task with a Docker environment"
-        )
     interp = find_interpreter(version, interpreters)
     if interp is None:
         raise UnsupportedEnvironmentError(
@@ -162,6 +142,35 @@ def resolve_base(
             f'option python_interpreters: {{"{version}": "/path/to/python{version}"}}'
         )
     return BaseImage(reference, python=interp)
+
+
+def python_version_for(
+    reference: str, *, overrides: Mapping[str, str] | None = None, where: str = "Dockerfile"
+) -> str | None:
+    """The Python version a FROM reference stands for here (None: the host system as it
+    is), whatever this host has installed; raises UnsupportedEnvironmentError for an
+    image with no equivalent (the submitter's check too: task_fit.unhostable)."""
+    mapped = _override_for(reference, overrides or {})
+    if mapped is not None:
+        if mapped == "host":
+            return None
+        spec = _PYTHON_SPEC_RE.match(mapped)
+        if spec is None:
+            raise UnsupportedEnvironmentError(
+                f"base_images maps {reference!r} to {mapped!r}; use 'host' or 'python3.X'"
+            )
+        return spec.group(1)
+    if _HOST_RE.match(reference):
+        return None
+    if (match := _PYTHON_RE.match(reference)) is not None:
+        return match.group("v") or f"3.{match.group('m')}"
+    raise UnsupportedEnvironmentError(
+        f"{where}: base image {reference!r} has no equivalent on this host (the local "
+        "environment imitates ubuntu/debian and python:3.X images). Map it with the "
+        "environment option base_images, e.g. "
+        f'environment_kwargs: {{base_images: {{"{reference}": "host"}}}}, '
+        "or run the task with a Docker environment"
+    )
 
 
 def _override_for(reference: str, overrides: Mapping[str, str]) -> str | None:

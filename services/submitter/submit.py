@@ -32,12 +32,13 @@ from schemas.events import (
     encode_event,
 )
 from schemas.ids import experiment_id_for, trial_id_for
-from schemas.manifest import ExperimentManifest
+from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH, ExperimentManifest
 from services.common.errors import ManifestError
 from services.common.pools import required_capabilities
 from services.common.ports import EventBus, Ledger, ObjectStore
 from services.common.task_cache import upload_task
 from services.common.task_variables import required_task_secrets
+from services.localenv.task_fit import unhostable
 from services.reports.formatting import agent_at
 from services.submitter.datasets import FetchedDatasets
 from services.submitter.quota_gate import QuotaGate
@@ -166,6 +167,8 @@ def prepare(
     (raises ManifestError on bad input, an event too large included)."""
     experiment_id = experiment_id_of(manifest)
     tasks = resolve_tasks(manifest, base_dir, tasks_root, datasets)
+    if manifest.compute.environment_import_path == LOCAL_ENVIRONMENT_IMPORT_PATH:
+        check_local_hosting(tasks, manifest.compute.environment_kwargs)
     correlation_id = uuid.uuid4().hex
     # Read here, where the folders are: a runner lacking one hands the trial on.
     needs = {
@@ -178,6 +181,36 @@ def prepare(
     # Here too, so the CLI refuses before connecting and names the manifest file.
     check_event_sizes(prepared)
     return prepared
+
+
+LOCAL_REFUSALS_SHOWN = 10
+"""Tasks named in a refusal for the local environment, at most (then a count)."""
+
+
+def check_local_hosting(
+    tasks: Sequence[ResolvedTask], environment_kwargs: Mapping[str, Any]
+) -> None:
+    """Raise ManifestError naming every task (whose folder is here) that the local
+    environment would refuse on every attempt (services/localenv/task_fit.py): better
+    one refusal now than each of its trials failing on the runners."""
+    refused = [
+        (task, reasons)
+        for task in tasks
+        if task.folder is not None and (reasons := unhostable(task.folder, environment_kwargs))
+    ]
+    if not refused:
+        return
+    lines = [
+        f"  task {task.ref.name!r} ({task.folder}): {'; '.join(reasons)}"
+        for task, reasons in refused[:LOCAL_REFUSALS_SHOWN]
+    ]
+    if len(refused) > LOCAL_REFUSALS_SHOWN:
+        lines.append(f"  ... and {len(refused) - LOCAL_REFUSALS_SHOWN} more tasks")
+    raise ManifestError(
+        f"compute.environment: local cannot run {len(refused)} of the manifest's "
+        f"{len(tasks)} tasks; leave them out, or run them with an environment that can:\n"
+        + "\n".join(lines)
+    )
 
 
 def _json_size(value: Any) -> int:

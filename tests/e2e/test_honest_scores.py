@@ -2,8 +2,10 @@
 
 The same agent runs the same two tasks in two experiments through the whole stack
 (separate processes, real Harbor trials in the local environment, the real CLI and
-HTTP API). The second experiment also has a task the local environment refuses (a
-docker compose task: UnsupportedEnvironmentError, infrastructure, not retried). Its trials
+HTTP API). The second experiment also has a task the local environment refuses on the
+runner (its image's Python is not on this host: UnsupportedEnvironmentError,
+infrastructure, not retried; what the submitter can judge from the folder, such as a
+compose file, is refused at submit instead). Its trials
 must be counted and shown by cause, and the mean, pass rate, intervals and pass@k
 must be exactly those of the first experiment. Scoring them as zeros would have
 given a mean of 3/9 instead of 3/6.
@@ -24,18 +26,20 @@ from tests.e2e.cli import ROOT, Cli
 pytestmark = pytest.mark.e2e
 
 TASKS = ROOT / "examples" / "tasks"
+ABSENT_PYTHON = "3.5"
+"""A Python no host of the project's has (the local environment supports 3.8 on)."""
 ESTIMATES = ("mean_reward", "pass_rate", "mean_reward_ci", "pass_rate_ci", "pass_at_k")
 
 
 def _tasks(root: Path) -> None:
-    """hello-file (the oracle passes), wrong-answer (it fails), needs-compose (refused)."""
+    """hello-file (the oracle passes), wrong-answer (it fails), old-python (refused)."""
     shutil.copytree(TASKS / "hello-file", root / "hello-file")
     wrong = root / "wrong-answer"
     shutil.copytree(TASKS / "hello-file", wrong)
     (wrong / "solution" / "solve.sh").write_text("#!/bin/bash\necho nope > /app/hello.txt\n")
-    compose = root / "needs-compose"
-    shutil.copytree(TASKS / "hello-file", compose)
-    (compose / "environment" / "docker-compose.yaml").write_text("services: {main: {}}\n")
+    old = root / "old-python"
+    shutil.copytree(TASKS / "hello-file", old)
+    (old / "environment" / "Dockerfile").write_text(f"FROM python:{ABSENT_PYTHON}-slim\n")
 
 
 def _manifest(path: Path, name: str, tasks: list[str]) -> Path:
@@ -69,7 +73,7 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
     mixed = _manifest(
         tmp_path / "mixed.json",
         "mixed",
-        ["tasks/hello-file", "tasks/wrong-answer", "tasks/needs-compose"],
+        ["tasks/hello-file", "tasks/wrong-answer", "tasks/old-python"],
     )
     exp_clean = _submit(cli, clean, expected_exit=0)
     exp_mixed = _submit(cli, mixed, expected_exit=1)  # unscored trials: exit 1
@@ -94,9 +98,9 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
         False,
         3,
     )
-    compose_row = next(t for t in report["tasks"] if t["task"] == "needs-compose")
-    assert compose_row["cells"][0]["n_scored"] == 0
-    assert compose_row["cells"][0]["unscored_by_cause"] == {"infrastructure": 3}
+    refused_row = next(t for t in report["tasks"] if t["task"] == "old-python")
+    assert refused_row["cells"][0]["n_scored"] == 0
+    assert refused_row["cells"][0]["unscored_by_cause"] == {"infrastructure": 3}
     page = html.read_text()
     assert "UnsupportedEnvironmentError" in page and "6 / 9" in page
 

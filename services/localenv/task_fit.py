@@ -1,0 +1,139 @@
+"""What of a task the local environment cannot host, said before any trial starts.
+
+The local environment imitates one Linux container on this host, with no network or
+the host's whole network. A task that asks for more fails the same way on every
+attempt, so it is refused as early as it can be:
+
+- at submit (``unhostable``, called by services/submitter/submit.prepare for every
+  task whose folder the submitter has): the manifest is refused, naming each task,
+  file and field, instead of every trial of the task failing on the runners;
+- on the runner (``LocalEnvironment``: ``environment_refusals`` and
+  ``allowlist_refusal``), for tasks given by checksum and for retries: an
+  ``UnsupportedEnvironmentError``, which is never retried.
+
+Refused: a docker compose file (several containers); ``network_mode = "allowlist"``
+anywhere in task.toml (the sandbox cannot limit its network to chosen hosts);
+``os = "windows"``; GPUs or a TPU; a Dockerfile line the build cannot imitate
+(services/localenv/dockerfile.py: a second FROM, ``COPY --from``, ADD from a URL,
+...), and a base image with no equivalent here that ``base_images`` does not map.
+Whether the runner's host has the Python version a ``python:3.X`` image asks for is
+known only there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, TaskConfig, TaskOS
+from pydantic import ValidationError
+
+from services.common.folder_reads import read_inside
+from services.localenv.dockerfile import plan_build
+from services.localenv.errors import UnsupportedEnvironmentError
+from services.localenv.images import python_version_for
+
+COMPOSE_FILES: Final = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+"""Names Harbor reads a task's multi-container definition from (``environment/``)."""
+
+DOCKERFILE_MAX_BYTES: Final = 1024 * 1024
+"""A Dockerfile larger than this is not read at submit (the runner still reads it)."""
+
+ELSEWHERE: Final = "run it with compute.environment: docker on a Docker host"
+
+
+def compose_refusal(name: str) -> str:
+    """Why a task with ``environment/<name>`` cannot run here."""
+    return (
+        f"environment/{name}: a multi-container (docker compose) task cannot run in the "
+        f"local environment; {ELSEWHERE}"
+    )
+
+
+def allowlist_refusal(where: str, hosts: list[str]) -> str:
+    """Why ``network_mode = "allowlist"`` (at ``where`` in task.toml) cannot run here."""
+    shown = ", ".join(hosts[:3]) + (", ..." if len(hosts) > 3 else "")
+    return (
+        f'{where} network_mode = "allowlist" ({shown or "no hosts"}): the local '
+        "environment gives a sandbox no network or the host's whole network, and cannot "
+        f"limit it to chosen hosts; {ELSEWHERE} (Harbor enforces the allowlist there), or "
+        'set network_mode = "public" or "no-network"'
+    )
+
+
+def environment_refusals(config: EnvironmentConfig, where: str = "[environment]") -> list[str]:
+    """What an ``[environment]`` table asks that no local sandbox has (its network
+    aside: ``allowlist_refusal``)."""
+    asked = []
+    if config.os == TaskOS.WINDOWS:
+        asked.append(f'{where} os = "windows": the local environment runs Linux only')
+    if config.gpus:
+        asked.append(f"{where} gpus = {config.gpus}: the local environment has no GPUs")
+    if config.tpu is not None:
+        asked.append(f"{where} tpu: the local environment has no TPU")
+    return [f"{why}; {ELSEWHERE} that offers it" for why in asked]
+
+
+def config_refusals(config: TaskConfig) -> list[str]:
+    """Everything task.toml asks that the local environment cannot give."""
+    refusals = environment_refusals(config.environment)
+    networks: list[tuple[str, NetworkMode | None, list[str] | None]] = [
+        ("[environment]", config.environment.network_mode, config.environment.allowed_hosts),
+        ("[agent]", config.agent.network_mode, config.agent.allowed_hosts),
+        ("[verifier]", config.verifier.network_mode, config.verifier.allowed_hosts),
+    ]
+    if config.verifier.environment is not None:
+        env = config.verifier.environment
+        refusals += environment_refusals(env, "[verifier.environment]")
+        networks.append(("[verifier.environment]", env.network_mode, env.allowed_hosts))
+    for step in config.steps or []:
+        for phase, table in (("agent", step.agent), ("verifier", step.verifier)):
+            where = f"[steps {step.name!r} {phase}]"
+            networks.append((where, table.network_mode, table.allowed_hosts))
+    refusals += [
+        allowlist_refusal(where, list(hosts or []))
+        for where, mode, hosts in networks
+        if mode == NetworkMode.ALLOWLIST
+    ]
+    return refusals
+
+
+def unhostable(task_dir: Path, environment_kwargs: Mapping[str, Any] | None = None) -> list[str]:
+    """Why the local environment cannot run the task in ``task_dir`` (empty: it can, as
+    far as the folder tells). Each reason names its file. ``environment_kwargs`` are the
+    manifest's (``build_args`` fill the Dockerfile's ARGs, ``base_images`` maps images)."""
+    kwargs = {
+        key: value
+        for key, value in (environment_kwargs or {}).items()
+        if key in ("build_args", "base_images") and isinstance(value, Mapping)
+    }
+    refusals = [
+        compose_refusal(name)
+        for name in COMPOSE_FILES
+        if (task_dir / "environment" / name).exists()
+    ]
+    image: str | None = None
+    toml = read_inside(task_dir, "task.toml")
+    if isinstance(toml, bytes):
+        try:
+            config = TaskConfig.model_validate_toml(toml.decode("utf-8", errors="replace"))
+        except (ValidationError, ValueError) as exc:
+            first = str(exc).strip().splitlines()
+            refusals.append(f"task.toml: Harbor cannot read it: {' '.join(first[:3])}")
+        else:
+            refusals += config_refusals(config)
+            image = config.environment.docker_image
+    where = "environment/Dockerfile"
+    dockerfile = read_inside(task_dir, where, DOCKERFILE_MAX_BYTES)
+    try:
+        if isinstance(dockerfile, bytes):
+            text = dockerfile.decode("utf-8", errors="replace")
+            image = plan_build(text, build_args=kwargs.get("build_args"), where=where).base
+        elif image is not None:
+            where = "task.toml [environment] docker_image"
+        if image is not None:
+            python_version_for(image, overrides=kwargs.get("base_images"), where=where)
+    except UnsupportedEnvironmentError as exc:
+        refusals.append(str(exc))
+    return refusals
