@@ -153,7 +153,9 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(disable_internet=True, mounted=True)
+        return EnvironmentCapabilities(
+            disable_internet=True, mounted=True, dynamic_network_policy=True
+        )
 
     @classmethod
     def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
@@ -192,6 +194,22 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
     def _network_enabled(self) -> bool:
         return bool(self._network_policy.network_mode == NetworkMode.PUBLIC)
 
+    @property
+    def _network_ever(self) -> bool:
+        """Whether some phase of the trial has the network (then slirp4netns is needed,
+        and /etc/resolv.conf names its DNS from the start)."""
+        policies = [self._network_policy, *self._phase_network_policies]
+        return any(p.network_mode == NetworkMode.PUBLIC for p in policies)
+
+    async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
+        # Harbor switches phases (setup, agent, verifier) through set_network_policy,
+        # which has refused what cannot be enforced (validate_network_policy_support).
+        if self._sandbox is None:
+            raise LocalEnvironmentError("the sandbox is not started: no network policy to apply")
+        public = network_policy.network_mode == NetworkMode.PUBLIC
+        await self._sandbox.set_network(public)
+        self.logger.debug("local environment: network %s", "on" if public else "off")
+
     # -- definition ----------------------------------------------------------------------
     def _plan(self) -> BuildPlan:
         """The task's Dockerfile as a build plan (or a bare base for a prebuilt image)."""
@@ -223,7 +241,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
 
     async def _get_layer(self, plan: BuildPlan, base: BaseImage) -> Layer:
         needs_network = any(isinstance(s, RunStep) for s in plan.steps)
-        missing = missing_host_tools(network=needs_network or self._network_enabled)
+        missing = missing_host_tools(network=needs_network or self._network_ever)
         if missing:
             raise LocalEnvironmentError(
                 f"the local environment needs {', '.join(missing)} on this host: "
@@ -361,7 +379,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         (etc / "hosts").write_text(
             f"127.0.0.1\tlocalhost {_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         )
-        if self._network_enabled:
+        if self._network_ever:
             (etc / "resolv.conf").write_text("nameserver 10.0.2.3\n")
         self._shift(etc)
         binds = [

@@ -335,6 +335,40 @@ class Sandbox:
                     with contextlib.suppress(OSError):
                         os.close(fd)
 
+    async def _stop_network(self) -> None:
+        """End the slirp4netns process: its tap device, the sandbox's only way out, goes
+        with it (open connections fail; ``lo`` stays)."""
+        if self._slirp_exit_w is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._slirp_exit_w)
+            self._slirp_exit_w = None
+        if self._slirp is not None:
+            if self._slirp.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._slirp.kill()
+            await self._slirp.wait()
+            self._slirp = None
+
+    @property
+    def network(self) -> bool:
+        """Whether the sandbox reaches the outside now."""
+        return self._slirp is not None
+
+    async def set_network(self, enabled: bool) -> None:
+        """Give the running sandbox the outside network, or take it away (Harbor's
+        phase network policies: e.g. a public setup, an agent with no network, a
+        verifier that downloads its test tools)."""
+        if self._pid is None:
+            raise LocalEnvironmentError("the sandbox is not running: no network to change")
+        if enabled and self._slirp is None:
+            try:
+                await self._start_network()
+            except (OSError, TimeoutError) as exc:
+                await self._stop_network()
+                raise SandboxStartError(f"the sandbox's network did not come up: {exc}") from exc
+        elif not enabled and self._slirp is not None:
+            await self._stop_network()
+
     # -- exec ----------------------------------------------------------------------------
     def exec_argv(
         self, argv: Sequence[str], *, cwd: str, uid: int, gid: int, env_fd: int
@@ -456,15 +490,6 @@ class Sandbox:
                         self._proc.kill()
                     await self._proc.wait()
             self._proc = None
-        if self._slirp_exit_w is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._slirp_exit_w)
-            self._slirp_exit_w = None
-        if self._slirp is not None:
-            if self._slirp.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self._slirp.kill()
-            await self._slirp.wait()
-            self._slirp = None
+        await self._stop_network()
         if self.spec.cgroup is not None:
             await asyncio.to_thread(self.spec.cgroup.remove)

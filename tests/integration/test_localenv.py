@@ -16,11 +16,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from services.localenv.environment import (
     ExecTimeoutError,
     UnsupportedEnvironmentError,
 )
+from tests.support.addresses import non_loopback_addresses
 from tests.support.sandbox_env import (
     UBUNTU,
     EnvFactory,
@@ -104,6 +106,41 @@ async def test_network_mode_is_honoured(make_env: EnvFactory) -> None:
         # The host's loopback services stay out of reach even with network.
         hosts = await sh(online, "cat /etc/resolv.conf")
         assert "10.0.2.3" in hosts
+
+
+async def test_the_network_follows_harbor_s_phase_policies(make_env: EnvFactory) -> None:
+    """A setup with the network, an agent phase without, then a verifier phase with it
+    again: Harbor switches through set_network_policy on the running sandbox."""
+    address = next(a for a in non_loopback_addresses() if ":" not in a)
+
+    async def hello(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello")
+        await writer.drain()
+        writer.close()
+
+    # A server only this machine's outside address reaches (never its loopback).
+    server = await asyncio.start_server(hello, address, 0)
+    port = server.sockets[0].getsockname()[1]
+    probe = (
+        "python3 -c 'import socket; "
+        f'print(socket.create_connection(("{address}", {port}), 5).recv(5).decode())\''
+    )
+    links = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
+    off = NetworkPolicy(network_mode=NetworkMode.NO_NETWORK)
+    on = NetworkPolicy(network_mode=NetworkMode.PUBLIC)
+    async with server, running(make_env(phase_network_policies=[off, on])) as env:
+        # Started offline (the baseline), but with the DNS a public phase will use.
+        assert (await sh(env, links)).split() == ["lo"]
+        assert "10.0.2.3" in await sh(env, "cat /etc/resolv.conf")
+        assert (await env.exec(probe)).return_code != 0
+        await env.set_network_policy(on)
+        assert "tap0" in (await sh(env, links)).split()
+        assert await sh(env, probe) == "hello"
+        await env.set_network_policy(off)
+        assert (await sh(env, links)).split() == ["lo"]
+        assert (await env.exec(probe)).return_code != 0
+        await env.set_network_policy(on)
+        assert await sh(env, probe) == "hello"
 
 
 async def test_memory_and_cpu_limits(make_env: EnvFactory) -> None:

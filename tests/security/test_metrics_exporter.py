@@ -17,11 +17,7 @@ could reach the port read what runs, how much and how it fails. Now they bind
 
 from __future__ import annotations
 
-import fcntl
-import ipaddress
 import socket
-import struct
-from pathlib import Path
 
 import httpx
 import pytest
@@ -32,44 +28,11 @@ from infra.service_process import ServiceProcess
 from services.common.runner_metrics import exporter
 from services.common.settings import CommonSettings
 from tests.support import importer_process
+from tests.support.addresses import non_loopback_addresses
 
 pytestmark = pytest.mark.integration
 
 importer = importer_process.importer
-_SIOCGIFADDR = 0x8915
-
-
-def _ipv4_of(name: str) -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
-        except OSError:
-            return None  # no IPv4 address on this interface
-    return socket.inet_ntoa(packed[20:24])
-
-
-def non_loopback_addresses() -> list[str]:
-    """This machine's IPv4 and global IPv6 addresses other than loopback.
-
-    Fails (never skips) when there is none or the interfaces cannot be read: the
-    test cannot decide then."""
-    found: list[str] = []
-    for _index, name in socket.if_nameindex():
-        v4 = _ipv4_of(name)
-        if v4 and not ipaddress.ip_address(v4).is_loopback:
-            found.append(v4)
-    inet6 = Path("/proc/net/if_inet6")
-    if inet6.exists():
-        for line in inet6.read_text().splitlines():
-            raw, _idx, _plen, scope = line.split()[:4]
-            address = ipaddress.IPv6Address(bytes.fromhex(raw))
-            if scope == "00" and not address.is_loopback:  # global scope only
-                found.append(str(address))
-    assert found, (
-        "no non-loopback address found on this machine (socket.if_nameindex, "
-        "/proc/net/if_inet6): cannot check that the exporter is unreachable from the network"
-    )
-    return found
 
 
 def _url(addr: str, port: int) -> str:
