@@ -31,13 +31,14 @@ from services.common.runner_policy import (
     load_policy,
     secrets_set,
 )
-from services.common.service import install_stop_signals, load_factory, running_beside
+from services.common.service import install_stop_signals, running_beside
 from services.common.settings import RunnerSettings
 from services.common.task_cache import TaskCache
 from services.common.trial_folders import TrialFolders, sweep_set_aside
 from services.localenv.stale import LAYERS_NAME, default_scratch, sweep_stale
 from services.runner.capabilities import detect_environments
 from services.runner.consumer import WorkConsumer, ensure_runner_consumers
+from services.runner.executors import ExecutorSettingError, custom_executor
 from services.runner.fair_share import FairShare
 from services.runner.fit import Peers
 from services.runner.handback import StopNotice, watch_preemption
@@ -56,11 +57,14 @@ def trial_folders_root(settings: RunnerSettings) -> Path:
 
 
 def build_executor(
-    settings: RunnerSettings, tasks: TaskCache, policy: RunnerPolicy | None = None
+    settings: RunnerSettings,
+    tasks: TaskCache,
+    policy: RunnerPolicy | None = None,
+    custom: Executor | None = None,
 ) -> Executor:
-    """The executor named by settings: Harbor (enforcing ``policy``), or a
-    'module:factory' called with them."""
-    if settings.executor == "harbor":
+    """The executor named by settings: ``custom`` (services.runner.executors, made
+    before connecting), else Harbor's (enforcing ``policy``)."""
+    if custom is None:
         sandbox = SandboxSettings(
             scratch_dir=settings.sandbox_dir,
             hidden_paths=tuple(settings.hidden_from_trials()),
@@ -76,8 +80,7 @@ def build_executor(
             policy=policy,
             secrets=TrialSecrets.from_settings(settings),
         )
-    executor = load_factory(settings.executor)(settings)
-    return executor  # type: ignore[return-value]
+    return custom
 
 
 def release_stale_disks(settings: RunnerSettings) -> list[Path]:
@@ -117,8 +120,10 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
     """Run until SIGTERM/SIGINT, then drain: finish or hand back in-flight trials
     (with ``settings.stop_notice_s``: hand back at once what cannot finish in time)."""
     configure_logging(settings.log_level, settings.log_json)
-    # Read before connecting: a broken policy file stops the runner at once (exit 2).
+    # Read before connecting: a broken policy file or executor setting stops the runner
+    # at once (exit 2).
     policy = load_policy(settings.policy_file)
+    custom = custom_executor(settings)
     # A runner killed outright (SIGKILL) left its trials' disks mounted: release them
     # before taking work, not only when the next local trial starts.
     await asyncio.to_thread(release_stale_disks, settings)
@@ -152,7 +157,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         )
         host = socket.gethostname()
         runner_id = settings.runner_id or f"{host}-{os.getpid()}"
-        executor = build_executor(settings, tasks, policy)
+        executor = build_executor(settings, tasks, policy, custom)
         info = RunnerInfo(
             runner_id=runner_id,
             host=host,
@@ -231,6 +236,6 @@ def main() -> None:
     """Entry point of ``python -m services.runner``."""
     try:
         asyncio.run(serve(RunnerSettings()))
-    except PolicyFileError as exc:
+    except (PolicyFileError, ExecutorSettingError) as exc:
         print(f"trialbus runner: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_USER_ERROR) from None

@@ -46,15 +46,17 @@ async def work_messages(nats_url: str, topology: Topology) -> int:
         await nc.close()
 
 
-def run_to_exit(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run the API to its exit (a service that starts instead fails the bound)."""
+def run_to_exit(
+    env: dict[str, str], service: str = "services.submitter", timeout_s: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run ``service`` (the API) to its exit (one that starts instead fails the bound)."""
     return subprocess.run(
-        [sys.executable, "-m", "services.submitter"],
+        [sys.executable, "-m", service],
         env=env,
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=timeout_s,
     )
 
 
