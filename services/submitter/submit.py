@@ -206,6 +206,8 @@ def check_local_hosting(
     ]
     if len(refused) > LOCAL_REFUSALS_SHOWN:
         lines.append(f"  ... and {len(refused) - LOCAL_REFUSALS_SHOWN} more tasks")
+    names = json.dumps(sorted({task.ref.name for task, _ in refused}))
+    lines.append(f"  (of a dataset entry, leave them out with exclude_task_names: {names})")
     raise ManifestError(
         f"compute.environment: local cannot run {len(refused)} of the manifest's "
         f"{len(tasks)} tasks; leave them out, or run them with an environment that can:\n"

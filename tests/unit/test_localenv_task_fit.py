@@ -166,6 +166,9 @@ def test_submit_refuses_a_local_manifest_naming_each_task_it_cannot_run(tmp_path
     assert message.startswith("compute.environment: local cannot run 1 of the manifest's 2 tasks")
     assert f"task 'needs-compose' ({tmp_path / 'tasks' / 'needs-compose'}): environment/" in message
     assert "hello-file" not in message
+    assert message.endswith(
+        '(of a dataset entry, leave them out with exclude_task_names: ["needs-compose"])'
+    )
 
 
 def test_submit_lets_another_environment_take_the_same_tasks(tmp_path: Path) -> None:
