@@ -116,9 +116,9 @@ class TrialRequested(RunEvent):
     task_variables: list[EnvName] | None = _left_out_when_none(max_length=256)
     """NAMES of the runner environment variables the task's task.toml requires (a ``${NAME}``
     without a default), as the submitter read them: a runner that lacks one hands the trial to a
-    live runner of the pool that has it, like an agent's api_key_env (a retry reads them from the
-    task's archive). Absent: none, or not known at submit (a task given by checksum); the runner
-    checks task.toml again either way."""
+    live runner of the pool that has it, like an agent's api_key_env (for a task given by checksum,
+    and a retry, from the task's archive). Absent: none; the runner checks task.toml again either
+    way."""
 
     def needed_variables(self) -> list[str]:
         """Every variable a runner must have for this trial: the agent's, then the task's."""

@@ -38,10 +38,10 @@ from services.common.priority import PriorityClasses
 from services.common.quotas import Quotas
 from services.reports.queries import experiment_leaderboard
 from services.submitter.quota_gate import QuotaGate
+from services.submitter.stored_tasks import read_stored_tasks
 from services.submitter.submit import (
     PreparedExperiment,
     SubmitResult,
-    check_stored_tasks,
     publish_experiment,
 )
 from services.submitter.waiting import EventFeed, Printer, follow, say
@@ -140,8 +140,8 @@ async def dry_run(prepared: PreparedExperiment, ports: SubmitterPorts) -> dict[s
     """A submission's dry run against the stack: every check ``submit`` makes before it
     changes anything (``admit``; the tasks given by checksum in the bucket), then what
     it would run (``PreparedExperiment.plan``); nothing is uploaded or published."""
+    prepared = await read_stored_tasks(prepared, ports.tasks)
     await admit(prepared, ports)
-    await check_stored_tasks(prepared, ports.tasks)
     unchecked = NOT_CHECKED_ONLINE
     if ports.runners is None:
         unchecked += "; the live runners (TRIALBUS_CHECK_RUNNERS is off)"
@@ -155,6 +155,7 @@ async def submit(prepared: PreparedExperiment, ports: SubmitterPorts) -> SubmitR
     published; with ``ports.quotas``, one that would pass its team's daily quotas
     (QuotaExceeded, before anything is published or any flag changed)."""
     coordinator, quotas = ports.coordinator, ports.quotas
+    prepared = await read_stored_tasks(prepared, ports.tasks)
     gate = await admit(prepared, ports)  # refused before any flag changes
     await coordinator.uncancel(prepared.experiment_id)
     # Resubmitting is how a user says "fixed": lift the agents' stops (a refused key,

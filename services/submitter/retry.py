@@ -13,9 +13,7 @@ the old record, a retry that fails (a partial record) never erases a complete on
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import uuid
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,11 +29,10 @@ from services.common.errors import (
 )
 from services.common.ports import ExperimentInfo, ObjectStore
 from services.common.quotas import QuotaExceeded
-from services.common.task_variables import required_task_secrets
-from services.common.unpack import unpack_task
 from services.submitter.handlers import SubmitterPorts
 from services.submitter.quota_gate import QuotaGate
 from services.submitter.resolve import TaskFolders
+from services.submitter.stored_tasks import read_archive
 from services.submitter.submit import expand_trials
 
 
@@ -109,9 +106,7 @@ async def archive_variables(
 
 
 def _variables_in(archive: bytes, checksum: str) -> list[str]:
-    with tempfile.TemporaryDirectory(prefix="trialbus-retry-") as tmp:
-        task_dir = unpack_task(archive, Path(tmp) / "task", checksum)
-        return list(dict.fromkeys(name for _, name in required_task_secrets(task_dir)))
+    return read_archive(archive, checksum)[0]
 
 
 def recorded_team(info: ExperimentInfo) -> str | None:

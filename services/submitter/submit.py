@@ -192,25 +192,34 @@ def check_local_hosting(
 ) -> None:
     """Raise ManifestError naming every task (whose folder is here) that the local
     environment would refuse on every attempt (services/localenv/task_fit.py): better
-    one refusal now than each of its trials failing on the runners."""
+    one refusal now than each of its trials failing on the runners. Tasks given by
+    checksum are judged from their archives (services/submitter/stored_tasks.py)."""
     refused = [
         (task, reasons)
         for task in tasks
         if task.folder is not None and (reasons := unhostable(task.folder, environment_kwargs))
     ]
-    if not refused:
-        return
+    if refused:
+        raise local_refusal(refused, len(tasks))
+
+
+def local_refusal(
+    refused: Sequence[tuple[ResolvedTask, Sequence[str]]], n_tasks: int
+) -> ManifestError:
+    """The refusal of a local manifest whose ``refused`` tasks (with their reasons)
+    the local environment cannot run."""
     lines = [
-        f"  task {task.ref.name!r} ({task.folder}): {'; '.join(reasons)}"
+        f"  task {task.ref.name!r} ({task.folder or f'stored {task.ref.checksum[:12]}...'}): "
+        + "; ".join(reasons)
         for task, reasons in refused[:LOCAL_REFUSALS_SHOWN]
     ]
     if len(refused) > LOCAL_REFUSALS_SHOWN:
         lines.append(f"  ... and {len(refused) - LOCAL_REFUSALS_SHOWN} more tasks")
     names = json.dumps(sorted({task.ref.name for task, _ in refused}))
     lines.append(f"  (of a dataset entry, leave them out with exclude_task_names: {names})")
-    raise ManifestError(
+    return ManifestError(
         f"compute.environment: local cannot run {len(refused)} of the manifest's "
-        f"{len(tasks)} tasks; leave them out, or run them with an environment that can:\n"
+        f"{n_tasks} tasks; leave them out, or run them with an environment that can:\n"
         + "\n".join(lines)
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import shutil
 import tarfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -31,6 +32,7 @@ from tests.e2e.cli import run_module
 from tests.support.live_runner import announce_live_runner
 from tests.support.records import single_reward
 from tests.support.servers import Servers
+from tests.support.work_requests import work_messages
 
 pytestmark = pytest.mark.integration
 
@@ -501,6 +503,61 @@ async def test_an_uploaded_task_is_stored_by_checksum_and_a_manifest_runs_it(
             assert refused.status_code == 422, refused.text
             error = refused.json()["error"]
             assert "task 'x' (000000000000...) is not in the tasks bucket" in error
+
+
+async def test_a_task_given_by_checksum_is_read_like_a_folder(
+    client: Client, nats_url: str, topology: Topology, tmp_path: Path
+) -> None:
+    """Its task.toml's variables travel with its trials, and the local environment's
+    refusal comes at submit (services/submitter/stored_tasks.py), as for a folder."""
+    judged = tmp_path / "judged"
+    shutil.copytree(HELLO, judged)
+    toml = judged / "task.toml"
+    toml.write_text(toml.read_text() + '\n[verifier.env]\nJUDGE = "${OPENAI_API_KEY}"\n')
+    compose = tmp_path / "needs-compose"
+    shutil.copytree(HELLO, compose)
+    (compose / "environment" / "docker-compose.yaml").write_text("services: {main: {}}\n")
+    json_auth = {**AUTH, "Content-Type": "application/json"}
+    async with client() as api:
+        stored = []
+        for folder in (judged, compose):
+            answer = await api.post(
+                f"/tasks?name={folder.name}", content=archive(folder), headers=AUTH
+            )
+            assert answer.status_code == 201, answer.text
+            stored.append(answer.json())
+
+        def manifest(tasks: list[object], environment: str = "local") -> dict[str, object]:
+            return {
+                "name": f"stored-{environment}-{len(tasks)}",
+                "tasks": tasks,
+                "agents": [{"name": "oracle"}],
+                "compute": {"environment": environment},
+            }
+
+        refused = await api.post(
+            "/experiments", json=manifest(stored), headers=json_auth, params={"dry_run": "true"}
+        )
+        assert refused.status_code == 422, refused.text
+        assert (
+            f"  task 'needs-compose' (stored {stored[1]['checksum'][:12]}...): "
+            "environment/docker-compose.yaml: a multi-container"
+        ) in refused.json()["error"]
+        # The control: the same stored tasks, for Docker, pass.
+        plan = await api.post(
+            "/experiments",
+            json=manifest(stored, "docker"),
+            headers=json_auth,
+            params={"dry_run": "true"},
+        )
+        assert plan.status_code == 200, plan.text
+        assert plan.json()["runner_variables"] == ["OPENAI_API_KEY"]
+        submitted = await api.post("/experiments", json=manifest(stored[:1]), headers=json_auth)
+        assert submitted.status_code == 202, submitted.text
+    experiment_id = submitted.json()["experiment_id"]
+    published = await work_messages(nats_url, topology)
+    [request] = [r for r in published if r.experiment_id == experiment_id]
+    assert request.task_variables == ["OPENAI_API_KEY"]
 
 
 @pytest.mark.parametrize(

@@ -17,13 +17,13 @@ from typing import Any
 import nats
 import pytest
 
-from schemas.events import TrialRequested, parse_event
 from schemas.subjects import Topology
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.quotas import QuotaConfigError
 from services.submitter.app import create_app
 from tests.security.http_api_support import api_as_users, random_tokens
 from tests.support.servers import Servers
+from tests.support.work_requests import work_messages
 
 pytestmark = pytest.mark.integration
 
@@ -46,22 +46,6 @@ def manifest(name: str, repetitions: int = 3, **extra: Any) -> dict[str, Any]:
         "compute": {"environment": "local"},
         **extra,
     }
-
-
-async def work_messages(nats_url: str, topology: Topology) -> list[TrialRequested]:
-    """Every TrialRequested in the work stream, in order."""
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        last = (await js.stream_info(topology.work_stream)).state.last_seq
-        found = []
-        for seq in range(1, last + 1):
-            event = parse_event((await js.get_msg(topology.work_stream, seq)).data or b"")
-            assert isinstance(event, TrialRequested)
-            found.append(event)
-        return found
-    finally:
-        await nc.close()
 
 
 async def test_a_team_past_its_quotas_is_refused_naming_the_quota(

@@ -1,4 +1,5 @@
-"""A hello-file work message (TrialRequested) for tests of what a runner does with one.
+"""A hello-file work message (TrialRequested) for tests of what a runner does with one,
+and the work messages a submission published (``work_messages``).
 
 The live-log tests build the same message with different agents and ids; the golden
 instances with fixed ids are in tests/support/sample_events.py.
@@ -6,8 +7,11 @@ instances with fixed ids are in tests/support/sample_events.py.
 
 from __future__ import annotations
 
-from schemas.events import TaskRef, TrialRequested
+import nats
+
+from schemas.events import TaskRef, TrialRequested, parse_event
 from schemas.manifest import AgentSpec, ComputeSpec, RetrySpec
+from schemas.subjects import Topology
 
 
 def hello_file_request(
@@ -36,3 +40,20 @@ def hello_file_request(
         compute=compute or ComputeSpec(),
         retry=RetrySpec(),
     )
+
+
+async def work_messages(nats_url: str, topology: Topology) -> list[TrialRequested]:
+    """Every TrialRequested in the work stream, in order (read by sequence: a work
+    queue stream takes no second consumer)."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        last = (await js.stream_info(topology.work_stream)).state.last_seq
+        found = []
+        for seq in range(1, last + 1):
+            event = parse_event((await js.get_msg(topology.work_stream, seq)).data or b"")
+            assert isinstance(event, TrialRequested)
+            found.append(event)
+        return found
+    finally:
+        await nc.close()

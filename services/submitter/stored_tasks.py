@@ -1,0 +1,94 @@
+"""Tasks given by checksum (``{name, checksum}``), read at submit as a runner reads them.
+
+A manifest entry that names a task already in the tasks bucket (uploaded with ``POST
+/tasks``) brings no folder to the submitter. Before, such tasks were only looked up
+(is the archive there?), so their trials carried no ``task_variables`` (a runner
+without the task's key took them and ended each) and the local environment's refusals
+came from every trial on the runners. Now each such archive is fetched, checked
+against its checksum and unpacked into a temporary folder, as a runner does
+(``unpack_task``), once per task and submission: its task.toml's variables go into its
+trials, and for ``compute.environment: local`` what the local environment cannot host
+is refused like a folder's (``submit.local_refusal``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH
+from services.common.errors import ManifestError, ObjectCorrupt, ObjectMissing
+from services.common.ports import ObjectStore
+from services.common.task_variables import required_task_secrets
+from services.common.unpack import ArchiveError, unpack_task
+from services.localenv.task_fit import unhostable
+from services.submitter.resolve import ResolvedTask
+from services.submitter.submit import PreparedExperiment, check_event_sizes, local_refusal
+
+
+def read_archive(
+    archive: bytes, checksum: str, local_kwargs: Mapping[str, Any] | None = None
+) -> tuple[list[str], list[str]]:
+    """A stored task's (runner variables its task.toml requires, reasons the local
+    environment cannot host it; with ``local_kwargs`` None, not judged). Blocking:
+    unpacks into a temporary folder (ArchiveError for an archive a runner would refuse)."""
+    with tempfile.TemporaryDirectory(prefix="trialbus-stored-task-") as tmp:
+        task_dir = unpack_task(archive, Path(tmp) / "task", checksum)
+        variables = list(dict.fromkeys(name for _, name in required_task_secrets(task_dir)))
+        refusals = unhostable(task_dir, local_kwargs) if local_kwargs is not None else []
+        return variables, refusals
+
+
+def _missing(i: int, task: ResolvedTask, store: ObjectStore, why: str) -> ManifestError:
+    return ManifestError(
+        f"tasks[{i}]: task {task.ref.name!r} ({task.ref.checksum[:12]}...) is not in the "
+        f"tasks bucket {store.bucket}{why}; upload it first (POST /tasks)"
+    )
+
+
+async def read_stored_tasks(prepared: PreparedExperiment, store: ObjectStore) -> PreparedExperiment:
+    """``prepared`` with its stored tasks' variables in their trials. Raises
+    ManifestError for a task the bucket does not hold (or holds damaged), an archive a
+    runner would refuse to unpack, or, for the local environment, tasks it cannot host."""
+    compute = prepared.manifest.compute
+    local = compute.environment_import_path == LOCAL_ENVIRONMENT_IMPORT_PATH
+    needs: dict[str, list[str]] = {}
+    refused: list[tuple[ResolvedTask, list[str]]] = []
+    for i, task in enumerate(prepared.tasks):
+        checksum = task.ref.checksum
+        if task.folder is not None or checksum in needs:
+            continue
+        ref = await store.info(checksum)
+        if ref is None:
+            raise _missing(i, task, store, "")
+        try:
+            data = await store.get(ref)
+            needs[checksum], reasons = await asyncio.to_thread(
+                read_archive, data, checksum, compute.environment_kwargs if local else None
+            )
+        except ObjectMissing:
+            raise _missing(i, task, store, " (any more)") from None
+        except (ObjectCorrupt, ArchiveError) as exc:
+            raise ManifestError(
+                f"tasks[{i}]: the stored archive of task {task.ref.name!r} "
+                f"({checksum[:12]}...) cannot be used: {exc}; upload the task again"
+            ) from None
+        if reasons:
+            refused.append((task, reasons))
+    if refused:
+        raise local_refusal(refused, len(prepared.tasks))
+    if not any(needs.values()):
+        return prepared
+    trials = [
+        trial.model_copy(update={"task_variables": needs[trial.task.checksum]})
+        if needs.get(trial.task.checksum)
+        else trial
+        for trial in prepared.trials
+    ]
+    updated = dataclasses.replace(prepared, trials=trials)
+    check_event_sizes(updated)
+    return updated
