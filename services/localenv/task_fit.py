@@ -4,7 +4,7 @@ The local environment imitates one Linux container on this host, with no network
 the host's whole network. A task that asks for more fails the same way on every
 attempt, so it is refused as early as it can be:
 
-- at submit (``unhostable``, called by services/submitter/submit.prepare for every
+- at submit (``unhostable``, called by services/submitter/hosting.py for every
   task whose folder the submitter has): the manifest is refused, naming each task,
   file and field, instead of every trial of the task failing on the runners;
 - on the runner (``LocalEnvironment``: ``environment_refusals`` and

@@ -8,7 +8,7 @@ came from every trial on the runners. Now each such archive is fetched, checked
 against its checksum and unpacked into a temporary folder, as a runner does
 (``unpack_task``), once per task and submission: its task.toml's variables go into its
 trials, and for ``compute.environment: local`` what the local environment cannot host
-is refused like a folder's (``submit.local_refusal``).
+is refused like a folder's (``hosting.local_refusal``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from services.common.ports import ObjectStore
 from services.common.task_variables import required_task_secrets
 from services.common.unpack import ArchiveError, unpack_task
 from services.localenv.task_fit import unhostable
+from services.submitter.hosting import local_refusal
 from services.submitter.resolve import ResolvedTask
-from services.submitter.submit import PreparedExperiment, check_event_sizes, local_refusal
+from services.submitter.submit import PreparedExperiment, check_event_sizes
 
 
 def read_archive(
