@@ -5,11 +5,12 @@ the host's whole network. A task that asks for more fails the same way on every
 attempt, so it is refused as early as it can be:
 
 - at submit (``unhostable``, called by services/submitter/hosting.py for every
-  task whose folder the submitter has): the manifest is refused, naming each task,
-  file and field, instead of every trial of the task failing on the runners;
+  task folder, and by services/submitter/stored_tasks.py for a task given by
+  checksum, from its archive): the manifest is refused, naming each task, file and
+  field, instead of every trial of the task failing on the runners;
 - on the runner (``LocalEnvironment``: ``environment_refusals`` and
-  ``allowlist_refusal``), for tasks given by checksum and for retries: an
-  ``UnsupportedEnvironmentError``, which is never retried.
+  ``allowlist_refusal``), for whatever reaches it anyway (a retry, work published
+  before this check): an ``UnsupportedEnvironmentError``, which is never retried.
 
 Refused: a docker compose file (several containers); ``network_mode = "allowlist"``
 anywhere in task.toml (the sandbox cannot limit its network to chosen hosts);
