@@ -51,35 +51,54 @@ def _missing(i: int, task: ResolvedTask, store: ObjectStore, why: str) -> Manife
     )
 
 
+READ_AT_ONCE = 4
+"""Stored tasks fetched and unpacked at the same time, at most."""
+
+
 async def read_stored_tasks(prepared: PreparedExperiment, store: ObjectStore) -> PreparedExperiment:
     """``prepared`` with its stored tasks' variables in their trials. Raises
     ManifestError for a task the bucket does not hold (or holds damaged), an archive a
-    runner would refuse to unpack, or, for the local environment, tasks it cannot host."""
+    runner would refuse to unpack, or, for the local environment, tasks it cannot host
+    (the first fault in manifest order; up to ``READ_AT_ONCE`` archives read at once)."""
     compute = prepared.manifest.compute
     local = compute.environment_import_path == LOCAL_ENVIRONMENT_IMPORT_PATH
-    needs: dict[str, list[str]] = {}
-    refused: list[tuple[ResolvedTask, list[str]]] = []
+    kwargs = compute.environment_kwargs if local else None
+    stored: dict[str, tuple[int, ResolvedTask]] = {}
     for i, task in enumerate(prepared.tasks):
+        if task.folder is None:
+            stored.setdefault(task.ref.checksum, (i, task))
+    turns = asyncio.Semaphore(READ_AT_ONCE)
+
+    async def read(i: int, task: ResolvedTask) -> tuple[list[str], list[str]]:
         checksum = task.ref.checksum
-        if task.folder is not None or checksum in needs:
-            continue
-        ref = await store.info(checksum)
-        if ref is None:
-            raise _missing(i, task, store, "")
-        try:
-            data = await store.get(ref)
-            needs[checksum], reasons = await asyncio.to_thread(
-                read_archive, data, checksum, compute.environment_kwargs if local else None
-            )
-        except ObjectMissing:
-            raise _missing(i, task, store, " (any more)") from None
-        except (ObjectCorrupt, ArchiveError) as exc:
-            raise ManifestError(
-                f"tasks[{i}]: the stored archive of task {task.ref.name!r} "
-                f"({checksum[:12]}...) cannot be used: {exc}; upload the task again"
-            ) from None
-        if reasons:
-            refused.append((task, reasons))
+        async with turns:
+            ref = await store.info(checksum)
+            if ref is None:
+                raise _missing(i, task, store, "")
+            try:
+                data = await store.get(ref)
+                return await asyncio.to_thread(read_archive, data, checksum, kwargs)
+            except ObjectMissing:
+                raise _missing(i, task, store, " (any more)") from None
+            except (ObjectCorrupt, ArchiveError) as exc:
+                raise ManifestError(
+                    f"tasks[{i}]: the stored archive of task {task.ref.name!r} "
+                    f"({checksum[:12]}...) cannot be used: {exc}; upload the task again"
+                ) from None
+
+    answers = await asyncio.gather(
+        *(read(i, t) for i, t in stored.values()), return_exceptions=True
+    )
+    faults = [a for a in answers if isinstance(a, BaseException)]
+    if faults:
+        raise faults[0]  # the first in manifest order
+    read_ok = [a for a in answers if not isinstance(a, BaseException)]
+    needs = {checksum: variables for checksum, (variables, _) in zip(stored, read_ok, strict=True)}
+    refused = [
+        (task, reasons)
+        for (_, task), (_, reasons) in zip(stored.values(), read_ok, strict=True)
+        if reasons
+    ]
     if refused:
         raise local_refusal(refused, len(prepared.tasks))
     if not any(needs.values()):
