@@ -58,6 +58,7 @@ from harbor.models.trial.config import ResourceMode
 from services.localenv.builder import BuildRequest, build_layer
 from services.localenv.disk import DiskQuota, QuotaGuard
 from services.localenv.dockerfile import BuildPlan, RunStep, plan_build
+from services.localenv.egress import Allowlist, EgressProxy
 from services.localenv.errors import (
     DockerfileBuildError,
     ExecTimeoutError,
@@ -81,12 +82,7 @@ from services.localenv.sandbox import Sandbox
 from services.localenv.shift import make_dir, parse_userns, shift_tree
 from services.localenv.spec import BWRAP, Bind, Overlay, SandboxSpec, missing_host_tools
 from services.localenv.stale import LAYERS_NAME, default_scratch
-from services.localenv.task_fit import (
-    COMPOSE_FILES,
-    allowlist_refusal,
-    compose_refusal,
-    environment_refusals,
-)
+from services.localenv.task_fit import COMPOSE_FILES, compose_refusal, environment_refusals
 from services.localenv.tools import TOOLS_BIN, Toolbox
 from services.localenv.users import lookup_user
 
@@ -137,6 +133,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         disk = int(kwargs.pop("disk_mb", DEFAULT_DISK_MB) or 0)
         self._disk_mb = disk if disk > 0 else None
         self._guard: QuotaGuard | None = None
+        self._egress: EgressProxy | None = None
         # Bind Harbor's log folders straight into the sandbox: no copies back and forth.
         kwargs.setdefault("auto_mounting", True)
         super().__init__(*args, **kwargs)
@@ -153,8 +150,20 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
+        # An allowlist is enforced by a proxy inside the sandbox's network namespace,
+        # which only root can enter (services/localenv/egress.py).
+        allowlist = os.geteuid() == 0
         return EnvironmentCapabilities(
-            disable_internet=True, mounted=True, dynamic_network_policy=True
+            disable_internet=True,
+            mounted=True,
+            dynamic_network_policy=True,
+            network_allowlist=allowlist,
+            network_allowlist_hostnames=allowlist,
+            network_allowlist_wildcard_hostnames=allowlist,
+            network_allowlist_ipv4_addresses=allowlist,
+            network_allowlist_ipv6_addresses=allowlist,
+            network_allowlist_ipv4_cidrs=allowlist,
+            network_allowlist_ipv6_cidrs=allowlist,
         )
 
     @classmethod
@@ -182,13 +191,14 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             raise UnsupportedEnvironmentError("; ".join(refusals))
 
     def validate_network_policy_support(self, network_policy: NetworkPolicy | None = None) -> None:
-        policy = network_policy or self._network_policy
-        if policy.network_mode == NetworkMode.ALLOWLIST:
-            # Harbor's check raises a ValueError, retried as an infrastructure failure.
+        try:
+            super().validate_network_policy_support(network_policy)
+        except ValueError as exc:
+            # Harbor's ValueError would be retried as a transient infrastructure failure.
             raise UnsupportedEnvironmentError(
-                allowlist_refusal("the task's", list(policy.allowed_hosts))
-            )
-        super().validate_network_policy_support(network_policy)
+                f"{exc} (the local environment enforces an allowlist only on a runner "
+                "running as root)"
+            ) from None
 
     @property
     def _network_enabled(self) -> bool:
@@ -204,11 +214,26 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
     async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
         # Harbor switches phases (setup, agent, verifier) through set_network_policy,
         # which has refused what cannot be enforced (validate_network_policy_support).
-        if self._sandbox is None:
+        sandbox = self._sandbox
+        if sandbox is None:
             raise LocalEnvironmentError("the sandbox is not started: no network policy to apply")
-        public = network_policy.network_mode == NetworkMode.PUBLIC
-        await self._sandbox.set_network(public)
-        self.logger.debug("local environment: network %s", "on" if public else "off")
+        mode = network_policy.network_mode
+        await sandbox.set_network(mode == NetworkMode.PUBLIC)
+        allowlist = None
+        if mode == NetworkMode.ALLOWLIST:
+            allowlist = Allowlist.of(network_policy.allowed_hosts)
+            if self._egress is None:
+                self._egress = EgressProxy(self.logger)
+                await self._egress.start(sandbox.pid)
+        if self._egress is not None:
+            await self._egress.allow(allowlist)
+        self.logger.debug("local environment: network %s", mode.value)
+
+    @property
+    def _egress_env(self) -> dict[str, str]:
+        """The proxy variables while the phase's policy is an allowlist."""
+        allowlist = self._network_policy.network_mode == NetworkMode.ALLOWLIST
+        return self._egress.env if allowlist and self._egress is not None else {}
 
     # -- definition ----------------------------------------------------------------------
     def _plan(self) -> BuildPlan:
@@ -331,6 +356,8 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         self._guard = await self._disk_guard()
         self._sandbox = Sandbox(self._trial_spec(layer), self.logger)
         await self._sandbox.start()
+        if self._network_policy.network_mode == NetworkMode.ALLOWLIST:
+            await self._apply_network_policy(self._network_policy)
         if self._guard is not None:
             self._guard.start()
         make_dir(self._sandbox.resolve(self._workdir), self._userns_base)
@@ -418,6 +445,9 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
 
     async def stop(self, delete: bool) -> None:
         """Kill every process of the trial; remove its folders unless asked to keep them."""
+        egress, self._egress = self._egress, None
+        if egress is not None:
+            await egress.stop()
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
             await sandbox.stop()
@@ -494,7 +524,12 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
         if sandbox is None or not sandbox.running:
             raise LocalEnvironmentError("exec before start() or after stop()")
         uid, gid, home = self._user(sandbox, user)
-        full_env = {**self._default_env(home), **self._image.env, **(self._merge_env(env) or {})}
+        full_env = {
+            **self._default_env(home),
+            **self._egress_env,
+            **self._image.env,
+            **(self._merge_env(env) or {}),
+        }
         if self._toolbox is not None and TOOLS_BIN not in full_env["PATH"].split(":"):
             full_env["PATH"] = f"{full_env['PATH']}:{TOOLS_BIN}"
         workdir = cwd or self._workdir

@@ -117,6 +117,13 @@ class Sandbox:
         return self._pid is not None
 
     @property
+    def pid(self) -> int:
+        """The sandbox's pid 1, seen from the host (its namespaces are under /proc)."""
+        if self._pid is None:
+            raise LocalEnvironmentError("the sandbox is not running")
+        return self._pid
+
+    @property
     def root(self) -> Path:
         """The sandbox's root file system, seen from the host."""
         if self._pid is None:

@@ -1,24 +1,22 @@
 """What of a task the local environment cannot host, said before any trial starts.
 
-The local environment imitates one Linux container on this host, with no network or
-the host's whole network. A task that asks for more fails the same way on every
-attempt, so it is refused as early as it can be:
+The local environment imitates one Linux container on this host (its network: none,
+the host's, or an allowlist through services/localenv/egress.py). A task that asks for
+more fails the same way on every attempt, so it is refused as early as it can be:
 
 - at submit (``unhostable``, called by services/submitter/hosting.py for every
   task folder, and by services/submitter/stored_tasks.py for a task given by
   checksum, from its archive): the manifest is refused, naming each task, file and
   field, instead of every trial of the task failing on the runners;
-- on the runner (``LocalEnvironment``: ``environment_refusals`` and
-  ``allowlist_refusal``), for whatever reaches it anyway (a retry, work published
-  before this check): an ``UnsupportedEnvironmentError``, which is never retried.
+- on the runner (``LocalEnvironment``: ``environment_refusals``), for whatever
+  reaches it anyway (a retry, work published before this check): an
+  ``UnsupportedEnvironmentError``, which is never retried.
 
-Refused: a docker compose file (several containers); ``network_mode = "allowlist"``
-anywhere in task.toml (the sandbox cannot limit its network to chosen hosts);
-``os = "windows"``; GPUs or a TPU; a Dockerfile line the build cannot imitate
-(services/localenv/dockerfile.py: a second FROM, ``COPY --from``, ADD from a URL,
-...), and a base image with no equivalent here that ``base_images`` does not map.
-Whether the runner's host has the Python version a ``python:3.X`` image asks for is
-known only there.
+Refused: a docker compose file (several containers); ``os = "windows"``; GPUs or a
+TPU; a Dockerfile line the build cannot imitate (services/localenv/dockerfile.py: a
+second FROM, ``COPY --from``, ADD from a URL, ...), and a base image with no
+equivalent here that ``base_images`` does not map. Whether the runner's host has the
+Python version a ``python:3.X`` image asks for is known only there.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from harbor.models.task.config import EnvironmentConfig, NetworkMode, TaskConfig, TaskOS
+from harbor.models.task.config import EnvironmentConfig, TaskConfig, TaskOS
 from pydantic import ValidationError
 
 from services.common.folder_reads import read_inside
@@ -52,20 +50,8 @@ def compose_refusal(name: str) -> str:
     )
 
 
-def allowlist_refusal(where: str, hosts: list[str]) -> str:
-    """Why ``network_mode = "allowlist"`` (at ``where`` in task.toml) cannot run here."""
-    shown = ", ".join(hosts[:3]) + (", ..." if len(hosts) > 3 else "")
-    return (
-        f'{where} network_mode = "allowlist" ({shown or "no hosts"}): the local '
-        "environment gives a sandbox no network or the host's whole network, and cannot "
-        f"limit it to chosen hosts; {ELSEWHERE} (Harbor enforces the allowlist there), or "
-        'set network_mode = "public" or "no-network"'
-    )
-
-
 def environment_refusals(config: EnvironmentConfig, where: str = "[environment]") -> list[str]:
-    """What an ``[environment]`` table asks that no local sandbox has (its network
-    aside: ``allowlist_refusal``)."""
+    """What an ``[environment]`` table asks that no local sandbox has."""
     asked = []
     if config.os == TaskOS.WINDOWS:
         asked.append(f'{where} os = "windows": the local environment runs Linux only')
@@ -79,24 +65,8 @@ def environment_refusals(config: EnvironmentConfig, where: str = "[environment]"
 def config_refusals(config: TaskConfig) -> list[str]:
     """Everything task.toml asks that the local environment cannot give."""
     refusals = environment_refusals(config.environment)
-    networks: list[tuple[str, NetworkMode | None, list[str] | None]] = [
-        ("[environment]", config.environment.network_mode, config.environment.allowed_hosts),
-        ("[agent]", config.agent.network_mode, config.agent.allowed_hosts),
-        ("[verifier]", config.verifier.network_mode, config.verifier.allowed_hosts),
-    ]
     if config.verifier.environment is not None:
-        env = config.verifier.environment
-        refusals += environment_refusals(env, "[verifier.environment]")
-        networks.append(("[verifier.environment]", env.network_mode, env.allowed_hosts))
-    for step in config.steps or []:
-        for phase, table in (("agent", step.agent), ("verifier", step.verifier)):
-            where = f"[steps {step.name!r} {phase}]"
-            networks.append((where, table.network_mode, table.allowed_hosts))
-    refusals += [
-        allowlist_refusal(where, list(hosts or []))
-        for where, mode, hosts in networks
-        if mode == NetworkMode.ALLOWLIST
-    ]
+        refusals += environment_refusals(config.verifier.environment, "[verifier.environment]")
     return refusals
 
 

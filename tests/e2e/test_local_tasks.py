@@ -4,7 +4,8 @@ The tasks in tests/fixtures/tasks exercise what the local environment imitates:
 Dockerfile replay (apt-get, pip, COPY, ENV, WORKDIR, ARG), a verifier that gets
 pytest with uvx, a server on a fixed port in concurrent repetitions, writes outside
 the trial's overlay, an agent phase without the network between a setup and a verifier
-with it, and a failing RUN step. Each runs with the oracle (must score
+with it, an allowlist (only its hosts, through the sandbox's egress proxy), and a
+failing RUN step. Each runs with the oracle (must score
 1.0) and nop (must score 0.0) agents, twice, submitted through the real CLI to the
 embedded stack; the failing build must end unscored as an infrastructure failure,
 not retried. The host must be unchanged afterwards.
@@ -42,7 +43,14 @@ pytestmark = [
 ]
 
 TASKS = ROOT / "tests" / "fixtures" / "tasks"
-SCORED = ("dockerfile-replay", "uvx-verifier", "fixed-port", "escape-attempt", "phase-network")
+SCORED = (
+    "dockerfile-replay",
+    "uvx-verifier",
+    "fixed-port",
+    "escape-attempt",
+    "phase-network",
+    "allowlist-network",
+)
 PROBE = "trialbus-escape-probe"
 PROBE_DIRS = ("/usr/bin", "/usr/local/lib", "/etc", "/var/lib", "/opt", "/root", str(ROOT))
 CHECKOUT = "@CHECKOUT@"
@@ -147,7 +155,7 @@ async def test_local_tasks_end_to_end(stacks: Stacks, tmp_path: Path) -> None:
     # The failing build leaves unscored trials: exit code 1, as for any unscored trial.
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["n_trials"] == 24 and summary["status"]["recorded"] == 24
+    assert summary["n_trials"] == 28 and summary["status"]["recorded"] == 28
 
     records = await ledger_records(stack, summary["experiment_id"])
     outcomes: dict[tuple[str, str], list[Any]] = {}

@@ -143,6 +143,94 @@ async def test_the_network_follows_harbor_s_phase_policies(make_env: EnvFactory)
         assert await sh(env, probe) == "hello"
 
 
+PROXY_PROBE = """
+import http.client, os, socket, sys, urllib.error, urllib.parse, urllib.request
+mode, target = sys.argv[1], sys.argv[2]
+try:
+    if mode == "http":  # as any client does: through the proxy its environment names
+        print(urllib.request.urlopen(target, timeout=10).read().decode())
+    elif mode == "raw":  # through the proxy, whatever NO_PROXY says
+        proxy = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+        conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=10)
+        conn.request("GET", target)
+        answer = conn.getresponse()
+        print(answer.status, answer.read().decode().strip())
+    elif mode == "tunnel":  # CONNECT, as HTTPS clients do
+        proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+        host, port = target.rsplit(":", 1)
+        conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=10)
+        conn.set_tunnel(host, int(port))
+        conn.connect()
+        print(conn.sock.recv(5).decode())
+    else:  # straight out, no proxy
+        host, port = target.rsplit(":", 1)
+        print(socket.create_connection((host, int(port)), 5).recv(5).decode())
+except urllib.error.HTTPError as exc:
+    print(exc.code, exc.read().decode().strip())
+except OSError as exc:
+    print("failed:", type(exc).__name__)
+"""
+
+
+async def test_an_allowlist_phase_reaches_its_hosts_through_the_proxy_and_nothing_else(
+    make_env: EnvFactory,
+) -> None:
+    address = next(a for a in non_loopback_addresses() if ":" not in a)
+
+    async def http_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 7\r\n\r\nallowed")
+        await writer.drain()
+        writer.close()
+
+    async def hello(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello")
+        await writer.drain()
+        writer.close()
+
+    web = await asyncio.start_server(http_ok, address, 0)
+    raw = await asyncio.start_server(hello, address, 0)
+    web_url = f"http://{address}:{web.sockets[0].getsockname()[1]}/x"
+    raw_at = f"{address}:{raw.sockets[0].getsockname()[1]}"
+    off = NetworkPolicy(network_mode=NetworkMode.NO_NETWORK)
+    allow = NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=[address])
+    other = NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["*.example.org"])
+    on = NetworkPolicy(network_mode=NetworkMode.PUBLIC)
+
+    async with web, raw, running(make_env(phase_network_policies=[allow, on])) as env:
+        await sh(env, f"cat > /tmp/probe.py <<'EOF'\n{PROXY_PROBE}\nEOF")
+
+        async def probe(mode: str, target: str) -> str:
+            return await sh(env, f"python3 /tmp/probe.py {mode} {target}")
+
+        await env.set_network_policy(allow)
+        links = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
+        assert (await sh(env, links)).split() == ["lo"]  # no route out but the proxy
+        assert await probe("http", web_url) == "allowed"
+        assert await probe("tunnel", raw_at) == "hello"
+        assert await probe("direct", raw_at) == "failed: OSError"
+        refused = await probe("raw", "http://example.com/")
+        assert refused == "403 trialbus egress: example.com is not in the task's allowed_hosts"
+        # The host's loopback stays out of reach, even through an allowed name.
+        await env.set_network_policy(
+            NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["localhost"])
+        )
+        assert await probe("raw", "http://localhost:1/") == (
+            "403 trialbus egress: localhost resolves only to addresses no trial may reach"
+        )
+        # Another phase's list applies at once; with the network off, nothing passes.
+        await env.set_network_policy(other)
+        assert await probe("http", web_url) == (
+            f"403 trialbus egress: {address} is not in the task's allowed_hosts"
+        )
+        await env.set_network_policy(off)
+        assert await probe("direct", raw_at) == "failed: OSError"
+        assert "HTTP_PROXY" not in await sh(env, "env")
+        # The control: public, the same server answers straight.
+        await env.set_network_policy(on)
+        assert await probe("direct", raw_at) == "hello"
+
+
 async def test_memory_and_cpu_limits(make_env: EnvFactory) -> None:
     env = make_env(cpus=0.5, memory_mb=64)
     async with running(env):
