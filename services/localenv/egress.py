@@ -166,7 +166,11 @@ def _listen_inside(netns_pid: int) -> socket.socket:
     failed: list[OSError] = []
 
     def enter() -> None:
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            failed.append(exc)
+            return
         try:
             target = os.open(f"/proc/{netns_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -284,11 +288,15 @@ class EgressProxy:
         if not usable:
             raise Refused(403, f"{request.host} resolves only to addresses no trial may reach")
         try:
-            return await asyncio.wait_for(
+            up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(str(usable[0]), request.port), CONNECT_TIMEOUT_S
             )
         except (OSError, TimeoutError) as exc:
             raise Refused(502, f"{request.host}:{request.port}: {exc}") from None
+        if self.allowlist is not allowlist:  # the phase changed while it connected
+            up_writer.close()
+            raise Refused(403, "the trial's network policy changed")
+        return up_reader, up_writer
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
