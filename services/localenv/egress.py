@@ -218,7 +218,13 @@ class EgressProxy:
         """The variables that send a command's requests through the proxy."""
         url = f"http://127.0.0.1:{self.port}"
         names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
-        return {**dict.fromkeys(names, url), "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY}
+        # NODE_USE_ENV_PROXY: Node's built-in fetch reads the variables only with it.
+        return {
+            **dict.fromkeys(names, url),
+            "NO_PROXY": NO_PROXY,
+            "no_proxy": NO_PROXY,
+            "NODE_USE_ENV_PROXY": "1",
+        }
 
     async def start(self, netns_pid: int) -> None:
         sock = await asyncio.to_thread(_listen_inside, netns_pid)
