@@ -231,6 +231,48 @@ async def test_an_allowlist_phase_reaches_its_hosts_through_the_proxy_and_nothin
         assert await probe("direct", raw_at) == "hello"
 
 
+HOSTILE_PROBE = """
+import os, socket, sys, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+def ask(data):
+    with socket.create_connection((proxy.hostname, proxy.port), 10) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        return s.recv(200).split(b"\\r\\n")[0].decode()
+print(ask(b"GET http://x/ HTTP/1.1\\r\\nX: " + b"a" * 70000 + b"\\r\\n\\r\\n"))
+print(ask(b"GET http://x/ HTTP/1.1\\r\\nHost: x"))
+print(ask(b"\\x16\\x03\\x01\\x02\\x00\\r\\n\\r\\n"))
+print(ask(b"CONNECT " + sys.argv[1].encode() + b" HTTP/1.1\\r\\n\\r\\n"))
+"""
+
+
+async def test_the_egress_proxy_answers_hostile_requests_and_keeps_serving(
+    make_env: EnvFactory,
+) -> None:
+    """What a trial sends the proxy is untrusted: an oversized or unfinished head and
+    bytes that are not HTTP each get a 400, and the next request is served."""
+    address = next(a for a in non_loopback_addresses() if ":" not in a)
+
+    async def hello(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello")
+        await writer.drain()
+        writer.close()
+
+    raw = await asyncio.start_server(hello, address, 0)
+    allow = NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=[address])
+    async with raw, running(make_env(phase_network_policies=[allow])) as env:
+        await env.set_network_policy(allow)
+        await sh(env, f"cat > /tmp/hostile.py <<'EOF'\n{HOSTILE_PROBE}\nEOF")
+        target = f"{address}:{raw.sockets[0].getsockname()[1]}"
+        lines = (await sh(env, f"python3 /tmp/hostile.py {target}")).splitlines()
+        assert lines == [
+            "HTTP/1.1 400 Bad Request",  # a head over 64 KiB
+            "HTTP/1.1 400 Bad Request",  # a head that never ends
+            "HTTP/1.1 400 Bad Request",  # not HTTP
+            "HTTP/1.1 200 Connection established",  # the control: still serving
+        ]
+
+
 async def test_memory_and_cpu_limits(make_env: EnvFactory) -> None:
     env = make_env(cpus=0.5, memory_mb=64)
     async with running(env):
