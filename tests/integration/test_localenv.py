@@ -108,19 +108,24 @@ async def test_network_mode_is_honoured(make_env: EnvFactory) -> None:
         assert "10.0.2.3" in hosts
 
 
+async def _hello(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"hello")
+    await writer.drain()
+    writer.close()
+
+
+async def hello_server() -> tuple[asyncio.Server, str, int]:
+    """A server that says hello on this machine's outside IPv4 address (never its
+    loopback: what a trial with the network reaches), its address and port."""
+    address = next(a for a in non_loopback_addresses() if ":" not in a)
+    server = await asyncio.start_server(_hello, address, 0)
+    return server, address, server.sockets[0].getsockname()[1]
+
+
 async def test_the_network_follows_harbor_s_phase_policies(make_env: EnvFactory) -> None:
     """A setup with the network, an agent phase without, then a verifier phase with it
     again: Harbor switches through set_network_policy on the running sandbox."""
-    address = next(a for a in non_loopback_addresses() if ":" not in a)
-
-    async def hello(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"hello")
-        await writer.drain()
-        writer.close()
-
-    # A server only this machine's outside address reaches (never its loopback).
-    server = await asyncio.start_server(hello, address, 0)
-    port = server.sockets[0].getsockname()[1]
+    server, address, port = await hello_server()
     probe = (
         "python3 -c 'import socket; "
         f'print(socket.create_connection(("{address}", {port}), 5).recv(5).decode())\''
@@ -155,13 +160,15 @@ try:
         conn.request("GET", target)
         answer = conn.getresponse()
         print(answer.status, answer.read().decode().strip())
-    elif mode == "tunnel":  # CONNECT, as HTTPS clients do
+    elif mode == "tunnel":  # CONNECT, as HTTPS clients do; what came after the answer
         proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
-        host, port = target.rsplit(":", 1)
-        conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=10)
-        conn.set_tunnel(host, int(port))
-        conn.connect()
-        print(conn.sock.recv(5).decode())
+        with socket.create_connection((proxy.hostname, proxy.port), 10) as s:
+            s.sendall(f"CONNECT {target} HTTP/1.1\\r\\n\\r\\n".encode())
+            got = b""
+            while chunk := s.recv(4096):
+                got += chunk
+        answer, _, rest = got.partition(b"\\r\\n\\r\\n")
+        print(answer.split(b"\\r\\n")[0].decode(), rest.decode())
     else:  # straight out, no proxy
         host, port = target.rsplit(":", 1)
         print(socket.create_connection((host, int(port)), 5).recv(5).decode())
@@ -175,7 +182,7 @@ except OSError as exc:
 async def test_an_allowlist_phase_reaches_its_hosts_through_the_proxy_and_nothing_else(
     make_env: EnvFactory,
 ) -> None:
-    address = next(a for a in non_loopback_addresses() if ":" not in a)
+    raw, address, raw_port = await hello_server()
 
     async def http_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -183,15 +190,9 @@ async def test_an_allowlist_phase_reaches_its_hosts_through_the_proxy_and_nothin
         await writer.drain()
         writer.close()
 
-    async def hello(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"hello")
-        await writer.drain()
-        writer.close()
-
     web = await asyncio.start_server(http_ok, address, 0)
-    raw = await asyncio.start_server(hello, address, 0)
     web_url = f"http://{address}:{web.sockets[0].getsockname()[1]}/x"
-    raw_at = f"{address}:{raw.sockets[0].getsockname()[1]}"
+    raw_at = f"{address}:{raw_port}"
     off = NetworkPolicy(network_mode=NetworkMode.NO_NETWORK)
     allow = NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=[address])
     other = NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["*.example.org"])
@@ -207,7 +208,7 @@ async def test_an_allowlist_phase_reaches_its_hosts_through_the_proxy_and_nothin
         links = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
         assert (await sh(env, links)).split() == ["lo"]  # no route out but the proxy
         assert await probe("http", web_url) == "allowed"
-        assert await probe("tunnel", raw_at) == "hello"
+        assert await probe("tunnel", raw_at) == "HTTP/1.1 200 Connection established hello"
         assert await probe("direct", raw_at) == "failed: OSError"
         refused = await probe("raw", "http://example.com/")
         assert refused == "403 trialbus egress: example.com is not in the task's allowed_hosts"
@@ -251,20 +252,12 @@ async def test_the_egress_proxy_answers_hostile_requests_and_keeps_serving(
 ) -> None:
     """What a trial sends the proxy is untrusted: an oversized or unfinished head and
     bytes that are not HTTP each get a 400, and the next request is served."""
-    address = next(a for a in non_loopback_addresses() if ":" not in a)
-
-    async def hello(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"hello")
-        await writer.drain()
-        writer.close()
-
-    raw = await asyncio.start_server(hello, address, 0)
+    raw, address, port = await hello_server()
     allow = NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=[address])
     async with raw, running(make_env(phase_network_policies=[allow])) as env:
         await env.set_network_policy(allow)
         await sh(env, f"cat > /tmp/hostile.py <<'EOF'\n{HOSTILE_PROBE}\nEOF")
-        target = f"{address}:{raw.sockets[0].getsockname()[1]}"
-        lines = (await sh(env, f"python3 /tmp/hostile.py {target}")).splitlines()
+        lines = (await sh(env, f"python3 /tmp/hostile.py {address}:{port}")).splitlines()
         assert lines == [
             "HTTP/1.1 400 Bad Request",  # a head over 64 KiB
             "HTTP/1.1 400 Bad Request",  # a head that never ends
