@@ -22,7 +22,6 @@ from services.common.adapters.nats_registry import NatsRunnerRegistry, heartbeat
 from services.common.errors import EXIT_USER_ERROR
 from services.common.fit import Fit
 from services.common.logging import configure_logging, get_logger
-from services.common.ports import Executor
 from services.common.redaction import TrialSecrets
 from services.common.runner_metrics import RunnerMetrics, exporter
 from services.common.runner_policy import (
@@ -56,31 +55,26 @@ def trial_folders_root(settings: RunnerSettings) -> Path:
     return (settings.work_dir / "jobs").resolve()
 
 
-def build_executor(
-    settings: RunnerSettings,
-    tasks: TaskCache,
-    policy: RunnerPolicy | None = None,
-    custom: Executor | None = None,
-) -> Executor:
-    """The executor named by settings: ``custom`` (services.runner.executors, made
-    before connecting), else Harbor's (enforcing ``policy``)."""
-    if custom is None:
-        sandbox = SandboxSettings(
-            scratch_dir=settings.sandbox_dir,
-            hidden_paths=tuple(settings.hidden_from_trials()),
-            disk_mb=settings.sandbox_disk_mb,
-            userns_base=(
-                settings.sandbox_userns_base if settings.sandbox_userns == "shifted" else None
-            ),
-        )
-        return HarborExecutor(
-            trial_folders_root(settings),
-            tasks,
-            sandbox,
-            policy=policy,
-            secrets=TrialSecrets.from_settings(settings),
-        )
-    return custom
+def harbor_executor(
+    settings: RunnerSettings, tasks: TaskCache, policy: RunnerPolicy | None = None
+) -> HarborExecutor:
+    """Harbor's executor as the settings describe it, enforcing ``policy`` (another
+    executor is made before the runner connects: services.runner.executors)."""
+    sandbox = SandboxSettings(
+        scratch_dir=settings.sandbox_dir,
+        hidden_paths=tuple(settings.hidden_from_trials()),
+        disk_mb=settings.sandbox_disk_mb,
+        userns_base=(
+            settings.sandbox_userns_base if settings.sandbox_userns == "shifted" else None
+        ),
+    )
+    return HarborExecutor(
+        trial_folders_root(settings),
+        tasks,
+        sandbox,
+        policy=policy,
+        secrets=TrialSecrets.from_settings(settings),
+    )
 
 
 def release_stale_disks(settings: RunnerSettings) -> list[Path]:
@@ -157,7 +151,7 @@ async def serve(settings: RunnerSettings, drain_grace_s: float = 30.0) -> None:
         )
         host = socket.gethostname()
         runner_id = settings.runner_id or f"{host}-{os.getpid()}"
-        executor = build_executor(settings, tasks, policy, custom)
+        executor = custom or harbor_executor(settings, tasks, policy)
         info = RunnerInfo(
             runner_id=runner_id,
             host=host,
