@@ -35,7 +35,8 @@ pytestmark = [
     ),
 ]
 
-TASKS = ("dockerfile-replay", "uvx-verifier")
+TASKS = ("dockerfile-replay", "uvx-verifier", "phase-network", "allowlist-network")
+"""The network tasks too: the runner enters a shifted sandbox's namespaces to switch them."""
 
 
 async def test_local_tasks_with_a_shifted_root(stacks: Stacks, tmp_path: Path) -> None:
@@ -55,7 +56,7 @@ async def test_local_tasks_with_a_shifted_root(stacks: Stacks, tmp_path: Path) -
     proc = cli.run("submit", str(manifest), "--wait", "--json", timeout=600)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     summary = json.loads(proc.stdout)
-    assert summary["n_trials"] == 2 and summary["status"]["recorded"] == 2
+    assert summary["n_trials"] == 4 and summary["status"]["recorded"] == 4
 
     records = await ledger_records(stack, summary["experiment_id"])
     assert sorted(r.provenance.task_name for r in records) == sorted(TASKS)
