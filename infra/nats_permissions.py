@@ -258,6 +258,10 @@ def role_permissions(
             *_kv_read_keys(t.control_bucket, "share.>"),
             *_kv_read(t.runners_bucket),
             *_obj_write(t.tasks_bucket),
+            # Its own tasks read back: a task given by checksum at submit and a retried
+            # trial's task are read from their archives (services/submitter/
+            # stored_tasks.py). No new power: it may write every task.
+            *_obj_read(t.tasks_bucket),
             # The dashboard serves a trial's stored folder (redacted when packed): read
             # only, the importer's right; writing results stays the runners' and watcher's.
             *_info(obj_stream(t.results_bucket)),

@@ -617,6 +617,10 @@ async def test_task_archives_and_results(roles: dict[str, Role]) -> None:
     # write one (control: the runner's put above had the right).
     submitter_results = await NatsObjectStore.open(submitter.js, TOPO.results_bucket)
     assert await submitter_results.get(stored) == b"result two"
+    # It reads back a task it stored (a task given by checksum at submit, a retry).
+    submitter_tasks = await NatsObjectStore.open(submitter.js, TOPO.tasks_bucket)
+    task_ref = await submitter_tasks.put(f"{name}-3", b"its task")
+    assert await submitter_tasks.get(task_ref) == b"its task"
     refused_js = submitter.nc.jetstream(timeout=REFUSED_PUT_TIMEOUT_S)
     submitter_refused = await NatsObjectStore.open(refused_js, TOPO.results_bucket)
     with pytest.raises(ObjectAccessDenied, match=f"right on bucket {TOPO.results_bucket}"):
