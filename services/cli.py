@@ -28,7 +28,13 @@ from rich.markup import escape
 
 from services.cli_args import ExperimentArg, JsonOpt, LatestExperiment
 from services.common import errors as E
-from services.common.errors import LedgerUnavailable, TransientError, UserInputError
+from services.common.errors import (
+    LedgerUnavailable,
+    ObjectAccessDenied,
+    ObjectCorrupt,
+    TransientError,
+    UserInputError,
+)
 from services.common.logging import configure_logging
 from services.common.settings import CommonSettings, SubmitterSettings
 from services.common.stackfile import settings_for
@@ -65,6 +71,11 @@ def _run[T](coro_fn: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(E.EXIT_USER_ERROR) from None
     except (TransientError, LedgerUnavailable, ConnectionError, OSError) as exc:
         err.print(f"[red]unavailable:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(E.EXIT_UNAVAILABLE) from None
+    except (ObjectAccessDenied, ObjectCorrupt) as exc:
+        # The stack cannot do it as configured (a right its NATS user lacks) or its
+        # bucket holds damaged bytes: said in one line, not as a traceback.
+        err.print(f"[red]refused by the stack:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(E.EXIT_UNAVAILABLE) from None
     except KeyboardInterrupt:
         raise typer.Exit(E.EXIT_INTERRUPTED) from None

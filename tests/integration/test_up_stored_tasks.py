@@ -3,7 +3,7 @@
 The submitter reads the task's archive back from the tasks bucket at submit
 (services/submitter/stored_tasks.py), as the retry does. The e2e stacks' NATS has no
 users, so only a stack with role users shows whether the submitter's role may read
-that bucket: it could not, and both failed with ObjectAccessDenied. Here the API's
+that bucket: it could not, and both failed with ObjectAccessDenied (a CLI retry too). Here the API's
 dry run knows the variable the stored task's task.toml requires, read from its
 archive: the stack's runner lacks it, so the manifest is refused naming it.
 """
@@ -11,6 +11,7 @@ archive: the stack's runner lacks it, so the manifest is refused naming it.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.cli import run_module
 from tests.support.stack_console import StackConsole, watched
 
 pytestmark = pytest.mark.integration
@@ -62,6 +64,20 @@ def test_a_stored_task_is_read_back_by_the_submitter_s_role(tmp_path: Path) -> N
             assert stored.status_code == 201, stored.text
             manifest = {"name": "stored", "tasks": [stored.json()], "agents": [{"name": "oracle"}]}
             plan = client.post("/experiments", json=manifest, params={"dry_run": "true"})
+        # A retry reads the task's archive too (its variables), here from the CLI, which
+        # finds the stack through its stack file and acts with the submitter's role.
+        hello = home / "hello.yaml"
+        hello.write_text(
+            f"name: hello\ntasks: [{HELLO}]\nagents: [{{name: oracle}}]\n"
+            "compute: {environment: local}\n"
+        )
+        done = run_module(env, "submit", str(hello), "--wait", "--json", timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        experiment = json.loads(done.stdout)["experiment_id"]
+        [trial] = [p.name for p in (home / "stack" / "jobs" / experiment).glob("hello-file__*")]
+        retried = run_module(env, "retry", experiment, trial, "--json")
+        assert retried.returncode == 0, retried.stderr[-3000:]
+        assert json.loads(retried.stdout)["run_id"].startswith(f"{trial}:retry:")
     # Read from the archive, the task's variable is judged against the live runner,
     # which lacks it. Before the submitter's role could read the bucket: a 500
     # (ObjectAccessDenied); before the archive was read at all: 200, the trials
