@@ -90,7 +90,10 @@ class Allowlist:
 
 
 def unreachable(address: Address) -> bool:
-    """Addresses no trial may reach through the proxy, whatever its allowlist."""
+    """Addresses no trial may reach through the proxy, whatever its allowlist (an
+    IPv4-mapped IPv6 address is judged as the IPv4 address it maps)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
     return (
         address.is_loopback
         or address.is_link_local

@@ -59,6 +59,9 @@ def test_what_it_does_not_name_is_not(host: str) -> None:
         ("fe80::1", True),
         ("0.0.0.0", True),
         ("224.0.0.1", True),
+        ("::ffff:127.0.0.1", True),  # the host's loopback, IPv4-mapped
+        ("::ffff:169.254.169.254", True),
+        ("::ffff:192.0.2.7", False),
         ("192.0.2.7", False),
         ("10.1.0.1", False),
         ("2001:db8::1", False),
