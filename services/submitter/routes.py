@@ -38,6 +38,7 @@ from services.common.errors import (
     InternalError,
     LedgerUnavailable,
     ManifestError,
+    ObjectAccessDenied,
     UserInputError,
 )
 from services.common.logging import get_logger
@@ -147,12 +148,15 @@ ERROR_HANDLERS: dict[int | type[Exception], ErrorHandler] = {
     ExperimentCancelled: _answer(409, "error"),
     LedgerUnavailable: _answer(503, "error"),
     DatasetsBusy: _answer(503, "error"),
+    ObjectAccessDenied: _answer(503, "error"),
 }
 """Exceptions to answers: bad input 422, another's experiment or a priority class the
 token may not use 403, a team's quota reached 429 (a limit that frees with time, as
 HTTP's "too many requests"), a body neither JSON nor YAML 415, unknown experiment
 404, a retry in a cancelled experiment 409 (its state, not the request, is in the
-way), ledger down or another request's datasets being fetched 503."""
+way), ledger down, another request's datasets being fetched, or a bucket the API's
+NATS user may not read or write (its message names the right: the operator's to fix)
+503."""
 
 
 def decode_json(body: bytes) -> Any:

@@ -79,8 +79,8 @@ def test_a_stored_task_is_read_back_by_the_submitter_s_role(tmp_path: Path) -> N
         assert retried.returncode == 0, retried.stderr[-3000:]
         assert json.loads(retried.stdout)["run_id"].startswith(f"{trial}:retry:")
     # Read from the archive, the task's variable is judged against the live runner,
-    # which lacks it. Before the submitter's role could read the bucket: a 500
-    # (ObjectAccessDenied); before the archive was read at all: 200, the trials
-    # carrying no variable, each then ending on the runner.
+    # which lacks it. Before the submitter's role could read the bucket: a 503 naming
+    # the right (ObjectAccessDenied); before the archive was read at all: 200, the
+    # trials carrying no variable, each then ending on the runner.
     assert plan.status_code == 422, plan.text
     assert "runner-0 has no OPENAI_API_KEY set (task.toml of task 'judged')" in plan.text

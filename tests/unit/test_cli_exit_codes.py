@@ -1,5 +1,6 @@
 """How the CLI ends on each kind of trialbus error (services/cli._run): one line on
-stderr and the README's exit code, never a traceback."""
+stderr and the README's exit code, never a traceback; and the HTTP API's answer to a
+bucket the stack refuses."""
 
 from __future__ import annotations
 
@@ -41,3 +42,16 @@ def test_a_bug_is_not_dressed_as_one_of_them() -> None:
     # The control: an error of no listed kind still surfaces as itself.
     with pytest.raises(E.InternalError):
         cli._run(lambda: _raise(E.InternalError("an invariant broke")))
+
+
+async def test_the_api_answers_a_refused_bucket_with_503_naming_the_right() -> None:
+    # The HTTP side of the same fault (services/submitter/routes.ERROR_HANDLERS): before,
+    # a bare 500 with nothing said.
+    from services.submitter.routes import ERROR_HANDLERS
+
+    exc = E.ObjectAccessDenied("TRIALBUS_TASKS/x: the NATS user lacks a right on bucket")
+    answer = await ERROR_HANDLERS[E.ObjectAccessDenied](None, exc)  # type: ignore[arg-type]
+    assert answer.status_code == 503
+    assert (
+        bytes(answer.body) == b'{"error":"TRIALBUS_TASKS/x: the NATS user lacks a right on bucket"}'
+    )
