@@ -19,7 +19,7 @@ from typing import Any
 _TEMPLATE_RE = re.compile(r"\$\{([^}:]+)")
 # Docker compose interpolates $NAME and ${NAME} from the runner's environment; $$ escapes.
 _COMPOSE_VAR_RE = re.compile(r"(?<!\$)\$\{?([A-Za-z_][A-Za-z0-9_]*)")
-_COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 _REQUIRED_RE = re.compile(r"\$\{([^}:]+)\}")
 """A whole env value Harbor resolves with no default (harbor.utils.env.resolve_env_vars)."""
 _ENV_TABLES = ("environment", "verifier", "solution")
@@ -42,7 +42,7 @@ def task_templates(task_dir: Path) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     for field, text in _strings(_task_toml(task_dir), "task.toml"):
         found.extend((field, m.group(1).strip()) for m in _TEMPLATE_RE.finditer(text))
-    for name in _COMPOSE_FILES:
+    for name in COMPOSE_FILES:
         compose = task_dir / "environment" / name
         if compose.is_file() and not compose.is_symlink():
             text = compose.read_text(errors="replace")

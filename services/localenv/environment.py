@@ -55,6 +55,7 @@ from harbor.environments.capabilities import (
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 from harbor.models.trial.config import ResourceMode
 
+from services.common.task_variables import COMPOSE_FILES
 from services.localenv.builder import BuildRequest, build_layer
 from services.localenv.disk import DiskQuota, QuotaGuard
 from services.localenv.dockerfile import BuildPlan, RunStep, plan_build
@@ -82,7 +83,7 @@ from services.localenv.sandbox import Sandbox
 from services.localenv.shift import make_dir, parse_userns, shift_tree
 from services.localenv.spec import BWRAP, Bind, Overlay, SandboxSpec, missing_host_tools
 from services.localenv.stale import LAYERS_NAME, default_scratch
-from services.localenv.task_fit import COMPOSE_FILES, compose_refusal, environment_refusals
+from services.localenv.task_fit import compose_refusal, environment_refusals
 from services.localenv.tools import TOOLS_BIN, Toolbox
 from services.localenv.users import lookup_user
 

@@ -356,11 +356,6 @@ class Sandbox:
             await self._slirp.wait()
             self._slirp = None
 
-    @property
-    def network(self) -> bool:
-        """Whether the sandbox reaches the outside now."""
-        return self._slirp is not None
-
     async def set_network(self, enabled: bool) -> None:
         """Give the running sandbox the outside network, or take it away (Harbor's
         phase network policies: e.g. a public setup, an agent with no network, a

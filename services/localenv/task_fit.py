@@ -29,12 +29,10 @@ from harbor.models.task.config import EnvironmentConfig, TaskConfig, TaskOS
 from pydantic import ValidationError
 
 from services.common.folder_reads import read_inside
+from services.common.task_variables import COMPOSE_FILES
 from services.localenv.dockerfile import plan_build
 from services.localenv.errors import UnsupportedEnvironmentError
 from services.localenv.images import python_version_for
-
-COMPOSE_FILES: Final = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
-"""Names Harbor reads a task's multi-container definition from (``environment/``)."""
 
 DOCKERFILE_MAX_BYTES: Final = 1024 * 1024
 """A Dockerfile larger than this is not read at submit (the runner still reads it)."""

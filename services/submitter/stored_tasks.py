@@ -28,7 +28,7 @@ from services.common.unpack import ArchiveError, unpack_task
 from services.localenv.task_fit import unhostable
 from services.submitter.hosting import local_refusal
 from services.submitter.resolve import ResolvedTask
-from services.submitter.submit import PreparedExperiment, check_event_sizes
+from services.submitter.submit import PreparedExperiment, check_event_sizes, not_stored
 
 
 def read_archive(
@@ -42,13 +42,6 @@ def read_archive(
         variables = list(dict.fromkeys(name for _, name in required_task_secrets(task_dir)))
         refusals = unhostable(task_dir, local_kwargs) if local_kwargs is not None else []
         return variables, refusals
-
-
-def _missing(i: int, task: ResolvedTask, store: ObjectStore, why: str) -> ManifestError:
-    return ManifestError(
-        f"tasks[{i}]: task {task.ref.name!r} ({task.ref.checksum[:12]}...) is not in the "
-        f"tasks bucket {store.bucket}{why}; upload it first (POST /tasks)"
-    )
 
 
 READ_AT_ONCE = 4
@@ -74,12 +67,12 @@ async def read_stored_tasks(prepared: PreparedExperiment, store: ObjectStore) ->
         async with turns:
             ref = await store.info(checksum)
             if ref is None:
-                raise _missing(i, task, store, "")
+                raise not_stored(i, task, store.bucket)
             try:
                 data = await store.get(ref)
                 return await asyncio.to_thread(read_archive, data, checksum, kwargs)
             except ObjectMissing:
-                raise _missing(i, task, store, " (any more)") from None
+                raise not_stored(i, task, store.bucket, " (any more)") from None
             except (ObjectCorrupt, ArchiveError) as exc:
                 raise ManifestError(
                     f"tasks[{i}]: the stored archive of task {task.ref.name!r} "

@@ -269,15 +269,20 @@ def check_event_sizes(prepared: PreparedExperiment) -> None:
         raise _too_large("trial_requested", data, *_largest_field(fields[top], where))
 
 
+def not_stored(i: int, task: ResolvedTask, bucket: str, why: str = "") -> ManifestError:
+    """The refusal of ``tasks[i]``, a task given by checksum the bucket does not hold."""
+    return ManifestError(
+        f"tasks[{i}]: task {task.ref.name!r} ({task.ref.checksum[:12]}...) is not in the "
+        f"tasks bucket {bucket}{why}; upload it first (POST /tasks)"
+    )
+
+
 async def check_stored_tasks(prepared: PreparedExperiment, store: ObjectStore) -> None:
     """Raise ManifestError naming a task given by checksum (``{name, checksum}``) that
     the tasks bucket does not hold: its trials would fail on every runner."""
     for i, task in enumerate(prepared.tasks):
         if task.folder is None and await store.info(task.ref.checksum) is None:
-            raise ManifestError(
-                f"tasks[{i}]: task {task.ref.name!r} ({task.ref.checksum[:12]}...) is not "
-                f"in the tasks bucket {store.bucket}; upload it first (POST /tasks)"
-            )
+            raise not_stored(i, task, store.bucket)
 
 
 async def upload_tasks(prepared: PreparedExperiment, store: ObjectStore) -> None:
