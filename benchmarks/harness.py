@@ -349,9 +349,13 @@ class Context:
     """Settings every benchmark receives: where to work, how big, how many runs."""
 
     work_dir: Path
+    """Scratch folder (``--work-dir``), emptied per measurement."""
     quick: bool
+    """Tiny sizes (``--quick``): a check that the benchmark runs, not a measurement."""
     runs: int
+    """Runs per measurement (``--runs``)."""
     mongo_url: str | None = None
+    """A real MongoDB to also import into (``--mongo-url``); None: the embedded ledger only."""
 
     def path(self, *parts: str) -> Path:
         """A path under the work folder (not created)."""

@@ -25,7 +25,9 @@ class Attempt:
     kind: str
     """``trial_started`` or ``trial_failed``."""
     attempt: int
+    """The attempt number the event carries (a hand-back must not raise it)."""
     handed_back: int
+    """A start's count of earlier hand-backs of the trial (0 on a TrialFailed)."""
     failure: str = ""
     """For a TrialFailed: ``<failure class>/<error type>``, and ``/final`` when final."""
 
@@ -35,7 +37,9 @@ class Recorded:
     """What the ledger holds for a trial: its record's attempts and whether it is scored."""
 
     attempts: int
+    """The record's ``attempts`` (1 unless an attempt failed and was retried)."""
     scored: bool
+    """Whether the record counts in a score (``TrialRecord.scored``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,12 +43,13 @@ NODES = ("nats-1", "nats-2", "nats-3")
 SERVICE_UID = 10001
 """uid of the trialbus image's user (infra/Dockerfile)."""
 ROUTE_USER = "trialbus-route"
+"""The user the NATS nodes' routes authenticate as (its password: ``nats/route.json``)."""
 LEDGER_USER = "trialbus"
+"""The MongoDB user of the services' ``LEDGER_URL`` (its password: ``mongo/``)."""
 CA_COPY = "ca.pem"
 """The CA's name beside the credentials files (their ``ca_file``)."""
-
-# Where compose.yaml mounts the files inside the NATS containers.
 CONTAINER_TLS = "/etc/nats-tls"
+"""Where compose.yaml mounts ``tls/`` inside the NATS containers."""
 
 
 @dataclass(frozen=True, slots=True)

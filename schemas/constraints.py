@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 MAX_INT64 = 2**63 - 1
 """Largest integer the ledger (BSON int64) stores; larger ones fail every write."""
@@ -29,3 +29,11 @@ PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 DelaySeconds = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
 """A delay between attempts: finite, from 0 to an hour."""
+
+
+def require_either[M: BaseModel](model: M, first: str, second: str, why: str) -> M:
+    """``model`` when ``first`` or ``second`` (or both) is set; a model validator's
+    ValueError naming the two fields otherwise (``why``: what they are for)."""
+    if getattr(model, first) is None and getattr(model, second) is None:
+        raise ValueError(f"give {first}, {second} or both ({why})")
+    return model

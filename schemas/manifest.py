@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # MAX_INT64 is re-exported: modules that check ledger-storable numbers import it from here.
 from schemas.constraints import MAX_INT64 as MAX_INT64
-from schemas.constraints import DelaySeconds, PositiveFinite
+from schemas.constraints import DelaySeconds, PositiveFinite, require_either
 from schemas.documented import DOCUMENTED
 from schemas.ids import agent_key
 from schemas.subjects import CLASS_PATTERN, DEFAULT_POOL, POOL_PATTERN
@@ -274,9 +274,7 @@ class BudgetSpec(_Strict):
 
     @model_validator(mode="after")
     def _some_limit(self) -> BudgetSpec:
-        if self.max_cost_usd is None and self.max_tokens is None:
-            raise ValueError("give max_cost_usd, max_tokens or both (or leave budget out)")
-        return self
+        return require_either(self, "max_cost_usd", "max_tokens", "or leave budget out")
 
 
 class ExperimentManifest(_Strict):

@@ -39,12 +39,16 @@ JOB_FOLDER = "2026-01-02__03-04-05"
 
 @dataclass(frozen=True, slots=True)
 class TrialSpec:
-    """One trial to run: folder name, task folder, Harbor agent, agent timeout factor."""
+    """One trial for :func:`run_trials` to run through Harbor."""
 
     name: str
+    """The trial folder's name inside the job folder (``<task>__<agent>__<n>``)."""
     task: Path
+    """The task folder Harbor runs."""
     agent: str
+    """A Harbor agent name (``oracle``, ``nop``)."""
     agent_timeout_multiplier: float | None = None
+    """Harbor's agent timeout factor (None: the task's own timeout)."""
 
 
 @dataclass(frozen=True, slots=True)

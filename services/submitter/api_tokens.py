@@ -38,6 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
+from schemas.constraints import require_either
 from schemas.documented import DOCUMENTED
 from schemas.subjects import CLASS_PATTERN
 from services.common.errors import UserInputError
@@ -138,9 +139,7 @@ class _Entry(BaseModel):
 
     @model_validator(mode="after")
     def _named(self) -> _Entry:
-        if self.user is None and self.team is None:
-            raise ValueError("give a user, a team or both (the identity the token acts as)")
-        return self
+        return require_either(self, "user", "team", "the identity the token acts as")
 
 
 class _TokensFile(BaseModel):

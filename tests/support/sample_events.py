@@ -36,6 +36,13 @@ NAMED_RUN: dict[str, Any] = {
     "model": "anthropic/claude-sonnet-4",
 }
 """What a start names of its run (runners since the fields exist)."""
+RETRYABLE_FAILURE: dict[str, Any] = {
+    "trial_id": "t1",
+    "failure_class": "agent",
+    "error_type": "X",
+    "message": "m",
+}
+"""A failure another attempt may mend, with no optional field (their defaults' bytes)."""
 
 
 def env(n: int) -> dict[str, Any]:
@@ -138,13 +145,7 @@ def instances() -> dict[str, events.Envelope]:
             run_id="t1:resume:2",
         ),
         "trial_failed_retry": events.TrialFailed(
-            **env(10),
-            trial_id="t1",
-            failure_class="agent",
-            error_type="X",
-            message="m",
-            attempt=2,
-            final=False,
+            **env(10), **RETRYABLE_FAILURE, attempt=2, final=False
         ),
         "result_imported": events.ResultImported(
             **env(11), trial_id="t1", status="complete", scored=True, main_reward=0.75, changed=True

@@ -37,9 +37,13 @@ class Servers:
     """The session's servers as one test sees them: URLs, its prefix, its database."""
 
     nats_url: str
+    """The session's nats-server (shared: the test's names keep it apart)."""
     ledger_url: str
+    """The session's MongoDB-wire ledger server."""
     topology: Topology
+    """The test's own streams, subjects, durables and buckets (a unique prefix)."""
     ledger_db: str
+    """The test's own ledger database."""
     tmp_path: Path
     """The test's own folder (tokens files, the CLI's absent stack file)."""
 

@@ -55,7 +55,7 @@ def test_issued_tokens_identify_their_identity_and_only_a_digest_is_stored(
     [
         ("tokens: []\n", 0o600, "tokens: List should have at least 1 item"),
         ("tokens:\n  - {sha256: not-a-digest, user: a}\n", 0o600, "tokens[0].sha256: must be"),
-        (f"tokens:\n  - {{sha256: {'a' * 64}}}\n", 0o600, "give a user, a team or both"),
+        (f"tokens:\n  - {{sha256: {'a' * 64}}}\n", 0o600, "give user, team or both"),
         (f"tokens:\n  - {{sha256: {'a' * 64}, user: a, role: x}}\n", 0o600, "unknown field"),
         (f"tokens:\n  - {{sha256: {'a' * 64}, user: 'a b'}}\n", 0o600, "tokens[0].user"),
         (f"tokens:\n  - {{sha256: {'a' * 64}, user: a, admin: 'yes'}}\n", 0o600, "admin"),
