@@ -24,10 +24,14 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH
+
+if TYPE_CHECKING:
+    from harbor.models.trial.config import TrialConfig
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_TASKS = REPO / "examples" / "tasks"
@@ -37,18 +41,28 @@ JOB_FOLDER = "2026-01-02__03-04-05"
 """Name of the fixture job folder (Harbor's timestamp form)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TrialSpec:
-    """One trial for :func:`run_trials` to run through Harbor."""
+def harbor_trial(
+    name: str, task: Path, agent: str, *, agent_timeout_multiplier: float | None = None
+) -> TrialConfig:
+    """Harbor's config of one trial for :func:`run_trials`: the folder ``name``
+    (``<task>__<agent>__<n>``), the task folder, a Harbor agent name, and Harbor's agent
+    timeout factor (None: the task's own timeout), in trialbus's local environment."""
+    # Imported here so that merely collecting tests does not import Harbor.
+    from harbor.models.trial.config import (
+        AgentConfig,
+        EnvironmentConfig,
+        TaskConfig,
+        TrialConfig,
+    )
 
-    name: str
-    """The trial folder's name inside the job folder (``<task>__<agent>__<n>``)."""
-    task: Path
-    """The task folder Harbor runs."""
-    agent: str
-    """A Harbor agent name (``oracle``, ``nop``)."""
-    agent_timeout_multiplier: float | None = None
-    """Harbor's agent timeout factor (None: the task's own timeout)."""
+    return TrialConfig(
+        task=TaskConfig(path=task),
+        trial_name=name,
+        agent=AgentConfig(name=agent),
+        environment=EnvironmentConfig(import_path=LOCAL_ENVIRONMENT_IMPORT_PATH),
+        agent_timeout_multiplier=agent_timeout_multiplier,
+        job_id=uuid.UUID(JOB_ID),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,30 +104,15 @@ def _never_ending_task(dest: Path) -> Path:
     return dest
 
 
-async def run_trials(job_dir: Path, specs: list[TrialSpec]) -> None:
-    # Imported here so that merely collecting tests does not import Harbor.
-    from harbor.models.trial.config import (
-        AgentConfig,
-        EnvironmentConfig,
-        TaskConfig,
-        TrialConfig,
-    )
+async def run_trials(job_dir: Path, trials: list[TrialConfig]) -> None:
+    """Run ``trials`` (:func:`harbor_trial`) at once into the job folder ``job_dir``."""
     from harbor.trial.trial import Trial
 
-    async def run(spec: TrialSpec) -> None:
-        config = TrialConfig(
-            task=TaskConfig(path=spec.task),
-            trial_name=spec.name,
-            trials_dir=job_dir,
-            agent=AgentConfig(name=spec.agent),
-            environment=EnvironmentConfig(import_path=LOCAL_ENVIRONMENT_IMPORT_PATH),
-            agent_timeout_multiplier=spec.agent_timeout_multiplier,
-            job_id=uuid.UUID(JOB_ID),
-        )
-        trial = await Trial.create(config)
+    async def run(config: TrialConfig) -> None:
+        trial = await Trial.create(config.model_copy(update={"trials_dir": job_dir}))
         await trial.run()
 
-    await asyncio.gather(*(run(s) for s in specs))
+    await asyncio.gather(*(run(c) for c in trials))
 
 
 @pytest.fixture(scope="session")
@@ -133,15 +132,15 @@ def harbor_trials(tmp_path_factory: pytest.TempPathFactory) -> HarborTrials:
     return _load(root)
 
 
-def _specs(root: Path) -> list[TrialSpec]:
+def _specs(root: Path) -> list[TrialConfig]:
     return [
-        TrialSpec("hello-file__oracle", EXAMPLE_TASKS / "hello-file", "oracle"),
-        TrialSpec("hello-file__nop", EXAMPLE_TASKS / "hello-file", "nop"),
-        TrialSpec("multi-metric__oracle", EXAMPLE_TASKS / "multi-metric", "oracle"),
-        TrialSpec("multi-metric__nop", EXAMPLE_TASKS / "multi-metric", "nop"),
-        TrialSpec("broken-verifier__oracle", EXAMPLE_TASKS / "broken-verifier", "oracle"),
+        harbor_trial("hello-file__oracle", EXAMPLE_TASKS / "hello-file", "oracle"),
+        harbor_trial("hello-file__nop", EXAMPLE_TASKS / "hello-file", "nop"),
+        harbor_trial("multi-metric__oracle", EXAMPLE_TASKS / "multi-metric", "oracle"),
+        harbor_trial("multi-metric__nop", EXAMPLE_TASKS / "multi-metric", "nop"),
+        harbor_trial("broken-verifier__oracle", EXAMPLE_TASKS / "broken-verifier", "oracle"),
         # hello-file's agent timeout is 60 s; x0.005 = 0.3 s.
-        TrialSpec(
+        harbor_trial(
             "never-ending__oracle",
             root / "tasks" / "never-ending",
             "oracle",
@@ -163,7 +162,7 @@ def _load(root: Path) -> HarborTrials:
     job_dir = root / JOB_FOLDER
     specs = _specs(root)
     names = ["oracle", "nop", "multi", "multi_nop", "broken", "timeout"]
-    trials = {short: job_dir / spec.name for short, spec in zip(names, specs, strict=True)}
+    trials = {short: job_dir / spec.trial_name for short, spec in zip(names, specs, strict=True)}
     for short, path in trials.items():
         if not (path / "result.json").is_file():
             raise RuntimeError(f"Harbor wrote no result.json for the {short!r} fixture trial")

@@ -12,7 +12,7 @@ from schemas.ids import slug
 from services.common.harbor_jobs import write_job_result
 from tests.e2e.conftest import Stacks
 from tests.e2e.faultkit import ledger_records
-from tests.harbor_fixtures import EXAMPLE_TASKS, TrialSpec, run_trials
+from tests.harbor_fixtures import EXAMPLE_TASKS, harbor_trial, run_trials
 
 pytestmark = pytest.mark.e2e
 
@@ -25,14 +25,14 @@ async def test_external_harbor_job_is_imported_by_the_watcher(stacks: Stacks) ->
     job = stack.jobs_dir / "2026-11-25__12-00-00"
     job.mkdir(parents=True)
     trials = [
-        TrialSpec("hello-file__ext1", EXAMPLE_TASKS / "hello-file", "oracle"),
-        TrialSpec("hello-file__ext2", EXAMPLE_TASKS / "hello-file", "nop"),
-        TrialSpec("broken-verifier__ext3", EXAMPLE_TASKS / "broken-verifier", "oracle"),
+        harbor_trial("hello-file__ext1", EXAMPLE_TASKS / "hello-file", "oracle"),
+        harbor_trial("hello-file__ext2", EXAMPLE_TASKS / "hello-file", "nop"),
+        harbor_trial("broken-verifier__ext3", EXAMPLE_TASKS / "broken-verifier", "oracle"),
     ]
     await run_trials(job, trials)
     experiment_id = f"harbor-{slug(job.name)}"
     await asyncio.to_thread(write_job_result, job, experiment_id, 3)
-    await tap.all_imported(experiment_id, {t.name for t in trials}, 60)
+    await tap.all_imported(experiment_id, {t.trial_name for t in trials}, 60)
     recs = await ledger_records(stack, experiment_id)
     by_id = {r.trial_id: r for r in recs}
     assert by_id["hello-file__ext1"].evaluation.main_reward == 1.0
@@ -63,7 +63,9 @@ async def test_a_copied_external_job_is_left_out_and_no_experiment_waits_forever
     tap = await stacks.tap(stack)
     job = stack.jobs_dir / "2026-11-25__12-00-00"
     job.mkdir(parents=True)
-    await run_trials(job, [TrialSpec("hello-file__orig1", EXAMPLE_TASKS / "hello-file", "oracle")])
+    await run_trials(
+        job, [harbor_trial("hello-file__orig1", EXAMPLE_TASKS / "hello-file", "oracle")]
+    )
     original = f"harbor-{slug(job.name)}"
     await asyncio.to_thread(write_job_result, job, original, 1)
     await tap.all_imported(original, {"hello-file__orig1"}, 60)
@@ -76,7 +78,9 @@ async def test_a_copied_external_job_is_left_out_and_no_experiment_waits_forever
     # is recorded, the watcher has scanned the copy.
     later = stack.jobs_dir / "2026-11-25__13-00-00"
     later.mkdir()
-    await run_trials(later, [TrialSpec("hello-file__later1", EXAMPLE_TASKS / "hello-file", "nop")])
+    await run_trials(
+        later, [harbor_trial("hello-file__later1", EXAMPLE_TASKS / "hello-file", "nop")]
+    )
     newer = f"harbor-{slug(later.name)}"
     await asyncio.to_thread(write_job_result, later, newer, 1)
     await tap.all_imported(newer, {"hello-file__later1"}, 60)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,7 +22,10 @@ from services.common.adapters.memory import InMemoryLedger
 from services.common.harbor_jobs import write_job_result
 from services.importer.jobdir import import_job_dir
 from services.reports.leaderboard import LeaderboardRow, leaderboard
-from tests.harbor_fixtures import EXAMPLE_TASKS, TrialSpec, run_trials
+from tests.harbor_fixtures import EXAMPLE_TASKS, harbor_trial, run_trials
+
+if TYPE_CHECKING:
+    from harbor.models.trial.config import TrialConfig
 
 REPETITIONS = 4
 
@@ -43,16 +46,16 @@ def _coin_tasks(root: Path) -> tuple[Path, Path]:
     return passing, failing
 
 
-def _specs(root: Path) -> list[TrialSpec]:
+def _specs(root: Path) -> list[TrialConfig]:
     passing, failing = _coin_tasks(root / "tasks")
     hello = EXAMPLE_TASKS / "hello-file"
-    specs = [TrialSpec(f"hello__oracle__{i}", hello, "oracle") for i in range(REPETITIONS)]
-    specs += [TrialSpec(f"hello__nop__{i}", hello, "nop") for i in range(REPETITIONS)]
+    specs = [harbor_trial(f"hello__oracle__{i}", hello, "oracle") for i in range(REPETITIONS)]
+    specs += [harbor_trial(f"hello__nop__{i}", hello, "nop") for i in range(REPETITIONS)]
     # coin: 1 pass in 4 attempts; count-words: all pass.
-    specs += [TrialSpec("coin__oracle__0", passing, "oracle")]
-    specs += [TrialSpec(f"coin__oracle__{i}", failing, "oracle") for i in range(1, REPETITIONS)]
+    specs += [harbor_trial("coin__oracle__0", passing, "oracle")]
+    specs += [harbor_trial(f"coin__oracle__{i}", failing, "oracle") for i in range(1, REPETITIONS)]
     specs += [
-        TrialSpec(f"count__{agent}__{i}", EXAMPLE_TASKS / "count-words", agent)
+        harbor_trial(f"count__{agent}__{i}", EXAMPLE_TASKS / "count-words", agent)
         for agent in ("oracle", "nop")
         for i in range(REPETITIONS)
     ]
@@ -71,7 +74,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shutil.copytree(clean, mixed)
     broken = EXAMPLE_TASKS / "broken-verifier"
     asyncio.run(
-        run_trials(mixed, [TrialSpec(f"broken__oracle__{i}", broken, "oracle") for i in range(2)])
+        run_trials(
+            mixed, [harbor_trial(f"broken__oracle__{i}", broken, "oracle") for i in range(2)]
+        )
     )
     return {"clean": clean, "mixed": mixed}
 
