@@ -52,6 +52,10 @@ LOCAL_ENVIRONMENT_ALIAS = "local"
 
 LOCAL_ENVIRONMENT_IMPORT_PATH = "services.localenv.environment:LocalEnvironment"
 
+LOCAL_ALLOWLIST = "local.allowlist"
+"""The capability of a runner whose local environment enforces a task's network allowlist
+(one running as root: services/localenv/egress.py), which trials of such a task require."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, **DOCUMENTED)

@@ -12,9 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas.constraints import Count, FiniteAmount, PositiveCount
 from schemas.documented import DOCUMENTED
 from schemas.envelope import TRIAL_ID_PATTERN, RunEvent, TrialEvent, type_tag
-from schemas.manifest import MAX_NAME_CHARS, AgentSpec, ComputeSpec, RetrySpec
+from schemas.manifest import MAX_NAME_CHARS, MAX_REQUIRES, AgentSpec, ComputeSpec, RetrySpec
 from schemas.objects import SHA256_PATTERN, ObjectRef
-from schemas.runners import EnvName
+from schemas.runners import Capability, EnvName
 
 MAX_MESSAGE_CHARS = 4000
 """Longest error message an event carries (runners cut Harbor's at 2,000)."""
@@ -119,6 +119,12 @@ class TrialRequested(RunEvent):
     live runner of the pool that has it, like an agent's api_key_env (for a task given by checksum,
     and a retry, from the task's archive). Absent: none; the runner checks task.toml again either
     way."""
+
+    task_requires: list[Capability] | None = _left_out_when_none(max_length=MAX_REQUIRES)
+    """Capabilities a runner must offer for the task itself, beyond compute's, as the submitter
+    read them from its task.toml (``local.allowlist``: a network allowlist under the local
+    environment). A runner without one hands the trial to a live runner of the pool that offers
+    it. Absent: none."""
 
     def needed_variables(self) -> list[str]:
         """Every variable a runner must have for this trial: the agent's, then the task's."""

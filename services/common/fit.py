@@ -1,6 +1,7 @@
 """What a trial needs of the runner that takes it, and whether a runner has it.
 
-A trial needs its environment and ``compute.requires`` (capabilities), and every
+A trial needs its environment, ``compute.requires`` and what its task requires
+(capabilities: ``pools.trial_capabilities``), and every
 variable its agent's ``api_key_env`` and its task's task.toml name
 (``TrialRequested.needed_variables``), each allowed by the runner's policy and set in
 its environment. :class:`Fit` is what one runner holds, :meth:`Fit.lack` what it lacks
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from schemas.events import TrialRequested
 from schemas.runners import RunnerInfo, forbidden_secret_name
-from services.common.pools import required_capabilities
+from services.common.pools import TASK_REQUIREMENTS, trial_capabilities
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +26,8 @@ class Lack:
     """What a runner lacks to run one trial."""
 
     capabilities: tuple[str, ...] = ()
-    """Environments and labels the trial requires that the runner does not offer."""
+    """Environments, labels and task requirements the trial needs that the runner does not
+    offer."""
     variables: tuple[str, ...] = ()
     """The variables it needs (the agent's ``api_key_env``, the task's) that the runner's
     policy allows and it has not set."""
@@ -40,7 +42,14 @@ class Lack:
         'claude-code')``; a task's variable is named as ``task.toml of task 't'``."""
         parts = []
         if self.capabilities:
-            parts.append(f"does not offer {', '.join(repr(c) for c in self.capabilities)}")
+            parts.append(
+                f"does not offer {', '.join(repr(c) for c in self.capabilities)}"
+                + "".join(
+                    f" (task {request.task.name!r}: {TASK_REQUIREMENTS[c]})"
+                    for c in self.capabilities
+                    if c in (request.task_requires or ()) and c in TASK_REQUIREMENTS
+                )
+            )
         if self.variables:
             parts.append(f"has no {', '.join(self.variables)} set ({_of(request, self.variables)})")
         if self.refused:
@@ -78,7 +87,7 @@ class Fit:
         caps = (
             ()
             if self.offers is None
-            else tuple(c for c in required_capabilities(request.compute) if c not in self.offers)
+            else tuple(c for c in trial_capabilities(request) if c not in self.offers)
         )
         names = request.needed_variables()
         refused = tuple(n for n in names if not self._allows(n))
@@ -127,7 +136,7 @@ def combination_refusal(
     judged: set[tuple[str, tuple[str, ...], tuple[str, ...]]] = set()
     for trial in trials:
         compute = trial.compute
-        need = (compute.pool, required_capabilities(compute), tuple(trial.needed_variables()))
+        need = (compute.pool, trial_capabilities(trial), tuple(trial.needed_variables()))
         if need in judged:
             continue
         judged.add(need)

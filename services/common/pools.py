@@ -5,6 +5,9 @@ only if it serves that pool, and can run them only if it offers everything the
 trials need: the capabilities in ``compute.requires`` and the environment itself
 when it is one runners detect (``local``, ``docker``; services.runner.capabilities).
 Cloud environments and ``module:Class`` ones are not detectable, so they add nothing.
+A trial may also carry what its task requires (``TrialRequested.task_requires``, read
+by the submitter from task.toml: ``local.allowlist``), judged by
+:func:`task_requires_refusal`.
 
 The submitter calls :func:`pool_refusal` with the live records
 (``RunnerRegistry.live_runners()``) before publishing, and refuses with its message;
@@ -21,7 +24,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from schemas.manifest import LOCAL_ENVIRONMENT_ALIAS, ComputeSpec, ExperimentManifest
+from schemas.events import TrialRequested
+from schemas.manifest import (
+    LOCAL_ALLOWLIST,
+    LOCAL_ENVIRONMENT_ALIAS,
+    ComputeSpec,
+    ExperimentManifest,
+)
 from schemas.runners import RunnerInfo
 from services.common.runner_policy import (
     agent_refusals,
@@ -40,6 +49,53 @@ def required_capabilities(compute: ComputeSpec) -> tuple[str, ...]:
     ``requires``, in that order, without repeats."""
     env = [compute.environment] if compute.environment in DETECTED_ENVIRONMENTS else []
     return tuple(dict.fromkeys([*env, *compute.requires]))
+
+
+def trial_capabilities(trial: TrialRequested) -> tuple[str, ...]:
+    """What a runner must offer for ``trial``: its compute's (``required_capabilities``),
+    then what its task requires (``task_requires``), without repeats."""
+    return tuple(
+        dict.fromkeys([*required_capabilities(trial.compute), *(trial.task_requires or ())])
+    )
+
+
+TASK_REQUIREMENTS = {
+    LOCAL_ALLOWLIST: (
+        "its task.toml asks for a network allowlist, which the local environment enforces "
+        "only on a runner that runs as root"
+    ),
+}
+"""Why a task requires each capability the submitter may read from it."""
+
+
+def task_requires_refusal(
+    trials: Iterable[TrialRequested], runners: Sequence[RunnerInfo]
+) -> str | None:
+    """None when, for every task with ``task_requires``, a live runner of its pool offers
+    all its trials need; else which task requires what and why, e.g. ``task 'fetch'
+    requires 'local.allowlist' (its task.toml asks for a network allowlist, ...), and no
+    live runner in pool 'default' offers 'local' and 'local.allowlist'``."""
+    problems: dict[str, None] = {}
+    for trial in trials:
+        if not trial.task_requires:
+            continue
+        needed = trial_capabilities(trial)
+        pool = trial.compute.pool
+        if any(r.pool == pool and set(needed) <= r.offers for r in runners):
+            continue
+        why = TASK_REQUIREMENTS.get
+        wanted = ", ".join(f"{c!r} ({why(c, 'read from the task')})" for c in trial.task_requires)
+        problems[
+            f"task {trial.task.name!r} requires {wanted}, and no live runner in pool {pool!r} "
+            f"offers {' and '.join(repr(c) for c in needed)}"
+        ] = None
+    if not problems:
+        return None
+    return (
+        "; ".join(problems)
+        + f"; {live_pools_summary(runners)}"
+        + " (start such a runner in the pool, or leave the task out)"
+    )
 
 
 def pool_refusal(

@@ -25,9 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from harbor.models.task.config import EnvironmentConfig, TaskConfig, TaskOS
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, TaskConfig, TaskOS
 from pydantic import ValidationError
 
+from schemas.manifest import LOCAL_ALLOWLIST
 from services.common.folder_reads import read_inside
 from services.common.task_variables import COMPOSE_FILES
 from services.localenv.dockerfile import plan_build
@@ -106,3 +107,27 @@ def unhostable(task_dir: Path, environment_kwargs: Mapping[str, Any] | None = No
     except UnsupportedEnvironmentError as exc:
         refusals.append(str(exc))
     return refusals
+
+
+def asks_allowlist(config: TaskConfig) -> bool:
+    """Whether a phase of the task (its environment, agent or verifier, or a step's)
+    has ``network_mode = "allowlist"``."""
+    phases = [config.environment, config.agent, config.verifier]
+    for step in config.steps or ():
+        phases += [step.agent, step.verifier]
+    return any(phase.network_mode == NetworkMode.ALLOWLIST for phase in phases)
+
+
+def local_requirements(task_dir: Path) -> list[str]:
+    """The capabilities a runner's local environment must offer for the task in
+    ``task_dir`` beyond ``local`` (``TrialRequested.task_requires``): ``local.allowlist``
+    when a phase asks for a network allowlist. A task.toml Harbor cannot read requires
+    nothing here (``unhostable`` refuses it)."""
+    toml = read_inside(task_dir, "task.toml")
+    if not isinstance(toml, bytes):
+        return []
+    try:
+        config = TaskConfig.model_validate_toml(toml.decode("utf-8", errors="replace"))
+    except (ValidationError, ValueError):
+        return []
+    return [LOCAL_ALLOWLIST] if asks_allowlist(config) else []

@@ -6,6 +6,10 @@ A runner publishes its capabilities in the runner registry
 
 - ``local``: bubblewrap creates a sandbox here (``bwrap --ro-bind / / --unshare-all
   true``: the namespaces trialbus's local environment needs).
+- ``local.allowlist``: ``local``, and the runner runs as root: the local environment
+  enforces a task's network allowlist with a proxy inside the sandbox's network
+  namespace, which only root can enter (services/localenv/egress.py). The submitter
+  marks the trials of a task that asks for one (``TrialRequested.task_requires``).
 - ``docker``: the Docker daemon answers the Engine API's ``GET /_ping`` with ``OK``
   (what the ``docker`` SDK's ``ping()`` sends), AND Harbor's docker environment is
   importable and its own preflight command (``docker info``, via the CLI it drives)
@@ -27,6 +31,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
+from schemas.manifest import LOCAL_ALLOWLIST, LOCAL_ENVIRONMENT_ALIAS
 from schemas.runners import check_capability
 from services.common.logging import get_logger
 
@@ -116,7 +121,8 @@ def bubblewrap_works(bwrap: str = "bwrap", timeout_s: float = PROBE_TIMEOUT_S) -
 
 
 def detect_environments(env: Mapping[str, str] | None = None) -> list[str]:
-    """The environments this host can run: a subset of ``["docker", "local"]``.
+    """The environments this host can run: a subset of ``["docker", "local",
+    "local.allowlist"]``.
 
     ``env`` is the environment the probes see (default: this process's); its
     ``DOCKER_HOST`` names the daemon, as for the docker CLI and SDK.
@@ -127,7 +133,9 @@ def detect_environments(env: Mapping[str, str] | None = None) -> list[str]:
     if docker_ping(docker_host, PROBE_TIMEOUT_S / 5) and harbor_docker_ready(env):
         found.append("docker")
     if bubblewrap_works():
-        found.append("local")
+        found.append(LOCAL_ENVIRONMENT_ALIAS)
+        if os.geteuid() == 0:
+            found.append(LOCAL_ALLOWLIST)
     return found
 
 

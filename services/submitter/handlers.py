@@ -32,6 +32,7 @@ from services.common.pools import (
     policy_refusal,
     pool_refusal,
     secret_refusal,
+    task_requires_refusal,
 )
 from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
 from services.common.priority import PriorityClasses
@@ -89,7 +90,8 @@ def check_priority_class(prepared: PreparedExperiment, classes: PriorityClasses)
 
 async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -> None:
     """Raise ManifestError when no live runner of the manifest's pool can run it: none
-    offers what it needs, their Harbor ships no agent of a name it gives, their
+    offers what it needs (or what a task requires: a network allowlist's
+    ``local.allowlist``), their Harbor ships no agent of a name it gives, their
     policies refuse it (the runners would refuse each trial anyway), none has an API
     key variable an agent or a task names set, or no single one holds all that one of
     its trials needs (``fit.combination_refusal``)."""
@@ -97,6 +99,9 @@ async def check_runners(prepared: PreparedExperiment, runners: RunnerRegistry) -
     refusal = pool_refusal(prepared.manifest.compute, live)
     if refusal is not None:
         raise ManifestError(f"compute: {refusal}")
+    refusal = task_requires_refusal(prepared.trials, live)
+    if refusal is not None:
+        raise ManifestError(refusal)
     refusal = agent_name_refusal(prepared.manifest, live)
     if refusal is not None:
         raise ManifestError(refusal)

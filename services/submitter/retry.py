@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas.events import TaskRef, TrialRequested
-from schemas.manifest import ExperimentManifest, StoredTask
+from schemas.manifest import ComputeSpec, ExperimentManifest, StoredTask
 from schemas.record import TrialRecord
 from services.common.errors import (
     ExperimentCancelled,
@@ -34,6 +34,7 @@ from services.submitter.quota_gate import QuotaGate
 from services.submitter.resolve import TaskFolders
 from services.submitter.stored_tasks import read_archive
 from services.submitter.submit import expand_trials
+from services.submitter.task_needs import TaskNeeds
 
 
 def stored_manifest(info: ExperimentInfo) -> ExperimentManifest:
@@ -89,24 +90,22 @@ async def task_ref(
     )
 
 
-async def archive_variables(
-    tasks: ObjectStore, ref: TaskRef, known: dict[str, list[str]]
-) -> list[str]:
-    """The runner variables the task's task.toml requires (``TrialRequested.
-    task_variables``), read from its archive in the tasks bucket (unpacked and checked
-    against its checksum, as a runner does) and kept in ``known`` by checksum: one
-    download per task however many of its trials a request retries."""
+async def archive_needs(
+    tasks: ObjectStore, ref: TaskRef, compute: ComputeSpec, known: dict[str, TaskNeeds]
+) -> TaskNeeds:
+    """What the task asks of a runner of ``compute`` (``TrialRequested.task_variables``
+    and ``task_requires``), read from its archive in the tasks bucket (unpacked and
+    checked against its checksum, as a runner does) and kept in ``known`` by checksum:
+    one download per task however many of its trials a request retries."""
     if ref.checksum not in known:
         stored = await tasks.info(ref.checksum)
         data = await tasks.get(stored) if stored is not None else None
         known[ref.checksum] = (
-            await asyncio.to_thread(_variables_in, data, ref.checksum) if data else []
+            (await asyncio.to_thread(read_archive, data, ref.checksum, compute))[0]
+            if data
+            else TaskNeeds()
         )
     return known[ref.checksum]
-
-
-def _variables_in(archive: bytes, checksum: str) -> list[str]:
-    return read_archive(archive, checksum)[0]
 
 
 def recorded_team(info: ExperimentInfo) -> str | None:
@@ -176,7 +175,7 @@ async def retry_unscored(
     unscored = [r for r in await ports.ledger.records_for(experiment_id) if not r.scored]
     # One correlation id for the request: its runs' imports carry it, as a submission's.
     correlation_id = uuid.uuid4().hex
-    known: dict[str, list[str]] = {}
+    known: dict[str, TaskNeeds] = {}
     planned = [
         (r, await _new_run(ports, info, manifest, r, folders, correlation_id, known))
         for r in unscored
@@ -215,13 +214,13 @@ async def _new_run(
     record: TrialRecord,
     folders: TaskFolders | None,
     correlation_id: str,
-    known: dict[str, list[str]],
+    known: dict[str, TaskNeeds],
 ) -> TrialRequested:
     """The recorded trial's TrialRequested, rebuilt from the stored manifest and its
-    task's archive (its task variables too: ``known``, see archive_variables), as a
+    task's archive (what it asks of a runner too: ``known``, see archive_needs), as a
     new run carrying ``correlation_id``."""
     ref = await task_ref(manifest, record, ports.tasks, folders)
-    needs = {ref.checksum: await archive_variables(ports.tasks, ref, known)}
+    needs = {ref.checksum: await archive_needs(ports.tasks, ref, manifest.compute, known)}
     matches = [
         t
         for t in expand_trials(manifest, info.experiment_id, [ref], correlation_id, needs)

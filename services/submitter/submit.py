@@ -18,7 +18,7 @@ import hashlib
 import json
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -34,15 +34,15 @@ from schemas.events import (
 from schemas.ids import experiment_id_for, trial_id_for
 from schemas.manifest import LOCAL_ENVIRONMENT_IMPORT_PATH, ExperimentManifest
 from services.common.errors import ManifestError
-from services.common.pools import required_capabilities
+from services.common.pools import required_capabilities, trial_capabilities
 from services.common.ports import EventBus, Ledger, ObjectStore
 from services.common.task_cache import upload_task
-from services.common.task_variables import required_task_secrets
 from services.reports.formatting import agent_at
 from services.submitter.datasets import FetchedDatasets
 from services.submitter.hosting import check_local_hosting
 from services.submitter.quota_gate import QuotaGate
 from services.submitter.resolve import ResolvedTask, resolve_tasks
+from services.submitter.task_needs import TaskNeeds, task_needs
 
 
 def canonical_manifest(manifest: ExperimentManifest) -> dict[str, Any]:
@@ -62,12 +62,11 @@ def expand_trials(
     experiment_id: str,
     tasks: list[TaskRef],
     correlation_id: str = "",
-    task_variables: Mapping[str, Sequence[str]] | None = None,
+    needs: Mapping[str, TaskNeeds] | None = None,
 ) -> list[TrialRequested]:
-    """tasks x agents x repetitions, in a stable order. ``task_variables``: by task
-    checksum, the runner variables its task.toml requires (each trial carries its
-    task's; a task not in it carries none)."""
-    needs = task_variables or {}
+    """tasks x agents x repetitions, in a stable order. ``needs``: by task checksum, what
+    the task asks of a runner (each trial carries its task's; a task not in it, none)."""
+    nothing = TaskNeeds()
     trials: list[TrialRequested] = []
     n_trials = len(manifest.agents) * len(tasks) * manifest.repetitions
     for agent in manifest.agents:
@@ -87,7 +86,7 @@ def expand_trials(
                         compute=manifest.compute,
                         retry=manifest.retry,
                         experiment_trials=n_trials,
-                        task_variables=list(needs.get(task.checksum, ())) or None,
+                        **(needs or {}).get(task.checksum, nothing).trial_fields(),
                     )
                 )
     return trials
@@ -137,11 +136,13 @@ class PreparedExperiment:
 
     def plan(self) -> dict[str, Any]:
         """What it would run, as a dry run says it: the experiment id, the trial count,
-        tasks, agents (as reports name them), the pool and what it requires, and the
-        variables the runners must have set (the agents' ``api_key_env`` and what a
-        task's task.toml asks for)."""
+        tasks, agents (as reports name them), the pool and what its runners must offer
+        (the compute's requirements, then what tasks require), and the variables the
+        runners must have set (the agents' ``api_key_env`` and what a task's task.toml
+        asks for)."""
         manifest = self.manifest
         variables = {name for trial in self.trials for name in trial.needed_variables()}
+        requires = {c: None for trial in self.trials for c in trial_capabilities(trial)}
         agents = {agent_at(t.agent.display, t.agent.model): None for t in self.trials}
         return {
             "dry_run": True,
@@ -152,7 +153,7 @@ class PreparedExperiment:
             "agents": list(agents),
             "repetitions": manifest.repetitions,
             "pool": manifest.compute.pool,
-            "requires": list(required_capabilities(manifest.compute)),
+            "requires": list(dict.fromkeys([*required_capabilities(manifest.compute), *requires])),
             "runner_variables": sorted(variables),
         }
 
@@ -171,11 +172,7 @@ def prepare(
         check_local_hosting(tasks, manifest.compute.environment_kwargs)
     correlation_id = uuid.uuid4().hex
     # Read here, where the folders are: a runner lacking one hands the trial on.
-    needs = {
-        t.ref.checksum: [name for _, name in required_task_secrets(t.folder)]
-        for t in tasks
-        if t.folder is not None
-    }
+    needs = {t.ref.checksum: task_needs(t.folder, manifest.compute) for t in tasks if t.folder}
     trials = expand_trials(manifest, experiment_id, [t.ref for t in tasks], correlation_id, needs)
     prepared = PreparedExperiment(manifest, experiment_id, tasks, trials, correlation_id)
     # Here too, so the CLI refuses before connecting and names the manifest file.

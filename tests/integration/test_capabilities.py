@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from services.runner import capabilities
 from services.runner.capabilities import (
     DEFAULT_DOCKER_HOST,
     bubblewrap_works,
@@ -126,6 +127,25 @@ def test_local_follows_bubblewrap(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\nexit 1\n")
     fake.chmod(0o755)
     assert not bubblewrap_works(bwrap=str(fake))
+
+
+def test_local_allowlist_follows_bubblewrap_and_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner offers ``local.allowlist`` when it offers ``local`` and runs as root (the
+    egress proxy enters the sandbox's network namespace: services/localenv/egress.py)."""
+    if shutil.which("bwrap") is None:
+        skip_unless("bubblewrap is not installed: apt-get install bubblewrap")
+    if os.geteuid() != 0:
+        skip_unless("the runner's allowlist needs root; run the tests as root")
+    env = _env(f"unix://{tmp_path / 'x.sock'}")  # no daemon there: no docker
+    assert detect_capabilities(env=env) == ["local", "local.allowlist"]
+    # Negative controls: not root, or no sandbox, is no allowlist.
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "geteuid", lambda: 1000)
+        assert detect_capabilities(env=env) == ["local"]
+    monkeypatch.setattr(capabilities, "bubblewrap_works", lambda: False)
+    assert detect_capabilities(env=env) == []
 
 
 def test_labels_are_appended_and_checked(tmp_path: Path) -> None:

@@ -431,6 +431,64 @@ async def test_a_manifest_no_live_runner_can_run_is_a_422_until_one_is_live(
         assert await _events(nats_url, topology) > 0
 
 
+async def test_a_task_asking_for_an_allowlist_needs_a_runner_that_enforces_it(
+    client: Client, nats_url: str, topology: Topology
+) -> None:
+    """Its trials require ``local.allowlist`` (a root runner's), from a folder and from a
+    stored archive alike; a pool of runners that do not offer it refuses the manifest at
+    submit, saying why, instead of every trial failing on a runner."""
+    allow = REPO / "tests" / "fixtures" / "tasks" / "allowlist-network"
+    folder_manifest = "name: allow-folder\ntasks: [allowlist-network, phase-network]\n" + (
+        "agents: [{name: oracle}]\ncompute: {environment: local}\n"
+    )
+    nc = await nats.connect(nats_url)
+    try:
+        async with client(
+            check_runners=True, tasks_root=REPO / "tests" / "fixtures" / "tasks"
+        ) as api:
+            await announce_live_runner(nc.jetstream(), topology, concurrency=1)  # offers local
+            refused = await _post_yaml(api, folder_manifest, dry_run=True)
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["error"].startswith(
+                "task 'allowlist-network' requires 'local.allowlist' (its task.toml asks for a "
+                "network allowlist, which the local environment enforces only on a runner "
+                "that runs as root), and no live runner in pool 'default' offers 'local' and "
+                "'local.allowlist'; live pools: default (local) x1"
+            ), refused.text
+            # The control: a runner that enforces it is live; the same manifest passes.
+            await announce_live_runner(
+                nc.jetstream(),
+                topology,
+                concurrency=1,
+                runner_id="r-root",
+                capabilities=("local", "local.allowlist"),
+            )
+            plan = await _post_yaml(api, folder_manifest, dry_run=True)
+            assert plan.status_code == 200, plan.text
+            assert plan.json()["requires"] == ["local", "local.allowlist"]
+            # A stored task: read from its archive, its trials carry it too.
+            stored = await api.post(
+                "/tasks?name=allowlist-network", content=archive(allow), headers=AUTH
+            )
+            assert stored.status_code == 201, stored.text
+            manifest = {
+                "name": "allow-stored",
+                "tasks": [stored.json()],
+                "agents": [{"name": "oracle"}],
+                "compute": {"environment": "local"},
+            }
+            headers = {**AUTH, "Content-Type": "application/json"}
+            submitted = await api.post("/experiments", json=manifest, headers=headers)
+            assert submitted.status_code == 202, submitted.text
+    finally:
+        await nc.close()
+    experiment_id = submitted.json()["experiment_id"]
+    [request] = [
+        r for r in await work_messages(nats_url, topology) if r.experiment_id == experiment_id
+    ]
+    assert request.task_requires == ["local.allowlist"]
+
+
 async def _events(nats_url: str, topology: Topology) -> int:
     nc = await nats.connect(nats_url)
     try:

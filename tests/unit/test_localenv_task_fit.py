@@ -16,7 +16,7 @@ from services.common.errors import ManifestError
 from services.common.failures import is_retryable
 from services.localenv.environment import LocalEnvironment
 from services.localenv.errors import UnsupportedEnvironmentError
-from services.localenv.task_fit import unhostable
+from services.localenv.task_fit import local_requirements, unhostable
 from services.submitter.submit import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +62,30 @@ def test_an_allowlist_anywhere_in_task_toml_is_hostable(tmp_path: Path, table: s
     toml.write_text(text.replace(f"{table}\n", f"{table}\n{ALLOWLIST}", 1))
     assert ALLOWLIST in toml.read_text()
     assert unhostable(task) == []
+
+
+@pytest.mark.parametrize("table", ["[agent]", "[verifier]", "[steps.agent]", "[environment]"])
+def test_an_allowlist_anywhere_requires_a_runner_that_enforces_it(
+    tmp_path: Path, table: str
+) -> None:
+    task = _task(tmp_path, '\n[[steps]]\nname = "one"\n[steps.agent]\n')
+    toml = task / "task.toml"
+    text = toml.read_text().replace('network_mode = "no-network"\n', "")
+    toml.write_text(text.replace(f"{table}\n", f"{table}\n{ALLOWLIST}", 1))
+    assert local_requirements(task) == ["local.allowlist"]
+
+
+@pytest.mark.parametrize("task", EXAMPLES + FIXTURES, ids=lambda p: p.name)
+def test_only_the_allowlist_task_requires_more_than_local(task: Path) -> None:
+    # The control: a task without an allowlist (public, none, switched phases) requires
+    # nothing; a task.toml Harbor cannot read requires nothing either (it is refused).
+    wanted = ["local.allowlist"] if task.name == "allowlist-network" else []
+    assert local_requirements(task) == wanted
+
+
+def test_an_unreadable_task_toml_requires_nothing(tmp_path: Path) -> None:
+    task = _task(tmp_path, '\n[environment]\nnetwork_mode = "allowlist"\n')  # a second table
+    assert unhostable(task) and local_requirements(task) == []
 
 
 def test_the_environment_table_s_gpus_and_os_are_named(tmp_path: Path) -> None:
@@ -159,6 +183,31 @@ def test_submit_lets_another_environment_take_the_same_tasks(tmp_path: Path) -> 
     # The control: the same folders, for Docker, are accepted.
     _tasks(tmp_path)
     assert len(prepare(_manifest(tmp_path, "docker"), tmp_path).trials) == 2
+
+
+def test_trials_of_an_allowlist_task_require_local_allowlist(tmp_path: Path) -> None:
+    fixture = ROOT / "tests" / "fixtures" / "tasks" / "allowlist-network"
+    shutil.copytree(fixture, tmp_path / "tasks" / "allowlist-network")
+    shutil.copytree(ROOT / "examples" / "tasks" / "hello-file", tmp_path / "tasks" / "hello-file")
+
+    def manifest(environment: str) -> ExperimentManifest:
+        return ExperimentManifest.model_validate(
+            {
+                "name": "allow",
+                "tasks": ["tasks/allowlist-network", "tasks/hello-file"],
+                "agents": [{"name": "oracle"}],
+                "compute": {"environment": environment},
+            }
+        )
+
+    local = prepare(manifest("local"), tmp_path)
+    needs = {t.task.name: t.task_requires for t in local.trials}
+    assert needs == {"allowlist-network": ["local.allowlist"], "hello-file": None}
+    assert local.plan()["requires"] == ["local", "local.allowlist"]
+    # The control: Docker enforces an allowlist itself; its trials require nothing more.
+    docker = prepare(manifest("docker"), tmp_path)
+    assert [t.task_requires for t in docker.trials] == [None, None]
+    assert docker.plan()["requires"] == ["docker"]
 
 
 # -- on the runner -------------------------------------------------------------------------

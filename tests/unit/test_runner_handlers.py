@@ -691,24 +691,67 @@ async def test_a_task_s_variable_this_runner_lacks_is_left_for_a_peer_that_has_i
 ) -> None:
     req = make_request().model_copy(update={"task_variables": ["DB_TOKEN"]})
     lacks = lacks.format(task=req.task.name)
+    failed_event = await handed_off_then_ended(
+        tmp_path,
+        req,
+        fit,
+        able=peer("runner-2", ["docker"], ["DB_TOKEN"]),
+        unable=peer("runner-2", ["docker"], ["OTHER_KEY"]),  # lacks it too
+    )
+    assert failed_event.error_type == error_type
+    assert lacks in failed_event.message, failed_event.message
+
+
+async def handed_off_then_ended(
+    tmp_path: Path, req: TrialRequested, fit: Fit, *, able: RunnerInfo, unable: RunnerInfo
+) -> TrialFailed:
+    """Check that a runner holding ``fit`` hands ``req`` back, nothing started or
+    published, while ``able`` is live; and, the control, that with only ``unable`` live
+    it ends the trial at once: returns that final TrialFailed."""
     world = World(
         ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
         fit=fit,
-        peers=await peers_of(peer("runner-2", ["docker"], ["DB_TOKEN"])),
+        peers=await peers_of(able),
     )
     verdict = await world.handle(req)
     assert (verdict.action, verdict.reason) == ("nak", "handoff")
     assert world.executor.calls == [] and world.bus.published == []
-    # Control: the peer lacks it too; the trial ends at once, naming the task's file.
     alone = World(
         ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
         fit=fit,
-        peers=await peers_of(peer("runner-2", ["docker"], ["OTHER_KEY"])),
+        peers=await peers_of(unable),
     )
     assert await alone.handle(req) == ACK
+    assert alone.executor.calls == []
     [failed_event] = alone.bus.of_type(TrialFailed)
-    assert (failed_event.error_type, failed_event.final) == (error_type, True)
-    assert lacks in failed_event.message, failed_event.message
+    assert failed_event.final
+    return failed_event
+
+
+async def test_a_task_s_allowlist_is_left_for_a_runner_that_enforces_it(tmp_path: Path) -> None:
+    """A runner that is not root does not offer ``local.allowlist``; a root peer does."""
+    request = make_request()
+    compute = request.compute.model_copy(update={"environment": "local"})
+    req = request.model_copy(update={"compute": compute, "task_requires": ["local.allowlist"]})
+    failed_event = await handed_off_then_ended(
+        tmp_path,
+        req,
+        Fit(frozenset({"local"}), frozenset()),  # not root
+        able=peer("runner-2", ["local", "local.allowlist"], []),
+        unable=peer("runner-2", ["local"], []),
+    )
+    assert failed_event.error_type == "RunnerLacksCapability"
+    assert (
+        "does not offer 'local.allowlist' (task 'hello': its task.toml asks for a network "
+        "allowlist, which the local environment enforces only on a runner that runs as root)"
+    ) in failed_event.message, failed_event.message
+    # And a runner that offers it runs the trial.
+    able = World(
+        ScriptedExecutor(lambda r, a: completed(tmp_path, r.trial_id)),
+        fit=Fit(frozenset({"local", "local.allowlist"}), frozenset()),
+        peers=await peers_of(),
+    )
+    assert await able.handle(req) == ACK and len(able.executor.calls) == 1
 
 
 async def test_a_runner_that_has_what_the_trial_needs_runs_it(tmp_path: Path) -> None:

@@ -14,7 +14,10 @@ from services.common.pools import (
     pool_refusal,
     required_capabilities,
     secret_refusal,
+    task_requires_refusal,
+    trial_capabilities,
 )
+from tests.unit.runner_support import make_request
 
 
 def _runner(
@@ -166,3 +169,25 @@ def test_a_variable_a_task_cannot_start_without_is_checked_like_an_api_key(
     holder = _runner("b", caps=["local"], secrets_set=["JUDGE_KEY"])
     oracle = _manifest({"name": "oracle"})
     assert secret_refusal(oracle, [*runners, holder], [("judged", task)]) is None
+
+
+def test_a_task_s_requirement_needs_a_runner_of_the_pool_that_offers_it() -> None:
+    request = make_request()
+    compute = request.compute.model_copy(update={"environment": "local"})
+    plain = request.model_copy(update={"compute": compute})
+    allow = plain.model_copy(update={"task_requires": ["local.allowlist"]})
+    assert trial_capabilities(allow) == ("local", "local.allowlist")
+    refusal = task_requires_refusal([plain, allow, allow], LOCALS)
+    assert refusal == (
+        "task 'hello' requires 'local.allowlist' (its task.toml asks for a network allowlist, "
+        "which the local environment enforces only on a runner that runs as root), and no "
+        "live runner in pool 'default' offers 'local' and 'local.allowlist'; live pools: "
+        "default (local) x2 (start such a runner in the pool, or leave the task out)"
+    )
+    root = _runner("root", caps=["local", "local.allowlist"])
+    # Controls: a root runner of the pool lets it through; one of another pool does not;
+    # a trial that requires nothing is never refused here.
+    assert task_requires_refusal([plain, allow], [*LOCALS, root]) is None
+    elsewhere = root.model_copy(update={"pool": "gpu"})
+    assert task_requires_refusal([allow], [*LOCALS, elsewhere]) is not None
+    assert task_requires_refusal([plain], []) is None
