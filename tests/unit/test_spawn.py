@@ -86,6 +86,26 @@ async def _cancel_in_the_pipe_window(
     return task
 
 
+ATTEMPTS = 20
+"""Tries to hit the window: under load the pipes may connect before the cancellation."""
+
+
+async def _in_the_window(
+    create: Create, wait_s: float = DEADLINE_S
+) -> tuple[asyncio.Task[Any], str]:
+    """``_cancel_in_the_pipe_window`` until the cancellation lands in the window (not
+    after the call returned the process, which a loaded machine's scheduling allows);
+    the task and its processes' marker (the caller kills them)."""
+    for _ in range(ATTEMPTS):
+        marker = f"spawn-{uuid.uuid4().hex}"
+        task = await _cancel_in_the_pipe_window(create, marker, wait_s)
+        if not (task.done() and not task.cancelled() and task.exception() is None):
+            return task, marker
+        _kill_all(marker)  # missed: the call had returned its process
+        await task.result().wait()
+    raise AssertionError(f"the pipe window was missed {ATTEMPTS} times")
+
+
 def _kill_all(marker: str) -> None:
     for pid in _marked(marker):
         with contextlib.suppress(ProcessLookupError):
@@ -93,9 +113,8 @@ def _kill_all(marker: str) -> None:
 
 
 async def test_a_cancelled_spawn_ends_and_leaves_no_process() -> None:
-    marker = f"spawn-{uuid.uuid4().hex}"
+    task, marker = await _in_the_window(procs.spawn)
     try:
-        task = await _cancel_in_the_pipe_window(procs.spawn, marker)
         assert task.done(), "the cancellation did not end"
         assert task.cancelled()
         _until(lambda: not _marked(marker), "the cancelled command's processes ended")
@@ -116,10 +135,9 @@ async def test_a_spawn_that_cannot_start_raises_its_error() -> None:
 
 async def test_negative_control_asyncio_alone_hangs_in_that_window() -> None:
     """The same steps through ``asyncio.create_subprocess_exec``: the check above fails."""
-    marker = f"spawn-{uuid.uuid4().hex}"
+    task, marker = await _in_the_window(asyncio.create_subprocess_exec, HUNG_S)
     try:
-        task = await _cancel_in_the_pipe_window(asyncio.create_subprocess_exec, marker, HUNG_S)
-        assert not task.done(), "asyncio ended the cancellation: the window was missed"
+        assert not task.done(), "asyncio ended the cancellation"
     finally:
         _kill_all(marker)  # the pipes close, and asyncio's wait ends
     await asyncio.wait_for(asyncio.wait([task]), DEADLINE_S)
