@@ -246,6 +246,30 @@ def report(
 
 
 @app.command()
+def trials(
+    experiment: LatestExperiment = None,
+    unscored: Annotated[
+        bool, typer.Option("--unscored", help="Only trials that do not count in the scores.")
+    ] = False,
+    task: Annotated[str | None, typer.Option(help="Only this task's trials.")] = None,
+    agent: Annotated[
+        str | None, typer.Option(help="Only this agent's trials (agent@model, or the agent).")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Every recorded trial: id, task, agent, repetition, status, reward, failure,
+    attempts, how long it ran and where (the ids ``logs`` and ``retry`` take)."""
+    from services.reports.tables import trials_table
+    from services.reports.trials import experiment_trials, select
+
+    exp_id, lines = _read(experiment_trials, experiment)
+    chosen = select(lines, unscored=unscored, task=task, agent=agent)
+    if _printed_as_json(chosen, json_out):
+        return
+    out.print(trials_table(chosen, f"trials: {exp_id}", len(lines)))
+
+
+@app.command()
 def compare(
     experiment_a: Annotated[str, typer.Argument(help="Experiment of side A.")],
     experiment_b: Annotated[

@@ -131,7 +131,7 @@ def register(
         trial: Annotated[
             str | None,
             typer.Argument(
-                help="Trial id (`trialbus report EXPERIMENT` names them); or --unscored."
+                help="Trial id (`trialbus trials EXPERIMENT` lists them); or --unscored."
             ),
         ] = None,
         unscored: Annotated[

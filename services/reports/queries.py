@@ -277,7 +277,7 @@ async def experiment_leaderboard(
         leaderboard_rows,
         cache=cache,
         required=required,
-        codec=stored.LEADERBOARD_CODEC,
+        codec=stored.ROWS_CODEC,
     )
 
 

@@ -75,8 +75,8 @@ def _same(value: Any) -> Any:
 
 REPORT_CODEC: Final[Codec[dict[str, Any]]] = Codec(_same, _same)
 """The report is JSON already (``build_report``: what ``report --json`` prints)."""
-LEADERBOARD_CODEC: Final[Codec[list[dict[str, Any]]]] = Codec(_same, _same)
-"""The leaderboard's rows are JSON already (``leaderboard --json``)."""
+ROWS_CODEC: Final[Codec[list[dict[str, Any]]]] = Codec(_same, _same)
+"""Rows that are JSON already (``leaderboard --json``, ``trials --json``)."""
 
 
 @functools.cache

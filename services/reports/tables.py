@@ -21,6 +21,7 @@ from services.reports.formatting import (
     usage_cell,
     with_ci,
 )
+from services.reports.progress import duration
 
 
 def _pass_at_k_brief(pass_at_k: dict[str, float]) -> str:
@@ -60,6 +61,30 @@ def leaderboard_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
             _pass_at_k_brief(r.get("pass_at_k") or {}),
         ]
         table.add_row(*cells, *([cost(r, "/scored")] if with_cost else []))
+    return table
+
+
+def trials_table(lines: Sequence[dict[str, Any]], title: str, listed_of: int) -> Table:
+    """An experiment's trials (``services.reports.trials``), one line each; the caption
+    says how many of its ``listed_of`` recorded trials the filters kept."""
+    table = Table(title=title, caption=f"{len(lines)} of {listed_of} recorded trials")
+    for col in ("trial", "task", "agent", "rep", "status", "reward", "failure", "tries", "ran"):
+        table.add_column(col)
+    for t in lines:
+        failure = t["failure_class"]
+        if t["exception_type"]:
+            failure = f"{failure} ({t['exception_type']})"
+        table.add_row(
+            escape(t["trial_id"]),
+            escape(t["task"]),
+            escape(t["agent"]),
+            "-" if t["repetition"] is None else str(t["repetition"]),
+            t["status"],
+            num(t["reward"]) if t["scored"] else Text("unscored", style="dim"),
+            "-" if failure == "none" else escape(failure),
+            str(t["attempts"]),
+            f"{duration(t['seconds'])} on {escape(t['runner_host'] or '-')}",
+        )
     return table
 
 

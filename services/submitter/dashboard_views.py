@@ -34,6 +34,7 @@ from services.reports.progress import (  # the dashboard's names for the shared 
     submitter_label,
     when,
 )
+from services.reports.trials import trial_lines
 
 __all__ = [
     "PAGES",
@@ -42,7 +43,6 @@ __all__ = [
     "Progress",
     "TrialPage",
     "TrialRow",
-    "agent_label",
     "duration",
     "experiment_row",
     "experiment_url",
@@ -94,27 +94,20 @@ def running_rows(started: Mapping[str, TrialStarted], recorded: Set[str]) -> lis
 
 
 def record_rows(records: Sequence[TrialRecord], limit: int | None = None) -> list[TrialRow]:
-    """The records' rows, by task, agent, repetition and id (the first ``limit``)."""
-    rows = []
-    ordered = sorted(
-        records,
-        key=lambda r: (r.provenance.task_name, agent_label(r), r.repetition or 0, r.trial_id),
-    )
-    for rec in ordered[:limit]:
-        ev = rec.evaluation
-        rows.append(
-            TrialRow(
-                trial_id=rec.trial_id,
-                task=rec.provenance.task_name,
-                agent=agent_label(rec),
-                status=rec.status,
-                reward=formatting.num(ev.main_reward) if ev.reward_valid else "unscored",
-                failure_class=ev.failure_class,
-                attempts=str(rec.attempts),
-                runner_host=rec.provenance.runner_host or "-",
-            )
+    """The records' rows, in ``trialbus trials``'s order (the first ``limit``)."""
+    return [
+        TrialRow(
+            trial_id=line.trial_id,
+            task=line.task,
+            agent=line.agent,
+            status=line.status,
+            reward=formatting.num(line.reward) if line.scored else "unscored",
+            failure_class=line.failure_class,
+            attempts=str(line.attempts),
+            runner_host=line.runner_host or "-",
         )
-    return rows
+        for line in trial_lines(records)[:limit]
+    ]
 
 
 PAGE_ROWS = 100
@@ -171,12 +164,6 @@ def trial_page(
         skip = max(0, start - len(running))
         rows += recorded[skip : skip + size - len(rows)]
     return TrialPage(rows, number, pages, total, start + 1 if rows else 0)
-
-
-def agent_label(rec: TrialRecord) -> str:
-    """``label`` or ``name``, with ``@model`` when the record names one."""
-    p = rec.provenance
-    return formatting.agent_at(p.agent_label or p.agent_name, p.model)
 
 
 def leaderboard_cells(row: dict[str, Any]) -> dict[str, str]:

@@ -48,6 +48,7 @@ from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
 from services.reports.report_cache import ReportCache
+from services.reports.trials import experiment_trials, select
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.datasets import (
@@ -433,6 +434,20 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
             ports.ledger, experiment_id, cache=ports.reports
         )
         return rows
+
+    @router.get("/experiments/{experiment_id}/trials")
+    async def trial_list(
+        experiment_id: str,
+        ports: PortsDep,
+        unscored: bool = False,
+        task: str | None = None,
+        agent: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every recorded trial, by task, agent and repetition: only unscored ones, one
+        task's or one agent's (agent@model, or the agent) on request (as `trialbus
+        trials --json`)."""
+        _, lines = await experiment_trials(ports.ledger, experiment_id, cache=ports.reports)
+        return select(lines, unscored=unscored, task=task, agent=agent)
 
     @router.get("/experiments/{experiment_id}/report")
     async def report(experiment_id: str, ports: PortsDep) -> dict[str, Any]:

@@ -340,7 +340,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     # COLUMNS out: the piped table's width is the CLI's own choice here.
     env = {k: v for k, v in servers.cli().env.items() if k != "COLUMNS"}
     page = tmp_path / "report.html"
-    status, board, report, unknown, listed, table = await asyncio.gather(
+    status, board, report, unknown, listed, table, trials, trials_table = await asyncio.gather(
         *(
             asyncio.to_thread(run_module, env, *args)
             for args in (
@@ -350,6 +350,8 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
                 ("status", "no-such-experiment", "--json"),
                 ("experiments", "--json"),
                 ("experiments",),
+                ("trials", experiment_id, "--json", "--unscored"),
+                ("trials", experiment_id, "--agent", "nop"),
             )
         )
     )
@@ -362,6 +364,9 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
         missing = await api.get("/experiments/no-such-experiment/status", headers=auth)
         http_list = await api.get("/experiments", headers=auth)
         unauthenticated = await api.get("/experiments")
+        http_trials = await api.get(base + "/trials", headers=auth)
+        http_unscored = await api.get(base + "/trials?unscored=true", headers=auth)
+        http_hello = await api.get(base + "/trials?task=hello-file&agent=oracle", headers=auth)
 
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout) == http["/status"].json()
@@ -385,6 +390,28 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     # The table, piped (not a terminal): ids whole, not cut to 80 columns' worth.
     assert table.returncode == 0, table.stderr
     assert f"│ {experiment_id} " in table.stdout, table.stdout
+    # The trials: every record once, by task, agent and repetition; the unscored one
+    # alone on request, the same from the CLI and over HTTP.
+    every = http_trials.json()
+    assert len(every) == 12 and len({t["trial_id"] for t in every}) == 12
+    order = [(t["task"], t["agent"], t["repetition"] or 0, t["trial_id"]) for t in every]
+    assert order == sorted(order)
+    assert trials.returncode == 0, trials.stderr
+    assert json.loads(trials.stdout) == http_unscored.json()
+    [failed] = http_unscored.json()
+    assert (failed["trial_id"], failed["scored"], failed["reward"], failed["failure_class"]) == (
+        f"{experiment_id}-nop-multi-metric-1",
+        False,
+        None,
+        "verifier",
+    )
+    assert [t["trial_id"] for t in http_hello.json()] == [
+        f"{experiment_id}-oracle-hello-file-{rep}" for rep in range(2)
+    ]
+    assert trials_table.returncode == 0, trials_table.stderr
+    assert "6 of 12 recorded trials" in trials_table.stdout, trials_table.stdout
+    assert failed["trial_id"] in trials_table.stdout
+    assert f"{experiment_id}-oracle-" not in trials_table.stdout  # the filter's control
     # An unknown experiment: exit 2 on the command line, 404 over HTTP, same words.
     assert unknown.returncode == 2
     assert "no experiment 'no-such-experiment' in the ledger" in unknown.stderr

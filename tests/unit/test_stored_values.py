@@ -10,6 +10,7 @@ from services.common.ports import ExperimentInfo
 from services.reports import queries, stored
 from services.reports.progress import Recorded
 from services.reports.report_cache import deep_size
+from services.reports.trials import lines_value
 from services.submitter.dashboard_stream import PAGE_CODEC, page_view_of
 from tests.support.records import report_record, single_reward
 
@@ -37,8 +38,10 @@ def test_every_kind_reads_back_equal() -> None:
             stored.decode(stored.encode(report, stored.REPORT_CODEC), stored.REPORT_CODEC) == report
         )
         board = queries.leaderboard_rows("exp", info, records)
-        codec_b = stored.LEADERBOARD_CODEC
+        codec_b = stored.ROWS_CODEC
         assert stored.decode(stored.encode(board, codec_b), codec_b) == board
+        lines = lines_value("exp", info, records)
+        assert stored.decode(stored.encode(lines, codec_b), codec_b) == lines
 
 
 def test_times_keep_their_zone_and_microseconds() -> None:

@@ -1,0 +1,116 @@
+"""An experiment's trials, one line each: what ``trialbus trials``,
+``GET /experiments/{id}/trials`` and the dashboard's trial table list.
+
+Built from the ledger's records through the one read path (``queries.derived``): a
+trial is listed once it has a record (finished, or ended by a final failure or a
+cancellation); ``trialbus status`` counts the rest. The lines are ordered by task,
+agent, repetition and trial id, as every table of trialbus orders them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from schemas.record import TrialRecord
+from services.common.ports import ExperimentInfo, Ledger
+from services.reports import formatting, queries, stored
+from services.reports.report_cache import ReportCache
+
+
+@dataclass(frozen=True, slots=True)
+class TrialLine:
+    """One trial as its record says."""
+
+    trial_id: str
+    """The trial's id (``trialbus logs``, ``retry`` and the dashboard's trial page take it)."""
+    task: str
+    """The task's name."""
+    agent: str
+    """The agent as every report names it: its label or name, ``@model`` when it has one."""
+    repetition: int | None
+    """0-based repetition (None: not recorded, as for an imported job folder)."""
+    status: str
+    """``complete`` or ``partial`` (the record's ``status``)."""
+    scored: bool
+    """Whether the trial counts in the scores (its reward is valid)."""
+    reward: float | None
+    """The main reward when scored."""
+    failure_class: str
+    """``none``, ``agent``, ``verifier``, ``infrastructure`` or ``cancelled``."""
+    exception_type: str | None
+    """The exception that decided ``failure_class``, when there was one."""
+    attempts: int
+    """Attempts of the run that produced the record (1 first)."""
+    runner_host: str | None
+    """The host whose runner ran it (None: not run by trialbus)."""
+    started_at: str | None
+    """When it started (ISO 8601, UTC)."""
+    seconds: float | None
+    """How long it ran."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The line as JSON (``--json``, the HTTP API)."""
+        return asdict(self)
+
+
+def line_of(record: TrialRecord) -> TrialLine:
+    """A record's line."""
+    p, ev, timing = record.provenance, record.evaluation, record.timing
+    return TrialLine(
+        trial_id=record.trial_id,
+        task=p.task_name,
+        agent=formatting.agent_at(p.agent_label or p.agent_name, p.model),
+        repetition=record.repetition,
+        status=record.status,
+        scored=record.scored,
+        reward=ev.main_reward if record.scored else None,
+        failure_class=ev.failure_class,
+        exception_type=ev.exception_type,
+        attempts=record.attempts,
+        runner_host=p.runner_host,
+        started_at=timing.started_at.isoformat() if timing.started_at else None,
+        seconds=timing.total_s,
+    )
+
+
+def trial_lines(records: Iterable[TrialRecord]) -> list[TrialLine]:
+    """Every record's line, by task, agent, repetition and trial id."""
+    lines = [line_of(r) for r in records]
+    return sorted(lines, key=lambda t: (t.task, t.agent, t.repetition or 0, t.trial_id))
+
+
+def select(
+    lines: Sequence[dict[str, Any]],
+    *,
+    unscored: bool = False,
+    task: str | None = None,
+    agent: str | None = None,
+) -> list[dict[str, Any]]:
+    """The lines (as JSON) of unscored trials only (``unscored``), of one task, of one
+    agent (its name as listed, ``label@model`` included, or the label alone)."""
+    return [
+        line
+        for line in lines
+        if not (unscored and line["scored"])
+        and (task is None or line["task"] == task)
+        and (agent is None or agent in (line["agent"], line["agent"].split("@", 1)[0]))
+    ]
+
+
+def lines_value(
+    _experiment_id: str, _info: ExperimentInfo | None, records: list[TrialRecord]
+) -> list[dict[str, Any]]:
+    """Every line as JSON (``experiment_trials``'s value)."""
+    return [line.as_dict() for line in trial_lines(records)]
+
+
+async def experiment_trials(
+    ledger: Ledger, experiment_id: str | None, *, cache: ReportCache | None = None
+) -> tuple[str, list[dict[str, Any]]]:
+    """(experiment id, its trials' lines as JSON); None picks the latest experiment.
+    Raises ExperimentNotFound as ``queries.load_experiment``."""
+    return await queries.derived(
+        ledger, experiment_id, "trials", lines_value, cache=cache, codec=stored.ROWS_CODEC
+    )
