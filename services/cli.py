@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from services.cli_args import ExperimentArg, JsonOpt, LatestExperiment
+from services.cli_args import ExperimentArg, JsonOpt, JunitOpt, LatestExperiment
 from services.common import errors as E
 from services.common.errors import (
     LedgerUnavailable,
@@ -41,6 +41,7 @@ from services.common.stackfile import settings_for
 
 if TYPE_CHECKING:
     from services.common.ports import Ledger
+    from services.reports.trials import TrialFilter
 
 app = typer.Typer(
     add_completion=False,
@@ -136,11 +137,15 @@ def submit(
             "the owner, quotas), else the manifest and task folders alone (a CI check).",
         ),
     ] = False,
+    junit: JunitOpt = None,
 ) -> None:
     """Validate a manifest, publish its trials, optionally wait for the results."""
     from services.submitter.commands import plan_submission, submit_and_wait
 
     settings = settings_for(SubmitterSettings)
+    if junit is not None and not wait:
+        err.print("error: --junit writes the results: give --wait too")
+        raise typer.Exit(E.EXIT_USER_ERROR)
     if dry_run:
         if wait:
             err.print("error: --dry-run publishes nothing to wait for; give one of the two")
@@ -163,7 +168,18 @@ def submit(
         )
         if result.rows is not None:
             print_leaderboard(result.rows, f"leaderboard: {s['experiment_id']}")
+    if junit is not None:
+        _write_junit(junit, result.summary["experiment_id"])
     raise typer.Exit(result.exit_code)
+
+
+def _write_junit(path: Path, experiment_id: str, where: TrialFilter | None = None) -> None:
+    """Write the JUnit XML report of the experiment's recorded trials (those ``where``
+    keeps; None: all) to ``path``."""
+    from services.reports.junit import experiment_junit
+    from services.reports.trials import EVERY_TRIAL
+
+    _write(path, _read(experiment_junit, experiment_id, where or EVERY_TRIAL)[1])
 
 
 def _print_plan(plan: dict[str, Any], json_out: bool) -> None:
@@ -256,14 +272,18 @@ def trials(
         str | None, typer.Option(help="Only this agent's trials (agent@model, or the agent).")
     ] = None,
     json_out: JsonOpt = False,
+    junit: JunitOpt = None,
 ) -> None:
     """Every recorded trial: id, task, agent, repetition, status, reward, failure,
     attempts, how long it ran and where (the ids ``logs`` and ``retry`` take)."""
     from services.reports.tables import trials_table
-    from services.reports.trials import experiment_trials, select
+    from services.reports.trials import TrialFilter, experiment_trials, select
 
     exp_id, lines = _read(experiment_trials, experiment)
-    chosen = select(lines, unscored=unscored, task=task, agent=agent)
+    where = TrialFilter(unscored, task, agent)
+    if junit is not None:
+        _write_junit(junit, exp_id, where)
+    chosen = select(lines, where)
     if _printed_as_json(chosen, json_out):
         return
     out.print(trials_table(chosen, f"trials: {exp_id}", len(lines)))

@@ -3,6 +3,7 @@ reads the same in every command's help."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,4 +19,13 @@ LatestExperiment = Annotated[str | None, typer.Argument(help="Default: the lates
 TrialOpt = Annotated[
     str | None,
     typer.Option("--trial", help="Only this trial of the experiment (its trial id)."),
+]
+
+JunitOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--junit",
+        help="Also write the trials as a JUnit XML report (CI test reports): a test "
+        "case per trial; a reward below a pass is a failure, an unscored trial an error.",
+    ),
 ]

@@ -15,7 +15,7 @@ from typing import Any
 
 from schemas.record import TrialRecord
 from services.common.ports import ExperimentInfo, Ledger
-from services.reports import formatting, queries, stored
+from services.reports import formatting, queries, scoring, stored
 from services.reports.report_cache import ReportCache
 
 
@@ -37,6 +37,11 @@ class TrialLine:
     """Whether the trial counts in the scores (its reward is valid)."""
     reward: float | None
     """The main reward when scored."""
+    passed: bool | None
+    """Whether the reward is a pass (at least 1.0: docs/scoring.md); None when unscored."""
+    unscored_cause: str | None
+    """Why it does not count, when unscored: its failure class, or ``no_reward`` /
+    ``invalid_reward`` (as the leaderboard counts causes)."""
     failure_class: str
     """``none``, ``agent``, ``verifier``, ``infrastructure`` or ``cancelled``."""
     exception_type: str | None
@@ -58,14 +63,17 @@ class TrialLine:
 def line_of(record: TrialRecord) -> TrialLine:
     """A record's line."""
     p, ev, timing = record.provenance, record.evaluation, record.timing
+    reward = scoring.scored_reward(record)
     return TrialLine(
         trial_id=record.trial_id,
         task=p.task_name,
         agent=formatting.agent_at(p.agent_label or p.agent_name, p.model),
         repetition=record.repetition,
         status=record.status,
-        scored=record.scored,
-        reward=ev.main_reward if record.scored else None,
+        scored=reward is not None,
+        reward=reward,
+        passed=None if reward is None else scoring.passes(reward),
+        unscored_cause=None if reward is not None else scoring.unscored_cause(record),
         failure_class=ev.failure_class,
         exception_type=ev.exception_type,
         attempts=record.attempts,
@@ -81,22 +89,34 @@ def trial_lines(records: Iterable[TrialRecord]) -> list[TrialLine]:
     return sorted(lines, key=lambda t: (t.task, t.agent, t.repetition or 0, t.trial_id))
 
 
-def select(
-    lines: Sequence[dict[str, Any]],
-    *,
-    unscored: bool = False,
-    task: str | None = None,
-    agent: str | None = None,
-) -> list[dict[str, Any]]:
-    """The lines (as JSON) of unscored trials only (``unscored``), of one task, of one
-    agent (its name as listed, ``label@model`` included, or the label alone)."""
-    return [
-        line
-        for line in lines
-        if not (unscored and line["scored"])
-        and (task is None or line["task"] == task)
-        and (agent is None or agent in (line["agent"], line["agent"].split("@", 1)[0]))
-    ]
+@dataclass(frozen=True, slots=True)
+class TrialFilter:
+    """Which lines to keep (``trialbus trials`` options, the HTTP API's query)."""
+
+    unscored: bool = False
+    """Only trials that do not count in the scores."""
+    task: str | None = None
+    """Only this task's trials."""
+    agent: str | None = None
+    """Only this agent's trials: as listed (``agent@model``), or the agent alone."""
+
+    def keeps(self, line: dict[str, Any]) -> bool:
+        """Whether ``line`` (as JSON) passes."""
+        agent = line["agent"]
+        return (
+            not (self.unscored and line["scored"])
+            and (self.task is None or line["task"] == self.task)
+            and (self.agent is None or self.agent in (agent, agent.split("@", 1)[0]))
+        )
+
+
+EVERY_TRIAL = TrialFilter()
+"""The filter that keeps every line."""
+
+
+def select(lines: Sequence[dict[str, Any]], where: TrialFilter) -> list[dict[str, Any]]:
+    """The lines (as JSON) ``where`` keeps."""
+    return [line for line in lines if where.keeps(line)]
 
 
 def lines_value(

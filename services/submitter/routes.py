@@ -47,8 +47,9 @@ from services.common.quotas import QuotaExceeded
 from services.common.settings import SubmitterSettings
 from services.reports import queries
 from services.reports.html import render_html
+from services.reports.junit import experiment_junit
 from services.reports.report_cache import ReportCache
-from services.reports.trials import experiment_trials, select
+from services.reports.trials import TrialFilter, experiment_trials, select
 from services.submitter import handlers, trial_pause
 from services.submitter.api_tokens import Identity, owner_from_record
 from services.submitter.datasets import (
@@ -437,17 +438,23 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
 
     @router.get("/experiments/{experiment_id}/trials")
     async def trial_list(
-        experiment_id: str,
-        ports: PortsDep,
-        unscored: bool = False,
-        task: str | None = None,
-        agent: str | None = None,
+        experiment_id: str, ports: PortsDep, where: Annotated[TrialFilter, Depends()]
     ) -> list[dict[str, Any]]:
         """Every recorded trial, by task, agent and repetition: only unscored ones, one
         task's or one agent's (agent@model, or the agent) on request (as `trialbus
         trials --json`)."""
         _, lines = await experiment_trials(ports.ledger, experiment_id, cache=ports.reports)
-        return select(lines, unscored=unscored, task=task, agent=agent)
+        return select(lines, where)
+
+    @router.get("/experiments/{experiment_id}/trials.xml")
+    async def trials_junit(
+        experiment_id: str, ports: PortsDep, where: Annotated[TrialFilter, Depends()]
+    ) -> Response:
+        """The trials (filtered as `/trials`) as a JUnit XML report: a test case per
+        trial, a reward below a pass a failure, an unscored trial an error, a cancelled
+        one skipped (as `trialbus trials --junit`)."""
+        _, xml = await experiment_junit(ports.ledger, experiment_id, where, ports.reports)
+        return Response(xml, media_type="application/xml")
 
     @router.get("/experiments/{experiment_id}/report")
     async def report(experiment_id: str, ports: PortsDep) -> dict[str, Any]:

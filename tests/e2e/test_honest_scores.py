@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import httpx
@@ -58,8 +59,8 @@ def _manifest(path: Path, name: str, tasks: list[str]) -> Path:
     return path
 
 
-def _submit(cli: Cli, manifest: Path, expected_exit: int) -> str:
-    summary = cli.json("submit", str(manifest), "--wait", exit_code=expected_exit)
+def _submit(cli: Cli, manifest: Path, expected_exit: int, *extra: str) -> str:
+    summary = cli.json("submit", str(manifest), "--wait", *extra, exit_code=expected_exit)
     assert summary["status"]["pending"] == 0
     experiment_id: str = summary["experiment_id"]
     return experiment_id
@@ -76,7 +77,8 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
         ["tasks/hello-file", "tasks/wrong-answer", "tasks/old-python"],
     )
     exp_clean = _submit(cli, clean, expected_exit=0)
-    exp_mixed = _submit(cli, mixed, expected_exit=1)  # unscored trials: exit 1
+    junit = tmp_path / "mixed.xml"
+    exp_mixed = _submit(cli, mixed, 1, "--junit", str(junit))  # unscored trials: exit 1
 
     [c] = cli.json("leaderboard", exp_clean)
     [m] = cli.json("leaderboard", exp_mixed)
@@ -86,6 +88,22 @@ def test_infrastructure_failures_grow_the_denominator_not_the_mean(
     assert c["pass_at_k"] == {"1": 0.5, "2": 0.5, "3": 0.5}
     for name in ESTIMATES:
         assert m[name] == c[name], name
+
+    # The CI's view (JUnit XML): a pass, a wrong answer (failure) and an unscored
+    # trial (error, with its exception) per repetition of each task.
+    suites = ET.fromstring(junit.read_bytes())
+    counts = {k: suites.get(k) for k in ("tests", "failures", "errors", "skipped")}
+    assert counts == {"tests": "9", "failures": "3", "errors": "3", "skipped": "0"}
+    outcomes = {
+        case.get("name"): [child.tag for child in case if child.tag != "properties"]
+        for case in suites.iter("testcase")
+    }
+    assert outcomes == {
+        **{f"hello-file #{r}": [] for r in range(3)},
+        **{f"wrong-answer #{r}": ["failure"] for r in range(3)},
+        **{f"old-python #{r}": ["error"] for r in range(3)},
+    }
+    assert {e.get("type") for e in suites.iter("error")} == {"UnsupportedEnvironmentError"}
 
     # The full report: the failure is shown with its cause, and not scored.
     html = tmp_path / "mixed.html"

@@ -13,6 +13,7 @@ import io
 import json
 import shutil
 import tarfile
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -340,6 +341,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     # COLUMNS out: the piped table's width is the CLI's own choice here.
     env = {k: v for k, v in servers.cli().env.items() if k != "COLUMNS"}
     page = tmp_path / "report.html"
+    junit = tmp_path / "trials.xml"
     status, board, report, unknown, listed, table, trials, trials_table = await asyncio.gather(
         *(
             asyncio.to_thread(run_module, env, *args)
@@ -351,7 +353,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
                 ("experiments", "--json"),
                 ("experiments",),
                 ("trials", experiment_id, "--json", "--unscored"),
-                ("trials", experiment_id, "--agent", "nop"),
+                ("trials", experiment_id, "--agent", "nop", "--junit", str(junit)),
             )
         )
     )
@@ -367,6 +369,7 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
         http_trials = await api.get(base + "/trials", headers=auth)
         http_unscored = await api.get(base + "/trials?unscored=true", headers=auth)
         http_hello = await api.get(base + "/trials?task=hello-file&agent=oracle", headers=auth)
+        http_junit = await api.get(base + "/trials.xml?agent=nop", headers=auth)
 
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout) == http["/status"].json()
@@ -412,6 +415,15 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     assert "6 of 12 recorded trials" in trials_table.stdout, trials_table.stdout
     assert failed["trial_id"] in trials_table.stdout
     assert f"{experiment_id}-oracle-" not in trials_table.stdout  # the filter's control
+    # The JUnit report of the same trials: nop's 5 wrong answers (reward 0) and its
+    # unscored one; the same bytes over HTTP.
+    assert http_junit.headers["content-type"] == "application/xml"
+    assert junit.read_bytes() == http_junit.content
+    suites = ET.fromstring(http_junit.content)
+    counts = {k: suites.get(k) for k in ("tests", "failures", "errors", "skipped")}
+    assert counts == {"tests": "6", "failures": "5", "errors": "1", "skipped": "0"}
+    trials_prop = [p.get("value") for p in suites.iter("property") if p.get("name") == "trials"]
+    assert trials_prop == ["13"]  # of the experiment's 13, one not recorded
     # An unknown experiment: exit 2 on the command line, 404 over HTTP, same words.
     assert unknown.returncode == 2
     assert "no experiment 'no-such-experiment' in the ledger" in unknown.stderr

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.reports.trials import lines_value, select
+from services.reports.trials import EVERY_TRIAL, TrialFilter, lines_value, select
 from services.submitter.dashboard_views import record_rows
 from tests.support.records import report_record, single_reward
 
@@ -34,13 +34,16 @@ def test_a_line_says_what_the_record_says() -> None:
 
 def test_the_filters_keep_what_they_name_and_nothing_else() -> None:
     lines = lines_value("exp", None, RECORDS)
-    assert select(lines) == lines  # the control: no filter keeps every line
+    assert select(lines, EVERY_TRIAL) == lines  # the control: no filter keeps every line
 
     def ids(chosen: list[dict[str, object]]) -> list[object]:
         return [t["trial_id"] for t in chosen]
 
-    assert ids(select(lines, unscored=True)) == [lines[0]["trial_id"]]
-    assert ids(select(lines, task="a")) == ids(lines[:2])
-    assert ids(select(lines, agent="oracle")) == ids(lines[1:])
-    assert ids(select(lines, agent="oracle@m1")) == [lines[2]["trial_id"]]
-    assert select(lines, agent="orac") == [] and select(lines, task="c") == []
+    assert ids(select(lines, TrialFilter(unscored=True))) == [lines[0]["trial_id"]]
+    assert ids(select(lines, TrialFilter(task="a"))) == ids(lines[:2])
+    assert ids(select(lines, TrialFilter(agent="oracle"))) == ids(lines[1:])
+    assert ids(select(lines, TrialFilter(agent="oracle@m1"))) == [lines[2]["trial_id"]]
+    assert (
+        select(lines, TrialFilter(agent="orac")) == []
+        and select(lines, TrialFilter(task="c")) == []
+    )
