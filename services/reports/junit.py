@@ -13,8 +13,9 @@ of docs/scoring.md:
 
 Each case carries its trial id, reward and attempts as properties, so a red build
 names the ids ``trialbus logs`` and ``trialbus retry`` take. Trials without a record
-(still running when ``submit --wait`` timed out) are not cases; the ``trials`` and
-``recorded`` properties of ``<testsuites>`` say how many there are of each.
+(still running when ``submit --wait`` timed out), and those a filter left out, are
+not cases; the ``trials`` and ``recorded`` properties of ``<testsuites>`` say how many
+trials the experiment has and how many of them have a record.
 """
 
 from __future__ import annotations
@@ -69,14 +70,16 @@ def _counts(lines: Sequence[dict[str, Any]]) -> dict[str, object]:
     }
 
 
-def junit_xml(experiment_id: str, lines: Sequence[dict[str, Any]], n_trials: int) -> bytes:
+def junit_xml(
+    experiment_id: str, lines: Sequence[dict[str, Any]], n_trials: int, recorded: int
+) -> bytes:
     """The report of ``lines`` (``services.reports.trials``'s, as JSON) of an experiment
-    of ``n_trials`` trials, as UTF-8 XML."""
+    of ``n_trials`` trials, ``recorded`` of which have a record, as UTF-8 XML."""
     root = ET.Element("testsuites")
     for key, value in {"name": f"trialbus {experiment_id}", **_counts(lines)}.items():
         root.set(key, _text(value))
     props = _element(root, "properties")
-    facts = {"experiment_id": experiment_id, "trials": n_trials, "recorded": len(lines)}
+    facts = {"experiment_id": experiment_id, "trials": n_trials, "recorded": recorded}
     for name, value in facts.items():
         _element(props, "property", name=name, value=value)
     by_agent: dict[str, list[dict[str, Any]]] = {}
@@ -116,4 +119,5 @@ async def experiment_junit(
     exp_id, lines = await experiment_trials(ledger, experiment_id, cache=cache)
     info = await ledger.get_experiment(exp_id)
     chosen = select(lines, where)
-    return exp_id, junit_xml(exp_id, chosen, info.n_trials if info else len(lines))
+    n_trials = info.n_trials if info else len(lines)
+    return exp_id, junit_xml(exp_id, chosen, n_trials, len(lines))

@@ -28,7 +28,7 @@ def _cases(root: ET.Element) -> dict[str, list[str]]:
 
 
 def test_each_trial_is_a_case_judged_by_the_scoring_rules() -> None:
-    root = ET.fromstring(junit_xml("exp", lines_value("exp", None, RECORDS), 4))
+    root = ET.fromstring(junit_xml("exp", lines_value("exp", None, RECORDS), 4, 4))
     assert _cases(root) == {
         "oracle/a #-": [],  # reward 1: a pass
         "oracle/b #-": ["failure"],  # 0.5: scored, not a pass
@@ -54,7 +54,7 @@ def test_what_xml_cannot_hold_is_replaced_and_the_report_still_parses(bad: str) 
     # An exception type comes from a trial's result.json: anything may be in it.
     record = report_record(single_reward(None, "agent", f"Err{bad}or"), task=f"t{bad}")
     lines = lines_value("exp", None, [record])
-    root = ET.fromstring(junit_xml("exp", lines, 1))
+    root = ET.fromstring(junit_xml("exp", lines, 1, 1))
     [error] = root.iter("error")
     assert error.get("type", "").startswith("Err\ufffd")
     # The control: written as ElementTree writes it, the same text is no XML.
