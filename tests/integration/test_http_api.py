@@ -422,7 +422,9 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     suites = ET.fromstring(http_junit.content)
     counts = {k: suites.get(k) for k in ("tests", "failures", "errors", "skipped")}
     assert counts == {"tests": "6", "failures": "5", "errors": "1", "skipped": "0"}
-    facts = {p.get("name"): p.get("value") for p in suites.find("properties") or ()}
+    props = suites.find("properties")
+    assert props is not None
+    facts = {p.get("name"): p.get("value") for p in props}
     assert facts == {"experiment_id": experiment_id, "trials": "13", "recorded": "12"}
     # An unknown experiment: exit 2 on the command line, 404 over HTTP, same words.
     assert unknown.returncode == 2
