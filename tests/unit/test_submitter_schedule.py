@@ -143,6 +143,28 @@ async def test_a_retry_names_the_variables_its_task_asks_the_runner_for(tmp_path
     assert [r.task_variables for r in runs] == [["OPENAI_API_KEY"]] * 2
 
 
+async def test_a_retry_requires_what_its_task_requires_of_a_runner(tmp_path: Path) -> None:
+    # A network allowlist in the local environment needs a root runner: the retried run
+    # says so as the submitted trials did, read from the stored archive.
+    task = tmp_path / "allowlist-network"
+    shutil.copytree(REPO / "tests" / "fixtures" / "tasks" / task.name, task)
+    manifest = ExperimentManifest.model_validate(
+        {
+            "name": "unit",
+            "tasks": [task.name],
+            "agents": [{"name": "oracle"}],
+            "repetitions": 2,
+            "compute": {"environment": "local"},
+        }
+    )
+    prepared, ports, _, bus = await _submitted(prepared=prepare(manifest, tmp_path))
+    assert [t.task_requires for t in prepared.trials] == [["local.allowlist"]] * 2
+    shutil.rmtree(task)
+    await retry_trial(ports, prepared.experiment_id, prepared.trials[0].trial_id)
+    [run] = bus.of_type(TrialRequested)
+    assert run.task_requires == ["local.allowlist"]
+
+
 async def test_a_harbor_checksum_falls_back_to_the_manifests_task_folder() -> None:
     prepared, ports, _, bus = await _submitted(HARBOR_CHECKSUM)
     trial = prepared.trials[0]
