@@ -12,17 +12,19 @@ metadata. Then every query a report makes is timed through the one read path
 - ``records_for`` (every report loads this), ``scored_trial_ids`` (resume),
   ``count_records`` (watcher), ``get_record`` (dashboard trial page),
   ``experiment_ids`` (the experiment list);
-- ``status``, ``leaderboard`` and ``report`` end to end (ledger read + building):
+- ``status``, ``leaderboard``, ``report`` and ``trials`` end to end (ledger read +
+  building):
   what a one-shot CLI read costs, and the HTTP API's first read of an experiment;
 - ``leaderboard_cached`` and ``report_cached``: the same reads through a
   ``ReportCache`` (the HTTP API's) once it holds the experiment's current version:
   one read of the content version, no record read;
-- ``leaderboard_stored``, ``report_stored`` and ``page_stored`` (the headline is the
-  slowest of these, the list and status): a new process's read, no cache, with the
-  value kept in the ledger (services/reports/stored.py): a new ``MongoLedger``
-  each sample, then the content version and one ``derived`` document, no record.
-  ``leaderboard`` and ``report`` are then a miss: the kept values are deleted before
-  each sample, so they read every record, compute, and keep the value again;
+- ``leaderboard_stored``, ``report_stored``, ``page_stored`` and ``trials_stored``
+  (the headline is the slowest of these, the list and status): a new process's
+  read, no cache, with the value kept in the ledger (services/reports/stored.py): a
+  new ``MongoLedger`` each sample, then the content version and one ``derived``
+  document, no record. ``leaderboard``, ``report`` and ``trials`` are then a miss:
+  the kept values are deleted before each sample, so they read every record,
+  compute, and keep the value again;
   ``*_kept_kib`` are the kept values' sizes (zlib-compressed JSON).
 
 Twice: first with the indexes ``MongoLedger.ensure_indexes`` created before this
@@ -63,6 +65,7 @@ from services.common.adapters.mongo_ledger import MongoLedger
 from services.common.ports import ExperimentInfo
 from services.reports import formatting, queries
 from services.reports.report_cache import ReportCache
+from services.reports.trials import experiment_trials
 from services.submitter.dashboard_stream import page_view
 
 FULL = (10, 10_000)
@@ -73,9 +76,17 @@ LOAD_BATCH = 1000
 REPEATS = 3
 TARGET_MS = 200.0
 DB = "bench"
-HEADLINE = ("experiment_ids", "status", "leaderboard_stored", "report_stored", "page_stored")
+HEADLINE = (
+    "experiment_ids",
+    "status",
+    "leaderboard_stored",
+    "report_stored",
+    "page_stored",
+    "trials_stored",
+)
 """What a user waits on once an experiment's values are kept: the list, status, and a new
-process's leaderboard, report and experiment page (the headline is the slowest)."""
+process's leaderboard, report, experiment page and trial list (the headline is the
+slowest)."""
 BEFORE_INDEXES: list[tuple[str, list[tuple[str, int]], bool]] = [
     ("trials", [("trial_id", ASCENDING)], True),
     ("trials", [("experiment_id", ASCENDING)], False),
@@ -285,6 +296,7 @@ async def _stored_ms(url: str, ledger: MongoLedger, exp: str) -> dict[str, list[
         ),
         "report_stored": await _ms(lambda: fresh(lambda led: queries.experiment_report(led, exp))),
         "page_stored": await _ms(lambda: fresh(lambda led: page_view(led, exp, None))),
+        "trials_stored": await _ms(lambda: fresh(lambda led: experiment_trials(led, exp))),
     }
 
 
@@ -303,7 +315,7 @@ async def stored_sizes(url: str) -> dict[str, float]:
 async def time_queries(url: str) -> dict[str, list[float]]:
     """Milliseconds of each read (``REPEATS`` samples), on a middle experiment.
 
-    ``leaderboard`` and ``report``: a miss (what the first read after a write
+    ``leaderboard``, ``report`` and ``trials``: a miss (what the first read after a write
     costs): the kept values are deleted before each sample, so it reads every record,
     computes, and keeps the value again. ``*_stored``: the next new process's read.
     """
@@ -326,6 +338,7 @@ async def time_queries(url: str) -> dict[str, list[float]]:
             "status": await _ms(lambda: queries.experiment_status(ledger, exp)),
             "leaderboard": await _ms(lambda: queries.experiment_leaderboard(ledger, exp), forget),
             "report": await _ms(lambda: queries.experiment_report(ledger, exp), forget),
+            "trials": await _ms(lambda: experiment_trials(ledger, exp), forget),
             **await _cached_ms(ledger, exp),
             **await _stored_ms(url, ledger, exp),
         }
