@@ -217,6 +217,7 @@ def build_dashboard(settings: SubmitterSettings) -> APIRouter:
             duration=row.duration_s,
             progress=row.progress,
             report_url=f"/experiments/{quote(experiment_id, safe='')}/report.html",
+            trials_url=f"/experiments/{quote(experiment_id, safe='')}/trials",
             **parts.context,
         )
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import re
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -169,6 +170,15 @@ async def test_pages_escape_every_value_and_show_the_api_numbers(
             for text in leaderboard_cells(row).values():
                 assert _escaped(text) in experiment, text
         assert "0.714 [" in experiment  # 5 of 7 scored trials passed
+
+        # The trials as the page links them: JSON, and a JUnit report that parses
+        # whatever the names hold.
+        assert f'href="/experiments/{exp}/trials.xml"' in experiment
+        listed = (await web.get(f"/experiments/{exp}/trials")).json()
+        junit = await web.get(f"/experiments/{exp}/trials.xml")
+        cases = list(ET.fromstring(junit.content).iter("testcase"))
+        assert len(cases) == len(listed) == 8
+        assert {c.get("name", "").rsplit(" #", 1)[0] for c in cases} == {t["task"] for t in listed}
 
         # The filter box: by name, by state, and nothing.
         assert "dash-other" not in (await web.get("/ui/", params={"q": "BOLD"})).text
