@@ -499,7 +499,7 @@ def api_docs(
 def _register_live_commands() -> None:
     from services.cli_live import register
 
-    register(app, _run, out, err)
+    register(app, _run, out, err, _write_junit)
 
 
 _register_live_commands()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -16,7 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from services.cli_args import ExperimentArg, JsonOpt
+from services.cli_args import ExperimentArg, JsonOpt, JunitOpt
 from services.common import errors as E
 from services.common.priority import DEFAULT_CLASS
 from services.common.settings import CommonSettings
@@ -150,8 +151,15 @@ def queue_tables(view: QueueView) -> list[Table]:
     return [groups, waiting]
 
 
-def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
-    """Add the live commands to the CLI's ``app``; ``run`` maps errors to exit codes."""
+def register(
+    app: typer.Typer,
+    run: Runner,
+    out: Console,
+    err: Console,
+    write_junit: Callable[[Path, str], None],
+) -> None:
+    """Add the live commands to the CLI's ``app``; ``run`` maps errors to exit codes,
+    ``write_junit(path, experiment)`` writes an experiment's JUnit report."""
 
     def show_rows[R: ExperimentRow | RunnerRow](
         fetch: Callable[[CommonSettings], Awaitable[list[R]]],
@@ -202,12 +210,16 @@ def register(app: typer.Typer, run: Runner, out: Console, err: Console) -> None:
         timeout: Annotated[
             float | None, typer.Option(help="Give up after this many seconds (exit 4).")
         ] = None,
+        junit: JunitOpt = None,
     ) -> None:
         """Follow an experiment started elsewhere (``submit`` without --wait) until it
         ends: its progress as ``status --follow`` and its trials' live log lines from
         now on; the exit code of ``submit --wait`` (0 all scored, 1 some unscored, 4
         timed out)."""
-        raise typer.Exit(follow_status(run, out, experiment, json_out, timeout, logs=True))
+        code = follow_status(run, out, experiment, json_out, timeout, logs=True)
+        if junit is not None:
+            write_junit(junit, experiment)
+        raise typer.Exit(code)
 
     @app.command()
     def experiments(json_out: JsonOpt = False) -> None:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -223,11 +224,15 @@ async def _follow_logs(world: World, proc: asyncio.subprocess.Process, mine: str
 
 
 async def test_attach_shows_progress_and_its_trials_live_lines_until_the_end(
-    world: World,
+    world: World, tmp_path: Path
 ) -> None:
     await world.bus.publish(_started(TRIALS[0]))
-    async with spawned(world.env, "attach", EXP, "--json") as proc:
+    junit = tmp_path / "trials.xml"
+    async with spawned(world.env, "attach", EXP, "--json", "--junit", str(junit)) as proc:
         await _attach(world, proc)
+    # Written when the experiment ended: every trial a passed case.
+    suites = ET.fromstring(junit.read_bytes())
+    assert (suites.get("tests"), suites.get("failures"), suites.get("errors")) == ("4", "0", "0")
 
 
 async def _attach(world: World, proc: asyncio.subprocess.Process) -> None:
