@@ -168,11 +168,12 @@ def prepare(
     (raises ManifestError on bad input, an event too large included)."""
     experiment_id = experiment_id_of(manifest)
     tasks = resolve_tasks(manifest, base_dir, tasks_root, datasets)
-    if manifest.compute.environment_import_path == LOCAL_ENVIRONMENT_IMPORT_PATH:
-        check_local_hosting(tasks, manifest.compute.environment_kwargs)
+    compute = manifest.compute
+    if compute.environment_import_path == LOCAL_ENVIRONMENT_IMPORT_PATH:
+        check_local_hosting(tasks, compute.environment_kwargs)
     correlation_id = uuid.uuid4().hex
     # Read here, where the folders are: a runner lacking one hands the trial on.
-    needs = {t.ref.checksum: task_needs(t.folder, manifest.compute) for t in tasks if t.folder}
+    needs = {t.ref.checksum: task_needs(t.folder, compute) for t in tasks if t.folder is not None}
     trials = expand_trials(manifest, experiment_id, [t.ref for t in tasks], correlation_id, needs)
     prepared = PreparedExperiment(manifest, experiment_id, tasks, trials, correlation_id)
     # Here too, so the CLI refuses before connecting and names the manifest file.
