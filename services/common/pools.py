@@ -21,7 +21,7 @@ between them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 from schemas.events import TrialRequested
@@ -89,13 +89,7 @@ def task_requires_refusal(
             f"task {trial.task.name!r} requires {wanted}, and no live runner in pool {pool!r} "
             f"offers {' and '.join(repr(c) for c in needed)}"
         ] = None
-    if not problems:
-        return None
-    return (
-        "; ".join(problems)
-        + f"; {live_pools_summary(runners)}"
-        + " (start such a runner in the pool, or leave the task out)"
-    )
+    return _refusal(problems, runners, "start such a runner in the pool, or leave the task out")
 
 
 def pool_refusal(
@@ -118,13 +112,18 @@ def pool_refusal(
         else:
             wanted = ", ".join(repr(n) for n in needed)
             problems.append(f"no live runner in pool {pool!r} offers all of {wanted}")
+    return _refusal(
+        problems,
+        runners,
+        "set compute.pool / compute.requires to what runs, or start a runner there",
+    )
+
+
+def _refusal(problems: Collection[str], runners: Sequence[RunnerInfo], fix: str) -> str | None:
+    """None without ``problems``; else them, what the live pools offer, and ``fix``."""
     if not problems:
         return None
-    return (
-        "; ".join(problems)
-        + f"; {live_pools_summary(runners)}"
-        + " (set compute.pool / compute.requires to what runs, or start a runner there)"
-    )
+    return f"{'; '.join(problems)}; {live_pools_summary(runners)} ({fix})"
 
 
 def live_pools_summary(runners: Sequence[RunnerInfo]) -> str:

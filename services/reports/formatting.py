@@ -119,6 +119,20 @@ def total_cost(report: dict[str, Any]) -> str:
     return cost({"usage": {"cost_usd": usage}, "n_recorded": usage["n_recorded"]}, "/scored")
 
 
+def comparison_rows(cmp: dict[str, Any]) -> list[dict[str, str]]:
+    """A comparison's mean reward and pass rate: A, B and the mean of the per-task
+    differences A - B with its 95% interval ("-" when too few tasks), as ``trialbus
+    compare``'s table and the dashboard's compare page show them."""
+    rows = []
+    for name, key, pct in (("mean reward", "mean_reward", False), ("pass rate", "pass_rate", True)):
+        d = cmp.get(key)
+        if d is None:
+            continue
+        diff = "-" if d["difference"] is None else with_ci(d["difference"], d["ci"], pct)
+        rows.append({"name": name, "a": num(d["a"], pct), "b": num(d["b"], pct), "diff": diff})
+    return rows
+
+
 def comparison_notes(cmp: dict[str, Any]) -> list[str]:
     """McNemar's test and the tasks one side alone solved or scored, as lines (the
     CLI's compare table and the dashboard's compare page print the same ones)."""

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from services.reports.formatting import (
     comparison_notes,
+    comparison_rows,
     cost,
     num,
     shows_cost,
@@ -243,12 +244,8 @@ def comparison_renderable(cmp: dict[str, Any]) -> Group:
     table = Table()
     for col in ("", "A", "B", "A - B [95% CI]"):
         table.add_column(col)
-    for name, key, pct in (("mean reward", "mean_reward", False), ("pass rate", "pass_rate", True)):
-        d = cmp.get(key)
-        if d is None:
-            continue
-        diff = "-" if d["difference"] is None else with_ci(d["difference"], d["ci"], pct)
-        table.add_row(name, num(d["a"], pct), num(d["b"], pct), diff)
+    for row in comparison_rows(cmp):
+        table.add_row(row["name"], row["a"], row["b"], row["diff"])
     table.add_row("tasks compared", str(cmp["n_paired_tasks"]), "", "")
     lines = comparison_notes(cmp)
     lines.append(f"verdict: {cmp['verdict']}")

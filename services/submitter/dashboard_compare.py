@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from markupsafe import Markup, escape
 
-from services.reports.formatting import comparison_notes, num, with_ci
+from services.reports.formatting import comparison_notes, comparison_rows, num
 
 DIFF_WIDTH: Final = 160
 _HALF, _HEIGHT = DIFF_WIDTH / 2, 14
@@ -34,19 +34,6 @@ def experiment_compare_url(experiment_id: str, agents: Sequence[str]) -> str:
     if len(agents) >= 2:
         return compare_url(experiment_id, None, agents[0], agents[1])
     return compare_url(experiment_id)
-
-
-def summary_rows(cmp: dict[str, Any]) -> list[dict[str, str]]:
-    """Mean reward and pass rate: A, B and the mean of the per-task differences A - B
-    with its 95% interval ("-" when too few tasks), as ``trialbus compare``'s table."""
-    rows = []
-    for name, key, pct in (("mean reward", "mean_reward", False), ("pass rate", "pass_rate", True)):
-        d = cmp.get(key)
-        if d is None:
-            continue
-        diff = "-" if d["difference"] is None else with_ci(d["difference"], d["ci"], pct)
-        rows.append({"name": name, "a": num(d["a"], pct), "b": num(d["b"], pct), "diff": diff})
-    return rows
 
 
 def _side(score: dict[str, Any]) -> str:
@@ -98,7 +85,7 @@ def comparison_view(cmp: dict[str, Any]) -> dict[str, Any]:
     return {
         "a_label": cmp["a"]["label"],
         "b_label": cmp["b"]["label"],
-        "summary": summary_rows(cmp),
+        "summary": comparison_rows(cmp),
         "n_paired": cmp["n_paired_tasks"],
         "notes": comparison_notes(cmp),
         "verdict": cmp["verdict"],
