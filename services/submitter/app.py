@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 
 import uvicorn
 from fastapi import FastAPI, Response
@@ -58,15 +59,8 @@ def create_app(settings: SubmitterSettings) -> FastAPI:
             coordinator = await nats.coordinator()
             if quotas is not None:  # runners enforce the file's limits from now on
                 await coordinator.set_team_limits(quotas)
-            app.state.ports = Ports(
-                nats.bus,
-                ledger,
-                coordinator,
-                await nats.tasks(),
-                await nats.runners(),
-                quotas,
-                reports=ReportCache(settings.report_cache_mib * 2**20),
-            )
+            cache = ReportCache(settings.report_cache_mib * 2**20)
+            app.state.ports = await nats.ports_for(ledger, quotas, partial(Ports, reports=cache))
             app.state.nats = nats  # the dashboard's live feeds subscribe on it
             log.info("submitter ready", port=settings.http_port)
             yield

@@ -122,15 +122,8 @@ async def plan_submission(
         async with open_ledger(settings) as ledger:
             info = await ledger.get_experiment(prepared.experiment_id)
             prepared = cli_submitter(prepared, info, settings.cli_team)
-            coordinator = await nats.coordinator()
-            ports = SubmitterPorts(
-                nats.bus,
-                ledger,
-                coordinator,
-                await nats.tasks(),
-                await nats.runners(),
-                await held_to(coordinator, quotas),
-            )
+            held = await held_to(await nats.coordinator(), quotas)
+            ports = await nats.ports_for(ledger, held, SubmitterPorts)
             return {**await handlers.dry_run(prepared, ports), "stack": True}
 
 
@@ -157,9 +150,7 @@ async def submit_and_wait(
             nats.events_of(prepared.experiment_id) if wait else contextlib.nullcontext()
         )
         async with feeds as feed:
-            ports = SubmitterPorts(
-                nats.bus, ledger, coordinator, await nats.tasks(), await nats.runners(), quotas
-            )
+            ports = await nats.ports_for(ledger, quotas, SubmitterPorts)
             return await handlers.submit_and_wait(
                 prepared, ports, feed, timeout_s=timeout_s, progress=progress
             )

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client as NatsClient
@@ -27,7 +28,11 @@ from services.common.adapters.nats_objects import open_bucket
 from services.common.adapters.nats_registry import NatsRunnerRegistry
 from services.common.errors import LedgerUnavailable, TransientError, UserInputError
 from services.common.ports import Coordinator, EventBus, Ledger, ObjectStore, RunnerRegistry
+from services.common.quotas import Quotas
 from services.common.settings import CommonSettings
+
+if TYPE_CHECKING:
+    from services.submitter.handlers import SubmitterPorts
 
 CLI_CONNECT_TIMEOUT_S = 10.0
 """A command gives up on NATS after this long (exit 3); a service waits for it."""
@@ -105,6 +110,20 @@ class NatsSide:
         if self._tasks is None:
             self._tasks = await open_bucket(self.nc.jetstream(), self.settings, "tasks")
         return self._tasks
+
+    async def ports_for[P: SubmitterPorts](
+        self, ledger: Ledger, quotas: Quotas | None, build: Callable[..., P]
+    ) -> P:
+        """The submitter's ports over this connection and ``ledger``, made by ``build``
+        (``SubmitterPorts``, or a ``functools.partial`` of a subclass given its own
+        fields): bus, coordinator, tasks bucket, runner registry (None when the settings
+        say not to check runners) and ``quotas``."""
+        coordinator, tasks, runners = (
+            await self.coordinator(),
+            await self.tasks(),
+            await self.runners(),
+        )
+        return build(self.bus, ledger, coordinator, tasks, runners, quotas)
 
     async def results(self) -> ObjectStore:
         """The results bucket (stored trial folders), read by the dashboard's downloads."""
