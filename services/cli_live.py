@@ -251,7 +251,8 @@ def register(
         if not n and not follow:
             err.print(
                 f"no log line of {trial} in the logs stream (it keeps them 2 days; "
-                "imported trials have none)",
+                "imported trials have none); a finished trial's own logs are in its stored "
+                "folder: the dashboard's trial page, or `trialbus export EXPERIMENT DIR`",
                 highlight=False,
             )
 
