@@ -55,6 +55,7 @@ from harbor.environments.capabilities import (
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 from harbor.models.trial.config import ResourceMode
 
+from schemas.manifest import LOCAL_ALLOWLIST
 from services.common.task_variables import COMPOSE_FILES
 from services.localenv.builder import BuildRequest, build_layer
 from services.localenv.disk import DiskQuota, QuotaGuard
@@ -198,7 +199,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
             # Harbor's ValueError would be retried as a transient infrastructure failure.
             raise UnsupportedEnvironmentError(
                 f"{exc} (the local environment enforces an allowlist only on a runner "
-                "running as root)"
+                f"running as root, which offers {LOCAL_ALLOWLIST!r})"
             ) from None
 
     @property
