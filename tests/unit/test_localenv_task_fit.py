@@ -250,7 +250,7 @@ def test_without_root_an_allowlist_is_refused_as_not_retryable(
     # Only root may enter a sandbox's network namespace to open its egress proxy.
     monkeypatch.setattr("services.localenv.environment.os.geteuid", lambda: 1000)
     with pytest.raises(
-        UnsupportedEnvironmentError, match="running as root, which offers 'local.allowlist'"
+        UnsupportedEnvironmentError, match=r"running as root, which offers 'local\.allowlist'"
     ):
         _environment(tmp_path, EnvironmentConfig(), NetworkMode.ALLOWLIST)
 
