@@ -274,19 +274,23 @@ def trials(
     json_out: JsonOpt = False,
     junit: JunitOpt = None,
 ) -> None:
-    """Every recorded trial: id, task, agent, repetition, status, reward, failure,
-    attempts, how long it ran and where (the ids ``logs`` and ``retry`` take)."""
+    """Every trial running or recorded: id, task, agent, repetition, status, reward,
+    failure, attempts, how long it ran and where (the ids ``logs`` and ``retry`` take)."""
     from services.reports.tables import trials_table
-    from services.reports.trials import TrialFilter, experiment_trials, select
+    from services.reports.trials import TrialFilter, select
+    from services.submitter.follow import trial_list
 
-    exp_id, lines = _read(experiment_trials, experiment)
+    settings = settings_for(CommonSettings)
+    exp_id, lines, reached = _run(lambda: trial_list(settings, experiment))
+    if not reached:
+        err.print("warning: NATS is out of reach: running trials are not listed")
     where = TrialFilter(unscored, task, agent)
     if junit is not None:
         _write_junit(junit, exp_id, where)
     chosen = select(lines, where)
     if _printed_as_json(chosen, json_out):
         return
-    out.print(trials_table(chosen, f"trials: {exp_id}", len(lines)))
+    out.print(trials_table(chosen, f"trials: {exp_id}", lines))
 
 
 @app.command()

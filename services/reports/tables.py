@@ -65,10 +65,18 @@ def leaderboard_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
     return table
 
 
-def trials_table(lines: Sequence[dict[str, Any]], title: str, listed_of: int) -> Table:
+def trials_table(
+    lines: Sequence[dict[str, Any]], title: str, every: Sequence[dict[str, Any]]
+) -> Table:
     """An experiment's trials (``services.reports.trials``), one line each; the caption
-    says how many of its ``listed_of`` recorded trials the filters kept."""
-    table = Table(title=title, caption=f"{len(lines)} of {listed_of} recorded trials")
+    says how many of ``every`` line (running and recorded) the filters kept."""
+    running = sum(1 for t in every if t["status"] == "running")
+    caption = f"{len(lines)} of {len(every)} " + (
+        f"trials: {len(every) - running} recorded, {running} running"
+        if running
+        else "recorded trials"
+    )
+    table = Table(title=title, caption=caption)
     for col in ("trial", "task", "agent", "rep", "status", "reward", "failure", "tries", "ran"):
         table.add_column(col)
     for t in lines:
@@ -81,12 +89,18 @@ def trials_table(lines: Sequence[dict[str, Any]], title: str, listed_of: int) ->
             escape(t["agent"]),
             "-" if t["repetition"] is None else str(t["repetition"]),
             t["status"],
-            num(t["reward"]) if t["scored"] else Text("unscored", style="dim"),
+            _reward_cell(t),
             "-" if failure == "none" else escape(failure),
             str(t["attempts"]),
             f"{duration(t['seconds'])} on {escape(t['runner_host'] or '-')}",
         )
     return table
+
+
+def _reward_cell(line: dict[str, Any]) -> str | Text:
+    if line["scored"]:
+        return num(line["reward"])
+    return Text("running" if line["status"] == "running" else "unscored", style="dim")
 
 
 def _estimate(row: dict[str, Any], text: str) -> str | Text:

@@ -1,18 +1,22 @@
 """An experiment's trials, one line each: what ``trialbus trials``,
 ``GET /experiments/{id}/trials`` and the dashboard's trial table list.
 
-Built from the ledger's records through the one read path (``queries.derived``): a
-trial is listed once it has a record (finished, or ended by a final failure or a
-cancellation); ``trialbus status`` counts the rest. The lines are ordered by task,
-agent, repetition and trial id, as every table of trialbus orders them.
+A trial with a record (finished, or ended by a final failure or a cancellation) is
+listed from it, through the one read path (``queries.derived``), ordered by task,
+agent, repetition and trial id as every table of trialbus orders them. A trial that
+started and has no record yet is listed first as ``running`` (``running_lines``, from
+the latest TrialStarted of each trial: ``LiveFeeds.started_trials``, as the dashboard
+shows it); ``trialbus status`` counts the trials still queued.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import asdict, dataclass
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Final
 
+from schemas.events import TrialStarted
 from schemas.record import TrialRecord
 from services.common.ports import ExperimentInfo, Ledger
 from services.reports import formatting, queries, scoring, stored
@@ -83,6 +87,42 @@ def line_of(record: TrialRecord) -> TrialLine:
     )
 
 
+_NOT_RECORDED: Final[dict[str, Any]] = {
+    "repetition": None,
+    "status": "running",
+    "scored": False,
+    "reward": None,
+    "passed": None,
+    "unscored_cause": None,
+    "failure_class": "none",
+    "exception_type": None,
+}
+"""A running trial's line, where only its record will tell (a TrialStarted carries no
+repetition)."""
+
+
+def running_lines(
+    started: Mapping[str, TrialStarted], recorded: Set[str], now: datetime
+) -> list[dict[str, Any]]:
+    """The trials that started and have no record (in ``recorded``) yet, as lines (as
+    JSON, ``TrialLine``'s keys) of status ``running``, by trial id: their attempt,
+    runner host and seconds so far, at ``now``."""
+    return [
+        {
+            "trial_id": trial_id,
+            "task": ev.task_name or "-",
+            "agent": formatting.agent_at(ev.agent_label, ev.model) if ev.agent_label else "-",
+            **_NOT_RECORDED,
+            "attempts": ev.attempt,
+            "runner_host": ev.host,
+            "started_at": ev.occurred_at.isoformat(),
+            "seconds": max(0.0, (now - ev.occurred_at).total_seconds()),
+        }
+        for trial_id, ev in sorted(started.items())
+        if trial_id not in recorded
+    ]
+
+
 def trial_lines(records: Iterable[TrialRecord]) -> list[TrialLine]:
     """Every record's line, by task, agent, repetition and trial id."""
     lines = [line_of(r) for r in records]
@@ -94,7 +134,7 @@ class TrialFilter:
     """Which lines to keep (``trialbus trials`` options, the HTTP API's query)."""
 
     unscored: bool = False
-    """Only trials that do not count in the scores."""
+    """Only finished trials that do not count in the scores."""
     task: str | None = None
     """Only this task's trials."""
     agent: str | None = None
@@ -104,7 +144,7 @@ class TrialFilter:
         """Whether ``line`` (as JSON) passes."""
         agent = line["agent"]
         return (
-            not (self.unscored and line["scored"])
+            not (self.unscored and line["unscored_cause"] is None)
             and (self.task is None or line["task"] == self.task)
             and (self.agent is None or self.agent in (agent, agent.split("@", 1)[0]))
         )
@@ -126,11 +166,24 @@ def lines_value(
     return [line.as_dict() for line in trial_lines(records)]
 
 
+StartsOf = Callable[[str], Awaitable[Mapping[str, TrialStarted]]]
+"""The latest TrialStarted of each trial of an experiment (``LiveFeeds.started_trials``)."""
+
+
 async def experiment_trials(
-    ledger: Ledger, experiment_id: str | None, *, cache: ReportCache | None = None
+    ledger: Ledger,
+    experiment_id: str | None,
+    *,
+    cache: ReportCache | None = None,
+    starts_of: StartsOf | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
-    """(experiment id, its trials' lines as JSON); None picks the latest experiment.
-    Raises ExperimentNotFound as ``queries.load_experiment``."""
-    return await queries.derived(
+    """(experiment id, its trials' lines as JSON: with ``starts_of``, the running ones
+    first); None picks the latest experiment. Raises ExperimentNotFound as
+    ``queries.load_experiment``, before the starts are asked for."""
+    exp_id, recorded = await queries.derived(
         ledger, experiment_id, "trials", lines_value, cache=cache, codec=stored.ROWS_CODEC
     )
+    if starts_of is None:
+        return exp_id, recorded
+    ids = {line["trial_id"] for line in recorded}
+    return exp_id, running_lines(await starts_of(exp_id), ids, datetime.now(UTC)) + recorded

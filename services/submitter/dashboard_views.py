@@ -34,7 +34,7 @@ from services.reports.progress import (  # the dashboard's names for the shared 
     submitter_label,
     when,
 )
-from services.reports.trials import trial_lines
+from services.reports.trials import running_lines, trial_lines
 
 __all__ = [
     "PAGES",
@@ -79,17 +79,16 @@ def running_rows(started: Mapping[str, TrialStarted], recorded: Set[str]) -> lis
     """The trials that started and have no record yet (in ``recorded``), by id."""
     return [
         TrialRow(
-            trial_id=trial_id,
-            task=ev.task_name or "-",
-            agent=formatting.agent_at(ev.agent_label, ev.model) if ev.agent_label else "-",
+            trial_id=line["trial_id"],
+            task=line["task"],
+            agent=line["agent"],
             status="running",
             reward="-",
             failure_class="-",
-            attempts=str(ev.attempt),
-            runner_host=ev.host,
+            attempts=str(line["attempts"]),
+            runner_host=line["runner_host"],
         )
-        for trial_id, ev in sorted(started.items())
-        if trial_id not in recorded
+        for line in running_lines(started, recorded, datetime.now(UTC))
     ]
 
 

@@ -1,5 +1,5 @@
-"""The CLI's live views: ``trialbus experiments``, ``status --follow``, ``logs`` and
-``runners``, ``queue``. Each opens what it needs (connections.py), reads, and closes.
+"""The CLI's live views: ``trialbus experiments``, ``status --follow``, ``trials``,
+``logs``, ``runners`` and ``queue``. Each opens what it needs (connections.py), reads, and closes.
 
 What the ledger knows is read through services.reports.queries (the one read path,
 shared with the dashboard); what only the bus knows (trials running now, live log
@@ -7,7 +7,7 @@ lines, the runner registry) through the submitter's NATS connection, with the ri
 the submitter role already has: following the events and logs streams (read only)
 and reading the runners bucket (infra/nats_permissions.py).
 
-A little over 350 lines because each live view is a few lines of reading over the same
+About 410 lines because each live view is a few lines of reading over the same
 connections; split by view, each module would repeat the opening and closing.
 """
 
@@ -18,6 +18,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from infra.nats_permissions import kv_stream
 from schemas.events import Envelope, TrialFailed, TrialLog
@@ -38,6 +39,7 @@ from services.reports.queue import (
     share_judge,
 )
 from services.reports.report_cache import ReportCache
+from services.reports.trials import experiment_trials
 from services.submitter.api_tokens import owner_from_record
 from services.submitter.connections import NatsSide, open_ledger, open_nats, try_open_nats
 from services.submitter.live_feeds import (
@@ -138,6 +140,22 @@ async def experiment_status(
             lookups = lookups_of(await nats.coordinator(), quotas=quotas, live=live)
         status = await queries.experiment_status(ledger, experiment_id, lookups)
         return status, nats is not None
+
+
+async def trial_list(
+    settings: CommonSettings, experiment_id: str | None
+) -> tuple[str, list[dict[str, Any]], bool]:
+    """``trialbus trials``: (experiment id, its trials' lines with the running ones
+    first, whether NATS answered). The starts live on the bus; without it the recorded
+    trials still come."""
+    async with (
+        open_ledger(settings) as ledger,
+        try_open_nats(settings, "trialbus-trials") as nats,
+    ):
+        live = LiveFeeds(nats.nc, nats.settings.topology) if nats is not None else None
+        starts_of = live.started_trials if live is not None else None
+        exp_id, lines = await experiment_trials(ledger, experiment_id, starts_of=starts_of)
+        return exp_id, lines, nats is not None
 
 
 async def follow_status(

@@ -438,12 +438,18 @@ def build_router(settings: SubmitterSettings) -> APIRouter:
 
     @router.get("/experiments/{experiment_id}/trials")
     async def trial_list(
-        experiment_id: str, ports: PortsDep, where: Annotated[TrialFilter, Depends()]
+        request: Request,
+        experiment_id: str,
+        ports: PortsDep,
+        where: Annotated[TrialFilter, Depends()],
     ) -> list[dict[str, Any]]:
-        """Every recorded trial, by task, agent and repetition: only unscored ones, one
-        task's or one agent's (agent@model, or the agent) on request (as `trialbus
-        trials --json`)."""
-        _, lines = await experiment_trials(ports.ledger, experiment_id, cache=ports.reports)
+        """Every trial running (first) or recorded, by task, agent and repetition: only
+        unscored ones, one task's or one agent's (agent@model, or the agent) on request
+        (as `trialbus trials --json`)."""
+        live = LiveFeeds(request.app.state.nats.nc, settings.topology)
+        _, lines = await experiment_trials(
+            ports.ledger, experiment_id, cache=ports.reports, starts_of=live.started_trials
+        )
         return select(lines, where)
 
     @router.get("/experiments/{experiment_id}/trials.xml")

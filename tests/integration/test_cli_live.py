@@ -223,6 +223,26 @@ async def _follow_logs(world: World, proc: asyncio.subprocess.Process, mine: str
     assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
 
 
+async def test_trials_lists_the_running_ones_first_then_the_recorded(world: World) -> None:
+    for trial in TRIALS[:2]:
+        await world.bus.publish(_started(trial))
+    await world.record(TRIALS[0], None)  # started, then recorded unscored
+    code, stdout, stderr = await world.cli("trials", EXP, "--json")
+    assert code == 0, stderr
+    lines = json.loads(stdout)
+    assert [(t["trial_id"], t["status"]) for t in lines] == [
+        (TRIALS[1], "running"),
+        (TRIALS[0], "complete"),  # its start is not listed again: it has a record
+    ]
+    assert (lines[0]["runner_host"], lines[0]["attempts"]) == ("hostA", 1)
+    assert lines[0]["seconds"] >= 0 and lines[0]["unscored_cause"] is None
+    # --unscored keeps the finished, unscored trial, not the running one.
+    code, stdout, _ = await world.cli("trials", EXP, "--json", "--unscored")
+    assert [t["trial_id"] for t in json.loads(stdout)] == [TRIALS[0]]
+    code, stdout, _ = await world.cli("trials", EXP)
+    assert "2 of 2 trials: 1 recorded, 1 running" in stdout, stdout
+
+
 async def test_attach_shows_progress_and_its_trials_live_lines_until_the_end(
     world: World, tmp_path: Path
 ) -> None:

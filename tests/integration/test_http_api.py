@@ -22,8 +22,10 @@ import httpx
 import nats
 import pytest
 
+from schemas.events import TrialStarted
 from schemas.record import Evaluation, Provenance, TrialRecord
 from schemas.subjects import Topology
+from services.common.adapters.jetstream import JetStreamBus
 from services.common.adapters.nats_kv import NatsCoordinator
 from services.common.ports import ExperimentInfo
 from services.common.task_identity import task_checksum
@@ -431,6 +433,52 @@ async def test_the_cli_and_the_http_api_read_the_same_numbers(
     assert "no experiment 'no-such-experiment' in the ledger" in unknown.stderr
     assert missing.status_code == 404
     assert missing.json() == {"detail": "no experiment 'no-such-experiment' in the ledger"}
+
+
+async def test_a_trial_running_now_is_listed_first(
+    client: Client, servers: Servers, topology: Topology
+) -> None:
+    """From its TrialStarted (the events stream), until its record arrives."""
+    experiment_id = "listed-running"
+    [done] = _records(experiment_id)[:1]
+    running = f"{experiment_id}-running"
+    ledger = servers.ledger()
+    try:
+        await ledger.upsert_records([done])
+        await ledger.upsert_experiment(ExperimentInfo(experiment_id, "running", 2, {}))
+    finally:
+        await ledger.close()
+    async with client() as api:  # its start provisions the streams
+        nc = await nats.connect(servers.nats_url)
+        try:
+            await JetStreamBus(nc.jetstream(), topology).publish(
+                TrialStarted(
+                    experiment_id=experiment_id,
+                    trial_id=running,
+                    runner_id="r-1",
+                    host="node-b",
+                    attempt=2,
+                    task_name="count-words",
+                    agent_label="oracle",
+                )
+            )
+        finally:
+            await nc.close()
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        listed = (await api.get(f"/experiments/{experiment_id}/trials", headers=auth)).json()
+        junit = await api.get(f"/experiments/{experiment_id}/trials.xml", headers=auth)
+    assert [(t["trial_id"], t["status"]) for t in listed] == [
+        (running, "running"),
+        (done.trial_id, "complete"),
+    ]
+    assert {k: listed[0][k] for k in ("task", "agent", "attempts", "runner_host")} == {
+        "task": "count-words",
+        "agent": "oracle",
+        "attempts": 2,
+        "runner_host": "node-b",
+    }
+    # A JUnit report holds finished trials only: the running one is no case (yet).
+    assert ET.fromstring(junit.content).get("tests") == "1"
 
 
 async def test_a_manifest_no_live_runner_can_run_is_a_422_until_one_is_live(
