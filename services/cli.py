@@ -265,7 +265,7 @@ def report(
 def trials(
     experiment: LatestExperiment = None,
     unscored: Annotated[
-        bool, typer.Option("--unscored", help="Only trials that do not count in the scores.")
+        bool, typer.Option("--unscored", help="Only finished trials that do not count in scores.")
     ] = False,
     task: Annotated[str | None, typer.Option(help="Only this task's trials.")] = None,
     agent: Annotated[

@@ -25,7 +25,7 @@ JunitOpt = Annotated[
     Path | None,
     typer.Option(
         "--junit",
-        help="Also write the trials as a JUnit XML report (CI test reports): a test "
-        "case per trial; a reward below a pass is a failure, an unscored trial an error.",
+        help="Also write the finished trials as a JUnit XML report (CI test reports): a "
+        "test case per trial; a reward below a pass is a failure, an unscored trial an error.",
     ),
 ]

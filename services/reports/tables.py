@@ -100,7 +100,7 @@ def trials_table(
 def _reward_cell(line: dict[str, Any]) -> str | Text:
     if line["scored"]:
         return num(line["reward"])
-    return Text("running" if line["status"] == "running" else "unscored", style="dim")
+    return Text("-" if line["status"] == "running" else "unscored", style="dim")
 
 
 def _estimate(row: dict[str, Any], text: str) -> str | Text:
