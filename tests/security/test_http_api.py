@@ -142,6 +142,28 @@ async def test_a_text_plain_manifest_is_refused(
     assert await work_messages(nats_url, topology) == 1
 
 
+async def test_every_route_of_the_api_asks_for_a_token(start_api: StartApi) -> None:
+    """Each route the API documents (docs/openapi.json, kept current by `trialbus
+    api-docs --check`), new ones included, answers 401 without a token: the guard is in
+    front of every path but the health check, not declared route by route."""
+    api = start_api()
+    paths = json.loads((REPO / "docs" / "openapi.json").read_text())["paths"]
+    not_refused = []
+    async with httpx.AsyncClient(base_url=api.base_url) as c:
+        for path, operations in paths.items():
+            url = path.replace("{experiment_id}", "no-such-exp").replace("{trial_id}", "t-1")
+            for method in operations:
+                answer = await c.request(method.upper(), url)
+                if answer.status_code != 401:
+                    not_refused.append(f"{method.upper()} {path}: {answer.status_code}")
+        # Controls: the health check alone is open; with a token a route is reached.
+        assert (await c.get("/healthz")).status_code == 200
+        reached = await c.get("/experiments/no-such-exp/trials", headers=auth("alice"))
+        assert reached.status_code == 404, reached.text
+    assert not_refused == ["GET /healthz: 200"]
+    assert len(paths) >= 19  # the documented routes were read
+
+
 def _head(port: int, *extra: str) -> list[str]:
     return ["POST /experiments HTTP/1.1", f"Host: 127.0.0.1:{port}", *extra]
 
