@@ -69,6 +69,18 @@ def config_refusals(config: TaskConfig) -> list[str]:
     return refusals
 
 
+def task_config(task_dir: Path) -> TaskConfig | str | None:
+    """The task's task.toml as Harbor reads it; why Harbor cannot read it (the first
+    lines of its error); None when there is no readable task.toml file."""
+    toml = read_inside(task_dir, "task.toml")
+    if not isinstance(toml, bytes):
+        return None
+    try:
+        return TaskConfig.model_validate_toml(toml.decode("utf-8", errors="replace"))
+    except (ValidationError, ValueError) as exc:
+        return " ".join(str(exc).strip().splitlines()[:3])
+
+
 def unhostable(task_dir: Path, environment_kwargs: Mapping[str, Any] | None = None) -> list[str]:
     """Why the local environment cannot run the task in ``task_dir`` (empty: it can, as
     far as the folder tells). Each reason names its file. ``environment_kwargs`` are the
@@ -84,16 +96,12 @@ def unhostable(task_dir: Path, environment_kwargs: Mapping[str, Any] | None = No
         if (task_dir / "environment" / name).exists()
     ]
     image: str | None = None
-    toml = read_inside(task_dir, "task.toml")
-    if isinstance(toml, bytes):
-        try:
-            config = TaskConfig.model_validate_toml(toml.decode("utf-8", errors="replace"))
-        except (ValidationError, ValueError) as exc:
-            first = str(exc).strip().splitlines()
-            refusals.append(f"task.toml: Harbor cannot read it: {' '.join(first[:3])}")
-        else:
-            refusals += config_refusals(config)
-            image = config.environment.docker_image
+    config = task_config(task_dir)
+    if isinstance(config, str):
+        refusals.append(f"task.toml: Harbor cannot read it: {config}")
+    elif config is not None:
+        refusals += config_refusals(config)
+        image = config.environment.docker_image
     where = "environment/Dockerfile"
     dockerfile = read_inside(task_dir, where, DOCKERFILE_MAX_BYTES)
     try:
@@ -123,11 +131,5 @@ def local_requirements(task_dir: Path) -> list[str]:
     ``task_dir`` beyond ``local`` (``TrialRequested.task_requires``): ``local.allowlist``
     when a phase asks for a network allowlist. A task.toml Harbor cannot read requires
     nothing here (``unhostable`` refuses it)."""
-    toml = read_inside(task_dir, "task.toml")
-    if not isinstance(toml, bytes):
-        return []
-    try:
-        config = TaskConfig.model_validate_toml(toml.decode("utf-8", errors="replace"))
-    except (ValidationError, ValueError):
-        return []
-    return [LOCAL_ALLOWLIST] if asks_allowlist(config) else []
+    config = task_config(task_dir)
+    return [LOCAL_ALLOWLIST] if isinstance(config, TaskConfig) and asks_allowlist(config) else []
