@@ -159,6 +159,14 @@ def parse_head(head: bytes) -> Request:
     return Request(host, port, tunnel=False, forward=b"\r\n".join([origin.encode(), *headers]))
 
 
+def enforceable() -> bool:
+    """Whether this process can enforce an allowlist: the proxy's socket is made inside
+    the sandbox's network namespace, which only root can enter (``_listen_inside``).
+    What the local environment says it can do, and what a runner announces
+    (``local.allowlist``: services/runner/capabilities.py)."""
+    return os.geteuid() == 0
+
+
 def _listen_inside(netns_pid: int) -> socket.socket:
     """A listening socket on 127.0.0.1 of the network namespace of ``netns_pid``.
 

@@ -57,6 +57,7 @@ from harbor.models.trial.config import ResourceMode
 
 from schemas.manifest import LOCAL_ALLOWLIST
 from services.common.task_variables import COMPOSE_FILES
+from services.localenv import egress
 from services.localenv.builder import BuildRequest, build_layer
 from services.localenv.disk import DiskQuota, QuotaGuard
 from services.localenv.dockerfile import BuildPlan, RunStep, plan_build
@@ -152,9 +153,7 @@ class LocalEnvironment(BaseEnvironment):  # type: ignore[misc]  # Harbor ships n
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        # An allowlist is enforced by a proxy inside the sandbox's network namespace,
-        # which only root can enter (services/localenv/egress.py).
-        allowlist = os.geteuid() == 0
+        allowlist = egress.enforceable()
         return EnvironmentCapabilities(
             disable_internet=True,
             mounted=True,

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from schemas.manifest import LOCAL_ALLOWLIST, LOCAL_ENVIRONMENT_ALIAS
 from schemas.runners import check_capability
 from services.common.logging import get_logger
+from services.localenv import egress
 
 log = get_logger(__name__)
 
@@ -134,7 +135,7 @@ def detect_environments(env: Mapping[str, str] | None = None) -> list[str]:
         found.append("docker")
     if bubblewrap_works():
         found.append(LOCAL_ENVIRONMENT_ALIAS)
-        if os.geteuid() == 0:
+        if egress.enforceable():
             found.append(LOCAL_ALLOWLIST)
     return found
 
